@@ -1,0 +1,1 @@
+"""Brain: the LLM tool-calling loop."""

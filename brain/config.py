@@ -1,0 +1,26 @@
+"""The ``brain`` section of the configuration."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from bus.config import Section
+
+DEFAULT_INSTRUCTIONS = (
+    "You are Pincer, a helpful assistant. You can act through the tools you are given; "
+    "use them when they help, and say plainly what you did and what you found. "
+    "When a tool fails, read its error and either fix the call, try another way, or tell the user."
+)  # keep in step with config.yaml
+
+
+class BrainSettings(Section):
+    model: str = ""
+    api_base: str | None = None
+    api_key: str | None = None
+    instructions: str = DEFAULT_INSTRUCTIONS
+    max_iterations: int = Field(default=25, ge=1, le=1000)
+    tool_deadline_s: float = Field(default=60.0, gt=0, le=3600)
+    tools_list_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    llm_timeout_s: float = Field(default=120.0, gt=0)
+    llm_retries: int = Field(default=2, ge=0, le=10)
+    max_turns: int = Field(default=16, ge=1, le=1000)

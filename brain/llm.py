@@ -1,0 +1,154 @@
+"""The LLM seam: stream one completion with tools; litellm is the real implementation.
+
+litellm errors are translated here, at the edge, into ``LLMError`` with a code
+from the wire's enum and a message a person can act on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bus.protocol import ErrorCode, ToolSpec
+
+# Keep litellm from fetching its price table from the internet at import time.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# When no model is configured, the first provider key found picks a sensible default.
+PROVIDER_DEFAULTS = (
+    ("OPENAI_API_KEY", "openai/gpt-4o-mini"),
+    ("ANTHROPIC_API_KEY", "anthropic/claude-3-5-haiku-latest"),
+    ("GEMINI_API_KEY", "gemini/gemini-2.0-flash"),
+    ("GROQ_API_KEY", "groq/llama-3.3-70b-versatile"),
+)
+
+NOT_CONFIGURED = (
+    "No LLM model is configured. Set PINCER_MODEL to any litellm model string (e.g. openai/gpt-4o-mini) "
+    "and the provider's key (e.g. OPENAI_API_KEY), or brain.model in config.yaml; for a local "
+    "OpenAI-compatible server also set PINCER_LLM_API_BASE (e.g. http://127.0.0.1:11434/v1)."
+)
+
+
+class LLMError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    model: str = ""
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+OnText = Callable[[str], Awaitable[None]]
+
+
+class LLMClient(Protocol):
+    async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText) -> Completion:
+        ...
+
+
+def resolve_model(configured: str, env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+    if configured:
+        return configured
+    return next((model for key, model in PROVIDER_DEFAULTS if env.get(key)), None)
+
+
+class LiteLLMClient:
+    def __init__(self, *, model: str, api_base: str | None, api_key: str | None, timeout_s: float,
+                 retries: int) -> None:
+        self.model, self.api_base, self.api_key = model, api_base, api_key
+        self.timeout_s, self.retries = timeout_s, retries
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText) -> Completion:
+        import litellm  # slow to import: only the Brain pays for it, once
+
+        kwargs: dict[str, Any] = {
+            "model": self.model, "messages": messages, "stream": True, "timeout": self.timeout_s,
+            "num_retries": self.retries, "stream_options": {"include_usage": True},
+        }
+        if tools:
+            kwargs["tools"] = [_tool_param(spec) for spec in tools]
+        if self.api_base:
+            kwargs["api_base"] = self.api_base
+        if self.api_key:
+            kwargs["api_key"] = self.api_key
+        try:
+            stream = await litellm.acompletion(**kwargs)
+            return await _assemble(stream, on_text)
+        except LLMError:
+            raise
+        except Exception as exc:
+            raise translate_error(exc) from exc
+
+
+async def _assemble(stream: Any, on_text: OnText) -> Completion:
+    """One completion from streamed chunks: text as it comes, tool calls pieced together by index."""
+    done = Completion()
+    parts: dict[int, dict[str, str]] = {}
+    async for chunk in stream:
+        done.model = getattr(chunk, "model", None) or done.model
+        usage = getattr(chunk, "usage", None)
+        if usage:
+            done.usage = _usage(usage)
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        if getattr(delta, "content", None):
+            done.text += delta.content
+            await on_text(delta.content)
+        for piece in getattr(delta, "tool_calls", None) or []:
+            slot = parts.setdefault(piece.index or 0, {"id": "", "name": "", "arguments": ""})
+            slot["id"] = piece.id or slot["id"]
+            if piece.function is not None:
+                slot["name"] += piece.function.name or ""
+                slot["arguments"] += piece.function.arguments or ""
+    done.tool_calls = [
+        ToolCall(id=p["id"] or f"call_{i}", name=p["name"], arguments=p["arguments"] or "{}")
+        for i, p in sorted(parts.items())
+    ]
+    return done
+
+
+def _usage(usage: Any) -> dict[str, Any]:
+    fields = ("prompt_tokens", "completion_tokens", "total_tokens")
+    return {f: getattr(usage, f, None) for f in fields if getattr(usage, f, None) is not None}
+
+
+def _tool_param(spec: ToolSpec) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": spec.name, "description": spec.description,
+                                             "parameters": spec.parameters}}
+
+
+def translate_error(exc: Exception) -> LLMError:
+    import litellm
+
+    status = getattr(exc, "status_code", None)
+    detail = str(getattr(exc, "message", None) or exc)[:500]
+    if isinstance(exc, litellm.exceptions.RateLimitError) or status == 429:
+        return LLMError(ErrorCode.RATE_LIMITED, f"the model provider is rate-limiting requests: {detail}")
+    if isinstance(exc, litellm.exceptions.AuthenticationError) or status in (401, 403):
+        return LLMError(ErrorCode.MODEL_ERROR, f"the model provider refused the API key: {detail}. "
+                        "Check PINCER_LLM_API_KEY or the provider's key variable.")
+    if isinstance(exc, litellm.exceptions.Timeout):
+        return LLMError(ErrorCode.TIMEOUT, f"the model did not answer in time: {detail}")
+    if isinstance(exc, (litellm.exceptions.APIConnectionError, litellm.exceptions.ServiceUnavailableError)):
+        return LLMError(ErrorCode.SERVICE_UNAVAILABLE, f"cannot reach the model provider: {detail}")
+    if isinstance(exc, litellm.exceptions.BadRequestError) and "LLM Provider NOT provided" in detail:
+        return LLMError(ErrorCode.MODEL_NOT_CONFIGURED, f"unknown model name: {detail}. {NOT_CONFIGURED}")
+    return LLMError(ErrorCode.MODEL_ERROR, f"the model call failed ({type(exc).__name__}): {detail}")

@@ -1,0 +1,23 @@
+"""``pincer brain``: run one Brain until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+
+from brain.config import BrainSettings
+from brain.worker import BrainWorker, default_llm
+from bus.config import Config
+from bus.service import new_instance_id, run_service
+from bus.streams import Bus
+
+
+def main(config: Config) -> int:
+    settings = config.section("brain", BrainSettings)
+    instance_id = new_instance_id("brain")
+
+    async def body(bus: Bus, stop: asyncio.Event) -> None:
+        worker = BrainWorker(bus, settings, instance_id=instance_id, llm=default_llm(settings),
+                             heartbeat_s=config.runtime.heartbeat_s)
+        await worker.run(stop)
+
+    return run_service("brain", config, body, instance_id=instance_id)

@@ -1,0 +1,180 @@
+"""One chat turn: the model decides, Hands acts, results go back, until the model answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from brain.catalog import NoHandsAvailable, ToolCatalog
+from brain.config import BrainSettings
+from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall
+from bus.log import kv
+from bus.protocol import (
+    ChatDelta, ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, Message, ResultMetadata,
+    ToolError, ToolExecute, ToolResult, ToolSpec, new_id, now_ms,
+)
+from bus.streams import Bus, ReplyInbox
+from memory.sessions import SessionStore, TranscriptEntry
+
+log = logging.getLogger("brain.turn")
+
+
+@dataclass
+class TurnDeps:
+    bus: Bus
+    inbox: ReplyInbox
+    sessions: SessionStore
+    catalog: ToolCatalog
+    settings: BrainSettings
+    llm: LLMClient | None  # None: no model configured
+
+
+class Turn:
+    """Runs one ``chat:message`` to its end; always finishes with a ``chat:reply`` or ``chat:error``."""
+
+    def __init__(self, deps: TurnDeps, message: ChatMessage) -> None:
+        self.deps, self.message = deps, message
+        self.usage: dict[str, int] = {}
+
+    async def run(self) -> ChatReply | ChatError:
+        """The final event; deltas and tool events are published as they happen."""
+        msg, deps = self.message, self.deps
+        history = await deps.sessions.load(msg.session_id)
+        user = TranscriptEntry(role="user", content=msg.text, metadata={"message_id": msg.message_id})
+        await deps.sessions.append(msg.session_id, user)
+        if deps.llm is None:
+            return self._error(ErrorCode.MODEL_NOT_CONFIGURED, NOT_CONFIGURED)
+        try:
+            tools = await deps.catalog.tools()
+        except NoHandsAvailable as exc:
+            return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
+        messages = [{"role": "system", "content": deps.settings.instructions}]
+        messages += [entry.to_llm() for entry in [*history, user]]
+        try:
+            return await self._loop(messages, tools)
+        except LLMError as exc:
+            return self._error(exc.code, exc.message)
+
+    async def _loop(self, messages: list[dict[str, Any]], tools: list[ToolSpec]) -> ChatReply | ChatError:
+        deps, msg = self.deps, self.message
+        for iteration in range(1, deps.settings.max_iterations + 1):
+            completion = await deps.llm.complete(messages, tools, self._stream_text)  # type: ignore[union-attr]
+            self._count(completion.usage)
+            assistant = TranscriptEntry(
+                role="assistant", content=completion.text or None,
+                tool_calls=[call.to_openai() for call in completion.tool_calls] or None,
+                metadata={"model": completion.model, "iteration": iteration},
+            )
+            await deps.sessions.append(msg.session_id, assistant)
+            messages.append(assistant.to_llm())
+            if not completion.tool_calls:
+                log.info("turn done %s", kv(session=msg.session_id, message=msg.message_id, iterations=iteration))
+                return ChatReply(session_id=msg.session_id, message_id=msg.message_id, text=completion.text,
+                                 model=completion.model, usage=self.usage)
+            known = {spec.name for spec in tools}
+            results = await asyncio.gather(*(self._call(call, known) for call in completion.tool_calls))
+            entries = [self._tool_entry(call, result) for call, result in zip(completion.tool_calls, results)]
+            await deps.sessions.append(msg.session_id, *entries)
+            messages.extend(entry.to_llm() for entry in entries)
+        return self._error(
+            ErrorCode.BUDGET_EXHAUSTED,
+            f"stopped after {deps.settings.max_iterations} model calls without a final answer "
+            f"(brain.max_iterations); the tool results so far are in the session transcript",
+        )
+
+    async def _call(self, call: ToolCall, known: set[str]) -> ToolResult:
+        """Run one tool call in Hands; every path ends in a result, never a hang."""
+        deps, msg = self.deps, self.message
+        call_id = new_id()
+        await self._publish(ChatTool(session_id=msg.session_id, message_id=msg.message_id, call_id=call_id,
+                                     tool=call.name, status="started", summary=_summary(call)))
+        try:
+            args = json.loads(call.arguments or "{}")
+            if not isinstance(args, dict):
+                raise ValueError(f"expected a JSON object, got {type(args).__name__}")
+        except ValueError as exc:
+            result = _local_failure(call_id, call.name, ErrorCode.INVALID_ARGUMENTS,
+                                    f"the arguments are not a JSON object ({exc}); send them as a JSON object")
+        else:
+            if call.name not in known:
+                result = _local_failure(
+                    call_id, call.name, ErrorCode.TOOL_NOT_FOUND,
+                    f"no tool named {call.name!r}; available tools: {', '.join(sorted(known)) or '(none)'}",
+                )
+            else:
+                result = await self._execute(call_id, call.name, args)
+        await self._publish(ChatTool(
+            session_id=msg.session_id, message_id=msg.message_id, call_id=call_id, tool=call.name,
+            status="finished", summary="ok" if result.success else f"{result.error.code}: {result.error.message}"[:300],  # type: ignore[union-attr]
+        ))
+        return result
+
+    async def _execute(self, call_id: str, tool: str, args: dict[str, Any]) -> ToolResult:
+        deps, msg = self.deps, self.message
+        deadline_s = deps.settings.tool_deadline_s
+        request = ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
+                              reply_to=deps.inbox.stream, deadline=now_ms() + int(deadline_s * 1000))
+        log.info("tool call sent %s", kv(session=msg.session_id, call=call_id, tool=tool))
+        try:
+            reply: Message = await deps.inbox.request(deps.bus.keys.hands_requests, request, call_id,
+                                                      timeout=deadline_s + 1)
+        except TimeoutError:
+            return _local_failure(
+                call_id, tool, ErrorCode.TIMEOUT,
+                f"no Hands worker answered within {deadline_s:g}s; the tool may not have run. "
+                "Is a Hands worker running (`pincer hands`)?",
+                recoverable=True,
+            )
+        assert isinstance(reply, ToolResult)
+        return reply
+
+    def _tool_entry(self, call: ToolCall, result: ToolResult) -> TranscriptEntry:
+        return TranscriptEntry(
+            role="tool", tool_call_id=call.id, name=call.name, content=_for_model(result),
+            metadata={"call_id": result.call_id, "success": result.success,
+                      "worker_id": result.metadata.worker_id, "duration_ms": result.metadata.duration_ms,
+                      "truncated": result.metadata.truncated,
+                      **({"error_code": result.error.code.value} if result.error else {})},
+        )
+
+    async def _stream_text(self, text: str) -> None:
+        await self._publish(ChatDelta(session_id=self.message.session_id, message_id=self.message.message_id,
+                                      text=text))
+
+    async def _publish(self, event: Message) -> None:
+        await self.deps.bus.publish(self.message.reply_to, event)
+
+    def _count(self, usage: dict[str, Any]) -> None:
+        for key, value in usage.items():
+            if isinstance(value, int):
+                self.usage[key] = self.usage.get(key, 0) + value
+
+    def _error(self, code: ErrorCode, message: str) -> ChatError:
+        log.warning("turn failed %s: %s", kv(session=self.message.session_id, code=code), message)
+        return ChatError(session_id=self.message.session_id, message_id=self.message.message_id, code=code,
+                         message=message)
+
+
+def _for_model(result: ToolResult) -> str:
+    """The result as the model reads it: the data, or the error with what to do next."""
+    if result.success:
+        data = result.data
+        return data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, default=str)
+    error = result.error
+    assert error is not None
+    shown: dict[str, Any] = {"error": error.code.value, "message": error.message, "recoverable": error.recoverable}
+    if error.suggestions:
+        shown["suggestions"] = error.suggestions
+    return json.dumps(shown, ensure_ascii=False)
+
+
+def _local_failure(call_id: str, tool: str, code: ErrorCode, message: str, *, recoverable: bool = True) -> ToolResult:
+    return ToolResult(call_id=call_id, success=False, error=ToolError(code=code, message=message,
+                      recoverable=recoverable), metadata=ResultMetadata(tool_name=tool, worker_id="brain"))
+
+
+def _summary(call: ToolCall) -> str:
+    return f"{call.name}({call.arguments[:200]})"

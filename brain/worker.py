@@ -1,0 +1,72 @@
+"""A Brain worker: consumer in group ``brain`` running one turn per ``chat:message``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+
+from brain.catalog import ToolCatalog
+from brain.config import BrainSettings
+from brain.llm import LiteLLMClient, LLMClient, resolve_model
+from brain.turn import Turn, TurnDeps
+from bus.keys import BRAIN_GROUP
+from bus.log import kv
+from bus.presence import Presence
+from bus.protocol import ChatError, ChatMessage, ErrorCode, Message
+from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox
+from memory.sessions import SessionStore
+
+log = logging.getLogger("brain.worker")
+
+
+def default_llm(settings: BrainSettings) -> LLMClient | None:
+    model = resolve_model(settings.model)
+    if model is None:
+        return None
+    return LiteLLMClient(model=model, api_base=settings.api_base, api_key=settings.api_key,
+                         timeout_s=settings.llm_timeout_s, retries=settings.llm_retries)
+
+
+class BrainWorker:
+    def __init__(self, bus: Bus, settings: BrainSettings, *, instance_id: str, llm: LLMClient | None,
+                 heartbeat_s: float = 3.0) -> None:
+        self.bus, self.settings, self.instance_id = bus, settings, instance_id
+        self.inbox = ReplyInbox(bus, instance_id)
+        self.deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=SessionStore(bus.redis, bus.keys),
+                             catalog=ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s),
+                             settings=settings, llm=llm)
+        self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s)
+        # Within this process, one session's messages run one at a time, in order.
+        self._session_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.consumer = GroupConsumer(bus, streams=[bus.keys.brain_inbox], group=BRAIN_GROUP,
+                                      consumer=instance_id, handler=self.handle, concurrency=settings.max_turns)
+
+    async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
+        if not isinstance(message, ChatMessage):
+            log.warning("ignored %s: not supported by this Brain yet", message.type)
+            return []
+        lock = self._session_locks[message.session_id]
+        async with lock:
+            log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
+            try:
+                final = await Turn(self.deps, message).run()
+            except Exception as exc:  # the person must always hear back
+                log.exception("turn crashed %s", kv(session=message.session_id))
+                final = ChatError(session_id=message.session_id, message_id=message.message_id,
+                                  code=ErrorCode.UNHANDLED, message=f"the Brain failed: {type(exc).__name__}: {exc}")
+        if not lock.locked() and not lock._waiters:  # noqa: SLF001 - forget idle sessions
+            self._session_locks.pop(message.session_id, None)
+        return [(message.reply_to, final)]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.inbox.start()
+        await self.presence.start()
+        model = resolve_model(self.settings.model) or "(none configured)"
+        log.info("brain ready: model %s", model)
+        try:
+            await self.consumer.run(stop)
+        finally:
+            await self.presence.stop()
+            await self.inbox.close()

@@ -1,0 +1,1 @@
+"""The shared wire of Pincer: messages, streams, keys, config, logging, embedded Redis."""

@@ -1,0 +1,170 @@
+"""Configuration: one YAML file plus environment overrides, validated per section.
+
+Each package owns the pydantic model of its own section and asks for it with
+``Config.section(name, Model)``. Lookup order for the file: ``--config PATH``,
+then ``PINCER_CONFIG``, then ``./config.yaml``, then the project's own
+``config.yaml``. Any key can be overridden as ``PINCER_<SECTION>__<KEY>``
+(nested keys joined by ``__``); values are text that the section model
+converts (``PINCER_HANDS__CONCURRENCY=4`` is the number 4); lists are
+written in YAML flow style (``'[a, b]'``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENV_PREFIX = "PINCER_"
+PROJECT_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
+
+# Short names for the keys people set most; each maps to one section key.
+SHORTCUTS: dict[str, tuple[str, ...]] = {
+    "PINCER_REDIS_URL": ("redis", "url"),
+    "PINCER_MODEL": ("brain", "model"),
+    "PINCER_LLM_API_BASE": ("brain", "api_base"),
+    "PINCER_LLM_API_KEY": ("brain", "api_key"),
+    "PINCER_WORKSPACE": ("hands", "workspace"),
+    "PINCER_DATA_DIR": ("runtime", "data_dir"),
+    "PINCER_GATEWAY_PORT": ("gateway", "port"),
+}
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(Exception):
+    """A configuration problem a person must fix before Pincer can start."""
+
+
+class Section(BaseModel):
+    """Base for every section model: unknown keys are typos, so they are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RedisSettings(Section):
+    url: str | None = None
+    prefix: str = "pincer:"
+    embedded_port: int = Field(default=0, ge=0, le=65535)
+    request_maxlen: int = Field(default=100_000, ge=1000)
+    reply_maxlen: int = Field(default=10_000, ge=100)
+    dead_maxlen: int = Field(default=10_000, ge=100)
+
+
+class RuntimeSettings(Section):
+    data_dir: Path = Path("~/.pincer")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    heartbeat_s: float = Field(default=3.0, gt=0)
+
+
+@dataclass
+class Config:
+    raw: dict[str, Any] = field(default_factory=dict)
+    source: Path | None = None
+
+    def section(self, name: str, model: type[M]) -> M:
+        values = self.raw.get(name) or {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{self._where()}: '{name}' must be a mapping of keys, got {values!r}")
+        try:
+            return model.model_validate(values)
+        except ValidationError as exc:
+            raise ConfigError(self._explain(name, exc)) from None
+
+    def check_sections(self, known: set[str]) -> None:
+        unknown = sorted(set(self.raw) - known)
+        if unknown:
+            raise ConfigError(
+                f"{self._where()}: unknown section {unknown[0]!r}; known sections: {', '.join(sorted(known))}"
+            )
+
+    @property
+    def redis(self) -> RedisSettings:
+        return self.section("redis", RedisSettings)
+
+    @property
+    def runtime(self) -> RuntimeSettings:
+        return self.section("runtime", RuntimeSettings)
+
+    def _where(self) -> str:
+        return f"config {self.source}" if self.source else "config"
+
+    def _explain(self, name: str, exc: ValidationError) -> str:
+        err = exc.errors()[0]
+        path = ".".join([name, *(str(p) for p in err["loc"])])
+        env = ENV_PREFIX + "__".join(p.upper() for p in path.split("."))
+        got = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        more = f" and {len(exc.errors()) - 1} more problem(s)" if len(exc.errors()) > 1 else ""
+        return f"{self._where()}: {path}: {msg}{got}{more}. Fix it in the file or with {env}."
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    source = _find_file(path, env)
+    raw: dict[str, Any] = {}
+    if source is not None:
+        raw = _read_yaml(source)
+    for key, value in env.items():
+        if key in SHORTCUTS:
+            _set(raw, SHORTCUTS[key], _scalar(value))
+        elif key.startswith(ENV_PREFIX) and "__" in key:
+            parts = tuple(p.lower() for p in key[len(ENV_PREFIX):].split("__"))
+            if all(parts):
+                _set(raw, parts, _scalar(value))
+    return Config(raw=raw, source=source)
+
+
+def _find_file(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
+    explicit = path or env.get("PINCER_CONFIG")
+    if explicit:
+        chosen = Path(explicit).expanduser()
+        if not chosen.is_file():
+            raise ConfigError(f"config file {chosen} does not exist (from --config or PINCER_CONFIG)")
+        return chosen
+    for candidate in (Path.cwd() / "config.yaml", PROJECT_CONFIG):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_yaml(source: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"config {source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except OSError as exc:
+        raise ConfigError(f"config {source}: cannot read it: {exc.strerror}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {source}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _scalar(value: str) -> Any:
+    # Plain text stays text (pydantic turns "4" into 4 where a number is due);
+    # lists and maps are written as YAML/JSON flow: PINCER_X__Y='[a, b]'.
+    if value.lstrip()[:1] in ("[", "{"):
+        try:
+            return yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    return value
+
+
+def _set(raw: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = raw
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[path[-1]] = value

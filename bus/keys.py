@@ -1,0 +1,48 @@
+"""Every Redis key and stream name Pincer uses; nobody formats a key elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HANDS_GROUP = "hands"
+BRAIN_GROUP = "brain"
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "pincer:"
+
+    @property
+    def hands_requests(self) -> str:
+        return f"{self.prefix}hands:requests"
+
+    def hands_worker(self, worker_id: str) -> str:
+        return f"{self.prefix}hands:worker:{worker_id}"
+
+    @property
+    def brain_inbox(self) -> str:
+        return f"{self.prefix}brain:inbox"
+
+    def reply(self, instance_id: str) -> str:
+        return f"{self.prefix}reply:{instance_id}"
+
+    @property
+    def dead(self) -> str:
+        return f"{self.prefix}dead"
+
+    @property
+    def tools_digest(self) -> str:
+        """Digest of the tool list Hands last announced; Brains refresh their cache when it moves."""
+        return f"{self.prefix}hands:tools-digest"
+
+    def alive(self, role: str) -> str:
+        """Sorted set of live instances of a role, scored by when their heartbeat expires."""
+        return f"{self.prefix}alive:{role}"
+
+    def transcript(self, session_id: str) -> str:
+        return f"{self.prefix}session:{session_id}:transcript"
+
+    @property
+    def sessions(self) -> str:
+        """Sorted set of session ids, scored by last activity."""
+        return f"{self.prefix}sessions"

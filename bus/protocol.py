@@ -1,0 +1,294 @@
+"""The wire: every message Pincer processes exchange, and the one error-code enum.
+
+A message is one Redis stream entry with the fields ``type``, ``id``, ``data``
+(a msgpack map of the model's fields) and, where it applies, ``reply_to``.
+``encode`` and ``decode`` are the only two doors in and out; anything that
+does not decode raises ``MalformedMessage`` with a reason a person can act on.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import StrEnum
+from typing import Annotated, Any, Literal, Union
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+
+class ErrorCode(StrEnum):
+    """Why a tool call or a chat turn failed. Extend, never rename."""
+
+    TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
+    INVALID_ARGUMENTS = "INVALID_ARGUMENTS"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    FILE_NOT_FOUND = "FILE_NOT_FOUND"
+    TIMEOUT = "TIMEOUT"
+    NETWORK_ERROR = "NETWORK_ERROR"
+    RATE_LIMITED = "RATE_LIMITED"
+    SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    QUEUE_FULL = "QUEUE_FULL"
+    QUEUE_TIMEOUT = "QUEUE_TIMEOUT"
+    RETRY_EXHAUSTED = "RETRY_EXHAUSTED"
+    ALL_FAILED = "ALL_FAILED"
+    WORKER_LOST = "WORKER_LOST"
+    APPROVAL_DENIED = "APPROVAL_DENIED"
+    CANCELLED = "CANCELLED"
+    UNHANDLED = "UNHANDLED"
+    # Chat-turn failures (chat:error), beyond the seed's tool codes.
+    MODEL_NOT_CONFIGURED = "MODEL_NOT_CONFIGURED"
+    MODEL_ERROR = "MODEL_ERROR"
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
+
+
+RETRYABLE = frozenset(
+    {ErrorCode.TIMEOUT, ErrorCode.NETWORK_ERROR, ErrorCode.RATE_LIMITED, ErrorCode.SERVICE_UNAVAILABLE}
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @property
+    def correlation_id(self) -> str | None:
+        """The id a waiting requester matches this message on, if any."""
+        return None
+
+
+# --- tools ------------------------------------------------------------------
+
+
+class ToolSpec(BaseModel):
+    """What the LLM may see of a tool: never its handler or permissions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolError(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    code: ErrorCode
+    message: str
+    recoverable: bool = False
+    suggestions: list[str] = Field(default_factory=list)
+    details: dict[str, Any] | None = None
+
+
+class ResultMetadata(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool_name: str
+    duration_ms: int = 0
+    truncated: bool = False
+    timestamp: int = Field(default_factory=now_ms)
+    worker_id: str = ""
+    attempts: int = 1
+
+
+class ToolsList(_Message):
+    type: Literal["tools:list"] = "tools:list"
+    request_id: str = Field(default_factory=new_id)
+    reply_to: str
+    session_id: str | None = None
+    deadline: int | None = None
+
+
+class ToolsAvailable(_Message):
+    type: Literal["tools:available"] = "tools:available"
+    request_id: str
+    tools: list[ToolSpec]
+    digest: str = ""
+    worker_id: str = ""
+
+    @property
+    def correlation_id(self) -> str:
+        return self.request_id
+
+
+class ToolExecute(_Message):
+    type: Literal["tool:execute"] = "tool:execute"
+    call_id: str = Field(default_factory=new_id)
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    session_id: str = ""
+    reply_to: str
+    deadline: int
+
+
+class ToolResult(_Message):
+    type: Literal["tool:result"] = "tool:result"
+    call_id: str
+    success: bool
+    data: Any = None
+    error: ToolError | None = None
+    partial_failure: bool | None = None
+    metadata: ResultMetadata
+
+    @property
+    def correlation_id(self) -> str:
+        return self.call_id
+
+
+class ToolProgress(_Message):
+    type: Literal["tool:progress"] = "tool:progress"
+    call_id: str
+    status: Literal["started", "running", "output"]
+    message: str = ""
+    elapsed_ms: int = 0
+
+    @property
+    def correlation_id(self) -> str:
+        return self.call_id
+
+
+# --- chat -------------------------------------------------------------------
+
+
+class ChatMessage(_Message):
+    type: Literal["chat:message"] = "chat:message"
+    session_id: str
+    message_id: str = Field(default_factory=new_id)
+    agent_id: str = "main"
+    sender: str = "user"
+    text: str
+    reply_to: str
+
+
+class ChatCancel(_Message):
+    type: Literal["chat:cancel"] = "chat:cancel"
+    session_id: str
+
+
+class _ChatEvent(_Message):
+    session_id: str
+    message_id: str
+
+    @property
+    def correlation_id(self) -> str:
+        return self.message_id
+
+
+class ChatDelta(_ChatEvent):
+    type: Literal["chat:delta"] = "chat:delta"
+    text: str
+
+
+class ChatTool(_ChatEvent):
+    type: Literal["chat:tool"] = "chat:tool"
+    call_id: str
+    tool: str
+    status: Literal["started", "progress", "finished"]
+    summary: str = ""
+
+
+class ChatReply(_ChatEvent):
+    type: Literal["chat:reply"] = "chat:reply"
+    text: str
+    model: str = ""
+    usage: dict[str, Any] = Field(default_factory=dict)
+
+
+class ChatError(_ChatEvent):
+    type: Literal["chat:error"] = "chat:error"
+    code: ErrorCode
+    message: str
+
+
+# --- approvals --------------------------------------------------------------
+
+
+class ApprovalRequest(_Message):
+    type: Literal["approval:request"] = "approval:request"
+    approval_id: str = Field(default_factory=new_id)
+    call_id: str
+    session_id: str
+    tool: str
+    summary: str
+    expires_at: int
+    reply_to: str
+
+
+class ApprovalDecision(_Message):
+    type: Literal["approval:decision"] = "approval:decision"
+    approval_id: str
+    decision: Literal["allow-once", "allow-always", "deny"]
+    by: str
+
+    @property
+    def correlation_id(self) -> str:
+        return self.approval_id
+
+
+Message = Annotated[
+    Union[
+        ToolsList, ToolsAvailable, ToolExecute, ToolResult, ToolProgress,
+        ChatMessage, ChatCancel, ChatDelta, ChatTool, ChatReply, ChatError,
+        ApprovalRequest, ApprovalDecision,
+    ],
+    Field(discriminator="type"),
+]
+_MESSAGE = TypeAdapter(Message)
+MESSAGE_TYPES: frozenset[str] = frozenset(_MESSAGE.json_schema()["discriminator"]["mapping"])
+
+
+class MalformedMessage(ValueError):
+    """A stream entry that is not a Pincer message; the reason says why."""
+
+
+def encode(message: _Message, *, message_id: str | None = None) -> dict[bytes, bytes]:
+    """The stream-entry fields for a message."""
+    data = message.model_dump(mode="json", exclude={"type"}, exclude_none=True)
+    fields = {
+        b"type": message.type.encode(),  # type: ignore[attr-defined]
+        b"id": (message_id or new_id()).encode(),
+        b"data": msgpack.packb(data, use_bin_type=True),
+    }
+    reply_to = getattr(message, "reply_to", None)
+    if reply_to:
+        fields[b"reply_to"] = reply_to.encode()
+    return fields
+
+
+def decode(fields: dict[bytes, bytes]) -> Message:
+    """A stream entry's fields back into a message, or ``MalformedMessage``."""
+    try:
+        kind = fields[b"type"].decode()
+        raw = fields[b"data"]
+    except KeyError as missing:
+        raise MalformedMessage(f"entry has no {missing.args[0]!r} field") from None
+    except UnicodeDecodeError:
+        raise MalformedMessage("field 'type' is not UTF-8 text") from None
+    if kind not in MESSAGE_TYPES:
+        raise MalformedMessage(f"unknown message type {kind!r}")
+    try:
+        data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise MalformedMessage(f"field 'data' is not msgpack: {exc}") from None
+    if not isinstance(data, dict):
+        raise MalformedMessage(f"field 'data' must be a map, got {type(data).__name__}")
+    try:
+        return _MESSAGE.validate_python({**data, "type": kind})
+    except ValidationError as exc:
+        raise MalformedMessage(f"{kind}: {_describe(exc)}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc'][1:] if p != 'type') or '(root)'}: {err['msg']}"
+        for err in exc.errors()
+    )

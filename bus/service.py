@@ -1,0 +1,76 @@
+"""Running one Pincer process: identity, config, Redis, signals and a clean exit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from bus.config import Config, ConfigError
+from bus.log import setup_logging
+from bus.streams import Bus
+
+log = logging.getLogger("bus.service")
+
+Body = Callable[[Bus, asyncio.Event], Awaitable[None]]
+
+
+def new_instance_id(role: str) -> str:
+    host = socket.gethostname().split(".")[0][:20]
+    return f"{role}-{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def redis_url(config: Config) -> str:
+    """The configured Redis, else the embedded one a local ``pincer up`` announced."""
+    if config.redis.url:
+        return config.redis.url
+    url_file = Path(config.runtime.data_dir).expanduser() / "redis.url"
+    if url_file.is_file():
+        return url_file.read_text().strip()
+    raise ConfigError(
+        "no Redis to connect to: set redis.url (or PINCER_REDIS_URL), or start `pincer up` on this machine "
+        f"so its embedded Redis is announced in {url_file}"
+    )
+
+
+def run_service(role: str, config: Config, body: Body, *, instance_id: str | None = None) -> int:
+    """Run ``body`` until SIGTERM/SIGINT (or until it returns); 0 on a clean exit."""
+    instance_id = instance_id or new_instance_id(role)
+    setup_logging(role, instance_id, config.runtime.log_level)
+    try:
+        return asyncio.run(_serve(config, body))
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+
+
+async def _serve(config: Config, body: Body) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    bus = Bus.from_settings(config.redis, redis_url(config))
+    try:
+        await _wait_for_redis(bus, stop)
+        await body(bus, stop)
+    finally:
+        with contextlib.suppress(Exception):
+            await bus.close()
+    return 0
+
+
+async def _wait_for_redis(bus: Bus, stop: asyncio.Event, *, attempts: int = 50) -> None:
+    for attempt in range(attempts):
+        try:
+            await bus.redis.ping()
+            return
+        except Exception as exc:  # connection refused, auth, DNS: all mean "not yet"
+            if stop.is_set() or attempt == attempts - 1:
+                raise ConfigError(f"cannot reach Redis: {exc}") from None
+            await asyncio.sleep(0.2)

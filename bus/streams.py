@@ -1,0 +1,285 @@
+"""The Redis Streams transport: publish, consume through a group, and request/reply.
+
+- ``Bus.publish`` appends one message to a stream (approximately capped).
+- ``GroupConsumer`` reads a consumer group (its own pending entries first, then
+  new ones), runs a handler per message within a concurrency limit, and writes
+  the handler's replies and the XACK in one pipeline: reply before ack, so a
+  crash in between redelivers rather than loses. Garbage is acknowledged,
+  logged and copied to the ``dead`` stream; the loop keeps going.
+- ``ReplyInbox`` reads this instance's own reply stream and hands each message
+  to whoever waits on its correlation id (call id, request id, message id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+
+from bus.config import RedisSettings
+from bus.keys import Keys
+from bus.log import kv
+from bus.protocol import MalformedMessage, Message, decode, encode
+
+log = logging.getLogger("bus")
+
+Reply = tuple[str, Message]
+Handler = Callable[[Message, str], Awaitable[Sequence[Reply]]]
+"""Handles one message (with the stream it came from); returns (stream, message) replies."""
+
+RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+def connect(url: str) -> Redis:
+    """A Redis client for the bus; bytes in, bytes out."""
+    return Redis.from_url(url, decode_responses=False, health_check_interval=30)
+
+
+@dataclass
+class Bus:
+    redis: Redis
+    keys: Keys
+    settings: RedisSettings
+
+    @classmethod
+    def from_settings(cls, settings: RedisSettings, url: str) -> Bus:
+        return cls(redis=connect(url), keys=Keys(settings.prefix), settings=settings)
+
+    async def publish(self, stream: str, message: Message, *, maxlen: int | None = None) -> str:
+        entry_id = await self.redis.xadd(
+            stream, encode(message), maxlen=maxlen or self._maxlen(stream), approximate=True
+        )
+        return entry_id.decode()
+
+    async def ensure_group(self, stream: str, group: str) -> None:
+        """Create the group at id 0 so nothing published before any consumer started is lost."""
+        try:
+            await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
+        except redis_errors.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    def _maxlen(self, stream: str) -> int:
+        if stream.startswith(self.keys.reply("")):
+            return self.settings.reply_maxlen
+        if stream == self.keys.dead:
+            return self.settings.dead_maxlen
+        return self.settings.request_maxlen
+
+
+class GroupConsumer:
+    """One consumer in a consumer group, running a handler for every message it reads."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        streams: Sequence[str],
+        group: str,
+        consumer: str,
+        handler: Handler,
+        concurrency: int = 10,
+        batch: int = 32,
+        block_ms: int = 1000,
+    ) -> None:
+        self.bus, self.streams, self.group, self.consumer = bus, list(streams), group, consumer
+        self.handler = handler
+        self.batch, self.block_ms = batch, block_ms
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Read and dispatch until ``stop`` is set, then wait for in-flight work."""
+        for stream in self.streams:
+            await self.bus.ensure_group(stream, self.group)
+        # After a restart, our own unacknowledged entries come first.
+        cursor = dict.fromkeys(self.streams, "0")
+        failures = 0
+        while not stop.is_set():
+            try:
+                cursor = await self._read_once(cursor, stop)
+                failures = 0
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+                delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+                failures += 1
+                log.warning("redis unreachable, retrying in %.2fs: %s", delay, exc)
+                await _sleep_or_stop(stop, delay)
+            except redis_errors.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                log.warning("consumer group %s vanished (Redis restarted?); recreating it", self.group)
+                for stream in self.streams:
+                    await self.bus.ensure_group(stream, self.group)
+        await self.drain()
+
+    async def drain(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _read_once(self, cursor: dict[str, str], stop: asyncio.Event) -> dict[str, str]:
+        await self._slots.acquire()  # read only when there is room to run what we read
+        free = 1 + _available(self._slots)
+        self._slots.release()
+        if stop.is_set():
+            return cursor
+        response = await self.bus.redis.xreadgroup(
+            self.group, self.consumer, cursor, count=min(self.batch, free), block=self.block_ms
+        )
+        for raw_stream, entries in response or []:
+            stream = raw_stream.decode()
+            if cursor[stream] != ">" and not entries:
+                cursor = {**cursor, stream: ">"}  # pending backlog done; now new entries
+            for raw_id, fields in entries:
+                if cursor[stream] != ">":
+                    cursor = {**cursor, stream: raw_id.decode()}
+                if fields is None:  # pending entry deleted by trimming
+                    await self.bus.redis.xack(stream, self.group, raw_id)
+                    continue
+                await self._dispatch(stream, raw_id.decode(), fields)
+        if not response:
+            cursor = dict.fromkeys(cursor, ">")
+        return cursor
+
+    async def _dispatch(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        try:
+            message = decode(fields)
+        except MalformedMessage as exc:
+            await dead_letter(self.bus, stream, self.group, entry_id, fields, str(exc))
+            return
+        await self._slots.acquire()
+        task = asyncio.create_task(self._handle(stream, entry_id, fields, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, stream: str, entry_id: str, fields: dict[bytes, bytes], message: Message) -> None:
+        try:
+            try:
+                replies = await self.handler(message, stream)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a handler bug must not lose the message or kill the loop
+                log.exception("handler failed %s", kv(stream=stream, entry=entry_id, type=message.type))
+                await dead_letter(
+                    self.bus, stream, self.group, entry_id, fields, f"handler crashed: {type(exc).__name__}: {exc}"
+                )
+                return
+            await self._reply_and_ack(stream, entry_id, replies)
+        finally:
+            self._slots.release()
+
+    async def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply]) -> None:
+        async with self.bus.redis.pipeline(transaction=False) as pipe:
+            for target, reply in replies:
+                pipe.xadd(target, encode(reply), maxlen=self.bus._maxlen(target), approximate=True)
+            pipe.xack(stream, self.group, entry_id)
+            await pipe.execute()
+
+
+async def dead_letter(
+    bus: Bus, stream: str, group: str, entry_id: str, fields: dict[bytes, bytes], reason: str
+) -> None:
+    """Acknowledge an entry that cannot be handled and keep a copy in ``dead``."""
+    log.error("dead-lettered %s reason=%r", kv(stream=stream, entry=entry_id), reason)
+    copy = {b"dead:source": stream.encode(), b"dead:entry": entry_id.encode(), b"dead:reason": reason.encode()}
+    copy.update({k: v for k, v in fields.items() if not k.startswith(b"dead:")})
+    async with bus.redis.pipeline(transaction=False) as pipe:
+        pipe.xadd(bus.keys.dead, copy, maxlen=bus.settings.dead_maxlen, approximate=True)
+        pipe.xack(stream, group, entry_id)
+        await pipe.execute()
+
+
+class ReplyInbox:
+    """This instance's reply stream, routed to waiters by correlation id."""
+
+    def __init__(self, bus: Bus, instance_id: str, *, block_ms: int = 1000) -> None:
+        self.bus = bus
+        self.stream = bus.keys.reply(instance_id)
+        self.block_ms = block_ms
+        self._waiters: dict[str, asyncio.Queue[Message]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._read_loop(), name=f"inbox:{self.stream}")
+
+    async def close(self) -> None:
+        # Let the blocking XREAD run out rather than cancel it: redis-py can
+        # leave a cancelled blocking read hanging on its connection.
+        self._closing = True
+        if self._task:
+            done, _ = await asyncio.wait({self._task}, timeout=self.block_ms / 1000 + 2)
+            if not done:
+                self._task.cancel()
+        with contextlib.suppress(redis_errors.RedisError, OSError):
+            await self.bus.redis.delete(self.stream)
+
+    @contextlib.asynccontextmanager
+    async def expect(self, correlation_id: str) -> AsyncIterator[asyncio.Queue[Message]]:
+        """Register interest before publishing, so no reply can slip past."""
+        queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._waiters[correlation_id] = queue
+        try:
+            yield queue
+        finally:
+            self._waiters.pop(correlation_id, None)
+
+    async def request(self, stream: str, message: Message, correlation_id: str, *, timeout: float) -> Message:
+        """Publish and wait for the first reply; ``TimeoutError`` when none comes in time."""
+        async with self.expect(correlation_id) as queue:
+            await self.bus.publish(stream, message)
+            async with asyncio.timeout(timeout):
+                return await queue.get()
+
+    async def _read_loop(self) -> None:
+        last_id = "0-0"  # the stream is ours alone and new, so read it all
+        failures = 0
+        while not self._closing:
+            try:
+                response = await self.bus.redis.xread({self.stream: last_id}, count=512, block=self.block_ms)
+                failures = 0
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+                delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+                failures += 1
+                log.warning("reply stream unreachable, retrying in %.2fs: %s", delay, exc)
+                await asyncio.sleep(delay)
+                continue
+            for _stream, entries in response or []:
+                for raw_id, fields in entries:
+                    last_id = raw_id.decode()
+                    self._route(last_id, fields)
+            if response:
+                # Delivered replies are not needed again; keep the stream small.
+                await self.bus.redis.xtrim(self.stream, minid=last_id, approximate=True)
+
+    def _route(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        try:
+            message = decode(fields)
+        except MalformedMessage as exc:
+            log.error("ignored malformed reply %s reason=%r", kv(stream=self.stream, entry=entry_id), str(exc))
+            return
+        queue = self._waiters.get(message.correlation_id or "")
+        if queue is None:
+            log.debug("no one waits for %s", kv(type=message.type, correlation=message.correlation_id))
+            return
+        queue.put_nowait(message)
+
+
+def _available(semaphore: asyncio.Semaphore) -> int:
+    return semaphore._value  # noqa: SLF001 - asyncio offers no public read of free slots
+
+
+async def _sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=delay)

@@ -1,0 +1,1 @@
+"""Gateway: the front door (HTTP API, CLI, process supervisor)."""

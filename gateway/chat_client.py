@@ -1,0 +1,99 @@
+"""``pincer chat``: talk to a running Gateway, streaming text and showing tool calls as they happen."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+import httpx
+from httpx_sse import SSEError, connect_sse
+from rich.console import Console
+
+
+class ChatFailed(Exception):
+    """The turn or the connection failed; the message says what to do."""
+
+
+@dataclass
+class ChatClient:
+    base_url: str
+    session_id: str
+    out: Console
+    err: Console
+
+    def send(self, text: str) -> str:
+        """Send one message; stream the reply to ``out``; return the final text."""
+        url = f"{self.base_url}/v1/sessions/{self.session_id}/messages"
+        try:
+            with httpx.Client(timeout=httpx.Timeout(10.0, read=None)) as client:
+                with connect_sse(client, "POST", url, json={"text": text}) as source:
+                    if source.response.status_code != 200:
+                        source.response.read()
+                        raise ChatFailed(_http_error(source.response))
+                    return self._render(source.iter_sse())
+        except httpx.ConnectError:
+            raise ChatFailed(f"cannot reach the Gateway at {self.base_url}; is `pincer up` running?") from None
+        except (httpx.HTTPError, SSEError) as exc:
+            raise ChatFailed(f"lost the connection to the Gateway at {self.base_url}: {exc}") from None
+
+    def _render(self, events) -> str:  # type: ignore[no-untyped-def]
+        streamed = False
+        for event in events:
+            data = json.loads(event.data)
+            if event.event == "delta":
+                self.out.print(data["text"], end="", markup=False, highlight=False)
+                streamed = True
+            elif event.event == "tool":
+                if streamed:
+                    self.out.print()
+                    streamed = False
+                icon = "→" if data["status"] == "started" else "←"
+                self.err.print(f"  {icon} [bold]{data['tool']}[/bold] {data['summary']}", style="dim",
+                               markup=True, highlight=False)
+            elif event.event == "reply":
+                if streamed:
+                    self.out.print()
+                elif data["text"]:
+                    self.out.print(data["text"], markup=False, highlight=False)
+                return data["text"]
+            elif event.event == "error":
+                if streamed:
+                    self.out.print()
+                raise ChatFailed(f"{data['code']}: {data['message']}")
+        raise ChatFailed("the Gateway closed the stream before the turn ended")
+
+
+def _http_error(response: httpx.Response) -> str:
+    try:
+        error = response.json()["error"]
+        return f"{error['code']}: {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"the Gateway answered HTTP {response.status_code}"
+
+
+def run_chat(base_url: str, session_id: str, message: str | None) -> int:
+    out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
+    client = ChatClient(base_url.rstrip("/"), session_id, out, err)
+    if message is not None:
+        try:
+            client.send(message)
+            return 0
+        except ChatFailed as exc:
+            err.print(f"pincer: error: {exc}", markup=False, highlight=False)
+            return 1
+    err.print(f"Chatting in session [bold]{session_id}[/bold] via {base_url}. Ctrl-D to leave.", highlight=False)
+    while True:
+        try:
+            text = input("you> " if sys.stdin.isatty() else "")
+        except (EOFError, KeyboardInterrupt):
+            err.print()
+            return 0
+        if not text.strip():
+            continue
+        try:
+            client.send(text)
+        except ChatFailed as exc:
+            err.print(f"error: {exc}", style="red", markup=False, highlight=False)
+        except KeyboardInterrupt:
+            err.print("\n(interrupted)")

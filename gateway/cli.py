@@ -1,0 +1,147 @@
+"""The ``pincer`` command line: run the processes, chat, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from bus.config import Config, ConfigError, load_config
+
+SECTIONS = {"redis", "runtime", "hands", "brain", "gateway"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pincer", description="Pincer agent runtime")
+    parser.add_argument("--config", metavar="PATH", help="config file (default: $PINCER_CONFIG or ./config.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run everything on this machine: Redis, Gateway, Brain, Hands")
+    up.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers to start (default 1)")
+
+    hands = sub.add_parser("hands", help="run one Hands worker (joins the pool on the configured Redis)")
+    hands.add_argument("--redis", metavar="URL", help="Redis URL (default: redis.url or the local `pincer up`)")
+    hands.add_argument("--concurrency", type=int, metavar="N", help="calls this worker runs at once")
+
+    brain = sub.add_parser("brain", help="run one Brain")
+    brain.add_argument("--redis", metavar="URL")
+
+    gateway = sub.add_parser("gateway", help="run the Gateway's HTTP API")
+    gateway.add_argument("--redis", metavar="URL")
+    gateway.add_argument("--port", type=int)
+
+    chat = sub.add_parser("chat", help="chat with the agent through a running Gateway")
+    chat.add_argument("-m", "--message", help="send one message, print the reply and exit")
+    chat.add_argument("--session", default="main", help="session id (default: main)")
+    chat.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
+
+    tools = sub.add_parser("tools", help="list the tools Hands offers")
+    tools.add_argument("--json", action="store_true", help="print JSON")
+    tools.add_argument("--redis", metavar="URL")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if getattr(args, "redis", None):
+        os.environ["PINCER_REDIS_URL"] = args.redis
+    try:
+        config = load_config(args.config)
+        config.check_sections(SECTIONS)
+        return _dispatch(args, config)
+    except ConfigError as exc:
+        print(f"pincer: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def validate_all(config: Config) -> None:
+    """Check every section now, so a bad value stops start-up before any process runs."""
+    from brain.config import BrainSettings
+    from gateway.config import GatewaySettings
+    from hands.config import HandsSettings
+
+    config.redis, config.runtime  # noqa: B018 - validated on access
+    config.section("hands", HandsSettings)
+    config.section("brain", BrainSettings)
+    config.section("gateway", GatewaySettings)
+
+
+def _dispatch(args: argparse.Namespace, config: Config) -> int:
+    match args.command:
+        case "up":
+            return _up(args, config)
+        case "hands":
+            from hands.main import main as hands_main
+
+            validate_all(config)
+            return hands_main(config, concurrency=args.concurrency)
+        case "brain":
+            from brain.main import main as brain_main
+
+            validate_all(config)
+            return brain_main(config)
+        case "gateway":
+            from gateway.main import main as gateway_main
+
+            validate_all(config)
+            return gateway_main(config, port=args.port)
+        case "chat":
+            from gateway.chat_client import run_chat
+            from gateway.config import GatewaySettings
+
+            url = args.url or config.section("gateway", GatewaySettings).url
+            return run_chat(url, args.session, args.message)
+        case "tools":
+            return asyncio.run(_tools(config, as_json=args.json))
+    raise AssertionError(args.command)
+
+
+def _up(args: argparse.Namespace, config: Config) -> int:
+    from gateway.supervisor import Supervisor
+
+    if args.hands < 1:
+        raise ConfigError("--hands must be at least 1")
+    validate_all(config)
+    env = dict(os.environ)
+    if config.source is not None:
+        env["PINCER_CONFIG"] = str(Path(config.source).resolve())
+    return asyncio.run(Supervisor(config, hands=args.hands, env=env).run())
+
+
+async def _tools(config: Config, *, as_json: bool) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from bus.protocol import ToolsAvailable, ToolsList
+    from bus.service import new_instance_id, redis_url
+    from bus.streams import Bus, ReplyInbox
+
+    bus = Bus.from_settings(config.redis, redis_url(config))
+    inbox = ReplyInbox(bus, new_instance_id("cli"), block_ms=100)
+    await inbox.start()
+    try:
+        request = ToolsList(reply_to=inbox.stream)
+        reply = await inbox.request(bus.keys.hands_requests, request, request.request_id, timeout=5)
+    except TimeoutError:
+        print("pincer: error: no Hands worker answered within 5s; start one with `pincer hands`", file=sys.stderr)
+        return 1
+    except Exception as exc:  # Redis unreachable, auth failed: say so plainly
+        print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await inbox.close()
+        await bus.close()
+    assert isinstance(reply, ToolsAvailable)
+    if as_json:
+        print(json.dumps([tool.model_dump(mode="json") for tool in reply.tools], indent=2))
+        return 0
+    table = Table("tool", "category", "description")
+    for tool in reply.tools:
+        table.add_row(tool.name, str(tool.metadata.get("category", "")), tool.description)
+    Console().print(table)
+    return 0

@@ -1,0 +1,44 @@
+"""``pincer gateway``: serve the HTTP API until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import uvicorn
+
+from bus.config import Config
+from bus.service import new_instance_id, run_service
+from bus.streams import Bus
+from gateway.app import Gateway
+from gateway.config import GatewaySettings
+
+log = logging.getLogger("gateway")
+
+
+def main(config: Config, *, port: int | None = None) -> int:
+    settings = config.section("gateway", GatewaySettings)
+    if port:
+        settings.port = port
+    instance_id = new_instance_id("gateway")
+
+    async def body(bus: Bus, stop: asyncio.Event) -> None:
+        gateway = Gateway(bus, settings, instance_id=instance_id, heartbeat_s=config.runtime.heartbeat_s)
+        server = uvicorn.Server(uvicorn.Config(
+            gateway.app(), host=settings.host, port=settings.port, log_config=None, access_log=False,
+            lifespan="on", timeout_graceful_shutdown=5,
+        ))
+        # Our loop owns SIGTERM/SIGINT (run_service); uvicorn must not take them over.
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        serving = asyncio.create_task(server.serve())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        stopping.cancel()
+        await serving
+        if not server.started:
+            raise SystemExit(f"gateway could not listen on {settings.host}:{settings.port}")
+        log.info("gateway stopped")
+
+    return run_service("gateway", config, body, instance_id=instance_id)

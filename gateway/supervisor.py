@@ -1,0 +1,157 @@
+"""``pincer up``: embedded Redis plus Gateway, Brain and N Hands as separate processes.
+
+Each child runs in its own session (so one Ctrl-C reaches only the supervisor,
+which then stops everyone in order), dies with the supervisor if it is killed
+(PDEATHSIG), has its output prefixed with its role, and is restarted with
+backoff if it crashes, unless it keeps crashing at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bus.config import Config
+from bus.proc import die_with_parent
+from bus.redis_server import EmbeddedRedis
+from gateway.config import GatewaySettings
+
+STOP_GRACE_S = 10.0
+QUICK_EXIT_S = 5.0
+MAX_QUICK_EXITS = 3
+
+
+def say(line: str) -> None:
+    print(f"{'pincer':>9} | {line}", flush=True)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: asyncio.subprocess.Process | None = None
+    started: float = 0.0
+    quick_exits: int = 0
+    pump: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class Supervisor:
+    def __init__(self, config: Config, *, hands: int, env: dict[str, str]) -> None:
+        self.config, self.hands, self.env = config, hands, env
+        self.gateway = config.section("gateway", GatewaySettings)
+        self.redis: EmbeddedRedis | None = None
+        self.stop = asyncio.Event()
+        self.failed: str | None = None
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop.set)
+        env = dict(self.env)
+        if not self.config.redis.url:
+            self.redis = EmbeddedRedis(Path(self.config.runtime.data_dir), port=self.config.redis.embedded_port)
+            env["PINCER_REDIS_URL"] = await asyncio.to_thread(self.redis.start)
+            say(f"embedded Redis on 127.0.0.1:{self.redis.port} (data in {self.redis.dir})")
+        else:
+            say("using the Redis at redis.url")
+        module = [sys.executable, "-m", "gateway"]
+        children = [Child("gateway", [*module, "gateway"]), Child("brain", [*module, "brain"])]
+        children += [Child(f"hands-{i}", [*module, "hands"]) for i in range(1, self.hands + 1)]
+        try:
+            for child in children:
+                await self._start(child, env)
+            watchers = [asyncio.create_task(self._watch(child, env)) for child in children]
+            announce = asyncio.create_task(self._announce())
+            await self.stop.wait()
+            announce.cancel()
+            say("stopping…")
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+        finally:
+            await asyncio.gather(*(self._terminate(child) for child in children), return_exceptions=True)
+            if self.redis:
+                await asyncio.to_thread(self.redis.stop)
+        if self.failed:
+            say(f"gave up: {self.failed}")
+            return 1
+        say("stopped")
+        return 0
+
+    async def _start(self, child: Child, env: dict[str, str]) -> None:
+        child.process = await asyncio.create_subprocess_exec(
+            *child.argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
+        )
+        child.started = time.monotonic()
+        child.pump = asyncio.create_task(_pump(child.name, child.process.stdout))
+
+    async def _watch(self, child: Child, env: dict[str, str]) -> None:
+        """Restart a child that exits, unless it keeps exiting at once."""
+        while True:
+            assert child.process is not None
+            code = await child.process.wait()
+            if child.pump:
+                await child.pump
+            if self.stop.is_set():
+                return
+            quick = time.monotonic() - child.started < QUICK_EXIT_S
+            child.quick_exits = child.quick_exits + 1 if quick else 0
+            if child.quick_exits >= MAX_QUICK_EXITS:
+                self.failed = f"{child.name} exited with code {code} {MAX_QUICK_EXITS} times right after starting"
+                self.stop.set()
+                return
+            delay = min(30.0, 0.5 * 2 ** child.quick_exits)
+            say(f"{child.name} exited with code {code}; restarting in {delay:g}s")
+            await asyncio.sleep(delay)
+            await self._start(child, env)
+
+    async def _terminate(self, child: Child) -> None:
+        process = child.process
+        if process is None or process.returncode is not None:
+            return
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            say(f"{child.name} did not stop within {STOP_GRACE_S:g}s; killing it")
+            _signal_group(process.pid, signal.SIGKILL)
+            await process.wait()
+        if child.pump:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(child.pump, 2)
+
+    async def _announce(self) -> None:
+        """Say where the Gateway listens once it answers."""
+        url = self.gateway.url
+        async with httpx.AsyncClient(timeout=2) as client:
+            for _ in range(600):
+                with contextlib.suppress(httpx.HTTPError):
+                    health = (await client.get(f"{url}/healthz")).json()
+                    if health.get("status") == "ok":
+                        say(f"ready: Gateway on {url} — chat with `pincer chat` "
+                            f"(brains {health['brains']}, hands {health['hands']})")
+                        return
+                await asyncio.sleep(0.5)
+
+
+async def _pump(name: str, stream: asyncio.StreamReader | None) -> None:
+    """Copy a child's output to ours, one prefixed line at a time."""
+    if stream is None:
+        return
+    while line := await stream.readline():
+        text = line.decode(errors="replace").rstrip("\n")
+        print(f"{name:>9} | {text}", flush=True)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

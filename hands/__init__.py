@@ -1,0 +1,1 @@
+"""Hands: the tool execution engine. Validate, limit, execute, shape, answer."""

@@ -1,0 +1,23 @@
+"""``pincer hands``: run one Hands worker until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bus.config import Config
+from bus.service import new_instance_id, run_service
+from bus.streams import Bus
+from hands.config import HandsSettings
+from hands.worker import HandsWorker
+
+
+def main(config: Config, *, concurrency: int | None = None) -> int:
+    settings = config.section("hands", HandsSettings)
+    if concurrency:
+        settings.concurrency.global_ = concurrency
+    worker_id = new_instance_id("hands")
+
+    async def body(bus: Bus, stop: asyncio.Event) -> None:
+        await HandsWorker(bus, settings, worker_id=worker_id, heartbeat_s=config.runtime.heartbeat_s).run(stop)
+
+    return run_service("hands", config, body, instance_id=worker_id)

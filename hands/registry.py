@@ -1,0 +1,128 @@
+"""The tool registry: definitions in, a cached Brain-facing view out."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field
+
+from bus.protocol import ErrorCode, ToolSpec
+from hands.errors import ToolFailure
+
+
+class Category(StrEnum):
+    FILE = "file_operation"
+    NETWORK = "network_request"
+    CODE = "code_execution"
+    MEMORY = "memory_operation"
+    SKILL = "skill"
+
+
+class Permissions(BaseModel):
+    """What a tool promises to touch; checked against the global policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    filesystem_read: list[str] = Field(default_factory=list)
+    filesystem_write: list[str] = Field(default_factory=list)
+    network: list[str] = Field(default_factory=list)
+    execute: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a handler may know about the call it serves."""
+
+    call_id: str
+    session_id: str
+    worker_id: str
+    settings: Any
+
+
+Handler = Callable[[dict[str, Any], ToolContext], Any | Awaitable[Any]]
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    name: str = Field(pattern=r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$")
+    description: str
+    parameters: dict[str, Any]
+    handler: Handler
+    category: Category
+    permissions: Permissions = Field(default_factory=Permissions)
+    timeout_s: float | None = None
+    idempotent: bool = True
+
+    def spec(self) -> ToolSpec:
+        metadata = {"category": self.category.value, "idempotent": self.idempotent}
+        if self.timeout_s is not None:
+            metadata["timeout_s"] = self.timeout_s
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters, metadata=metadata)
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, ToolDefinition] = {}
+        self._validators: dict[str, Draft202012Validator] = {}
+        self._view: list[ToolSpec] | None = None
+
+    def register(self, tool: ToolDefinition) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is already registered")
+        try:
+            Draft202012Validator.check_schema(tool.parameters)
+        except SchemaError as exc:
+            raise ValueError(f"tool {tool.name!r} has an invalid parameter schema: {exc.message}") from None
+        self._tools[tool.name] = tool
+        self._validators[tool.name] = Draft202012Validator(tool.parameters)
+        self._view = None
+
+    def unregister(self, name: str) -> None:
+        self._tools.pop(name, None)
+        self._validators.pop(name, None)
+        self._view = None
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def get(self, name: str) -> ToolDefinition:
+        tool = self._tools.get(name)
+        if tool is None:
+            raise ToolFailure(
+                ErrorCode.TOOL_NOT_FOUND,
+                f"no tool named {name!r}; available tools: {', '.join(self.names()) or '(none)'}",
+                suggestions=[f"call one of: {', '.join(self.names())}"],
+                recoverable=True,
+            )
+        return tool
+
+    def validate(self, name: str, args: dict[str, Any]) -> None:
+        """Check args against the tool's schema: one line per offending path."""
+        errors = sorted(self._validators[name].iter_errors(args), key=lambda e: list(e.absolute_path))
+        if errors:
+            lines = [f"{'/'.join(str(p) for p in e.absolute_path) or '(arguments)'}: {e.message}" for e in errors]
+            raise ToolFailure(
+                ErrorCode.INVALID_ARGUMENTS,
+                f"invalid arguments for {name}:\n" + "\n".join(lines),
+                suggestions=["fix the listed arguments to match the tool's parameter schema and call again"],
+                details={"errors": lines},
+                recoverable=True,
+            )
+
+    def brain_view(self) -> list[ToolSpec]:
+        """What the Brain may see: name, description, parameters, metadata. Cached."""
+        if self._view is None:
+            self._view = [self._tools[name].spec() for name in self.names()]
+        return self._view
+
+    def digest(self) -> str:
+        payload = json.dumps([spec.model_dump(mode="json") for spec in self.brain_view()], sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]

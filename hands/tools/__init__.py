@@ -1,0 +1,10 @@
+"""Built-in tools."""
+
+from __future__ import annotations
+
+from hands.registry import ToolDefinition
+from hands.tools.files import FILE_TOOLS
+
+
+def builtin_tools() -> list[ToolDefinition]:
+    return [*FILE_TOOLS]

@@ -1,0 +1,70 @@
+"""A Hands worker: one consumer in group ``hands`` answering ``tools:list`` and ``tool:execute``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Sequence
+
+from bus.keys import HANDS_GROUP
+from bus.presence import Presence
+from bus.protocol import Message, ToolExecute, ToolsAvailable, ToolsList, now_ms
+from bus.streams import Bus, GroupConsumer, Reply
+from hands.config import HandsSettings
+from hands.executor import Executor
+from hands.registry import ToolRegistry
+from hands.tools import builtin_tools
+from hands.workspace import Workspace
+
+log = logging.getLogger("hands.worker")
+
+
+def build_registry() -> ToolRegistry:
+    registry = ToolRegistry()
+    for tool in builtin_tools():
+        registry.register(tool)
+    return registry
+
+
+class HandsWorker:
+    def __init__(self, bus: Bus, settings: HandsSettings, *, worker_id: str, heartbeat_s: float = 3.0) -> None:
+        self.bus, self.settings, self.worker_id = bus, settings, worker_id
+        self.registry = build_registry()
+        self.executor = Executor(self.registry, settings, worker_id=worker_id)
+        self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s)
+        self.consumer = GroupConsumer(
+            bus,
+            streams=[bus.keys.hands_requests, bus.keys.hands_worker(worker_id)],
+            group=HANDS_GROUP,
+            consumer=worker_id,
+            handler=self.handle,
+            concurrency=settings.concurrency.global_,
+        )
+
+    async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
+        match message:
+            case ToolExecute():
+                return [(message.reply_to, await self.executor.execute(message))]
+            case ToolsList():
+                if message.deadline is not None and message.deadline <= now_ms():
+                    return []  # the asker has given up; an answer would only litter its stream
+                tools = self.registry.brain_view()
+                reply = ToolsAvailable(request_id=message.request_id, tools=tools,
+                                       digest=self.registry.digest(), worker_id=self.worker_id)
+                return [(message.reply_to, reply)]
+            case _:
+                log.warning("ignored %s on %s: Hands does not handle it", message.type, stream)
+                return []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        Workspace(self.settings.workspace).ensure()
+        await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
+        await self.presence.start()
+        log.info("hands worker ready on %s: %d tools, workspace %s, concurrency %d",
+                 socket.gethostname(), len(self.registry.names()), Workspace(self.settings.workspace).root,
+                 self.settings.concurrency.global_)
+        try:
+            await self.consumer.run(stop)
+        finally:
+            await self.presence.stop()

@@ -1,0 +1,133 @@
+"""The workspace boundary: open paths beneath the workspace root, race-free.
+
+Every path is walked one component at a time from a directory descriptor with
+``O_NOFOLLOW``, so a symlink swapped in mid-call cannot lead outside (a
+``realpath`` check followed by ``open`` can be raced). ``..``, absolute paths
+outside the root, symlinks and multiply-linked files are refused.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+
+from bus.protocol import ErrorCode
+from hands.errors import ToolFailure
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Workspace:
+    def __init__(self, root: Path) -> None:
+        self.root = root.expanduser().resolve()
+
+    def ensure(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def parts(self, path: str) -> list[str]:
+        """The path's components relative to the root, or ``PERMISSION_DENIED``."""
+        if "\x00" in path:
+            raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, "the path contains a NUL byte")
+        pure = PurePosixPath(path)
+        if pure.is_absolute():
+            try:
+                pure = pure.relative_to(self.root)
+            except ValueError:
+                raise self._outside(path) from None
+        parts = [p for p in pure.parts if p not in ("", ".")]
+        if ".." in parts:
+            raise self._outside(path)
+        return parts
+
+    @contextmanager
+    def open_dir(self, path: str, *, create: bool = False) -> Iterator[int]:
+        """A descriptor of the directory at ``path`` (``.`` is the root)."""
+        fd = self._walk(self.parts(path), create=create)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def open_file(self, path: str, flags: int, *, create_dirs: bool = False) -> Iterator[int]:
+        """A descriptor of the file at ``path``, opened with ``flags`` (never following a symlink)."""
+        parts = self.parts(path)
+        if not parts:
+            raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is the workspace directory, not a file")
+        parent = self._walk(parts[:-1], create=create_dirs)
+        try:
+            fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent)
+        except OSError as exc:
+            raise self._os_failure(exc, path) from None
+        finally:
+            os.close(parent)
+        try:
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                raise ToolFailure(
+                    ErrorCode.PERMISSION_DENIED,
+                    f"{path!r} is a hard link shared with another path; tools only use files with one link",
+                    suggestions=["copy the file into the workspace instead of linking it"],
+                )
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _walk(self, parts: list[str], *, create: bool) -> int:
+        fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            for i, part in enumerate(parts):
+                if create:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                try:
+                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno == errno.ENOTDIR and _is_symlink(part, fd):
+                        exc = OSError(errno.ELOOP, "symbolic link")  # O_DIRECTORY reports a link as ENOTDIR
+                    raise self._os_failure(exc, "/".join(parts[: i + 1])) from None
+                os.close(fd)
+                fd = child
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _outside(self, path: str) -> ToolFailure:
+        return ToolFailure(
+            ErrorCode.PERMISSION_DENIED,
+            f"{path!r} is outside the workspace; tools only reach files beneath {self.root}",
+            suggestions=["use a path relative to the workspace, without '..'"],
+        )
+
+    def _os_failure(self, exc: OSError, path: str) -> ToolFailure | OSError:
+        if exc.errno == errno.ELOOP:
+            return ToolFailure(
+                ErrorCode.PERMISSION_DENIED,
+                f"{path!r} is a symbolic link; tools do not follow links",
+                suggestions=["use the real path of the file inside the workspace"],
+            )
+        if isinstance(exc, FileNotFoundError):
+            return ToolFailure(
+                ErrorCode.FILE_NOT_FOUND, f"{path!r} does not exist in the workspace",
+                suggestions=["list_directory shows what exists"], recoverable=True,
+            )
+        if isinstance(exc, NotADirectoryError):
+            return ToolFailure(
+                ErrorCode.FILE_NOT_FOUND, f"{path!r}: a part of the path is not a directory", recoverable=True,
+            )
+        exc.filename = exc.filename or path
+        return exc
+
+
+def _is_symlink(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False

@@ -1,0 +1,1 @@
+"""Session transcripts and long-term memory, stored in Redis."""
