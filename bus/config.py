@@ -70,7 +70,10 @@ class Config:
     def section(self, name: str, model: type[M]) -> M:
         values = self.raw.get(name) or {}
         if not isinstance(values, dict):
-            raise ConfigError(f"{self._where()}: '{name}' must be a mapping of keys, got {values!r}")
+            raise ConfigError(
+                f"{self._where()}: '{name}' must be a mapping of keys, got {values!r}. "
+                f"Fix it in the file or set keys with {ENV_PREFIX}{name.upper()}__<KEY>."
+            )
         try:
             return model.model_validate(values)
         except ValidationError as exc:

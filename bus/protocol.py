@@ -270,7 +270,7 @@ def decode(fields: dict[bytes, bytes]) -> Message:
         kind = fields[b"type"].decode()
         raw = fields[b"data"]
     except KeyError as missing:
-        raise MalformedMessage(f"entry has no {missing.args[0]!r} field") from None
+        raise MalformedMessage(f"entry has no {missing.args[0].decode()!r} field") from None
     except UnicodeDecodeError:
         raise MalformedMessage("field 'type' is not UTF-8 text") from None
     if kind not in MESSAGE_TYPES:

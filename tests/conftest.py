@@ -1,0 +1,166 @@
+"""Fixtures that start real things and always tear them down."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bus.config import RedisSettings
+from bus.redis_server import EmbeddedRedis, free_port
+from bus.streams import Bus
+from tests.scripted_llm import ScriptedLLM
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(condition: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05, what: str = "") -> Any:
+    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+
+
+async def async_wait_until(condition: Callable[[], Any], *, timeout: float = 20.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server on a free loopback port, for the whole test session."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    url = server.start()
+    yield url
+    server.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """Each test gets its own key prefix, so tests sharing one Redis never see each other."""
+    return f"t{uuid.uuid4().hex[:10]}:"
+
+
+@pytest.fixture
+async def bus(redis_url: str, prefix: str) -> AsyncIterator[Bus]:
+    bus = Bus.from_settings(RedisSettings(prefix=prefix), redis_url)
+    yield bus
+    await bus.close()
+
+
+@pytest.fixture
+def scripted_llm() -> Iterator[ScriptedLLM]:
+    server = ScriptedLLM().start()
+    yield server
+    server.stop()
+
+
+class Processes:
+    """Real ``pincer`` processes, each in its own process group, killed as a group at teardown."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+        self.tmp_path, self.env = tmp_path, env
+        self.started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+
+    def start(self, *args: str, name: str | None = None, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        name = name or f"{args[0]}-{len(self.started)}"
+        log = self.tmp_path / f"{name}.log"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", *args], cwd=self.tmp_path, env={**self.env, **(extra_env or {})},
+            stdin=subprocess.DEVNULL, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.started.append((name, proc, log))
+        return proc
+
+    def run(self, *args: str, timeout: float = 60, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", *args], cwd=self.tmp_path, env={**self.env, **(extra_env or {})},
+            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        )
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name} ---\n{log.read_text(errors='replace')}" for name, _, log in self.started)
+
+    def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        with _suppress_lookup():
+            os.killpg(proc.pid, sig)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with _suppress_lookup():
+                os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait()
+
+    def stop_all(self) -> None:
+        for _, proc, _ in self.started:
+            if proc.poll() is None:
+                self.stop(proc)
+
+
+class _suppress_lookup:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, *_: Any) -> bool:
+        return kind is not None and issubclass(kind, (ProcessLookupError, PermissionError))
+
+
+@pytest.fixture
+def pincer_env(tmp_path: Path, redis_url: str, prefix: str, scripted_llm: ScriptedLLM) -> dict[str, str]:
+    """Environment for real pincer processes: our Redis and prefix, the scripted model, a temp workspace."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PINCER_") and not k.endswith("_API_KEY")}
+    env.update({
+        "PINCER_REDIS_URL": redis_url,
+        "PINCER_REDIS__PREFIX": prefix,
+        "PINCER_MODEL": "openai/scripted",
+        "PINCER_LLM_API_BASE": scripted_llm.api_base,
+        "PINCER_LLM_API_KEY": "sk-scripted",
+        "PINCER_BRAIN__LLM_RETRIES": "0",
+        "PINCER_WORKSPACE": str(workspace),
+        "PINCER_DATA_DIR": str(tmp_path / "data"),
+        "PINCER_GATEWAY_PORT": str(free_port()),
+        "PINCER_RUNTIME__HEARTBEAT_S": "0.5",
+        "PINCER_RUNTIME__LOG_LEVEL": "DEBUG",
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+@pytest.fixture
+def processes(tmp_path: Path, pincer_env: dict[str, str], request: pytest.FixtureRequest) -> Iterator[Processes]:
+    procs = Processes(tmp_path, pincer_env)
+    yield procs
+    procs.stop_all()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(procs.logs())
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

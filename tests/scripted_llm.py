@@ -1,0 +1,147 @@
+"""A scripted OpenAI-compatible chat-completions server on loopback.
+
+litellm talks to it over real HTTP (streaming SSE), so the Brain's whole model
+path runs. The script is written in the user's message, one directive a line:
+
+- ``CALL <tool> <json args>``: answer with that tool call (several lines: parallel calls);
+  once tool results are in, answer ``RESULT <tool>: <content>`` quoting each one.
+- ``LOOP <tool> <json args>``: call the tool again after every result (never answers).
+- ``STATUS <code>``: answer with that HTTP error.
+- anything else: answer ``echo: <text>`` streamed in small pieces.
+
+Every request body is kept in ``requests`` for assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class ScriptedLLM:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def start(self) -> ScriptedLLM:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        script = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+                script.requests.append(body)
+                status, reply = decide(body["messages"])
+                if status != 200:
+                    payload = json.dumps({"error": {"message": f"scripted failure {status}", "type": "scripted"}})
+                    self._send(status, "application/json", payload.encode())
+                    return
+                if body.get("stream"):
+                    self._stream(body.get("model", "scripted"), reply)
+                else:
+                    self._send(200, "application/json", json.dumps(_full(body.get("model", "scripted"), reply)).encode())
+
+            def _send(self, status: int, kind: str, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("content-type", kind)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _stream(self, model: str, reply: dict[str, Any]) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("connection", "close")
+                self.end_headers()
+                for chunk in _chunks(model, reply):
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+
+        return Handler
+
+
+def decide(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """The scripted answer to a conversation: ``(status, {"text": ..., "calls": [...]})``."""
+    user = next(m for m in reversed(messages) if m["role"] == "user")
+    lines = [line.strip() for line in (user.get("content") or "").splitlines() if line.strip()]
+    last = messages[-1]
+    for line in lines:
+        if line.startswith("STATUS "):
+            return int(line.split()[1]), {}
+    loops = [_parse_call(line[5:]) for line in lines if line.startswith("LOOP ")]
+    if loops:
+        return 200, {"text": "", "calls": loops}
+    if last["role"] == "tool":
+        results = []
+        for message in reversed(messages):
+            if message["role"] != "tool":
+                break
+            results.insert(0, f"RESULT {message.get('name', '?')}: {message.get('content')}")
+        return 200, {"text": "\n".join(results), "calls": []}
+    calls = [_parse_call(line[5:]) for line in lines if line.startswith("CALL ")]
+    if calls:
+        return 200, {"text": "", "calls": calls}
+    return 200, {"text": f"echo: {user.get('content')}", "calls": []}
+
+
+def _parse_call(rest: str) -> dict[str, str]:
+    name, _, args = rest.strip().partition(" ")
+    return {"name": name, "arguments": args.strip() or "{}"}
+
+
+def _chunk(model: str, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def _chunks(model: str, reply: dict[str, Any]) -> list[dict[str, Any]]:
+    chunks = [_chunk(model, {"role": "assistant", "content": ""})]
+    text = reply.get("text", "")
+    chunks += [_chunk(model, {"content": text[i : i + 7]}) for i in range(0, len(text), 7)]
+    for index, call in enumerate(reply.get("calls", [])):
+        call_id = f"call_{index}_{int(time.time() * 1000) % 100000}"
+        chunks.append(_chunk(model, {"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                                                     "function": {"name": call["name"], "arguments": ""}}]}))
+        args = call["arguments"]
+        # Arguments arrive in pieces, as real providers send them.
+        chunks += [_chunk(model, {"tool_calls": [{"index": index, "function": {"arguments": args[i : i + 5]}}]})
+                   for i in range(0, len(args), 5)]
+    chunks.append(_chunk(model, {}, "tool_calls" if reply.get("calls") else "stop"))
+    usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    chunks.append({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": int(time.time()),
+                   "model": model, "choices": [], "usage": usage})
+    return chunks
+
+
+def _full(model: str, reply: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.get("text") or None}
+    if reply.get("calls"):
+        message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": c}
+                                 for i, c in enumerate(reply["calls"])]
+    return {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.get("calls") else "stop"}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}

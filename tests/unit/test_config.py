@@ -1,0 +1,92 @@
+"""Configuration: file, environment overrides, shortcuts and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from brain.config import BrainSettings
+from bus.config import PROJECT_CONFIG, ConfigError, load_config
+from gateway.cli import SECTIONS, validate_all
+from gateway.config import GatewaySettings
+from hands.config import HandsSettings
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_config_is_valid_and_equals_the_defaults() -> None:
+    config = load_config(PROJECT_CONFIG, env={})
+    config.check_sections(SECTIONS)
+    validate_all(config)
+    assert config.section("hands", HandsSettings) == HandsSettings()
+    assert config.section("gateway", GatewaySettings) == GatewaySettings()
+    assert config.section("brain", BrainSettings) == BrainSettings()
+    assert config.redis.prefix == "pincer:" and config.redis.url is None
+
+
+def test_env_overrides_nested_keys_and_shortcuts(tmp_path: Path) -> None:
+    path = _write(tmp_path, "hands:\n  concurrency:\n    global: 3\n")
+    env = {
+        "PINCER_HANDS__CONCURRENCY__GLOBAL": "7",
+        "PINCER_HANDS__MAX_RESULT_BYTES": "2000",
+        "PINCER_REDIS_URL": "redis://example:6379/1",
+        "PINCER_MODEL": "openai/gpt-4o-mini",
+        "PINCER_LLM_API_BASE": "http://127.0.0.1:9/v1",
+        "PINCER_LLM_API_KEY": "sk-1",
+        "PINCER_WORKSPACE": "/tmp/ws",
+        "PINCER_DATA_DIR": "/tmp/data",
+        "PINCER_GATEWAY_PORT": "9999",
+        "PINCER_UNRELATED": "ignored: no section separator",
+    }
+    config = load_config(path, env=env)
+    hands = config.section("hands", HandsSettings)
+    brain = config.section("brain", BrainSettings)
+    assert hands.concurrency.global_ == 7 and hands.max_result_bytes == 2000
+    assert hands.workspace == Path("/tmp/ws")
+    assert (brain.model, brain.api_base, brain.api_key) == ("openai/gpt-4o-mini", "http://127.0.0.1:9/v1", "sk-1")
+    assert config.redis.url == "redis://example:6379/1"
+    assert config.runtime.data_dir == Path("/tmp/data")
+    assert config.section("gateway", GatewaySettings).port == 9999
+
+
+def test_config_env_var_picks_the_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "gateway:\n  port: 1234\n")
+    assert load_config(env={"PINCER_CONFIG": str(path)}).section("gateway", GatewaySettings).port == 1234
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "expected"),
+    [
+        ("gateway:\n  port: eighty\n", {}, "gateway.port: Input should be a valid integer"),
+        ("gateway:\n  port: 70000\n", {}, "gateway.port"),
+        ("hands:\n  worksapce: /x\n", {}, "hands.worksapce: unknown key"),
+        ("", {"PINCER_HANDS__CONCURRENCY__GLOBAL": "-1"}, "hands.concurrency.global"),
+        ("runtime:\n  log_level: LOUD\n", {}, "runtime.log_level"),
+        ("hands: [1, 2]\n", {}, "'hands' must be a mapping"),
+    ],
+)
+def test_bad_values_name_the_key_and_how_to_fix_it(tmp_path: Path, text: str, env: dict, expected: str) -> None:
+    config = load_config(_write(tmp_path, text), env=env)
+    with pytest.raises(ConfigError) as info:
+        validate_all(config)
+    assert expected in str(info.value)
+    assert "PINCER_" in str(info.value)  # says how to override it
+
+
+def test_broken_yaml_says_where(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"not valid YAML at line 3, column 1"):
+        load_config(_write(tmp_path, "gateway:\n  port: [1,\n"), env={})
+
+
+def test_unknown_section_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown section 'handz'"):
+        load_config(_write(tmp_path, "handz: {}\n"), env={}).check_sections(SECTIONS)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml", env={})
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(_write(tmp_path, "- a\n- b\n"), env={})

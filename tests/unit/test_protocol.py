@@ -1,0 +1,88 @@
+"""The wire: every message survives a round trip; everything else is refused with a reason."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from bus.protocol import (
+    MESSAGE_TYPES, ApprovalDecision, ApprovalRequest, ChatCancel, ChatDelta, ChatError, ChatMessage, ChatReply,
+    ChatTool, ErrorCode, MalformedMessage, ResultMetadata, ToolError, ToolExecute, ToolProgress, ToolResult,
+    ToolsAvailable, ToolSpec, ToolsList, decode, encode,
+)
+
+SAMPLES = [
+    ToolsList(reply_to="p:reply:b1", session_id="s1", deadline=123),
+    ToolsAvailable(request_id="r1", tools=[ToolSpec(name="read_file", description="d",
+                                                    parameters={"type": "object"}, metadata={"category": "file"})],
+                   digest="abc", worker_id="w1"),
+    ToolExecute(tool="read_file", args={"path": "a.txt", "nested": {"n": [1, 2.5, None, True]}},
+                session_id="s1", reply_to="p:reply:b1", deadline=1_700_000_000_000),
+    ToolResult(call_id="c1", success=True, data={"content": "hi ✓"}, metadata=ResultMetadata(tool_name="read_file")),
+    ToolResult(call_id="c2", success=False,
+               error=ToolError(code=ErrorCode.FILE_NOT_FOUND, message="nope", recoverable=True, suggestions=["ls"]),
+               metadata=ResultMetadata(tool_name="read_file", truncated=True, worker_id="w", attempts=2)),
+    ToolProgress(call_id="c1", status="output", message="line", elapsed_ms=5),
+    ChatMessage(session_id="s1", text="hello", reply_to="p:reply:g1"),
+    ChatCancel(session_id="s1"),
+    ChatDelta(session_id="s1", message_id="m1", text="he"),
+    ChatTool(session_id="s1", message_id="m1", call_id="c1", tool="read_file", status="started", summary="x"),
+    ChatReply(session_id="s1", message_id="m1", text="done", model="m", usage={"total_tokens": 3}),
+    ChatError(session_id="s1", message_id="m1", code=ErrorCode.MODEL_ERROR, message="boom"),
+    ApprovalRequest(call_id="c1", session_id="s1", tool="exec", summary="rm", expires_at=1, reply_to="p:reply:g"),
+    ApprovalDecision(approval_id="a1", decision="allow-once", by="me"),
+]
+
+
+def test_samples_cover_every_message_type() -> None:
+    assert {m.type for m in SAMPLES} == MESSAGE_TYPES
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: m.type)
+def test_round_trip(message) -> None:
+    fields = encode(message)
+    assert fields[b"type"] == message.type.encode()
+    assert len(fields[b"id"]) == 32
+    assert decode(fields) == message
+
+
+def test_reply_to_is_copied_to_the_envelope() -> None:
+    fields = encode(ChatMessage(session_id="s", text="t", reply_to="p:reply:x"))
+    assert fields[b"reply_to"] == b"p:reply:x"
+    assert b"reply_to" not in encode(ChatCancel(session_id="s"))
+
+
+def _entry(kind: bytes, data: object) -> dict[bytes, bytes]:
+    return {b"type": kind, b"id": b"x", b"data": msgpack.packb(data)}
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({b"id": b"x", b"data": b""}, "no 'type' field"),
+        ({b"type": b"tool:execute", b"id": b"x"}, "no 'data' field"),
+        ({b"type": b"\xff\xfe", b"data": b""}, "not UTF-8"),
+        (_entry(b"tool:explode", {}), "unknown message type 'tool:explode'"),
+        ({b"type": b"tool:execute", b"data": b"\xc1garbage"}, "not msgpack"),
+        (_entry(b"tool:execute", [1, 2]), "must be a map"),
+        (_entry(b"tool:execute", {"tool": "x", "reply_to": "r"}), "deadline: Field required"),
+        (_entry(b"tool:execute", {"tool": "x", "reply_to": "r", "deadline": "soon"}), "deadline"),
+        (_entry(b"tool:execute", {"tool": "x", "reply_to": "r", "deadline": 1, "evil": 1}), "evil: Extra inputs"),
+        (_entry(b"tool:result", {"call_id": "c", "success": False, "metadata": {"tool_name": "t"},
+                                 "error": {"code": "NOPE", "message": "m"}}), "error.code"),
+    ],
+)
+def test_malformed_entries_are_refused_with_a_reason(fields, reason) -> None:
+    with pytest.raises(MalformedMessage) as info:
+        decode(fields)
+    assert reason in str(info.value)
+
+
+def test_error_codes_are_the_seeds_and_retryable_ones_are_marked() -> None:
+    from bus.protocol import RETRYABLE
+
+    seeds = {"TOOL_NOT_FOUND", "INVALID_ARGUMENTS", "PERMISSION_DENIED", "FILE_NOT_FOUND", "TIMEOUT", "NETWORK_ERROR",
+             "RATE_LIMITED", "SERVICE_UNAVAILABLE", "RESOURCE_EXHAUSTED", "QUEUE_FULL", "QUEUE_TIMEOUT",
+             "RETRY_EXHAUSTED", "ALL_FAILED", "WORKER_LOST", "APPROVAL_DENIED", "CANCELLED", "UNHANDLED"}
+    assert seeds <= {c.value for c in ErrorCode}
+    assert {c.value for c in RETRYABLE} == {"TIMEOUT", "NETWORK_ERROR", "RATE_LIMITED", "SERVICE_UNAVAILABLE"}

@@ -1,0 +1,182 @@
+"""The transport on fakeredis: group delivery, ack after reply, dead letters, request/reply."""
+
+from __future__ import annotations
+
+import asyncio
+
+import fakeredis
+import pytest
+
+from bus.config import RedisSettings
+from bus.keys import Keys
+from bus.protocol import ChatCancel, ToolExecute, ToolsAvailable, ToolsList, decode, now_ms
+from bus.streams import Bus, GroupConsumer, ReplyInbox
+from tests.conftest import async_wait_until
+
+
+@pytest.fixture
+async def fake_bus():
+    redis = fakeredis.FakeAsyncRedis()
+    bus = Bus(redis=redis, keys=Keys("u:"), settings=RedisSettings(prefix="u:"))
+    yield bus
+    await redis.aclose()
+
+
+def _execute(n: int) -> ToolExecute:
+    return ToolExecute(call_id=f"c{n}", tool="t", reply_to="u:reply:b", deadline=now_ms() + 60_000)
+
+
+async def _run(consumer: GroupConsumer):
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    return stop, task
+
+
+async def test_group_delivers_each_entry_once_acks_after_replying(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    for n in range(5):  # published before any consumer exists: the group starts at 0, nothing is lost
+        await fake_bus.publish(stream, _execute(n))
+    seen: list[str] = []
+
+    async def handler(message, _stream):
+        seen.append(message.call_id)
+        return [("u:reply:b", ChatCancel(session_id=message.call_id))]
+
+    stop, task = await _run(GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler,
+                                          block_ms=50))
+    await async_wait_until(lambda: len(seen) == 5, what="5 deliveries")
+    await async_wait_until(lambda: _pending(fake_bus, stream), what="acks")
+    stop.set()
+    await task
+    assert sorted(seen) == [f"c{n}" for n in range(5)]
+    replies = await fake_bus.redis.xrange("u:reply:b")
+    assert sorted(decode(f).session_id for _, f in replies) == sorted(seen)
+
+
+async def _pending(bus: Bus, stream: str) -> bool:
+    info = await bus.redis.xpending(stream, "g")
+    return info["pending"] == 0
+
+
+async def test_garbage_is_acked_dead_lettered_and_the_loop_goes_on(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    await fake_bus.redis.xadd(stream, {b"type": b"tool:execute", b"data": b"\xc1not msgpack"})
+    await fake_bus.redis.xadd(stream, {b"nonsense": b"1"})
+    await fake_bus.redis.xadd(stream, {b"type": b"who:knows", b"data": b"\x80"})
+    await fake_bus.publish(stream, _execute(9))
+    seen: list[str] = []
+
+    async def handler(message, _stream):
+        seen.append(message.call_id)
+        return []
+
+    stop, task = await _run(GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler,
+                                          block_ms=50))
+    await async_wait_until(lambda: seen == ["c9"], what="the good entry after the garbage")
+    await async_wait_until(lambda: _pending(fake_bus, stream), what="garbage acked")
+    stop.set()
+    await task
+    dead = await fake_bus.redis.xrange(fake_bus.keys.dead)
+    reasons = [fields[b"dead:reason"].decode() for _, fields in dead]
+    assert len(dead) == 3
+    assert "not msgpack" in reasons[0]
+    assert "no 'type' field" in reasons[1]
+    assert "unknown message type 'who:knows'" in reasons[2]
+    assert dead[1][1][b"nonsense"] == b"1"  # the original fields are kept for inspection
+    assert all(f[b"dead:source"] == stream.encode() for _, f in dead)
+
+
+async def test_a_crashing_handler_dead_letters_the_message_and_keeps_serving(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    await fake_bus.publish(stream, _execute(1))
+    await fake_bus.publish(stream, _execute(2))
+    seen: list[str] = []
+
+    async def handler(message, _stream):
+        if message.call_id == "c1":
+            raise RuntimeError("bug")
+        seen.append(message.call_id)
+        return []
+
+    stop, task = await _run(GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler,
+                                          block_ms=50))
+    await async_wait_until(lambda: seen == ["c2"], what="second message")
+    stop.set()
+    await task
+    dead = await fake_bus.redis.xrange(fake_bus.keys.dead)
+    assert b"handler crashed: RuntimeError: bug" == dead[0][1][b"dead:reason"]
+
+
+async def test_two_consumers_share_one_group(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    seen: dict[str, list[str]] = {"w1": [], "w2": []}
+
+    def handler_for(name):
+        async def handler(message, _stream):
+            seen[name].append(message.call_id)
+            await asyncio.sleep(0.01)
+            return []
+        return handler
+
+    runs = [await _run(GroupConsumer(fake_bus, streams=[stream], group="g", consumer=n, handler=handler_for(n),
+                                     block_ms=50, concurrency=1, batch=1)) for n in seen]
+    for n in range(20):
+        await fake_bus.publish(stream, _execute(n))
+    await async_wait_until(lambda: len(seen["w1"]) + len(seen["w2"]) == 20, what="all 20")
+    for stop, task in runs:
+        stop.set()
+        await task
+    assert sorted(seen["w1"] + seen["w2"], key=lambda c: int(c[1:])) == [f"c{n}" for n in range(20)]
+    assert seen["w1"] and seen["w2"]
+
+
+async def test_restarted_consumer_handles_its_own_pending_entries_first(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    await fake_bus.ensure_group(stream, "g")
+    await fake_bus.publish(stream, _execute(1))
+    # A previous life of w1 read the entry and died before acking it.
+    await fake_bus.redis.xreadgroup("g", "w1", {stream: ">"}, count=10)
+    seen: list[str] = []
+
+    async def handler(message, _stream):
+        seen.append(message.call_id)
+        return []
+
+    stop, task = await _run(GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler,
+                                          block_ms=50))
+    await async_wait_until(lambda: seen == ["c1"], what="pending redelivery")
+    stop.set()
+    await task
+    assert (await fake_bus.redis.xpending(stream, "g"))["pending"] == 0
+
+
+async def test_request_reply_matches_by_correlation_id_and_times_out(fake_bus: Bus) -> None:
+    inbox = ReplyInbox(fake_bus, "brain-1", block_ms=50)
+    await inbox.start()
+    try:
+        request = ToolsList(reply_to=inbox.stream)
+
+        async def answer():
+            await asyncio.sleep(0.05)
+            await fake_bus.publish(inbox.stream, ToolsAvailable(request_id="someone-else", tools=[]))
+            await fake_bus.publish(inbox.stream, ToolsAvailable(request_id=request.request_id, tools=[], digest="d"))
+
+        answering = asyncio.create_task(answer())
+        reply = await inbox.request(fake_bus.keys.hands_requests, request, request.request_id, timeout=5)
+        await answering
+        assert reply.digest == "d"
+        sent = await fake_bus.redis.xrange(fake_bus.keys.hands_requests)
+        assert decode(sent[0][1]) == request
+        with pytest.raises(TimeoutError):
+            await inbox.request(fake_bus.keys.hands_requests, ToolsList(reply_to=inbox.stream), "never", timeout=0.1)
+    finally:
+        await inbox.close()
+    assert not await fake_bus.redis.exists(inbox.stream)
+
+
+async def test_streams_are_capped(fake_bus: Bus) -> None:
+    fake_bus.settings = RedisSettings(prefix="u:", reply_maxlen=100)
+    stream = fake_bus.keys.reply("x")
+    for n in range(400):
+        await fake_bus.publish(stream, ChatCancel(session_id=str(n)))
+    assert await fake_bus.redis.xlen(stream) <= 200  # MAXLEN ~ 100: trimmed in whole nodes, never unbounded
