@@ -1,0 +1,137 @@
+"""End to end: real Gateway, Brain and Hands processes over a real Redis, litellm against a scripted server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from httpx_sse import connect_sse
+
+from tests.conftest import Processes, wait_until
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.e2e
+
+
+def gateway_url(env: dict[str, str]) -> str:
+    return f"http://127.0.0.1:{env['PINCER_GATEWAY_PORT']}"
+
+
+def health(env: dict[str, str]) -> dict | None:
+    try:
+        return httpx.get(f"{gateway_url(env)}/healthz", timeout=2).json()
+    except httpx.HTTPError:
+        return None
+
+
+def start_stack(processes: Processes, *, hands: int = 2, brain: bool = True) -> None:
+    processes.start("gateway", name="gateway")
+    if brain:
+        processes.start("brain", name="brain")
+    for i in range(hands):
+        processes.start("hands", name=f"hands-{i}")
+    wait_until(lambda: (h := health(processes.env)) and h.get("brains") == int(brain) and h.get("hands") == hands,
+               timeout=60, what=f"gateway healthz with {int(brain)} brain and {hands} hands")
+
+
+def send(env: dict[str, str], text: str, session: str = "e2e") -> httpx.Response:
+    return httpx.post(f"{gateway_url(env)}/v1/sessions/{session}/messages", json={"text": text}, timeout=60)
+
+
+@pytest.fixture
+def stack(processes: Processes, pincer_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "workspace" / "notes.txt").write_text("the secret word is pincer-42\n")
+    start_stack(processes)
+    return pincer_env
+
+
+def test_a_chat_turn_reads_a_file_through_hands(stack: dict[str, str], scripted_llm: ScriptedLLM) -> None:
+    response = send(stack, 'CALL read_file {"path": "notes.txt"}')
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert "pincer-42" in body["text"] and body["text"].startswith("RESULT read_file:")
+    assert body["model"] and body["usage"]["total_tokens"] == 36  # two model calls of 18 tokens
+    assert [c["tool"] for c in body["tool_calls"]] == ["read_file"]
+
+    # litellm really spoke HTTP to the model, offering the tools Hands announced.
+    first = scripted_llm.requests[0]
+    assert first["stream"] is True
+    assert {t["function"]["name"] for t in first["tools"]} == {"read_file", "write_file", "list_directory"}
+
+    transcript = httpx.get(f"{gateway_url(stack)}/v1/sessions/e2e", timeout=10).json()["entries"]
+    assert [e["role"] for e in transcript] == ["user", "assistant", "tool", "assistant"]
+    assert transcript[1]["tool_calls"][0]["function"] == {"name": "read_file", "arguments": '{"path": "notes.txt"}'}
+    tool = transcript[2]
+    assert "pincer-42" in tool["content"] and tool["metadata"]["success"] is True
+    assert tool["metadata"]["worker_id"].startswith("hands-")  # it ran on a Hands worker process
+
+
+def test_the_reply_streams_as_server_sent_events(stack: dict[str, str]) -> None:
+    events = []
+    with httpx.Client(timeout=60) as client, connect_sse(
+        client, "POST", f"{gateway_url(stack)}/v1/sessions/sse/messages",
+        json={"text": 'CALL list_directory {}'},
+    ) as source:
+        assert source.response.status_code == 200
+        events = [(e.event, json.loads(e.data)) for e in source.iter_sse()]
+    kinds = [kind for kind, _ in events]
+    assert kinds[:2] == ["tool", "tool"] and kinds[-1] == "reply"
+    assert events[0][1]["status"] == "started" and events[1][1]["status"] == "finished"
+    deltas = "".join(data["text"] for kind, data in events if kind == "delta")
+    assert "notes.txt" in deltas and deltas == events[-1][1]["text"]
+    assert kinds.count("delta") > 1  # text arrives in pieces, as the model sends it
+
+
+def test_unknown_tool_and_invalid_arguments_reach_the_model(stack: dict[str, str]) -> None:
+    body = send(stack, 'CALL teleport {"to": "mars"}\nCALL read_file {"path": 5}').json()
+    teleport, read = body["text"].split("\n", 1)
+    assert teleport.startswith("RESULT teleport:") and '"error": "TOOL_NOT_FOUND"' in teleport
+    assert "available tools: list_directory, read_file, write_file" in teleport
+    assert '"error": "INVALID_ARGUMENTS"' in read and "path: 5 is not of type 'string'" in read
+
+
+def test_model_failure_is_a_clear_error(stack: dict[str, str]) -> None:
+    response = send(stack, "STATUS 401")
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "MODEL_ERROR" and "refused the API key" in error["message"]
+
+
+def test_pincer_chat_cli(stack: dict[str, str], processes: Processes) -> None:
+    ok = processes.run("chat", "-m", 'CALL read_file {"path": "notes.txt"}', "--session", "cli")
+    assert ok.returncode == 0, ok.stderr
+    assert "pincer-42" in ok.stdout
+    assert "read_file" in ok.stderr  # tool calls are shown as they happen
+    failed = processes.run("chat", "-m", "STATUS 401")
+    assert failed.returncode == 1 and "MODEL_ERROR" in failed.stderr
+    gone = processes.run("chat", "-m", "hi", "--url", "http://127.0.0.1:9")
+    assert gone.returncode == 1 and "cannot reach the Gateway" in gone.stderr
+    tools = processes.run("tools", "--json")
+    assert tools.returncode == 0, tools.stderr
+    assert [t["name"] for t in json.loads(tools.stdout)] == ["list_directory", "read_file", "write_file"]
+
+
+def test_a_pool_with_no_hands_ends_the_turn_with_an_error(processes: Processes, pincer_env: dict[str, str]) -> None:
+    start_stack(processes, hands=0)
+    assert httpx.get(f"{gateway_url(pincer_env)}/healthz").status_code == 503
+    response = send(pincer_env, 'CALL read_file {"path": "notes.txt"}')
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["code"] == "SERVICE_UNAVAILABLE" and "no Hands worker answered" in error["message"]
+
+
+def test_no_brain_is_refused_at_the_door(processes: Processes, pincer_env: dict[str, str]) -> None:
+    start_stack(processes, hands=1, brain=False)
+    response = send(pincer_env, "hello")
+    assert response.status_code == 503 and "no Brain is running" in response.json()["error"]["message"]
+
+
+def test_bad_requests_get_clear_errors(stack: dict[str, str]) -> None:
+    url = gateway_url(stack)
+    assert httpx.post(f"{url}/v1/sessions/ok/messages", content=b"{nope").status_code == 400
+    empty = httpx.post(f"{url}/v1/sessions/ok/messages", json={"text": ""})
+    assert empty.status_code == 400 and "text" in empty.json()["error"]["message"]
+    assert httpx.post(f"{url}/v1/sessions/..%2Fx/messages", json={"text": "x"}).status_code in (400, 404)
+    assert httpx.get(f"{url}/v1/sessions/never-used").status_code == 404

@@ -1,0 +1,169 @@
+"""Brain turns on a real Redis with a real Hands worker and a fake LLM behind the seam."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brain.config import BrainSettings
+from brain.llm import Completion, LLMError, ToolCall
+from brain.worker import BrainWorker
+from bus.presence import alive
+from bus.protocol import ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, Message, ToolSpec
+from bus.streams import Bus, ReplyInbox
+from hands.config import HandsSettings
+from hands.worker import HandsWorker
+from memory.sessions import SessionStore
+from tests.conftest import async_wait_until
+
+
+class FakeLLM:
+    """Answers with whatever ``script(messages)`` returns; keeps every conversation it saw."""
+
+    def __init__(self, script: Callable[[list[dict[str, Any]]], Completion]) -> None:
+        self.script, self.seen = script, []
+
+    async def complete(self, messages, tools: list[ToolSpec], on_text) -> Completion:
+        self.seen.append([dict(m) for m in messages])
+        done = self.script(messages)
+        if done.text:
+            await on_text(done.text)
+        return done
+
+
+def call(name: str, args: Any, n: int = 0) -> ToolCall:
+    return ToolCall(id=f"call_{n}", name=name, arguments=args if isinstance(args, str) else json.dumps(args))
+
+
+def read_then_answer(messages):
+    if messages[-1]["role"] == "tool":
+        return Completion(text=f"file says {messages[-1]['content']}", model="fake")
+    return Completion(tool_calls=[call("read_file", {"path": "a.txt"})], model="fake")
+
+
+@pytest.fixture
+async def pool(bus: Bus, tmp_path: Path):
+    """Start a Brain (with the given fake LLM and settings) and optionally a Hands worker."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "a.txt").write_text("alpha")
+    tasks: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+
+    async def start(llm, *, hands: bool = True, **settings: Any) -> dict[str, asyncio.Event]:
+        defaults = {"tools_list_timeout_s": 1.0, "tool_deadline_s": 2.0}
+        brain = BrainWorker(bus, BrainSettings(**{**defaults, **settings}), instance_id="brain-t", llm=llm,
+                            heartbeat_s=0.5)
+        workers = [brain]
+        if hands:
+            workers.append(HandsWorker(bus, HandsSettings(workspace=tmp_path / "ws"), worker_id="hands-t",
+                                       heartbeat_s=0.5))
+        stops = {}
+        for worker in workers:
+            stop = stops[type(worker).__name__] = asyncio.Event()
+            tasks.append((stop, asyncio.create_task(worker.run(stop))))
+        return stops
+
+    yield start
+    for stop, _ in tasks:
+        stop.set()
+    await asyncio.gather(*(task for _, task in tasks))
+
+
+@pytest.fixture
+async def chat(bus: Bus):
+    inbox = ReplyInbox(bus, "gateway-t", block_ms=100)
+    await inbox.start()
+
+    async def send(text: str, session_id: str = "s1") -> list[Message]:
+        message = ChatMessage(session_id=session_id, text=text, reply_to=inbox.stream)
+        events: list[Message] = []
+        async with inbox.expect(message.message_id) as queue:
+            await bus.publish(bus.keys.brain_inbox, message)
+            async with asyncio.timeout(20):
+                while not isinstance(event := await queue.get(), (ChatReply, ChatError)):
+                    events.append(event)
+        return [*events, event]
+
+    yield send
+    await inbox.close()
+
+
+async def test_tool_turn_is_answered_and_the_transcript_kept(bus: Bus, pool, chat) -> None:
+    llm = FakeLLM(read_then_answer)
+    await pool(llm)
+    events = await chat("what is in a.txt?")
+    assert isinstance(events[-1], ChatReply) and "alpha" in events[-1].text
+    tool_events = [e for e in events if isinstance(e, ChatTool)]
+    assert [e.status for e in tool_events] == ["started", "finished"] and tool_events[1].summary == "ok"
+    transcript = await SessionStore(bus.redis, bus.keys).load("s1")
+    assert [e.role for e in transcript] == ["user", "assistant", "tool", "assistant"]
+    assert transcript[1].tool_calls[0]["function"]["name"] == "read_file"
+    assert transcript[2].metadata["worker_id"] == "hands-t" and "alpha" in transcript[2].content
+
+    await chat("and again?")
+    second = llm.seen[-2]  # the first model call of the second turn sees the whole first turn
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "assistant", "user"]
+
+
+async def test_invented_tools_and_bad_json_are_answered_without_hands(bus: Bus, pool, chat) -> None:
+    def script(messages):
+        if messages[-1]["role"] == "tool":
+            return Completion(text=" | ".join(m["content"] for m in messages if m["role"] == "tool"))
+        return Completion(tool_calls=[call("teleport", {}, 0), call("read_file", "{not json", 1),
+                                      call("read_file", [1, 2], 2)])
+
+    await pool(FakeLLM(script))
+    reply = (await chat("go"))[-1]
+    assert "TOOL_NOT_FOUND" in reply.text and "no tool named 'teleport'" in reply.text
+    assert "list_directory, read_file, write_file" in reply.text
+    assert reply.text.count("INVALID_ARGUMENTS") == 2
+    sent = await bus.redis.xrange(bus.keys.hands_requests)
+    assert all(fields[b"type"] == b"tools:list" for _, fields in sent)  # none of them reached Hands
+
+
+async def test_iteration_budget_ends_the_turn_with_a_reason(pool, chat) -> None:
+    llm = FakeLLM(lambda _m: Completion(tool_calls=[call("list_directory", {})]))
+    await pool(llm, max_iterations=3)
+    final = (await chat("loop forever"))[-1]
+    assert isinstance(final, ChatError) and final.code is ErrorCode.BUDGET_EXHAUSTED
+    assert "3 model calls" in final.message and len(llm.seen) == 3
+
+
+async def test_no_hands_worker_ends_with_a_clear_error(pool, chat) -> None:
+    await pool(FakeLLM(read_then_answer), hands=False)
+    final = (await chat("hello"))[-1]
+    assert isinstance(final, ChatError) and final.code is ErrorCode.SERVICE_UNAVAILABLE
+    assert "no Hands worker answered" in final.message and "pincer hands" in final.message
+
+
+async def test_tool_call_that_no_worker_answers_times_out(bus: Bus, pool, chat) -> None:
+    stops = await pool(FakeLLM(read_then_answer), tool_deadline_s=1.0)
+    assert isinstance((await chat("read it"))[-1], ChatReply)  # the Brain now has the tool list cached
+    stops["HandsWorker"].set()
+    await async_wait_until(lambda: _no_hands(bus), what="the Hands worker gone")
+    final = (await chat("read it again"))[-1]
+    assert isinstance(final, ChatReply)  # the model learned what happened and answered
+    assert "TIMEOUT" in final.text and "no Hands worker answered within 1s" in final.text
+
+
+async def _no_hands(bus: Bus) -> bool:
+    return not await alive(bus, "hands")
+
+
+async def test_no_model_and_model_errors_become_chat_errors(pool, chat) -> None:
+    await pool(None)
+    final = (await chat("hi"))[-1]
+    assert final.code is ErrorCode.MODEL_NOT_CONFIGURED and "PINCER_MODEL" in final.message
+
+
+async def test_llm_failure_is_reported(pool, chat) -> None:
+    def broken(_messages):
+        raise LLMError(ErrorCode.RATE_LIMITED, "slow down")
+
+    await pool(FakeLLM(broken))
+    final = (await chat("hi"))[-1]
+    assert final.code is ErrorCode.RATE_LIMITED and final.message == "slow down"
