@@ -27,7 +27,7 @@ def setup_logging(role: str, instance: str, level: str = "INFO") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # Third-party chatter stays out unless something is wrong.
-    for noisy in ("httpx", "httpcore", "LiteLLM", "litellm", "uvicorn.access", "openai"):
+    for noisy in ("httpx", "httpcore", "LiteLLM", "litellm", "uvicorn.access", "openai", "redis", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

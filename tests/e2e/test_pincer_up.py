@@ -1,0 +1,109 @@
+"""``pincer up``: embedded Redis and every process from one command; clean stop; data survives a restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Processes, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def up_env(pincer_env: dict[str, str], processes: Processes) -> dict[str, str]:
+    env = dict(pincer_env)
+    del env["PINCER_REDIS_URL"]  # no Redis configured: pincer up must start its own
+    env["PINCER_REDIS__PREFIX"] = "pincer:"
+    processes.env = env
+    return env
+
+
+def start_up(processes: Processes, env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
+    processes.env = env
+    proc = processes.start("up", "--hands", "2", name=name)
+    log = processes.tmp_path / f"{name}.log"
+    wait_until(lambda: "ready: Gateway on" in log.read_text(), timeout=90, what="pincer up ready")
+    return proc
+
+
+def test_up_runs_everything_stops_cleanly_and_keeps_transcripts(processes: Processes, up_env: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    (tmp_path / "workspace" / "notes.txt").write_text("the secret word is pincer-42\n")
+    up = start_up(processes, up_env, "up-1")
+    log = (tmp_path / "up-1.log").read_text()
+    assert "embedded Redis on 127.0.0.1:" in log
+    for role in ("gateway |", "brain |", "hands-1 |", "hands-2 |"):
+        assert role in log  # each child's lines carry its role
+    children = descendants(up.pid)
+    assert len(children) >= 5  # redis-server, gateway, brain, two hands
+    assert (tmp_path / "data" / "redis.url").stat().st_mode & 0o077 == 0  # the password stays private
+
+    chat = processes.run("chat", "-m", 'CALL read_file {"path": "notes.txt"}', "--session", "kept")
+    assert chat.returncode == 0, chat.stderr + processes.logs()
+    assert "pincer-42" in chat.stdout
+
+    assert processes.stop(up, signal.SIGTERM, timeout=30) == 0
+    assert not [pid for pid in children if alive(pid)], "pincer up left processes behind"
+    assert "stopped" in (tmp_path / "up-1.log").read_text()
+
+    # A second start on the same data directory finds the transcript again (append-only file).
+    up = start_up(processes, up_env, "up-2")
+    url = f"http://127.0.0.1:{up_env['PINCER_GATEWAY_PORT']}"
+    entries = httpx.get(f"{url}/v1/sessions/kept", timeout=10).json()["entries"]
+    assert [e["role"] for e in entries] == ["user", "assistant", "tool", "assistant"]
+    assert processes.stop(up, signal.SIGINT, timeout=30) == 0
+
+
+def test_without_a_model_up_starts_and_chat_explains_what_to_configure(processes: Processes,
+                                                                       up_env: dict[str, str]) -> None:
+    env = {k: v for k, v in up_env.items() if k not in ("PINCER_MODEL", "PINCER_LLM_API_BASE", "PINCER_LLM_API_KEY")}
+    processes.env = env
+    up = start_up(processes, env, "up-nomodel")
+    chat = processes.run("chat", "-m", "hello")
+    assert chat.returncode == 1
+    assert "MODEL_NOT_CONFIGURED" in chat.stderr and "PINCER_MODEL" in chat.stderr
+    assert up.poll() is None  # nothing crashed
+    assert processes.stop(up) == 0
+
+
+def test_a_bad_config_stops_startup_with_one_clear_message(processes: Processes, up_env: dict[str, str]) -> None:
+    bad = processes.run("up", extra_env={"PINCER_GATEWAY_PORT": "not-a-port"})
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0
+    assert "gateway.port" in bad.stderr and "PINCER_GATEWAY__PORT" in bad.stderr
