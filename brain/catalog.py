@@ -37,6 +37,7 @@ class ToolCatalog:
                 f"({workers} alive); start one with `pincer hands` or `pincer up --hands N`"
             ) from None
         assert isinstance(reply, ToolsAvailable)
-        self._tools, self._digest = reply.tools, reply.digest.encode()
+        # Remember the announced digest we saw, not the reply's: the cache follows the key.
+        self._tools, self._digest = reply.tools, digest
         log.info("tool list refreshed: %d tools, digest %s", len(reply.tools), reply.digest)
         return self._tools

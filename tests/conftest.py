@@ -92,10 +92,12 @@ class Processes:
         self.started.append((name, proc, log))
         return proc
 
-    def run(self, *args: str, timeout: float = 60, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, timeout: float = 60, extra_env: dict[str, str] | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "gateway", *args], cwd=self.tmp_path, env={**self.env, **(extra_env or {})},
-            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=timeout, input=input,
+            stdin=subprocess.DEVNULL if input is None else None,
         )
 
     def logs(self) -> str:

@@ -108,6 +108,9 @@ def test_pincer_chat_cli(stack: dict[str, str], processes: Processes) -> None:
     assert failed.returncode == 1 and "MODEL_ERROR" in failed.stderr
     gone = processes.run("chat", "-m", "hi", "--url", "http://127.0.0.1:9")
     assert gone.returncode == 1 and "cannot reach the Gateway" in gone.stderr
+    talk = processes.run("chat", "--session", "talk", input="first line\n\nsecond line\n")
+    assert talk.returncode == 0, talk.stderr
+    assert "echo: first line" in talk.stdout and "echo: second line" in talk.stdout
     tools = processes.run("tools", "--json")
     assert tools.returncode == 0, tools.stderr
     assert [t["name"] for t in json.loads(tools.stdout)] == ["list_directory", "read_file", "write_file"]

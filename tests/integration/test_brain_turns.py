@@ -167,3 +167,28 @@ async def test_llm_failure_is_reported(pool, chat) -> None:
     await pool(FakeLLM(broken))
     final = (await chat("hi"))[-1]
     assert final.code is ErrorCode.RATE_LIMITED and final.message == "slow down"
+
+
+async def test_tool_list_is_cached_until_hands_announces_a_new_digest(bus: Bus, pool) -> None:
+    from brain.catalog import ToolCatalog
+
+    await pool(FakeLLM(read_then_answer))  # starts a Hands worker (and a Brain we do not use here)
+    inbox = ReplyInbox(bus, "catalog-t", block_ms=100)
+    await inbox.start()
+    try:
+        catalog = ToolCatalog(bus, inbox, timeout_s=5)
+
+        async def list_requests() -> int:
+            entries = await bus.redis.xrange(bus.keys.hands_requests)
+            return sum(1 for _, f in entries if f[b"type"] == b"tools:list" and inbox.stream.encode() in f[b"data"])
+
+        first = await catalog.tools()
+        assert [t.name for t in first] == ["list_directory", "read_file", "write_file"]
+        assert await catalog.tools() is first and await list_requests() == 1  # cached: no second request
+        await bus.redis.set(bus.keys.tools_digest, "changed")
+        assert [t.name for t in await catalog.tools()] == [t.name for t in first]
+        assert await list_requests() == 2  # the digest moved, so the list was asked for again
+        await catalog.tools()
+        assert await list_requests() == 2  # and is cached again under the new digest
+    finally:
+        await inbox.close()
