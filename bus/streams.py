@@ -16,11 +16,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
+from bus.batching import Batcher
 from bus.config import RedisSettings
 from bus.keys import Keys
 from bus.log import kv
@@ -33,6 +35,7 @@ Handler = Callable[[Message, str], Awaitable[Sequence[Reply]]]
 """Handles one message (with the stream it came from); returns (stream, message) replies."""
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
+TRIM_EVERY = 256  # replies read between two trims of an inbox stream
 
 
 def connect(url: str) -> Redis:
@@ -45,16 +48,22 @@ class Bus:
     redis: Redis
     keys: Keys
     settings: RedisSettings
+    batcher: Batcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.batcher = Batcher(self.redis)
 
     @classmethod
     def from_settings(cls, settings: RedisSettings, url: str) -> Bus:
         return cls(redis=connect(url), keys=Keys(settings.prefix), settings=settings)
 
-    async def publish(self, stream: str, message: Message, *, maxlen: int | None = None) -> str:
-        entry_id = await self.redis.xadd(
-            stream, encode(message), maxlen=maxlen or self._maxlen(stream), approximate=True
-        )
+    async def publish(self, stream: str, message: Message) -> str:
+        (entry_id,) = await self.batcher.run(lambda pipe: self.add(pipe, stream, message))
         return entry_id.decode()
+
+    def add(self, pipe: Pipeline, stream: str, message: Message) -> None:
+        """Queue an XADD of ``message`` on a pipeline, capped as its stream's kind wants."""
+        pipe.xadd(stream, encode(message), maxlen=self._maxlen(stream), approximate=True)
 
     async def ensure_group(self, stream: str, group: str) -> None:
         """Create the group at id 0 so nothing published before any consumer started is lost."""
@@ -180,11 +189,12 @@ class GroupConsumer:
             self._slots.release()
 
     async def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply]) -> None:
-        async with self.bus.redis.pipeline(transaction=False) as pipe:
+        def build(pipe: Pipeline) -> None:
             for target, reply in replies:
-                pipe.xadd(target, encode(reply), maxlen=self.bus._maxlen(target), approximate=True)
-            pipe.xack(stream, self.group, entry_id)
-            await pipe.execute()
+                self.bus.add(pipe, target, reply)
+            pipe.xack(stream, self.group, entry_id)  # after the reply: a crash between means redelivery
+
+        await self.bus.batcher.run(build)
 
 
 async def dead_letter(
@@ -194,10 +204,12 @@ async def dead_letter(
     log.error("dead-lettered %s reason=%r", kv(stream=stream, entry=entry_id), reason)
     copy = {b"dead:source": stream.encode(), b"dead:entry": entry_id.encode(), b"dead:reason": reason.encode()}
     copy.update({k: v for k, v in fields.items() if not k.startswith(b"dead:")})
-    async with bus.redis.pipeline(transaction=False) as pipe:
+
+    def build(pipe: Pipeline) -> None:
         pipe.xadd(bus.keys.dead, copy, maxlen=bus.settings.dead_maxlen, approximate=True)
         pipe.xack(stream, group, entry_id)
-        await pipe.execute()
+
+    await bus.batcher.run(build)
 
 
 class ReplyInbox:
@@ -244,7 +256,7 @@ class ReplyInbox:
 
     async def _read_loop(self) -> None:
         last_id = "0-0"  # the stream is ours alone and new, so read it all
-        failures = 0
+        failures = unread_trim = 0
         while not self._closing:
             try:
                 response = await self.bus.redis.xread({self.stream: last_id}, count=512, block=self.block_ms)
@@ -259,9 +271,12 @@ class ReplyInbox:
                 for raw_id, fields in entries:
                     last_id = raw_id.decode()
                     self._route(last_id, fields)
-            if response:
-                # Delivered replies are not needed again; keep the stream small.
+                    unread_trim += 1
+            if unread_trim >= TRIM_EVERY:
+                # Delivered replies are not needed again; trimming now and then keeps
+                # the stream small without a round trip on every reply's path.
                 await self.bus.redis.xtrim(self.stream, minid=last_id, approximate=True)
+                unread_trim = 0
 
     def _route(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
         try:

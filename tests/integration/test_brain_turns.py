@@ -173,6 +173,7 @@ async def test_tool_list_is_cached_until_hands_announces_a_new_digest(bus: Bus, 
     from brain.catalog import ToolCatalog
 
     await pool(FakeLLM(read_then_answer))  # starts a Hands worker (and a Brain we do not use here)
+    await async_wait_until(lambda: alive(bus, "hands"), what="the Hands worker announced")
     inbox = ReplyInbox(bus, "catalog-t", block_ms=100)
     await inbox.start()
     try:

@@ -1,0 +1,60 @@
+"""Auto-pipelining: many callers in one tick share a round trip, each gets its own result or error."""
+
+from __future__ import annotations
+
+import asyncio
+
+import fakeredis
+from redis.exceptions import ResponseError
+
+from bus.batching import Batcher
+
+
+async def test_callers_in_one_tick_share_one_pipeline_and_get_their_own_results() -> None:
+    redis = fakeredis.FakeAsyncRedis()
+    batcher = Batcher(redis)
+    executed: list[int] = []
+    original = redis.pipeline
+
+    def counting_pipeline(*args, **kwargs):
+        pipe = original(*args, **kwargs)
+        execute = pipe.execute
+
+        async def counted(*a, **k):
+            executed.append(len(pipe.command_stack))
+            return await execute(*a, **k)
+
+        pipe.execute = counted
+        return pipe
+
+    redis.pipeline = counting_pipeline
+    results = await asyncio.gather(*(batcher.run(lambda p, n=n: (p.set(f"k{n}", n), p.get(f"k{n}")))
+                                     for n in range(50)))
+    assert [r[1] for r in results] == [str(n).encode() for n in range(50)]
+    assert executed == [100]  # 50 callers, 100 commands, one round trip
+    await redis.aclose()
+
+
+async def test_an_error_reaches_only_the_caller_whose_command_failed() -> None:
+    redis = fakeredis.FakeAsyncRedis()
+    await redis.set("text", "x")
+    batcher = Batcher(redis)
+    good = batcher.run(lambda p: p.incr("n"))
+    bad = batcher.run(lambda p: p.lpush("text", 1))  # wrong type
+    results = await asyncio.gather(good, bad, return_exceptions=True)
+    assert results[0] == [1]
+    assert isinstance(results[1], ResponseError)
+    assert await batcher.run(lambda p: p.incr("n")) == [2]  # and the batcher keeps working
+    await redis.aclose()
+
+
+async def test_an_unreachable_server_fails_every_waiting_caller() -> None:
+    from redis.asyncio import Redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    redis = Redis.from_url("redis://127.0.0.1:9/0")  # nothing listens on the discard port
+    batcher = Batcher(redis)
+    results = await asyncio.gather(batcher.run(lambda p: p.incr("a")), batcher.run(lambda p: p.incr("b")),
+                                   return_exceptions=True)
+    assert all(isinstance(r, RedisConnectionError) for r in results)
+    await redis.aclose()
