@@ -32,6 +32,24 @@ async def _run(consumer: GroupConsumer):
     return stop, task
 
 
+def _recorder(seen: list[str]):
+    """A handler that records the call ids it gets and answers nothing."""
+    async def handler(message, _stream):
+        seen.append(message.call_id)
+        return []
+    return handler
+
+
+async def _consume_until(bus: Bus, stream: str, handler, done, what: str) -> None:
+    """Run one consumer until ``done()`` holds and nothing is pending, then stop it."""
+    stop, task = await _run(GroupConsumer(bus, streams=[stream], group="g", consumer="w1", handler=handler,
+                                          block_ms=50))
+    await async_wait_until(done, what=what)
+    await async_wait_until(lambda: _pending(bus, stream), what="everything acked")
+    stop.set()
+    await task
+
+
 async def test_group_delivers_each_entry_once_acks_after_replying(fake_bus: Bus) -> None:
     stream = fake_bus.keys.hands_requests
     for n in range(5):  # published before any consumer exists: the group starts at 0, nothing is lost
@@ -65,17 +83,7 @@ async def test_garbage_is_acked_dead_lettered_and_the_loop_goes_on(fake_bus: Bus
     await fake_bus.redis.xadd(stream, {b"type": b"who:knows", b"data": b"\x80"})
     await fake_bus.publish(stream, _execute(9))
     seen: list[str] = []
-
-    async def handler(message, _stream):
-        seen.append(message.call_id)
-        return []
-
-    stop, task = await _run(GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler,
-                                          block_ms=50))
-    await async_wait_until(lambda: seen == ["c9"], what="the good entry after the garbage")
-    await async_wait_until(lambda: _pending(fake_bus, stream), what="garbage acked")
-    stop.set()
-    await task
+    await _consume_until(fake_bus, stream, _recorder(seen), lambda: seen == ["c9"], "the good entry after garbage")
     dead = await fake_bus.redis.xrange(fake_bus.keys.dead)
     reasons = [fields[b"dead:reason"].decode() for _, fields in dead]
     assert len(dead) == 3
@@ -98,11 +106,7 @@ async def test_a_crashing_handler_dead_letters_the_message_and_keeps_serving(fak
         seen.append(message.call_id)
         return []
 
-    stop, task = await _run(GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler,
-                                          block_ms=50))
-    await async_wait_until(lambda: seen == ["c2"], what="second message")
-    stop.set()
-    await task
+    await _consume_until(fake_bus, stream, handler, lambda: seen == ["c2"], "second message")
     dead = await fake_bus.redis.xrange(fake_bus.keys.dead)
     assert b"handler crashed: RuntimeError: bug" == dead[0][1][b"dead:reason"]
 
@@ -137,17 +141,7 @@ async def test_restarted_consumer_handles_its_own_pending_entries_first(fake_bus
     # A previous life of w1 read the entry and died before acking it.
     await fake_bus.redis.xreadgroup("g", "w1", {stream: ">"}, count=10)
     seen: list[str] = []
-
-    async def handler(message, _stream):
-        seen.append(message.call_id)
-        return []
-
-    stop, task = await _run(GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler,
-                                          block_ms=50))
-    await async_wait_until(lambda: seen == ["c1"], what="pending redelivery")
-    stop.set()
-    await task
-    assert (await fake_bus.redis.xpending(stream, "g"))["pending"] == 0
+    await _consume_until(fake_bus, stream, _recorder(seen), lambda: seen == ["c1"], "pending redelivery")
 
 
 async def test_request_reply_matches_by_correlation_id_and_times_out(fake_bus: Bus) -> None:
