@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
-from collections.abc import Sequence
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
 
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
@@ -29,6 +30,29 @@ def default_llm(settings: BrainSettings) -> LLMClient | None:
                          timeout_s=settings.llm_timeout_s, retries=settings.llm_retries)
 
 
+class SessionLocks:
+    """Within this process, one session's messages run one at a time, in order.
+
+    A lock lives only while someone holds or waits for it.
+    """
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._users: Counter[str] = Counter()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, session_id: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(session_id, asyncio.Lock())
+        self._users[session_id] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._users[session_id] -= 1
+            if not self._users[session_id]:
+                del self._users[session_id], self._locks[session_id]
+
+
 class BrainWorker:
     def __init__(self, bus: Bus, settings: BrainSettings, *, instance_id: str, llm: LLMClient | None,
                  heartbeat_s: float = 3.0) -> None:
@@ -38,8 +62,7 @@ class BrainWorker:
                              catalog=ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s),
                              settings=settings, llm=llm)
         self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s)
-        # Within this process, one session's messages run one at a time, in order.
-        self._session_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._sessions = SessionLocks()
         self.consumer = GroupConsumer(bus, streams=[bus.keys.brain_inbox], group=BRAIN_GROUP,
                                       consumer=instance_id, handler=self.handle, concurrency=settings.max_turns)
 
@@ -47,8 +70,7 @@ class BrainWorker:
         if not isinstance(message, ChatMessage):
             log.warning("ignored %s: not supported by this Brain yet", message.type)
             return []
-        lock = self._session_locks[message.session_id]
-        async with lock:
+        async with self._sessions.hold(message.session_id):
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
             try:
                 final = await Turn(self.deps, message).run()
@@ -56,8 +78,6 @@ class BrainWorker:
                 log.exception("turn crashed %s", kv(session=message.session_id))
                 final = ChatError(session_id=message.session_id, message_id=message.message_id,
                                   code=ErrorCode.UNHANDLED, message=f"the Brain failed: {type(exc).__name__}: {exc}")
-        if not lock.locked() and not lock._waiters:  # noqa: SLF001 - forget idle sessions
-            self._session_locks.pop(message.session_id, None)
         return [(message.reply_to, final)]
 
     async def run(self, stop: asyncio.Event) -> None:

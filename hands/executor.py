@@ -14,6 +14,7 @@ from hands.config import HandsSettings
 from hands.errors import ToolFailure, to_tool_error
 from hands.registry import ToolContext, ToolDefinition, ToolRegistry
 from hands.shaping import shape
+from hands.workspace import Workspace
 
 log = logging.getLogger("hands.executor")
 
@@ -23,6 +24,7 @@ MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 120.0
 class Executor:
     def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
+        self.workspace = Workspace(settings.workspace)  # resolved once, not per call
 
     async def execute(self, call: ToolExecute) -> ToolResult:
         started = time.monotonic()
@@ -60,7 +62,7 @@ class Executor:
 
     async def _run(self, tool: ToolDefinition, call: ToolExecute, timeout: float) -> Any:
         ctx = ToolContext(call_id=call.call_id, session_id=call.session_id, worker_id=self.worker_id,
-                          settings=self.settings)
+                          settings=self.settings, workspace=self.workspace)
         try:
             async with asyncio.timeout(timeout):
                 if inspect.iscoroutinefunction(tool.handler):

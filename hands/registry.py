@@ -14,7 +14,9 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field
 
 from bus.protocol import ErrorCode, ToolSpec
+from hands.config import HandsSettings
 from hands.errors import ToolFailure
+from hands.workspace import Workspace
 
 
 class Category(StrEnum):
@@ -43,7 +45,8 @@ class ToolContext:
     call_id: str
     session_id: str
     worker_id: str
-    settings: Any
+    settings: HandsSettings
+    workspace: Workspace
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Any | Awaitable[Any]]

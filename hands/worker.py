@@ -15,7 +15,6 @@ from hands.config import HandsSettings
 from hands.executor import Executor
 from hands.registry import ToolRegistry
 from hands.tools import builtin_tools
-from hands.workspace import Workspace
 
 log = logging.getLogger("hands.worker")
 
@@ -58,11 +57,11 @@ class HandsWorker:
                 return []
 
     async def run(self, stop: asyncio.Event) -> None:
-        Workspace(self.settings.workspace).ensure()
+        self.executor.workspace.ensure()
         await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
         await self.presence.start()
         log.info("hands worker ready on %s: %d tools, workspace %s, concurrency %d",
-                 socket.gethostname(), len(self.registry.names()), Workspace(self.settings.workspace).root,
+                 socket.gethostname(), len(self.registry.names()), self.executor.workspace.root,
                  self.settings.concurrency.global_)
         try:
             await self.consumer.run(stop)

@@ -9,20 +9,15 @@ from typing import Any
 from bus.protocol import ErrorCode
 from hands.errors import ToolFailure
 from hands.registry import Category, Permissions, ToolContext, ToolDefinition
-from hands.workspace import Workspace
 
 MAX_LIST_ENTRIES = 1000
 _PERMS_READ = Permissions(filesystem_read=["{workspace}/**"])
 _PERMS_WRITE = Permissions(filesystem_read=["{workspace}/**"], filesystem_write=["{workspace}/**"])
 
 
-def _workspace(ctx: ToolContext) -> Workspace:
-    return Workspace(ctx.settings.workspace)
-
-
 def read_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     path, offset, limit = args["path"], args.get("offset", 1), args.get("limit")
-    with _workspace(ctx).open_file(path, os.O_RDONLY) as fd:
+    with ctx.workspace.open_file(path, os.O_RDONLY) as fd:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is not a regular file")
@@ -58,7 +53,7 @@ def write_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             ErrorCode.RESOURCE_EXHAUSTED,
             f"content is {len(data):,} bytes; the limit is {ctx.settings.max_file_bytes:,}",
         )
-    ws = _workspace(ctx)
+    ws = ctx.workspace
     with ws.open_file(path, os.O_WRONLY | os.O_CREAT | mode, create_dirs=args.get("create_dirs", True)) as fd:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is not a regular file")
@@ -71,7 +66,7 @@ def write_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 def list_directory(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     path = args.get("path", ".")
     entries: list[dict[str, Any]] = []
-    with _workspace(ctx).open_dir(path) as fd:
+    with ctx.workspace.open_dir(path) as fd:
         with os.scandir(fd) as it:
             for entry in it:
                 info = entry.stat(follow_symlinks=False)
