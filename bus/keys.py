@@ -42,6 +42,10 @@ class Keys:
     def transcript(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}:transcript"
 
+    def memory(self, agent_id: str) -> str:
+        """Hash of an agent's long-term memory notes, by key."""
+        return f"{self.prefix}memory:{agent_id}"
+
     @property
     def sessions(self) -> str:
         """Sorted set of session ids, scored by last activity."""

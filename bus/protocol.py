@@ -108,10 +108,21 @@ class ToolsList(_Message):
     deadline: int | None = None
 
 
+class SkillInfo(BaseModel):
+    """An instruction skill the model may read: what it is for and where its SKILL.md lies."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str
+    location: str
+
+
 class ToolsAvailable(_Message):
     type: Literal["tools:available"] = "tools:available"
     request_id: str
     tools: list[ToolSpec]
+    skills: list[SkillInfo] = Field(default_factory=list)
     digest: str = ""
     worker_id: str = ""
 
@@ -126,6 +137,7 @@ class ToolExecute(_Message):
     tool: str
     args: dict[str, Any] = Field(default_factory=dict)
     session_id: str = ""
+    agent_id: str = "main"
     reply_to: str
     deadline: int
 
@@ -136,7 +148,7 @@ class ToolResult(_Message):
     success: bool
     data: Any = None
     error: ToolError | None = None
-    partial_failure: bool | None = None
+    partial_failure: list[dict[str, Any]] | None = None  # a batch's failed items, when some succeeded
     metadata: ResultMetadata
 
     @property

@@ -4,22 +4,72 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from bus.config import Section
+from bus.config import PROJECT_CONFIG, Section
+
+PROJECT_ROOT = PROJECT_CONFIG.parent
 
 
 class ConcurrencySettings(Section):
+    """Calls running at once: in the whole worker, per tool category (a tool may lower its own)."""
+
     global_: int = Field(default=10, ge=1, le=1000, alias="global")
     file: int = Field(default=5, ge=1)
     network: int = Field(default=3, ge=1)
     code: int = Field(default=2, ge=1)
     memory: int = Field(default=8, ge=1)
+    skill: int = Field(default=5, ge=1)
+
+
+class TimeoutSettings(Section):
+    """Seconds a call may run, per category, when its tool sets none (always clamped to 1..120)."""
+
+    file: float = Field(default=5.0, gt=0)
+    network: float = Field(default=20.0, gt=0)
+    code: float = Field(default=30.0, gt=0)
+    memory: float = Field(default=3.0, gt=0)
+    skill: float = Field(default=30.0, gt=0)
+
+
+class QueueSettings(Section):
+    depth: int = Field(default=50, ge=0, le=100_000)
+    wait_s: float = Field(default=30.0, gt=0)
+
+
+class RetrySettings(Section):
+    """Default retry policy for retryable errors (a tool may set its own)."""
+
+    retries: int = Field(default=2, ge=0, le=10)
+    base_s: float = Field(default=1.0, ge=0)
+    max_s: float = Field(default=10.0, ge=0)
+
+
+class PolicySettings(Section):
+    """The global policy: what any tool may be permitted. ``{workspace}`` is the workspace path."""
+
+    filesystem_read: list[str] = Field(default_factory=lambda: ["{workspace}/**"])
+    filesystem_write: list[str] = Field(default_factory=lambda: ["{workspace}/**"])
+    network: list[str] = Field(default_factory=lambda: ["*"])
+    execute: list[str] = Field(default_factory=list)
 
 
 class HandsSettings(Section):
     workspace: Path = Path("~/.pincer/workspace")
     concurrency: ConcurrencySettings = Field(default_factory=ConcurrencySettings)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    skill_dirs: list[Path] = Field(default_factory=lambda: [PROJECT_ROOT / "skills", Path("~/.pincer/skills")])
+    memory_watermark: float = Field(default=0.9, gt=0, le=1)
+    progress_interval_s: float = Field(default=5.0, gt=0)
     max_result_bytes: int = Field(default=50_000, ge=1_000)
     max_file_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
-    default_timeout_s: float = Field(default=30.0, ge=1, le=120)
+
+    @field_validator("skill_dirs", mode="before")
+    @classmethod
+    def _expand_project(cls, value: object) -> object:
+        if isinstance(value, list):
+            return [str(v).replace("{project}", str(PROJECT_ROOT)) if isinstance(v, str) else v for v in value]
+        return value

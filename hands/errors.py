@@ -8,6 +8,13 @@ from typing import Any
 from bus.protocol import RETRYABLE, ErrorCode, ToolError
 
 
+# Whether the model can usefully try again (as is, later, or with changed arguments).
+RECOVERABLE = RETRYABLE | {
+    ErrorCode.TOOL_NOT_FOUND, ErrorCode.INVALID_ARGUMENTS, ErrorCode.FILE_NOT_FOUND,
+    ErrorCode.QUEUE_FULL, ErrorCode.QUEUE_TIMEOUT, ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.RETRY_EXHAUSTED,
+}
+
+
 class ToolFailure(Exception):
     """Raised by tools and the engine; becomes a ``tool:result`` error the LLM can act on."""
 
@@ -24,7 +31,7 @@ class ToolFailure(Exception):
         self.code, self.message = code, message
         self.suggestions = suggestions or []
         self.details = details
-        self.recoverable = code in RETRYABLE if recoverable is None else recoverable
+        self.recoverable = code in RECOVERABLE if recoverable is None else recoverable
 
     def to_error(self) -> ToolError:
         return ToolError(
@@ -54,7 +61,7 @@ def to_tool_error(exc: BaseException) -> ToolError:
     if isinstance(exc, OSError) and exc.errno in _OS_ERRORS:
         code, what = _OS_ERRORS[exc.errno]
         where = f": {exc.filename}" if exc.filename else ""
-        return ToolError(code=code, message=f"{what}{where}", recoverable=code is ErrorCode.FILE_NOT_FOUND)
+        return ToolError(code=code, message=f"{what}{where}", recoverable=code in RECOVERABLE)
     return ToolError(
         code=ErrorCode.UNHANDLED,
         message=f"the tool failed unexpectedly ({type(exc).__name__}: {exc})",

@@ -1,82 +1,195 @@
-"""The Hands lifecycle for one call: validate, execute, shape, answer."""
+"""The Hands lifecycle for one call: validate, limit, execute (with retries), shape, answer."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from tenacity import AsyncRetrying, RetryError, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
 from bus.log import kv
-from bus.protocol import ErrorCode, ResultMetadata, ToolExecute, ToolResult, now_ms
+from bus.protocol import RETRYABLE, ErrorCode, ResultMetadata, ToolError, ToolExecute, ToolProgress, ToolResult, now_ms
 from hands.config import HandsSettings
 from hands.errors import ToolFailure, to_tool_error
-from hands.registry import ToolContext, ToolDefinition, ToolRegistry
-from hands.shaping import shape
+from hands.limits import Limiter, check_memory
+from hands.policy import Policy
+from hands.registry import Category, RetryPolicy, ToolContext, ToolDefinition, ToolRegistry
+from hands.shaping import Batch, shape
 from hands.workspace import Workspace
 
 log = logging.getLogger("hands.executor")
 
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 120.0
+PROGRESS_CATEGORIES = frozenset({Category.NETWORK, Category.CODE})
+
+ProgressSink = Callable[[str, ToolProgress], Awaitable[Any]]
+"""Sends a ``tool:progress`` to a stream (the call's ``reply_to``)."""
+
+
+async def _drop_progress(_stream: str, _progress: ToolProgress) -> None:
+    return None
 
 
 class Executor:
-    def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str) -> None:
+    def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str, memory: Any = None,
+                 progress: ProgressSink = _drop_progress) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
         self.workspace = Workspace(settings.workspace)  # resolved once, not per call
+        self.policy = Policy(settings.policy, self.workspace.root)
+        self.limiter = Limiter(settings.concurrency, settings.queue)
+        self.memory, self.progress = memory, progress
 
     async def execute(self, call: ToolExecute) -> ToolResult:
         started = time.monotonic()
+        attempts = [0]
         try:
             if call.deadline <= now_ms():
-                raise ToolFailure(
-                    ErrorCode.TIMEOUT,
-                    "the call's deadline passed before a worker could start it; it was not run",
-                    recoverable=True,
-                )
+                raise ToolFailure(ErrorCode.TIMEOUT,
+                                  "the call's deadline passed before a worker could start it; it was not run")
             tool = self.registry.get(call.tool)
             self.registry.validate(tool.name, call.args)
-            timeout = self._timeout(tool, call)
-            data = await self._run(tool, call, timeout)
+            self._check_permissions(tool)
+            check_memory(self.settings.memory_watermark)
+            async with self._reporting(tool, call, started):
+                data = await self._with_retries(tool, call, attempts)
+            data, failures = _unbatch(tool, data)
             shaped, truncated = shape(data, self.settings.max_result_bytes)
-            result = self._result(call, started, success=True, data=shaped, truncated=truncated)
+            result = self._result(call, started, attempts[0], data=shaped, truncated=truncated,
+                                  partial_failure=failures or None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every failure becomes an answer the LLM can read
             error = to_tool_error(exc)
             if error.code is ErrorCode.UNHANDLED:
                 log.exception("tool raised %s", kv(call=call.call_id, tool=call.tool))
-            result = self._result(call, started, success=False, error=error)
+            result = self._result(call, started, attempts[0], error=error)
         log.info(
             "call done %s",
             kv(call=call.call_id, session=call.session_id, tool=call.tool, ok=result.success,
-               code=result.error.code if result.error else None, ms=result.metadata.duration_ms),
+               code=result.error.code if result.error else None, attempts=result.metadata.attempts,
+               ms=result.metadata.duration_ms),
         )
         return result
 
+    def _check_permissions(self, tool: ToolDefinition) -> None:
+        violations = self.policy.violations(tool.permissions)
+        if violations:
+            raise ToolFailure(
+                ErrorCode.PERMISSION_DENIED,
+                f"{tool.name} needs more than the policy allows: " + "; ".join(violations),
+                suggestions=self.policy.suggestions(violations), details={"violations": violations},
+            )
+
+    async def _with_retries(self, tool: ToolDefinition, call: ToolExecute, attempts: list[int]) -> Any:
+        """Run the tool; retry retryable failures with backoff (idempotent tools only)."""
+        policy = tool.retry or RetryPolicy(**self.settings.retry.model_dump())
+        retries = policy.retries if tool.idempotent else 0  # a side effect may have happened
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(retries + 1),
+            wait=wait_exponential_jitter(initial=policy.base_s, max=policy.max_s, jitter=policy.base_s),
+            retry=retry_if_exception(lambda exc: _retryable(exc) and call.deadline > now_ms()),
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts[0] = attempt.retry_state.attempt_number
+                    return await self._attempt(tool, call)
+        except RetryError as exc:
+            last = exc.last_attempt.exception()
+            assert isinstance(last, ToolFailure)
+            if attempts[0] <= 1:
+                raise last from None  # never retried: report the error itself
+            raise ToolFailure(
+                ErrorCode.RETRY_EXHAUSTED,
+                f"{tool.name} failed {attempts[0]} times; last error {last.code.value}: {last.message}",
+                details={"attempts": attempts[0], "last_error": last.code.value},
+                suggestions=["try again later, or another way"],
+            ) from None
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _attempt(self, tool: ToolDefinition, call: ToolExecute) -> Any:
+        async with self.limiter.slot(tool.category.value, tool.name, tool.max_concurrency):
+            timeout = self._timeout(tool, call)
+            try:
+                async with asyncio.timeout(timeout):
+                    return await self._run(tool, call)
+            except TimeoutError:
+                raise ToolFailure(ErrorCode.TIMEOUT, f"{tool.name} did not finish within its {timeout:g}s limit",
+                                  suggestions=["ask for less work per call"]) from None
+
     def _timeout(self, tool: ToolDefinition, call: ToolExecute) -> float:
-        wanted = tool.timeout_s or self.settings.default_timeout_s
+        short = tool.category.value.split("_")[0]
+        wanted = tool.timeout_s or getattr(self.settings.timeouts, short)
         left = (call.deadline - now_ms()) / 1000
         return max(MIN_TIMEOUT_S, min(wanted, MAX_TIMEOUT_S, left))
 
-    async def _run(self, tool: ToolDefinition, call: ToolExecute, timeout: float) -> Any:
-        ctx = ToolContext(call_id=call.call_id, session_id=call.session_id, worker_id=self.worker_id,
-                          settings=self.settings, workspace=self.workspace)
-        try:
-            async with asyncio.timeout(timeout):
-                if inspect.iscoroutinefunction(tool.handler):
-                    return await tool.handler(call.args, ctx)
-                return await asyncio.to_thread(tool.handler, call.args, ctx)  # keep the loop free
-        except TimeoutError:
-            raise ToolFailure(
-                ErrorCode.TIMEOUT, f"{tool.name} did not finish within its {timeout:.1f}s limit", recoverable=True
-            ) from None
+    async def _run(self, tool: ToolDefinition, call: ToolExecute) -> Any:
+        started = time.monotonic()
 
-    def _result(self, call: ToolExecute, started: float, *, success: bool, data: Any = None,
-                error: Any = None, truncated: bool = False) -> ToolResult:
+        async def progress(message: str) -> None:
+            await self.progress(call.reply_to, ToolProgress(call_id=call.call_id, status="output", message=message,
+                                                           elapsed_ms=int((time.monotonic() - started) * 1000)))
+
+        ctx = ToolContext(call_id=call.call_id, session_id=call.session_id, agent_id=call.agent_id,
+                          worker_id=self.worker_id, settings=self.settings, workspace=self.workspace,
+                          memory=self.memory, progress=progress)
+        if inspect.iscoroutinefunction(tool.handler):
+            return await tool.handler(call.args, ctx)
+        return await asyncio.to_thread(tool.handler, call.args, ctx)  # keep the loop free
+
+    @contextlib.asynccontextmanager
+    async def _reporting(self, tool: ToolDefinition, call: ToolExecute, started: float) -> AsyncIterator[None]:
+        """For network and code tools: ``started`` at once, then ``running`` every interval."""
+        if tool.category not in PROGRESS_CATEGORIES:
+            yield
+            return
+
+        async def beat() -> None:
+            status = "started"
+            while True:
+                elapsed = int((time.monotonic() - started) * 1000)
+                await self.progress(call.reply_to, ToolProgress(
+                    call_id=call.call_id, status=status, message=f"{tool.name} {status}", elapsed_ms=elapsed))
+                status = "running"
+                await asyncio.sleep(self.settings.progress_interval_s)
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _result(self, call: ToolExecute, started: float, attempts: int, *, data: Any = None,
+                error: ToolError | None = None, truncated: bool = False,
+                partial_failure: list[dict[str, Any]] | None = None) -> ToolResult:
         metadata = ResultMetadata(
             tool_name=call.tool, duration_ms=int((time.monotonic() - started) * 1000),
-            truncated=truncated, worker_id=self.worker_id,
+            truncated=truncated, worker_id=self.worker_id, attempts=max(attempts, 1),
         )
-        return ToolResult(call_id=call.call_id, success=success, data=data, error=error, metadata=metadata)
+        return ToolResult(call_id=call.call_id, success=error is None, data=data, error=error,
+                          partial_failure=partial_failure, metadata=metadata)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ToolFailure) and exc.code in RETRYABLE
+
+
+def _unbatch(tool: ToolDefinition, data: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """A batch tool's outcome: all good, partial (data plus the failures), or ``ALL_FAILED``."""
+    if not isinstance(data, Batch):
+        return data, []
+    failures = [item for item in data.items if not item.get("success")]
+    if data.items and len(failures) == len(data.items):
+        raise ToolFailure(
+            ErrorCode.ALL_FAILED, f"every one of the {len(failures)} items of {tool.name} failed",
+            details={"failures": failures}, recoverable=True,
+            suggestions=["check the failures listed in details and fix the inputs"],
+        )
+    return {"items": data.items, "succeeded": len(data.items) - len(failures), "failed": len(failures)}, failures

@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field
 
-from bus.protocol import ErrorCode, ToolSpec
+from bus.protocol import ErrorCode, SkillInfo, ToolSpec
 from hands.config import HandsSettings
 from hands.errors import ToolFailure
 from hands.workspace import Workspace
@@ -38,15 +38,33 @@ class Permissions(BaseModel):
     execute: list[str] = Field(default_factory=list)
 
 
+class RetryPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    retries: int = Field(default=2, ge=0, le=10)
+    base_s: float = Field(default=1.0, ge=0)
+    max_s: float = Field(default=10.0, ge=0)
+
+
+Progress = Callable[[str], Awaitable[None]]
+
+
+async def _no_progress(_message: str) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class ToolContext:
-    """What a handler may know about the call it serves."""
+    """What a handler may know about the call it serves, and the shared services it may use."""
 
     call_id: str
     session_id: str
+    agent_id: str
     worker_id: str
     settings: HandsSettings
     workspace: Workspace
+    memory: Any = None  # memory.longterm.LongTermMemory, when the worker has Redis
+    progress: Progress = _no_progress  # await ctx.progress("50% done") sends tool:progress "output"
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Any | Awaitable[Any]]
@@ -61,13 +79,17 @@ class ToolDefinition(BaseModel):
     handler: Handler
     category: Category
     permissions: Permissions = Field(default_factory=Permissions)
-    timeout_s: float | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    retry: RetryPolicy | None = None  # None: the worker's default policy
     idempotent: bool = True
+    source: str = "builtin"  # or the SKILL.md it came from
 
     def spec(self) -> ToolSpec:
-        metadata = {"category": self.category.value, "idempotent": self.idempotent}
-        if self.timeout_s is not None:
-            metadata["timeout_s"] = self.timeout_s
+        metadata: dict[str, Any] = {"category": self.category.value, "idempotent": self.idempotent}
+        for key in ("timeout_s", "max_concurrency"):
+            if getattr(self, key) is not None:
+                metadata[key] = getattr(self, key)
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters, metadata=metadata)
 
 
@@ -76,6 +98,7 @@ class ToolRegistry:
         self._tools: dict[str, ToolDefinition] = {}
         self._validators: dict[str, Draft202012Validator] = {}
         self._view: list[ToolSpec] | None = None
+        self._instructions: dict[str, SkillInfo] = {}
 
     def register(self, tool: ToolDefinition) -> None:
         if tool.name in self._tools:
@@ -95,6 +118,12 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._tools)
+
+    def by_category(self, category: Category) -> list[ToolDefinition]:
+        return [tool for name, tool in sorted(self._tools.items()) if tool.category is category]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
 
     def get(self, name: str) -> ToolDefinition:
         tool = self._tools.get(name)
@@ -120,6 +149,16 @@ class ToolRegistry:
                 recoverable=True,
             )
 
+    def add_instruction(self, skill: SkillInfo) -> None:
+        """An instruction skill: no tool, but the Brain is told about it."""
+        self._instructions[skill.name] = skill
+
+    def has_instruction(self, name: str) -> bool:
+        return name in self._instructions
+
+    def instructions(self) -> list[SkillInfo]:
+        return [self._instructions[name] for name in sorted(self._instructions)]
+
     def brain_view(self) -> list[ToolSpec]:
         """What the Brain may see: name, description, parameters, metadata. Cached."""
         if self._view is None:
@@ -127,5 +166,6 @@ class ToolRegistry:
         return self._view
 
     def digest(self) -> str:
-        payload = json.dumps([spec.model_dump(mode="json") for spec in self.brain_view()], sort_keys=True)
+        payload = json.dumps([[spec.model_dump(mode="json") for spec in self.brain_view()],
+                              [skill.model_dump(mode="json") for skill in self.instructions()]], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 MARKER = "\n…[truncated by Pincer: {cut:,} of {total:,} bytes cut. Ask for a smaller part (e.g. offset/limit).]"
+
+
+@dataclass
+class Batch:
+    """What a batch tool returns: one dict per item, each with ``success`` (and ``error`` when false)."""
+
+    items: list[dict[str, Any]]
 
 
 def size_of(data: Any) -> int:

@@ -13,8 +13,11 @@ from bus.protocol import Message, ToolExecute, ToolsAvailable, ToolsList, now_ms
 from bus.streams import Bus, GroupConsumer, Reply
 from hands.config import HandsSettings
 from hands.executor import Executor
+from hands.policy import Policy
 from hands.registry import ToolRegistry
+from hands.skills import SkillReport, load_skills
 from hands.tools import builtin_tools
+from memory.longterm import LongTermMemory
 
 log = logging.getLogger("hands.worker")
 
@@ -26,19 +29,30 @@ def build_registry() -> ToolRegistry:
     return registry
 
 
+def load_registry(settings: HandsSettings) -> tuple[ToolRegistry, SkillReport]:
+    """Built-in tools plus the skills of the configured directories."""
+    registry = build_registry()
+    policy = Policy(settings.policy, settings.workspace)
+    return registry, load_skills(settings.skill_dirs, registry, policy)
+
+
 class HandsWorker:
     def __init__(self, bus: Bus, settings: HandsSettings, *, worker_id: str, heartbeat_s: float = 3.0) -> None:
         self.bus, self.settings, self.worker_id = bus, settings, worker_id
-        self.registry = build_registry()
-        self.executor = Executor(self.registry, settings, worker_id=worker_id)
+        self.registry, self.skills = load_registry(settings)
+        self.executor = Executor(self.registry, settings, worker_id=worker_id,
+                                 memory=LongTermMemory(bus.redis, bus.keys), progress=bus.publish)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s)
+        # Read past the running slots, so calls beyond them reach the limiter's queue
+        # (and a burst beyond the queue is answered QUEUE_FULL at once).
+        running = settings.concurrency.global_
         self.consumer = GroupConsumer(
             bus,
             streams=[bus.keys.hands_requests, bus.keys.hands_worker(worker_id)],
             group=HANDS_GROUP,
             consumer=worker_id,
             handler=self.handle,
-            concurrency=settings.concurrency.global_,
+            concurrency=2 * running + settings.queue.depth,
         )
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
@@ -50,7 +64,8 @@ class HandsWorker:
                     return []  # the asker has given up; an answer would only litter its stream
                 tools = self.registry.brain_view()
                 reply = ToolsAvailable(request_id=message.request_id, tools=tools,
-                                       digest=self.registry.digest(), worker_id=self.worker_id)
+                                       skills=self.registry.instructions(), digest=self.registry.digest(),
+                                       worker_id=self.worker_id)
                 return [(message.reply_to, reply)]
             case _:
                 log.warning("ignored %s on %s: Hands does not handle it", message.type, stream)
@@ -60,8 +75,11 @@ class HandsWorker:
         self.executor.workspace.ensure()
         await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
         await self.presence.start()
-        log.info("hands worker ready on %s: %d tools, workspace %s, concurrency %d",
-                 socket.gethostname(), len(self.registry.names()), self.executor.workspace.root,
+        for refusal in self.skills.refused:
+            log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
+        log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
+                 "concurrency %d", socket.gethostname(), len(self.registry.names()), len(self.skills.tools),
+                 len(self.skills.instructions), self.executor.workspace.root,
                  self.settings.concurrency.global_)
         try:
             await self.consumer.run(stop)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hands.registry import ToolDefinition
 from hands.tools.files import FILE_TOOLS
+from hands.tools.memory import MEMORY_TOOLS
 
 
 def builtin_tools() -> list[ToolDefinition]:
-    return [*FILE_TOOLS]
+    return [*FILE_TOOLS, *MEMORY_TOOLS]

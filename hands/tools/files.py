@@ -7,8 +7,9 @@ import stat
 from typing import Any
 
 from bus.protocol import ErrorCode
-from hands.errors import ToolFailure
+from hands.errors import ToolFailure, to_tool_error
 from hands.registry import Category, Permissions, ToolContext, ToolDefinition
+from hands.shaping import Batch
 
 MAX_LIST_ENTRIES = 1000
 _PERMS_READ = Permissions(filesystem_read=["{workspace}/**"])
@@ -42,6 +43,22 @@ def read_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         result["binary"] = True
         result["note"] = "the file is not valid UTF-8; undecodable bytes are shown as U+FFFD"
     return result
+
+
+def read_files(args: dict[str, Any], ctx: ToolContext) -> Batch:
+    """Several files at once; each item succeeds or fails on its own."""
+    items = []
+    for path in args["paths"]:
+        try:
+            items.append({"path": path, "success": True, **_content_only(read_file({"path": path}, ctx))})
+        except Exception as exc:  # one bad path must not sink the others
+            error = to_tool_error(exc)
+            items.append({"path": path, "success": False, "error": {"code": error.code.value, "message": error.message}})
+    return Batch(items)
+
+
+def _content_only(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k != "path"}
 
 
 def write_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -105,6 +122,19 @@ FILE_TOOLS = [
             "additionalProperties": False,
         },
         handler=read_file,
+        category=Category.FILE,
+        permissions=_PERMS_READ,
+    ),
+    ToolDefinition(
+        name="read_files",
+        description="Read several text files at once; reports each file's content or error.",
+        parameters={
+            "type": "object",
+            "properties": {"paths": {"type": "array", "items": _PATH, "minItems": 1, "maxItems": 50}},
+            "required": ["paths"],
+            "additionalProperties": False,
+        },
+        handler=read_files,
         category=Category.FILE,
         permissions=_PERMS_READ,
     ),

@@ -10,7 +10,7 @@ import pytest
 from bus.protocol import ErrorCode, ToolExecute, now_ms
 from hands.config import HandsSettings
 from hands.executor import Executor
-from hands.registry import Category, ToolDefinition
+from hands.registry import Category, RetryPolicy, ToolDefinition
 from hands.shaping import shape, size_of
 from hands.worker import build_registry
 
@@ -103,7 +103,7 @@ async def test_missing_file_is_file_not_found(executor: Executor) -> None:
 async def test_unknown_tool_lists_the_available_ones(executor: Executor) -> None:
     result = await call(executor, "delete_everything")
     assert result.error.code is ErrorCode.TOOL_NOT_FOUND
-    assert "list_directory, read_file, write_file" in result.error.message
+    assert "list_directory, memory_read, memory_write, read_file, read_files, write_file" in result.error.message
 
 
 async def test_invalid_arguments_one_line_per_path(executor: Executor) -> None:
@@ -149,11 +149,11 @@ async def test_crashing_and_slow_handlers_become_errors(executor: Executor) -> N
     for name, handler, timeout in (("crash", crash, None), ("slow", slow, 1.0)):
         executor.registry.register(ToolDefinition(name=name, description=name, handler=handler,
                                                   parameters={"type": "object"}, category=Category.SKILL,
-                                                  timeout_s=timeout))
+                                                  timeout_s=timeout, retry=RetryPolicy(retries=0)))
     crashed = await call(executor, "crash")
     assert crashed.error.code is ErrorCode.UNHANDLED and "KeyError" in crashed.error.message
     slowed = await call(executor, "slow")
-    assert slowed.error.code is ErrorCode.TIMEOUT and "1.0s" in slowed.error.message
+    assert slowed.error.code is ErrorCode.TIMEOUT and "within its 1s limit" in slowed.error.message
 
 
 def test_shape_keeps_small_data_and_cuts_everything_else_under_the_limit() -> None:

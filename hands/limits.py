@@ -1,0 +1,123 @@
+"""Layered concurrency limits with one FIFO wait queue, and the memory watermark.
+
+A call needs a slot at every gate it passes: global, its category, its tool
+(when the tool sets ``max_concurrency``). It takes them all at once or waits
+in the queue; it never holds a wide slot while waiting for a narrow one, so a
+burst of one slow tool cannot starve the others. Waiters are admitted in
+arrival order among those whose gates are free. The queue has a depth
+(``QUEUE_FULL`` beyond it) and a wait limit (``QUEUE_TIMEOUT``). Slots are
+released in reverse order on every path, cancellation included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bus.protocol import ErrorCode
+from hands.config import ConcurrencySettings, QueueSettings
+from hands.errors import ToolFailure
+
+
+@dataclass(eq=False)
+class _Waiter:
+    gates: tuple[tuple[str, int], ...]
+    admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Limiter:
+    def __init__(self, concurrency: ConcurrencySettings, queue: QueueSettings) -> None:
+        self.concurrency, self.queue = concurrency, queue
+        self._in_use: Counter[str] = Counter()
+        self._waiters: list[_Waiter] = []
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def gates(self, category: str, tool: str, tool_limit: int | None) -> tuple[tuple[str, int], ...]:
+        """The (gate, capacity) pairs a call passes, widest first."""
+        short = category.split("_")[0]  # file_operation -> file
+        gates = [("global", self.concurrency.global_), (f"category:{short}", getattr(self.concurrency, short))]
+        if tool_limit is not None:
+            gates.append((f"tool:{tool}", tool_limit))
+        return tuple(gates)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, category: str, tool: str, tool_limit: int | None) -> AsyncIterator[None]:
+        gates = self.gates(category, tool, tool_limit)
+        if self._free(gates):
+            self._take(gates)
+        else:
+            await self._wait(gates)
+        try:
+            yield
+        finally:
+            self._release(gates)
+
+    async def _wait(self, gates: tuple[tuple[str, int], ...]) -> None:
+        if len(self._waiters) >= self.queue.depth:
+            raise ToolFailure(
+                ErrorCode.QUEUE_FULL,
+                f"this worker is busy: {len(self._waiters)} calls are already waiting (hands.queue.depth)",
+                suggestions=["try again in a moment"], recoverable=True,
+            )
+        waiter = _Waiter(gates)
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.admitted), self.queue.wait_s)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if waiter.admitted.done():  # admitted in the same instant: give the slots back
+                self._release(gates)
+            else:
+                waiter.admitted.cancel()
+                self._waiters.remove(waiter)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise ToolFailure(
+                ErrorCode.QUEUE_TIMEOUT,
+                f"waited {self.queue.wait_s:g}s for a free slot (hands.queue.wait_s) and none came",
+                suggestions=["try again later, or with fewer calls at once"], recoverable=True,
+            ) from None
+
+    def _free(self, gates: tuple[tuple[str, int], ...]) -> bool:
+        return all(self._in_use[gate] < capacity for gate, capacity in gates)
+
+    def _take(self, gates: tuple[tuple[str, int], ...]) -> None:
+        for gate, _ in gates:
+            self._in_use[gate] += 1
+
+    def _release(self, gates: tuple[tuple[str, int], ...]) -> None:
+        for gate, _ in reversed(gates):
+            self._in_use[gate] -= 1
+        for waiter in list(self._waiters):  # admit, oldest first, whoever now fits
+            if self._free(waiter.gates):
+                self._waiters.remove(waiter)
+                self._take(waiter.gates)
+                waiter.admitted.set_result(None)
+
+
+def memory_used_share(meminfo: Path = Path("/proc/meminfo")) -> float:
+    """Share of this machine's memory in use (1 - MemAvailable/MemTotal); 0 where unknown."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        total = int(fields["MemTotal"].split()[0])
+        available = int(fields["MemAvailable"].split()[0])
+    except (OSError, KeyError, ValueError):
+        return 0.0
+    return 1 - available / total if total else 0.0
+
+
+def check_memory(watermark: float) -> None:
+    used = memory_used_share()
+    if used > watermark:
+        raise ToolFailure(
+            ErrorCode.RESOURCE_EXHAUSTED,
+            f"this worker's machine is using {used:.0%} of its memory, above the {watermark:.0%} "
+            "watermark (hands.memory_watermark); new work is refused until it drops",
+            suggestions=["try again later"], recoverable=True,
+        )

@@ -1,0 +1,39 @@
+"""Long-term memory: an agent's named notes, shared by every worker through Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from bus.keys import Keys
+from bus.protocol import now_ms
+
+
+class LongTermMemory:
+    def __init__(self, redis: Any, keys: Keys) -> None:
+        self.redis, self.keys = redis, keys
+
+    async def write(self, agent_id: str, key: str, content: str, *, append: bool = False) -> str:
+        """Store a note (or add to it); returns the note's full content."""
+        if append:
+            existing = await self.read(agent_id, key)
+            content = f"{existing}\n{content}" if existing else content
+        note = msgpack.packb({"content": content, "updated": now_ms()}, use_bin_type=True)
+        await self.redis.hset(self.keys.memory(agent_id), key, note)
+        return content
+
+    async def read(self, agent_id: str, key: str) -> str | None:
+        raw = await self.redis.hget(self.keys.memory(agent_id), key)
+        return None if raw is None else msgpack.unpackb(raw, raw=False)["content"]
+
+    async def list(self, agent_id: str) -> list[dict[str, Any]]:
+        notes = await self.redis.hgetall(self.keys.memory(agent_id))
+        listed = []
+        for key, raw in sorted(notes.items()):
+            note = msgpack.unpackb(raw, raw=False)
+            listed.append({"key": key.decode(), "chars": len(note["content"]), "updated": note["updated"]})
+        return listed
+
+    async def delete(self, agent_id: str, key: str) -> bool:
+        return bool(await self.redis.hdel(self.keys.memory(agent_id), key))
