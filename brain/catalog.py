@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from bus.presence import alive
-from bus.protocol import ToolsAvailable, ToolSpec, ToolsList, now_ms
+from bus.protocol import SkillInfo, ToolsAvailable, ToolSpec, ToolsList, now_ms
 from bus.streams import Bus, ReplyInbox
 
 log = logging.getLogger("brain.catalog")
@@ -19,6 +19,7 @@ class ToolCatalog:
     def __init__(self, bus: Bus, inbox: ReplyInbox, *, timeout_s: float) -> None:
         self.bus, self.inbox, self.timeout_s = bus, inbox, timeout_s
         self._tools: list[ToolSpec] | None = None
+        self.skills: list[SkillInfo] = []  # instruction skills, refreshed with the tools
         self._digest: bytes | None = None
 
     async def tools(self) -> list[ToolSpec]:
@@ -38,6 +39,6 @@ class ToolCatalog:
             ) from None
         assert isinstance(reply, ToolsAvailable)
         # Remember the announced digest we saw, not the reply's: the cache follows the key.
-        self._tools, self._digest = reply.tools, digest
+        self._tools, self._digest, self.skills = reply.tools, digest, reply.skills
         log.info("tool list refreshed: %d tools, digest %s", len(reply.tools), reply.digest)
         return self._tools

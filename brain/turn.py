@@ -11,10 +11,11 @@ from typing import Any
 from brain.catalog import NoHandsAvailable, ToolCatalog
 from brain.config import BrainSettings
 from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall
+from brain.prompt import system_prompt
 from bus.log import kv
 from bus.protocol import (
     ChatDelta, ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, Message, ResultMetadata,
-    ToolError, ToolExecute, ToolResult, ToolSpec, new_id, now_ms,
+    ToolError, ToolExecute, ToolProgress, ToolResult, ToolSpec, new_id, now_ms,
 )
 from bus.streams import Bus, ReplyInbox
 from memory.sessions import SessionStore, TranscriptEntry
@@ -51,7 +52,7 @@ class Turn:
             tools = await deps.catalog.tools()
         except NoHandsAvailable as exc:
             return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
-        messages = [{"role": "system", "content": deps.settings.instructions}]
+        messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, deps.catalog.skills)}]
         messages += [entry.to_llm() for entry in [*history, user]]
         try:
             return await self._loop(messages, tools)
@@ -116,11 +117,16 @@ class Turn:
         deps, msg = self.deps, self.message
         deadline_s = deps.settings.tool_deadline_s
         request = ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
-                              reply_to=deps.inbox.stream, deadline=now_ms() + int(deadline_s * 1000))
+                              agent_id=msg.agent_id, reply_to=deps.inbox.stream, deadline=now_ms() + int(deadline_s * 1000))
         log.info("tool call sent %s", kv(session=msg.session_id, call=call_id, tool=tool))
+        async def relay(event: Message) -> None:
+            if isinstance(event, ToolProgress):
+                await self._publish(ChatTool(session_id=msg.session_id, message_id=msg.message_id, call_id=call_id,
+                                             tool=tool, status="progress", summary=event.message[:300]))
+
         try:
             reply: Message = await deps.inbox.request(deps.bus.keys.hands_requests, request, call_id,
-                                                      timeout=deadline_s + 1)
+                                                      timeout=deadline_s + 1, final=(ToolResult,), on_event=relay)
         except TimeoutError:
             return _local_failure(
                 call_id, tool, ErrorCode.TIMEOUT,

@@ -247,12 +247,21 @@ class ReplyInbox:
         finally:
             self._waiters.pop(correlation_id, None)
 
-    async def request(self, stream: str, message: Message, correlation_id: str, *, timeout: float) -> Message:
-        """Publish and wait for the first reply; ``TimeoutError`` when none comes in time."""
+    async def request(
+        self, stream: str, message: Message, correlation_id: str, *, timeout: float,
+        final: tuple[type, ...] = (), on_event: Callable[[Message], Awaitable[None]] | None = None,
+    ) -> Message:
+        """Publish and wait for the reply (the first one, or the first of a ``final`` type,
+        handing earlier ones such as ``tool:progress`` to ``on_event``); ``TimeoutError`` when none comes."""
         async with self.expect(correlation_id) as queue:
             await self.bus.publish(stream, message)
             async with asyncio.timeout(timeout):
-                return await queue.get()
+                while True:
+                    reply = await queue.get()
+                    if not final or isinstance(reply, final):
+                        return reply
+                    if on_event is not None:
+                        await on_event(reply)
 
     async def _read_loop(self) -> None:
         last_id = "0-0"  # the stream is ours alone and new, so read it all

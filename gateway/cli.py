@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--session", default="main", help="session id (default: main)")
     chat.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
 
+    skills = sub.add_parser("skills", help="list the skills this machine's Hands would load, and the refused ones")
+    skills.add_argument("--json", action="store_true", help="print JSON")
+
     tools = sub.add_parser("tools", help="list the tools Hands offers")
     tools.add_argument("--json", action="store_true", help="print JSON")
     tools.add_argument("--redis", metavar="URL")
@@ -98,6 +101,8 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             return run_chat(url, args.session, args.message)
         case "tools":
             return asyncio.run(_tools(config, as_json=args.json))
+        case "skills":
+            return _skills(config, as_json=args.json)
     raise AssertionError(args.command)
 
 
@@ -111,6 +116,34 @@ def _up(args: argparse.Namespace, config: Config) -> int:
     if config.source is not None:
         env["PINCER_CONFIG"] = str(Path(config.source).resolve())
     return asyncio.run(Supervisor(config, hands=args.hands, env=env).run())
+
+
+def _skills(config: Config, *, as_json: bool) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from hands.config import HandsSettings
+    from hands.worker import load_registry
+
+    settings = config.section("hands", HandsSettings)
+    registry, report = load_registry(settings)
+    tools = {name: registry.get(name) for name in report.tools}
+    if as_json:
+        print(json.dumps({
+            "tools": [{"name": n, "location": t.source} for n, t in tools.items()],
+            "instructions": [s.model_dump() for s in report.instructions],
+            "refused": [{"location": r.location, "reason": r.reason} for r in report.refused],
+        }, indent=2))
+        return 0
+    table = Table("skill", "kind", "status", "where / why", title="skills in " + ", ".join(map(str, settings.skill_dirs)))
+    for name, tool in tools.items():
+        table.add_row(name, "tool", "[green]loaded[/green]", tool.source)
+    for skill in report.instructions:
+        table.add_row(skill.name, "instructions", "[green]loaded[/green]", skill.location)
+    for refusal in report.refused:
+        table.add_row(Path(refusal.location).parent.name, "?", "[red]refused[/red]", refusal.reason)
+    Console().print(table)
+    return 0
 
 
 async def _tools(config: Config, *, as_json: bool) -> int:

@@ -91,7 +91,7 @@ class Executor:
         retries = policy.retries if tool.idempotent else 0  # a side effect may have happened
         retrying = AsyncRetrying(
             stop=stop_after_attempt(retries + 1),
-            wait=wait_exponential_jitter(initial=policy.base_s, max=policy.max_s, jitter=policy.base_s),
+            wait=wait_exponential_jitter(multiplier=policy.base_s, max=policy.max_s, jitter=policy.base_s),
             retry=retry_if_exception(lambda exc: _retryable(exc) and call.deadline > now_ms()),
         )
         try:
@@ -149,15 +149,17 @@ class Executor:
             yield
             return
 
-        async def beat() -> None:
-            status = "started"
-            while True:
-                elapsed = int((time.monotonic() - started) * 1000)
-                await self.progress(call.reply_to, ToolProgress(
-                    call_id=call.call_id, status=status, message=f"{tool.name} {status}", elapsed_ms=elapsed))
-                status = "running"
-                await asyncio.sleep(self.settings.progress_interval_s)
+        async def report(status: str) -> None:
+            elapsed = int((time.monotonic() - started) * 1000)
+            await self.progress(call.reply_to, ToolProgress(
+                call_id=call.call_id, status=status, message=f"{tool.name} {status}", elapsed_ms=elapsed))
 
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(self.settings.progress_interval_s)
+                await report("running")
+
+        await report("started")
         task = asyncio.create_task(beat())
         try:
             yield

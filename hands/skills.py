@@ -20,7 +20,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bus.protocol import SkillInfo
+from bus.protocol import ErrorCode, SkillInfo
+from hands.errors import ToolFailure
 from hands.policy import Policy
 from hands.registry import Category, Permissions, RetryPolicy, ToolDefinition, ToolRegistry
 
@@ -36,8 +37,8 @@ class ParameterSpec(BaseModel):
     required: bool = False
     enum: list[Any] | None = None
     default: Any = None
-    minimum: float | None = None
-    maximum: float | None = None
+    minimum: int | float | None = None
+    maximum: int | float | None = None
     items: dict[str, Any] | None = None
 
 
@@ -114,6 +115,25 @@ class SkillReport:
 
 class SkillRefused(Exception):
     """A skill that cannot load; the message names the skill and what to fix."""
+
+
+def skill_reader(registry: ToolRegistry) -> ToolDefinition:
+    """The ``read_skill`` tool: the model reads an instruction skill's SKILL.md by name."""
+
+    def read_skill(args: dict[str, Any], _ctx: Any) -> dict[str, Any]:
+        known = {skill.name: skill for skill in registry.instructions()}
+        skill = known.get(args["name"])
+        if skill is None:
+            raise ToolFailure(ErrorCode.FILE_NOT_FOUND, f"no instruction skill named {args['name']!r}; "
+                              f"skills: {', '.join(sorted(known)) or '(none)'}")
+        return {"name": skill.name, "instructions": Path(skill.location).read_text(encoding="utf-8")}
+
+    return ToolDefinition(
+        name="read_skill", description="Read the instructions of an available skill, by name.",
+        parameters={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                    "additionalProperties": False},
+        handler=read_skill, category=Category.FILE,
+    )
 
 
 def load_skills(dirs: list[Path], registry: ToolRegistry, policy: Policy) -> SkillReport:

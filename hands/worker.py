@@ -15,7 +15,7 @@ from hands.config import HandsSettings
 from hands.executor import Executor
 from hands.policy import Policy
 from hands.registry import ToolRegistry
-from hands.skills import SkillReport, load_skills
+from hands.skills import SkillReport, load_skills, skill_reader
 from hands.tools import builtin_tools
 from memory.longterm import LongTermMemory
 
@@ -32,6 +32,7 @@ def build_registry() -> ToolRegistry:
 def load_registry(settings: HandsSettings) -> tuple[ToolRegistry, SkillReport]:
     """Built-in tools plus the skills of the configured directories."""
     registry = build_registry()
+    registry.register(skill_reader(registry))
     policy = Policy(settings.policy, settings.workspace)
     return registry, load_skills(settings.skill_dirs, registry, policy)
 

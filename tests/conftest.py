@@ -21,6 +21,10 @@ from bus.streams import Bus
 from tests.scripted_llm import ScriptedLLM
 
 ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_SKILLS = ROOT / "skills"
+# What a Hands worker offers with the shipped skills only.
+TOOL_NAMES = ["list_directory", "memory_read", "memory_write", "read_file", "read_files", "read_skill",
+              "word_count", "write_file"]
 
 
 def wait_until(condition: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05, what: str = "") -> Any:
@@ -141,6 +145,7 @@ def pincer_env(tmp_path: Path, redis_url: str, prefix: str, scripted_llm: Script
         "PINCER_LLM_API_KEY": "sk-scripted",
         "PINCER_BRAIN__LLM_RETRIES": "0",
         "PINCER_WORKSPACE": str(workspace),
+        "PINCER_HANDS__SKILL_DIRS": f'["{SHIPPED_SKILLS}"]',  # not the developer's own skills
         "PINCER_DATA_DIR": str(tmp_path / "data"),
         "PINCER_GATEWAY_PORT": str(free_port()),
         "PINCER_RUNTIME__HEARTBEAT_S": "0.5",

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.conftest import Processes, wait_until
+from tests.conftest import TOOL_NAMES, Processes, wait_until
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
@@ -58,7 +58,8 @@ def test_a_chat_turn_reads_a_file_through_hands(stack: dict[str, str], scripted_
     # litellm really spoke HTTP to the model, offering the tools Hands announced.
     first = scripted_llm.requests[0]
     assert first["stream"] is True
-    assert {t["function"]["name"] for t in first["tools"]} == {"read_file", "write_file", "list_directory"}
+    assert sorted(t["function"]["name"] for t in first["tools"]) == TOOL_NAMES
+    assert "tidy-notes" in first["messages"][0]["content"]  # the instruction skill is offered in the prompt
 
     transcript = httpx.get(f"{gateway_url(stack)}/v1/sessions/e2e", timeout=10).json()["entries"]
     assert [e["role"] for e in transcript] == ["user", "assistant", "tool", "assistant"]
@@ -88,7 +89,7 @@ def test_unknown_tool_and_invalid_arguments_reach_the_model(stack: dict[str, str
     body = send(stack, 'CALL teleport {"to": "mars"}\nCALL read_file {"path": 5}').json()
     teleport, read = body["text"].split("\n", 1)
     assert teleport.startswith("RESULT teleport:") and '"error": "TOOL_NOT_FOUND"' in teleport
-    assert "available tools: list_directory, read_file, write_file" in teleport
+    assert "available tools: " + ", ".join(TOOL_NAMES) in teleport
     assert '"error": "INVALID_ARGUMENTS"' in read and "path: 5 is not of type 'string'" in read
 
 
@@ -113,7 +114,7 @@ def test_pincer_chat_cli(stack: dict[str, str], processes: Processes) -> None:
     assert "echo: first line" in talk.stdout and "echo: second line" in talk.stdout
     tools = processes.run("tools", "--json")
     assert tools.returncode == 0, tools.stderr
-    assert [t["name"] for t in json.loads(tools.stdout)] == ["list_directory", "read_file", "write_file"]
+    assert [t["name"] for t in json.loads(tools.stdout)] == TOOL_NAMES
 
 
 def test_a_pool_with_no_hands_ends_the_turn_with_an_error(processes: Processes, pincer_env: dict[str, str]) -> None:
@@ -138,3 +139,22 @@ def test_bad_requests_get_clear_errors(stack: dict[str, str]) -> None:
     assert empty.status_code == 400 and "text" in empty.json()["error"]["message"]
     assert httpx.post(f"{url}/v1/sessions/..%2Fx/messages", json={"text": "x"}).status_code in (400, 404)
     assert httpx.get(f"{url}/v1/sessions/never-used").status_code == 404
+
+
+def test_pincer_skills_lists_loaded_and_refused(processes: Processes, tmp_path: Path) -> None:
+    from tests.integration.test_hands_engine import make_skill
+
+    user_skills = tmp_path / "my-skills"
+    make_skill(user_skills, "greedy", "name: greedy\ndescription: x\nparameters: {}\n"
+               "permissions: {filesystem: {write: ['/**']}}", "def handle(args, ctx):\n    return 1\n")
+    from tests.conftest import SHIPPED_SKILLS
+
+    env = {"PINCER_HANDS__SKILL_DIRS": f'["{SHIPPED_SKILLS}", "{user_skills}"]'}
+    listed = processes.run("skills", "--json", extra_env=env)
+    assert listed.returncode == 0, listed.stderr
+    report = json.loads(listed.stdout)
+    assert [t["name"] for t in report["tools"]] == ["word_count"]
+    assert [s["name"] for s in report["instructions"]] == ["tidy-notes"]
+    assert len(report["refused"]) == 1 and "asks for more than the global policy" in report["refused"][0]["reason"]
+    table = processes.run("skills", extra_env=env)
+    assert "refused" in table.stdout and "word_count" in table.stdout

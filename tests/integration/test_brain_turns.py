@@ -19,7 +19,7 @@ from bus.streams import Bus, ReplyInbox
 from hands.config import HandsSettings
 from hands.worker import HandsWorker
 from memory.sessions import SessionStore
-from tests.conftest import async_wait_until
+from tests.conftest import SHIPPED_SKILLS, TOOL_NAMES, async_wait_until
 
 
 class FakeLLM:
@@ -59,7 +59,8 @@ async def pool(bus: Bus, tmp_path: Path):
                             heartbeat_s=0.5)
         workers = [brain]
         if hands:
-            workers.append(HandsWorker(bus, HandsSettings(workspace=tmp_path / "ws"), worker_id="hands-t",
+            workers.append(HandsWorker(bus, HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS]),
+                                       worker_id="hands-t",
                                        heartbeat_s=0.5))
         stops = {}
         for worker in workers:
@@ -119,7 +120,7 @@ async def test_invented_tools_and_bad_json_are_answered_without_hands(bus: Bus, 
     await pool(FakeLLM(script))
     reply = (await chat("go"))[-1]
     assert "TOOL_NOT_FOUND" in reply.text and "no tool named 'teleport'" in reply.text
-    assert "list_directory, read_file, write_file" in reply.text
+    assert ", ".join(TOOL_NAMES) in reply.text
     assert reply.text.count("INVALID_ARGUMENTS") == 2
     sent = await bus.redis.xrange(bus.keys.hands_requests)
     assert all(fields[b"type"] == b"tools:list" for _, fields in sent)  # none of them reached Hands
@@ -184,7 +185,8 @@ async def test_tool_list_is_cached_until_hands_announces_a_new_digest(bus: Bus, 
             return sum(1 for _, f in entries if f[b"type"] == b"tools:list" and inbox.stream.encode() in f[b"data"])
 
         first = await catalog.tools()
-        assert [t.name for t in first] == ["list_directory", "read_file", "write_file"]
+        assert [t.name for t in first] == TOOL_NAMES
+        assert [s.name for s in catalog.skills] == ["tidy-notes"]
         assert await catalog.tools() is first and await list_requests() == 1  # cached: no second request
         await bus.redis.set(bus.keys.tools_digest, "changed")
         assert [t.name for t in await catalog.tools()] == [t.name for t in first]

@@ -15,7 +15,7 @@ from bus.streams import Bus, ReplyInbox
 from hands.config import HandsSettings
 from hands.registry import Category, ToolDefinition
 from hands.worker import HandsWorker
-from tests.conftest import async_wait_until
+from tests.conftest import SHIPPED_SKILLS, TOOL_NAMES, async_wait_until
 
 
 @pytest.fixture
@@ -28,7 +28,8 @@ async def workers(bus: Bus, tmp_path: Path):
     async def start(n: int = 1, *, extra_tools: list[ToolDefinition] = ()) -> list[HandsWorker]:
         started = []
         for i in range(n):
-            worker = HandsWorker(bus, HandsSettings(workspace=tmp_path / "ws"), worker_id=f"w{len(running)}",
+            worker = HandsWorker(bus, HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS]),
+                                 worker_id=f"w{len(running)}",
                                  heartbeat_s=0.5)
             for tool in extra_tools:
                 worker.registry.register(tool)
@@ -66,7 +67,8 @@ async def test_tools_list_answers_with_specs_and_digest(bus: Bus, inbox: ReplyIn
     request = ToolsList(reply_to=inbox.stream)
     reply = await inbox.request(bus.keys.hands_requests, request, request.request_id, timeout=5)
     assert isinstance(reply, ToolsAvailable)
-    assert [t.name for t in reply.tools] == ["list_directory", "read_file", "write_file"]
+    assert [t.name for t in reply.tools] == TOOL_NAMES
+    assert [(s.name, s.location.endswith("skills/tidy-notes/SKILL.md")) for s in reply.skills] == [("tidy-notes", True)]
     assert reply.digest and (await bus.redis.get(bus.keys.tools_digest)).decode() == reply.digest
 
 

@@ -1,0 +1,292 @@
+"""The Hands lifecycle through the bus: every error code, limits, retries, batches, progress, skills."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bus.presence import alive
+from bus.protocol import ErrorCode, ToolExecute, ToolProgress, ToolResult, now_ms
+from bus.streams import Bus, ReplyInbox
+from hands.config import HandsSettings
+from hands.registry import Category, RetryPolicy, ToolDefinition
+from hands.worker import HandsWorker
+from tests.conftest import SHIPPED_SKILLS, async_wait_until
+
+
+def make_skill(root: Path, folder: str, frontmatter: str, handler: str | None = None, body: str = "") -> Path:
+    skill = root / folder
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text(f"---\n{textwrap.dedent(frontmatter).strip()}\n---\n{body}")
+    if handler is not None:
+        (skill / "handler.py").write_text(textwrap.dedent(handler))
+    return skill
+
+
+FLAKY = """
+    from bus.protocol import ErrorCode
+    from hands.errors import ToolFailure
+
+    CALLS = {}
+
+    def handle(args, ctx):
+        CALLS[args["key"]] = CALLS.get(args["key"], 0) + 1
+        if CALLS[args["key"]] <= args["fail_times"]:
+            raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, f"backend down (call {CALLS[args['key']]})")
+        return {"calls": CALLS[args["key"]]}
+"""
+FLAKY_PARAMS = """
+    parameters:
+      key: {type: string, required: true}
+      fail_times: {type: integer, minimum: 0, required: true}
+    retry: {retries: 2, base_s: 0.01, max_s: 0.05}
+"""
+
+
+@pytest.fixture
+def skills_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "skills"
+    make_skill(root, "flaky", f"name: flaky\ndescription: fails, then works\n{textwrap.dedent(FLAKY_PARAMS)}", FLAKY)
+    make_skill(root, "flaky-write", "name: flaky_write\ndescription: not idempotent\nidempotent: false\n"
+               + textwrap.dedent(FLAKY_PARAMS), FLAKY)
+    make_skill(root, "boom", "name: boom\ndescription: raises\nparameters: {}",
+               "def handle(args, ctx):\n    return {}['missing']\n")
+    make_skill(root, "nap", "name: nap\ndescription: sleeps\ntimeout: 1\nretry: {retries: 0}\n"
+               "parameters:\n  s: {type: number, maximum: 10}",
+               "import asyncio\nasync def handle(args, ctx):\n    await asyncio.sleep(args.get('s', 0))\n    return 'rested'\n")
+    return root
+
+
+@pytest.fixture
+async def engine(bus: Bus, tmp_path: Path, skills_dir: Path):
+    """Start one in-process Hands worker with settings overrides and extra tools; stopped at teardown."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "a.txt").write_text("alpha")
+    running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+
+    async def start(*, tools: list[ToolDefinition] = (), **overrides: Any) -> HandsWorker:
+        settings = HandsSettings.model_validate({"workspace": tmp_path / "ws",
+                                                 "skill_dirs": [SHIPPED_SKILLS, skills_dir], **overrides})
+        worker = HandsWorker(bus, settings, worker_id=f"w{len(running)}", heartbeat_s=0.5)
+        for tool in tools:
+            worker.registry.register(tool)
+        stop = asyncio.Event()
+        running.append((stop, asyncio.create_task(worker.run(stop))))
+        await async_wait_until(lambda: _alive(bus, len(running)), what="worker alive")
+        return worker
+
+    yield start
+    for stop, _ in running:
+        stop.set()
+    await asyncio.gather(*(task for _, task in running))
+
+
+async def _alive(bus: Bus, n: int) -> bool:
+    return len(await alive(bus, "hands")) == n
+
+
+@pytest.fixture
+async def call(bus: Bus):
+    inbox = ReplyInbox(bus, "brain-engine", block_ms=100)
+    await inbox.start()
+
+    async def send(tool: str, args: dict | None = None, *, events: list | None = None, timeout: float = 20) -> ToolResult:
+        request = ToolExecute(tool=tool, args=args or {}, session_id="s", reply_to=inbox.stream,
+                              deadline=now_ms() + int(timeout * 1000))
+
+        async def keep(event):
+            if events is not None:
+                events.append(event)
+
+        return await inbox.request(bus.keys.hands_requests, request, request.call_id, timeout=timeout,
+                                   final=(ToolResult,), on_event=keep)
+
+    yield send
+    await inbox.close()
+
+
+def gated(name: str, gate: asyncio.Event, *, category: Category = Category.SKILL, limit: int | None = None,
+          running: list[int] | None = None) -> ToolDefinition:
+    """A tool that waits for ``gate``; ``running`` records how many run at once."""
+    state = {"now": 0}
+
+    async def handler(_args, _ctx):
+        state["now"] += 1
+        if running is not None:
+            running.append(state["now"])
+        try:
+            await gate.wait()
+        finally:
+            state["now"] -= 1
+        return "done"
+
+    return ToolDefinition(name=name, description=name, parameters={"type": "object"}, handler=handler,
+                          category=category, max_concurrency=limit, retry=RetryPolicy(retries=0))
+
+
+# --- validate -----------------------------------------------------------------
+
+
+async def test_validation_errors_through_the_bus(engine, call) -> None:
+    await engine()
+    unknown = await call("nope")
+    assert unknown.error.code is ErrorCode.TOOL_NOT_FOUND and "word_count" in unknown.error.message
+    assert unknown.error.recoverable
+    bad = await call("word_count", {"top": 99, "colour": "red"})
+    assert bad.error.code is ErrorCode.INVALID_ARGUMENTS
+    assert bad.error.details["errors"] == ["(arguments): Additional properties are not allowed ('colour' was unexpected)",
+                                           "top: 99 is greater than the maximum of 50"]
+    missing = await call("read_file", {"path": "nope.txt"})
+    assert missing.error.code is ErrorCode.FILE_NOT_FOUND
+
+
+async def test_permission_denied_at_call_time_with_suggestions(engine, call, tmp_path: Path) -> None:
+    await engine(policy={"filesystem_write": []})
+    denied = await call("write_file", {"path": "x.txt", "content": "hi"})
+    assert denied.error.code is ErrorCode.PERMISSION_DENIED and not denied.error.recoverable
+    assert "filesystem_write '{workspace}/**' is not within the policy" in denied.error.message
+    assert any("hands.policy.filesystem_write" in s for s in denied.error.suggestions)
+    assert not (tmp_path / "ws" / "x.txt").exists()
+    assert (await call("read_file", {"path": "a.txt"})).success  # reading is still allowed
+
+
+# --- limits -------------------------------------------------------------------
+
+
+async def test_burst_beyond_the_queue_is_refused_and_the_queue_drains(engine, call) -> None:
+    gate = asyncio.Event()
+    worker = await engine(tools=[gated("slow", gate)], concurrency={"global": 1})
+    calls = [asyncio.create_task(call("slow", timeout=60)) for _ in range(60)]
+    await async_wait_until(lambda: sum(t.done() for t in calls) == 9, what="9 refusals")
+    refused = [t.result() for t in calls if t.done()]
+    assert {r.error.code for r in refused} == {ErrorCode.QUEUE_FULL}
+    assert "50 calls are already waiting" in refused[0].error.message
+    assert worker.executor.limiter.waiting == 50
+    gate.set()
+    results = await asyncio.gather(*calls)
+    assert sum(r.success for r in results) == 51
+
+
+async def test_queue_wait_expires(engine, call) -> None:
+    gate = asyncio.Event()
+    await engine(tools=[gated("slow", gate)], concurrency={"global": 1}, queue={"wait_s": 0.3})
+    first = asyncio.create_task(call("slow"))
+    await asyncio.sleep(0.1)
+    late = await call("slow")
+    assert late.error.code is ErrorCode.QUEUE_TIMEOUT and "0.3s" in late.error.message
+    gate.set()
+    assert (await first).success
+
+
+async def test_tool_limit_holds_and_other_tools_are_not_starved(engine, call) -> None:
+    gate, running = asyncio.Event(), []
+    await engine(tools=[gated("one_at_a_time", gate, limit=2, running=running)])
+    calls = [asyncio.create_task(call("one_at_a_time")) for _ in range(6)]
+    await async_wait_until(lambda: len(running) == 2, what="two running")
+    assert (await call("read_file", {"path": "a.txt"})).success  # not stuck behind the waiting six
+    gate.set()
+    assert all(r.success for r in await asyncio.gather(*calls))
+    assert max(running) == 2
+
+
+async def test_memory_watermark_refuses_new_work(engine, call) -> None:
+    await engine(memory_watermark=0.0001)
+    refused = await call("read_file", {"path": "a.txt"})
+    assert refused.error.code is ErrorCode.RESOURCE_EXHAUSTED and "hands.memory_watermark" in refused.error.message
+
+
+# --- execute and retry --------------------------------------------------------
+
+
+async def test_timeout_and_crash_are_answers_not_dead_workers(engine, call) -> None:
+    await engine()
+    slow = await call("nap", {"s": 5})
+    assert slow.error.code is ErrorCode.TIMEOUT and "within its 1s limit" in slow.error.message
+    crash = await call("boom")
+    assert crash.error.code is ErrorCode.UNHANDLED and "KeyError" in crash.error.message
+    assert (await call("nap", {"s": 0})).data == "rested"
+
+
+async def test_retries_then_success_then_exhaustion(engine, call) -> None:
+    await engine()
+    healed = await call("flaky", {"key": "a", "fail_times": 2})
+    assert healed.success and healed.data == {"calls": 3} and healed.metadata.attempts == 3
+    exhausted = await call("flaky", {"key": "b", "fail_times": 9})
+    assert exhausted.error.code is ErrorCode.RETRY_EXHAUSTED and exhausted.metadata.attempts == 3
+    assert "failed 3 times; last error SERVICE_UNAVAILABLE: backend down (call 3)" in exhausted.error.message
+    once = await call("flaky_write", {"key": "c", "fail_times": 1})
+    assert once.error.code is ErrorCode.SERVICE_UNAVAILABLE and once.metadata.attempts == 1  # never twice
+
+
+# --- shape --------------------------------------------------------------------
+
+
+async def test_truncation_and_partial_success(engine, call, tmp_path: Path) -> None:
+    await engine(max_result_bytes=2_000)
+    (tmp_path / "ws" / "big.txt").write_text("y" * 9_000)
+    big = await call("read_file", {"path": "big.txt"})
+    assert big.metadata.truncated and "truncated by Pincer" in big.data["content"]
+    mixed = await call("read_files", {"paths": ["a.txt", "gone.txt"]})
+    assert mixed.success and mixed.data["succeeded"] == 1 and mixed.data["failed"] == 1
+    assert mixed.partial_failure == [{"path": "gone.txt", "success": False,
+                                      "error": {"code": "FILE_NOT_FOUND",
+                                                "message": "'gone.txt' does not exist in the workspace"}}]
+    none = await call("read_files", {"paths": ["x.txt", "../etc/passwd"]})
+    assert none.error.code is ErrorCode.ALL_FAILED
+    assert [f["error"]["code"] for f in none.error.details["failures"]] == ["FILE_NOT_FOUND", "PERMISSION_DENIED"]
+
+
+# --- progress -----------------------------------------------------------------
+
+
+async def test_network_and_code_tools_report_progress(engine, call) -> None:
+    async def fetchish(_args, ctx):
+        await ctx.progress("halfway")
+        await asyncio.sleep(0.35)
+        return "fetched"
+
+    tool = ToolDefinition(name="fetchish", description="", parameters={"type": "object"}, handler=fetchish,
+                          category=Category.NETWORK)
+    await engine(tools=[tool], progress_interval_s=0.1)
+    events: list = []
+    result = await call("fetchish", events=events)
+    assert result.success
+    statuses = [e.status for e in events if isinstance(e, ToolProgress)]
+    assert statuses[0] == "started" and "output" in statuses and statuses.count("running") >= 2
+    quiet: list = []
+    await call("read_file", {"path": "a.txt"}, events=quiet)
+    assert quiet == []  # file tools are quick: no progress chatter
+
+
+# --- memory -------------------------------------------------------------------
+
+
+async def test_memory_is_shared_by_workers(engine, call) -> None:
+    await engine()
+    await engine()
+    written = [await call("memory_write", {"key": "fav", "content": f"blue {n}", "append": n > 0}) for n in range(4)]
+    assert all(r.success for r in written)
+    read = await call("memory_read", {"key": "fav"})
+    assert read.data["content"] == "blue 0\nblue 1\nblue 2\nblue 3"
+    listing = await call("memory_read", {})
+    assert [n["key"] for n in listing.data["notes"]] == ["fav"]
+    missing = await call("memory_read", {"key": "nope"})
+    assert missing.error.code is ErrorCode.FILE_NOT_FOUND and "notes: fav" in missing.error.message
+
+
+# --- skills -------------------------------------------------------------------
+
+
+async def test_shipped_skills_work_through_the_bus(engine, call, tmp_path: Path) -> None:
+    (tmp_path / "ws" / "essay.txt").write_text("the cat and the hat\nthe end\n")
+    await engine()
+    counted = await call("word_count", {"path": "essay.txt", "top": 1})
+    assert counted.data == {"lines": 2, "words": 7, "characters": 28, "top_words": [["the", 3]]}
+    both = await call("word_count", {"text": "x", "path": "essay.txt"})
+    assert both.error.code is ErrorCode.INVALID_ARGUMENTS
+    instructions = await call("read_skill", {"name": "tidy-notes"})
+    assert "notes-summary.md" in instructions.data["instructions"]

@@ -1,0 +1,96 @@
+"""SKILL.md loading: tool and instruction skills load; each broken or greedy skill is refused with a reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hands.config import HandsSettings
+from hands.worker import load_registry
+from tests.integration.test_hands_engine import make_skill
+
+GOOD_HANDLER = "def handle(args, ctx):\n    return args['city'].upper()\n"
+
+
+@pytest.fixture
+def loaded(tmp_path: Path):
+    root = tmp_path / "skills"
+    make_skill(root, "weather", """
+        name: weather
+        description: Shout a city name.
+        parameters:
+          city: {type: string, description: The city, required: true}
+          units: {type: string, enum: [c, f], default: c}
+          days: {type: integer, minimum: 1, maximum: 7}
+        permissions:
+          filesystem: {read: ["{workspace}/cache/**"]}
+        timeout: 7
+        max_concurrency: 2
+    """, GOOD_HANDLER, body="Extra usage notes.")
+    make_skill(root, "howto", "name: howto\ndescription: Instructions only.", body="# Steps\n1. do it")
+    make_skill(root, "greedy", """
+        name: greedy
+        description: wants the whole disk
+        parameters: {path: {type: string}}
+        permissions: {filesystem: {write: ["/**"]}}
+    """, GOOD_HANDLER)
+    make_skill(root, "broken-yaml", "name: broken\ndescription: [unclosed", GOOD_HANDLER)
+    make_skill(root, "bad-type", "name: bad_type\ndescription: x\nparameters: {n: {type: strin}}", GOOD_HANDLER)
+    make_skill(root, "no-handler", "name: no_handler\ndescription: x\nparameters: {n: {type: string}}")
+    make_skill(root, "crashes", "name: crashes\ndescription: x\nparameters: {}", "raise RuntimeError('bad import')\n")
+    make_skill(root, "no-handle", "name: no_handle\ndescription: x\nparameters: {}", "def other(args, ctx): pass\n")
+    make_skill(root, "clash", "name: read_file\ndescription: shadows a built-in\nparameters: {}", GOOD_HANDLER)
+    (root / "no-frontmatter").mkdir()
+    (root / "no-frontmatter" / "SKILL.md").write_text("just text\n")
+    (root / "linked").symlink_to(root / "weather")
+    settings = HandsSettings(workspace=tmp_path / "ws", skill_dirs=[root, tmp_path / "does-not-exist"])
+    registry, report = load_registry(settings)
+    reasons = {Path(r.location).parent.name: r.reason for r in report.refused}
+    return registry, report, reasons
+
+
+def test_tool_skill_becomes_a_tool_with_a_json_schema(loaded) -> None:
+    registry, report, _ = loaded
+    assert report.tools == ["weather"]
+    tool = registry.get("weather")
+    assert tool.parameters == {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": "The city"},
+                       "units": {"type": "string", "enum": ["c", "f"], "default": "c"},
+                       "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city"], "additionalProperties": False,
+    }
+    assert (tool.timeout_s, tool.max_concurrency, tool.category.value) == (7, 2, "skill")
+    assert tool.description.endswith("Extra usage notes.")
+    assert tool.handler({"city": "oslo"}, None) == "OSLO"
+
+
+def test_instruction_skill_is_offered_not_registered(loaded) -> None:
+    registry, report, _ = loaded
+    assert [s.name for s in report.instructions] == ["howto"] and "howto" not in registry
+    assert [s.name for s in registry.instructions()] == ["howto"]
+    assert report.instructions[0].location.endswith("howto/SKILL.md")
+
+
+@pytest.mark.parametrize(("folder", "reason"), [
+    ("greedy", "skill 'greedy' asks for more than the global policy allows: filesystem_write '/**' is not within"),
+    ("broken-yaml", "broken-yaml/SKILL.md: broken YAML at line 3"),
+    ("bad-type", "parameters.n.type: Input should be 'string', 'integer', 'number', 'boolean', 'array' or 'object'"),
+    ("no-handler", "skill 'no_handler' declares parameters but has no handler.py"),
+    ("crashes", "skill 'crashes': handler.py failed to load (RuntimeError: bad import)"),
+    ("no-handle", "handler.py must define handle(args, ctx)"),
+    ("clash", "skill 'read_file': the name clashes with a tool or skill already loaded"),
+    ("no-frontmatter", "has no YAML frontmatter"),
+    ("linked", "symbolic links are not followed"),
+])
+def test_refusals_say_which_skill_and_why(loaded, folder: str, reason: str) -> None:
+    _, _, reasons = loaded
+    assert reason in reasons[folder], reasons[folder]
+
+
+def test_the_rest_still_loads(loaded) -> None:
+    registry, report, reasons = loaded
+    assert len(reasons) == 9
+    assert {"read_file", "write_file", "weather"} <= set(registry.names())
+    assert registry.get("read_file").source == "builtin"  # the clash did not replace the built-in
