@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from bus.presence import alive
-from bus.protocol import SkillInfo, ToolsAvailable, ToolSpec, ToolsList, now_ms
+from bus.protocol import SkillInfo, ToolsAvailable, ToolsList, ToolSpec, now_ms
 from bus.streams import Bus, ReplyInbox
 
 log = logging.getLogger("brain.catalog")

@@ -14,8 +14,21 @@ from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall
 from brain.prompt import system_prompt
 from bus.log import kv
 from bus.protocol import (
-    ChatDelta, ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, Message, ResultMetadata,
-    ToolError, ToolExecute, ToolProgress, ToolResult, ToolSpec, new_id, now_ms,
+    ChatDelta,
+    ChatError,
+    ChatMessage,
+    ChatReply,
+    ChatTool,
+    ErrorCode,
+    Message,
+    ResultMetadata,
+    ToolError,
+    ToolExecute,
+    ToolProgress,
+    ToolResult,
+    ToolSpec,
+    new_id,
+    now_ms,
 )
 from bus.streams import Bus, ReplyInbox
 from memory.sessions import SessionStore, TranscriptEntry
@@ -88,7 +101,7 @@ class Turn:
 
     async def _call(self, call: ToolCall, known: set[str]) -> ToolResult:
         """Run one tool call in Hands; every path ends in a result, never a hang."""
-        deps, msg = self.deps, self.message
+        msg = self.message
         call_id = new_id()
         await self._publish(ChatTool(session_id=msg.session_id, message_id=msg.message_id, call_id=call_id,
                                      tool=call.name, status="started", summary=_summary(call)))

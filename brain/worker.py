@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import contextlib
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 

@@ -18,7 +18,15 @@ from starlette.routing import Route
 
 from bus.log import kv
 from bus.presence import Presence, alive
-from bus.protocol import ChatDelta, ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, Message
+from bus.protocol import (
+    ChatDelta,
+    ChatError,
+    ChatMessage,
+    ChatReply,
+    ChatTool,
+    ErrorCode,
+    Message,
+)
 from bus.streams import Bus, ReplyInbox
 from gateway.config import GatewaySettings
 from memory.sessions import SessionStore

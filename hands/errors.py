@@ -7,7 +7,6 @@ from typing import Any
 
 from bus.protocol import RETRYABLE, ErrorCode, ToolError
 
-
 # Whether the model can usefully try again (as is, later, or with changed arguments).
 RECOVERABLE = RETRYABLE | {
     ErrorCode.TOOL_NOT_FOUND, ErrorCode.INVALID_ARGUMENTS, ErrorCode.FILE_NOT_FOUND,

@@ -10,15 +10,36 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from tenacity import AsyncRetrying, RetryError, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from bus.log import kv
-from bus.protocol import RETRYABLE, ErrorCode, ResultMetadata, ToolError, ToolExecute, ToolProgress, ToolResult, now_ms
+from bus.protocol import (
+    RETRYABLE,
+    ErrorCode,
+    ResultMetadata,
+    ToolError,
+    ToolExecute,
+    ToolProgress,
+    ToolResult,
+    now_ms,
+)
 from hands.config import HandsSettings
 from hands.errors import ToolFailure, to_tool_error
 from hands.limits import Limiter, check_memory
 from hands.policy import Policy
-from hands.registry import Category, RetryPolicy, ToolContext, ToolDefinition, ToolRegistry
+from hands.registry import (
+    Category,
+    RetryPolicy,
+    ToolContext,
+    ToolDefinition,
+    ToolRegistry,
+)
 from hands.shaping import Batch, shape
 from hands.workspace import Workspace
 

@@ -23,7 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bus.protocol import ErrorCode, SkillInfo
 from hands.errors import ToolFailure
 from hands.policy import Policy
-from hands.registry import Category, Permissions, RetryPolicy, ToolDefinition, ToolRegistry
+from hands.registry import (
+    Category,
+    Permissions,
+    RetryPolicy,
+    ToolDefinition,
+    ToolRegistry,
+)
 
 MAX_SKILL_BYTES = 256 * 1024
 NAME = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"

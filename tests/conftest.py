@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -77,6 +78,15 @@ def scripted_llm() -> Iterator[ScriptedLLM]:
     server = ScriptedLLM().start()
     yield server
     server.stop()
+
+
+def make_skill(root: Path, folder: str, frontmatter: str, handler: str | None = None, body: str = "") -> Path:
+    skill = root / folder
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text(f"---\n{textwrap.dedent(frontmatter).strip()}\n---\n{body}")
+    if handler is not None:
+        (skill / "handler.py").write_text(textwrap.dedent(handler))
+    return skill
 
 
 class Processes:

@@ -142,7 +142,7 @@ def test_bad_requests_get_clear_errors(stack: dict[str, str]) -> None:
 
 
 def test_pincer_skills_lists_loaded_and_refused(processes: Processes, tmp_path: Path) -> None:
-    from tests.integration.test_hands_engine import make_skill
+    from tests.conftest import make_skill
 
     user_skills = tmp_path / "my-skills"
     make_skill(user_skills, "greedy", "name: greedy\ndescription: x\nparameters: {}\n"

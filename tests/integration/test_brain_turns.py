@@ -14,7 +14,15 @@ from brain.config import BrainSettings
 from brain.llm import Completion, LLMError, ToolCall
 from brain.worker import BrainWorker
 from bus.presence import alive
-from bus.protocol import ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, Message, ToolSpec
+from bus.protocol import (
+    ChatError,
+    ChatMessage,
+    ChatReply,
+    ChatTool,
+    ErrorCode,
+    Message,
+    ToolSpec,
+)
 from bus.streams import Bus, ReplyInbox
 from hands.config import HandsSettings
 from hands.worker import HandsWorker

@@ -9,23 +9,10 @@ from typing import Any
 
 import pytest
 
-from bus.presence import alive
-from bus.protocol import ErrorCode, ToolExecute, ToolProgress, ToolResult, now_ms
-from bus.streams import Bus, ReplyInbox
-from hands.config import HandsSettings
-from hands.registry import Category, RetryPolicy, ToolDefinition
-from hands.worker import HandsWorker
-from tests.conftest import SHIPPED_SKILLS, async_wait_until
-
-
-def make_skill(root: Path, folder: str, frontmatter: str, handler: str | None = None, body: str = "") -> Path:
-    skill = root / folder
-    skill.mkdir(parents=True)
-    (skill / "SKILL.md").write_text(f"---\n{textwrap.dedent(frontmatter).strip()}\n---\n{body}")
-    if handler is not None:
-        (skill / "handler.py").write_text(textwrap.dedent(handler))
-    return skill
-
+from bus.protocol import ErrorCode, ToolProgress
+from hands.registry import Category, ToolDefinition
+from tests.conftest import SHIPPED_SKILLS, async_wait_until, make_skill
+from tests.integration.conftest import gated
 
 FLAKY = """
     from bus.protocol import ErrorCode
@@ -62,70 +49,8 @@ def skills_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def engine(bus: Bus, tmp_path: Path, skills_dir: Path):
-    """Start one in-process Hands worker with settings overrides and extra tools; stopped at teardown."""
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "ws" / "a.txt").write_text("alpha")
-    running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
-
-    async def start(*, tools: list[ToolDefinition] = (), **overrides: Any) -> HandsWorker:
-        settings = HandsSettings.model_validate({"workspace": tmp_path / "ws",
-                                                 "skill_dirs": [SHIPPED_SKILLS, skills_dir], **overrides})
-        worker = HandsWorker(bus, settings, worker_id=f"w{len(running)}", heartbeat_s=0.5)
-        for tool in tools:
-            worker.registry.register(tool)
-        stop = asyncio.Event()
-        running.append((stop, asyncio.create_task(worker.run(stop))))
-        await async_wait_until(lambda: _alive(bus, len(running)), what="worker alive")
-        return worker
-
-    yield start
-    for stop, _ in running:
-        stop.set()
-    await asyncio.gather(*(task for _, task in running))
-
-
-async def _alive(bus: Bus, n: int) -> bool:
-    return len(await alive(bus, "hands")) == n
-
-
-@pytest.fixture
-async def call(bus: Bus):
-    inbox = ReplyInbox(bus, "brain-engine", block_ms=100)
-    await inbox.start()
-
-    async def send(tool: str, args: dict | None = None, *, events: list | None = None, timeout: float = 20) -> ToolResult:
-        request = ToolExecute(tool=tool, args=args or {}, session_id="s", reply_to=inbox.stream,
-                              deadline=now_ms() + int(timeout * 1000))
-
-        async def keep(event):
-            if events is not None:
-                events.append(event)
-
-        return await inbox.request(bus.keys.hands_requests, request, request.call_id, timeout=timeout,
-                                   final=(ToolResult,), on_event=keep)
-
-    yield send
-    await inbox.close()
-
-
-def gated(name: str, gate: asyncio.Event, *, category: Category = Category.SKILL, limit: int | None = None,
-          running: list[int] | None = None) -> ToolDefinition:
-    """A tool that waits for ``gate``; ``running`` records how many run at once."""
-    state = {"now": 0}
-
-    async def handler(_args, _ctx):
-        state["now"] += 1
-        if running is not None:
-            running.append(state["now"])
-        try:
-            await gate.wait()
-        finally:
-            state["now"] -= 1
-        return "done"
-
-    return ToolDefinition(name=name, description=name, parameters={"type": "object"}, handler=handler,
-                          category=category, max_concurrency=limit, retry=RetryPolicy(retries=0))
+def engine_defaults(skills_dir: Path) -> dict[str, Any]:
+    return {"skill_dirs": [SHIPPED_SKILLS, skills_dir]}
 
 
 # --- validate -----------------------------------------------------------------

@@ -6,9 +6,27 @@ import msgpack
 import pytest
 
 from bus.protocol import (
-    MESSAGE_TYPES, ApprovalDecision, ApprovalRequest, ChatCancel, ChatDelta, ChatError, ChatMessage, ChatReply,
-    ChatTool, ErrorCode, MalformedMessage, ResultMetadata, ToolError, ToolExecute, ToolProgress, ToolResult,
-    ToolsAvailable, ToolSpec, ToolsList, decode, encode,
+    MESSAGE_TYPES,
+    ApprovalDecision,
+    ApprovalRequest,
+    ChatCancel,
+    ChatDelta,
+    ChatError,
+    ChatMessage,
+    ChatReply,
+    ChatTool,
+    ErrorCode,
+    MalformedMessage,
+    ResultMetadata,
+    ToolError,
+    ToolExecute,
+    ToolProgress,
+    ToolResult,
+    ToolsAvailable,
+    ToolsList,
+    ToolSpec,
+    decode,
+    encode,
 )
 
 SAMPLES = [

@@ -8,7 +8,7 @@ import pytest
 
 from hands.config import HandsSettings
 from hands.worker import load_registry
-from tests.integration.test_hands_engine import make_skill
+from tests.conftest import make_skill
 
 GOOD_HANDLER = "def handle(args, ctx):\n    return args['city'].upper()\n"
 

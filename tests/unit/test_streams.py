@@ -9,7 +9,14 @@ import pytest
 
 from bus.config import RedisSettings
 from bus.keys import Keys
-from bus.protocol import ChatCancel, ToolExecute, ToolsAvailable, ToolsList, decode, now_ms
+from bus.protocol import (
+    ChatCancel,
+    ToolExecute,
+    ToolsAvailable,
+    ToolsList,
+    decode,
+    now_ms,
+)
 from bus.streams import Bus, GroupConsumer, ReplyInbox
 from tests.conftest import async_wait_until
 
