@@ -25,6 +25,7 @@ from bus.protocol import (
 )
 from bus.streams import Bus, ReplyInbox
 from hands.config import HandsSettings
+from hands.registry import Category, ToolDefinition
 from hands.worker import HandsWorker
 from memory.sessions import SessionStore
 from tests.conftest import SHIPPED_SKILLS, TOOL_NAMES, async_wait_until
@@ -61,15 +62,19 @@ async def pool(bus: Bus, tmp_path: Path):
     (tmp_path / "ws" / "a.txt").write_text("alpha")
     tasks: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
 
-    async def start(llm, *, hands: bool = True, **settings: Any) -> dict[str, asyncio.Event]:
+    async def start(llm, *, hands: bool = True, tools: list[ToolDefinition] = (),
+                    **settings: Any) -> dict[str, asyncio.Event]:
         defaults = {"tools_list_timeout_s": 1.0, "tool_deadline_s": 2.0}
         brain = BrainWorker(bus, BrainSettings(**{**defaults, **settings}), instance_id="brain-t", llm=llm,
                             heartbeat_s=0.5)
         workers = [brain]
         if hands:
-            workers.append(HandsWorker(bus, HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS]),
-                                       worker_id="hands-t",
-                                       heartbeat_s=0.5))
+            hands_worker = HandsWorker(bus, HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS],
+                                                          progress_interval_s=0.1),
+                                       worker_id="hands-t", heartbeat_s=0.5)
+            for tool in tools:
+                hands_worker.registry.register(tool)
+            workers.append(hands_worker)
         stops = {}
         for worker in workers:
             stop = stops[type(worker).__name__] = asyncio.Event()
@@ -203,3 +208,27 @@ async def test_tool_list_is_cached_until_hands_announces_a_new_digest(bus: Bus, 
         assert await list_requests() == 2  # and is cached again under the new digest
     finally:
         await inbox.close()
+
+
+async def test_tool_progress_reaches_the_person_as_chat_tool_events(pool, chat) -> None:
+    async def slow_fetch(_args, ctx):
+        await ctx.progress("downloaded 3 of 4 parts")
+        await asyncio.sleep(0.3)
+        return "page"
+
+    tool = ToolDefinition(name="slow_fetch", description="", parameters={"type": "object"}, handler=slow_fetch,
+                          category=Category.NETWORK)
+
+    def script(messages):
+        if messages[-1]["role"] == "tool":
+            return Completion(text=f"got {messages[-1]['content']}")
+        return Completion(tool_calls=[call("slow_fetch", {})])
+
+    await pool(FakeLLM(script), tools=[tool])
+    events = await chat("fetch it")
+    assert events[-1].text == "got page"
+    statuses = [(e.status, e.summary) for e in events if isinstance(e, ChatTool)]
+    assert statuses[0][0] == "started" and statuses[-1] == ("finished", "ok")
+    progress = [summary for status, summary in statuses if status == "progress"]
+    assert "slow_fetch started" in progress and "downloaded 3 of 4 parts" in progress
+    assert "slow_fetch running" in progress
