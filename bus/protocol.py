@@ -98,6 +98,7 @@ class ResultMetadata(BaseModel):
     timestamp: int = Field(default_factory=now_ms)
     worker_id: str = ""
     attempts: int = 1
+    sandbox: str | None = None  # the isolation a command ran in: bwrap | landlock | rlimits
 
 
 class ToolsList(_Message):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -51,16 +53,39 @@ class PolicySettings(Section):
     filesystem_read: list[str] = Field(default_factory=lambda: ["{workspace}/**"])
     filesystem_write: list[str] = Field(default_factory=lambda: ["{workspace}/**"])
     network: list[str] = Field(default_factory=lambda: ["*"])
-    execute: list[str] = Field(default_factory=list)
+    execute: list[str] = Field(default_factory=lambda: ["*"])
+
+
+class SandboxSettings(Section):
+    """How commands run: tier, the uid they run as, and their resource limits."""
+
+    tier: Literal["auto", "bwrap", "rlimits"] = "auto"
+    allow_degraded: bool = False  # run commands with rlimits only when bubblewrap is unusable
+    uid: int = Field(default=65534, ge=1)  # never root: root launching bwrap stays root inside
+    gid: int = Field(default=65534, ge=1)
+    memory_mb: int = Field(default=512, ge=16)
+    cpu_s: int = Field(default=30, ge=1, le=3600)
+    file_size_mb: int = Field(default=64, ge=1)
+    open_files: int = Field(default=256, ge=16)
+    processes: int = Field(default=256, ge=8)
+    output_bytes: int = Field(default=200_000, ge=1_000)
+    default_timeout_s: float = Field(default=30.0, ge=1, le=120)
+
+
+def default_workspace() -> Path:
+    # As root, commands run as an unprivileged uid that cannot enter /root: keep the
+    # workspace where that uid can reach it.
+    return Path("/var/lib/pincer/workspace") if os.geteuid() == 0 else Path("~/.pincer/workspace")
 
 
 class HandsSettings(Section):
-    workspace: Path = Path("~/.pincer/workspace")
+    workspace: Path = Field(default_factory=default_workspace)
     concurrency: ConcurrencySettings = Field(default_factory=ConcurrencySettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     skill_dirs: list[Path] = Field(default_factory=lambda: [PROJECT_ROOT / "skills", Path("~/.pincer/skills")])
     memory_watermark: float = Field(default=0.9, gt=0, le=1)
     progress_interval_s: float = Field(default=5.0, gt=0)

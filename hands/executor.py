@@ -8,6 +8,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tenacity import (
@@ -56,18 +57,28 @@ async def _drop_progress(_stream: str, _progress: ToolProgress) -> None:
     return None
 
 
+@dataclass
+class _CallState:
+    """What one call accumulates on its way through the lifecycle."""
+
+    ctx: ToolContext
+    started: float
+    attempts: int = 0
+
+
 class Executor:
     def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str, memory: Any = None,
-                 progress: ProgressSink = _drop_progress) -> None:
+                 sandbox: Any = None, progress: ProgressSink = _drop_progress) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
-        self.workspace = Workspace(settings.workspace)  # resolved once, not per call
+        # Resolved once, not per call; files it creates belong to the sandbox's uid.
+        self.workspace = Workspace(settings.workspace, owner=sandbox.owner if sandbox else None)
         self.policy = Policy(settings.policy, self.workspace.root)
         self.limiter = Limiter(settings.concurrency, settings.queue)
-        self.memory, self.progress = memory, progress
+        self.memory, self.sandbox, self.progress = memory, sandbox, progress
 
     async def execute(self, call: ToolExecute) -> ToolResult:
-        started = time.monotonic()
-        attempts = [0]
+        state = _CallState(ctx=self._context(call), started=time.monotonic())
+        started = state.started
         try:
             if call.deadline <= now_ms():
                 raise ToolFailure(ErrorCode.TIMEOUT,
@@ -77,18 +88,17 @@ class Executor:
             self._check_permissions(tool)
             check_memory(self.settings.memory_watermark)
             async with self._reporting(tool, call, started):
-                data = await self._with_retries(tool, call, attempts)
+                data = await self._with_retries(tool, call, state)
             data, failures = _unbatch(tool, data)
             shaped, truncated = shape(data, self.settings.max_result_bytes)
-            result = self._result(call, started, attempts[0], data=shaped, truncated=truncated,
-                                  partial_failure=failures or None)
+            result = self._result(call, state, data=shaped, truncated=truncated, partial_failure=failures or None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every failure becomes an answer the LLM can read
             error = to_tool_error(exc)
             if error.code is ErrorCode.UNHANDLED:
                 log.exception("tool raised %s", kv(call=call.call_id, tool=call.tool))
-            result = self._result(call, started, attempts[0], error=error)
+            result = self._result(call, state, error=error)
         log.info(
             "call done %s",
             kv(call=call.call_id, session=call.session_id, tool=call.tool, ok=result.success,
@@ -106,7 +116,7 @@ class Executor:
                 suggestions=self.policy.suggestions(violations), details={"violations": violations},
             )
 
-    async def _with_retries(self, tool: ToolDefinition, call: ToolExecute, attempts: list[int]) -> Any:
+    async def _with_retries(self, tool: ToolDefinition, call: ToolExecute, state: _CallState) -> Any:
         """Run the tool; retry retryable failures with backoff (idempotent tools only)."""
         policy = tool.retry or RetryPolicy(**self.settings.retry.model_dump())
         retries = policy.retries if tool.idempotent else 0  # a side effect may have happened
@@ -118,27 +128,27 @@ class Executor:
         try:
             async for attempt in retrying:
                 with attempt:
-                    attempts[0] = attempt.retry_state.attempt_number
-                    return await self._attempt(tool, call)
+                    state.attempts = attempt.retry_state.attempt_number
+                    return await self._attempt(tool, call, state.ctx)
         except RetryError as exc:
             last = exc.last_attempt.exception()
             assert isinstance(last, ToolFailure)
-            if attempts[0] <= 1:
+            if state.attempts <= 1:
                 raise last from None  # never retried: report the error itself
             raise ToolFailure(
                 ErrorCode.RETRY_EXHAUSTED,
-                f"{tool.name} failed {attempts[0]} times; last error {last.code.value}: {last.message}",
-                details={"attempts": attempts[0], "last_error": last.code.value},
+                f"{tool.name} failed {state.attempts} times; last error {last.code.value}: {last.message}",
+                details={"attempts": state.attempts, "last_error": last.code.value},
                 suggestions=["try again later, or another way"],
             ) from None
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    async def _attempt(self, tool: ToolDefinition, call: ToolExecute) -> Any:
+    async def _attempt(self, tool: ToolDefinition, call: ToolExecute, ctx: ToolContext) -> Any:
         async with self.limiter.slot(tool.category.value, tool.name, tool.max_concurrency):
             timeout = self._timeout(tool, call)
             try:
                 async with asyncio.timeout(timeout):
-                    return await self._run(tool, call)
+                    return await _run(tool, call.args, ctx)
             except TimeoutError:
                 raise ToolFailure(ErrorCode.TIMEOUT, f"{tool.name} did not finish within its {timeout:g}s limit",
                                   suggestions=["ask for less work per call"]) from None
@@ -149,19 +159,16 @@ class Executor:
         left = (call.deadline - now_ms()) / 1000
         return max(MIN_TIMEOUT_S, min(wanted, MAX_TIMEOUT_S, left))
 
-    async def _run(self, tool: ToolDefinition, call: ToolExecute) -> Any:
+    def _context(self, call: ToolExecute) -> ToolContext:
         started = time.monotonic()
 
         async def progress(message: str) -> None:
             await self.progress(call.reply_to, ToolProgress(call_id=call.call_id, status="output", message=message,
                                                            elapsed_ms=int((time.monotonic() - started) * 1000)))
 
-        ctx = ToolContext(call_id=call.call_id, session_id=call.session_id, agent_id=call.agent_id,
-                          worker_id=self.worker_id, settings=self.settings, workspace=self.workspace,
-                          memory=self.memory, progress=progress)
-        if inspect.iscoroutinefunction(tool.handler):
-            return await tool.handler(call.args, ctx)
-        return await asyncio.to_thread(tool.handler, call.args, ctx)  # keep the loop free
+        return ToolContext(call_id=call.call_id, session_id=call.session_id, agent_id=call.agent_id,
+                           worker_id=self.worker_id, settings=self.settings, workspace=self.workspace,
+                           memory=self.memory, sandbox=self.sandbox, progress=progress)
 
     @contextlib.asynccontextmanager
     async def _reporting(self, tool: ToolDefinition, call: ToolExecute, started: float) -> AsyncIterator[None]:
@@ -189,15 +196,21 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
-    def _result(self, call: ToolExecute, started: float, attempts: int, *, data: Any = None,
-                error: ToolError | None = None, truncated: bool = False,
-                partial_failure: list[dict[str, Any]] | None = None) -> ToolResult:
+    def _result(self, call: ToolExecute, state: _CallState, *, data: Any = None, error: ToolError | None = None,
+                truncated: bool = False, partial_failure: list[dict[str, Any]] | None = None) -> ToolResult:
         metadata = ResultMetadata(
-            tool_name=call.tool, duration_ms=int((time.monotonic() - started) * 1000),
-            truncated=truncated, worker_id=self.worker_id, attempts=max(attempts, 1),
+            tool_name=call.tool, duration_ms=int((time.monotonic() - state.started) * 1000),
+            truncated=truncated, worker_id=self.worker_id, attempts=max(state.attempts, 1),
+            sandbox=state.ctx.notes.get("sandbox"),
         )
         return ToolResult(call_id=call.call_id, success=error is None, data=data, error=error,
                           partial_failure=partial_failure, metadata=metadata)
+
+
+async def _run(tool: ToolDefinition, args: dict[str, Any], ctx: ToolContext) -> Any:
+    if inspect.iscoroutinefunction(tool.handler):
+        return await tool.handler(args, ctx)
+    return await asyncio.to_thread(tool.handler, args, ctx)  # keep the loop free
 
 
 def _retryable(exc: BaseException) -> bool:

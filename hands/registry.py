@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -64,7 +64,9 @@ class ToolContext:
     settings: HandsSettings
     workspace: Workspace
     memory: Any = None  # memory.longterm.LongTermMemory, when the worker has Redis
+    sandbox: Any = None  # hands.sandbox.runner.Sandbox, for tools that run commands
     progress: Progress = _no_progress  # await ctx.progress("50% done") sends tool:progress "output"
+    notes: dict[str, Any] = field(default_factory=dict)  # e.g. {"sandbox": "bwrap"}, copied into the metadata
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Any | Awaitable[Any]]

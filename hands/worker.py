@@ -15,8 +15,10 @@ from hands.config import HandsSettings
 from hands.executor import Executor
 from hands.policy import Policy
 from hands.registry import ToolRegistry
+from hands.sandbox.runner import Sandbox
 from hands.skills import SkillReport, load_skills, skill_reader
 from hands.tools import builtin_tools
+from hands.workspace import Workspace
 from memory.longterm import LongTermMemory
 
 log = logging.getLogger("hands.worker")
@@ -41,7 +43,8 @@ class HandsWorker:
     def __init__(self, bus: Bus, settings: HandsSettings, *, worker_id: str, heartbeat_s: float = 3.0) -> None:
         self.bus, self.settings, self.worker_id = bus, settings, worker_id
         self.registry, self.skills = load_registry(settings)
-        self.executor = Executor(self.registry, settings, worker_id=worker_id,
+        self.sandbox = Sandbox(settings.sandbox, Workspace(settings.workspace).root)
+        self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox,
                                  memory=LongTermMemory(bus.redis, bus.keys), progress=bus.publish)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s)
         # Read past the running slots, so calls beyond them reach the limiter's queue
@@ -79,8 +82,8 @@ class HandsWorker:
         for refusal in self.skills.refused:
             log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
         log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
-                 "concurrency %d", socket.gethostname(), len(self.registry.names()), len(self.skills.tools),
-                 len(self.skills.instructions), self.executor.workspace.root,
+                 "sandbox %s, concurrency %d", socket.gethostname(), len(self.registry.names()),
+                 len(self.skills.tools), len(self.skills.instructions), self.executor.workspace.root, self.sandbox.tier,
                  self.settings.concurrency.global_)
         try:
             await self.consumer.run(stop)

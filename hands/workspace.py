@@ -22,11 +22,16 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Workspace:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, owner: tuple[int, int] | None = None) -> None:
         self.root = root.expanduser().resolve()
+        # Files and directories the tools create are given to the sandbox's uid, so
+        # sandboxed commands can change them too (only set when we run as root).
+        self.owner = owner
 
     def ensure(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.owner:
+            os.chown(self.root, *self.owner)
 
     def parts(self, path: str) -> list[str]:
         """The path's components relative to the root, or ``PERMISSION_DENIED``."""
@@ -65,6 +70,8 @@ class Workspace:
             raise self._os_failure(exc, path) from None
         finally:
             os.close(parent)
+        if self.owner and flags & os.O_CREAT:
+            os.fchown(fd, *self.owner)
         try:
             info = os.fstat(fd)
             if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
@@ -84,6 +91,8 @@ class Workspace:
                 if create:
                     try:
                         os.mkdir(part, 0o755, dir_fd=fd)
+                        if self.owner:
+                            os.chown(part, *self.owner, dir_fd=fd, follow_symlinks=False)
                     except FileExistsError:
                         pass
                 try:

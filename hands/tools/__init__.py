@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from hands.registry import ToolDefinition
+from hands.tools.code import CODE_TOOLS
 from hands.tools.files import FILE_TOOLS
 from hands.tools.memory import MEMORY_TOOLS
 
 
 def builtin_tools() -> list[ToolDefinition]:
-    return [*FILE_TOOLS, *MEMORY_TOOLS]
+    return [*FILE_TOOLS, *MEMORY_TOOLS, *CODE_TOOLS]

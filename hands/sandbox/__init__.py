@@ -1,0 +1,1 @@
+"""Sandboxed execution of commands: tier detection, isolation, limits, bounded output, tree kill."""

@@ -1,0 +1,236 @@
+"""Run one command in the sandbox tier this machine allows, and always clean up after it.
+
+Tiers, best first (chosen once per worker, reported in every result):
+
+- ``bwrap``: bubblewrap started as an unprivileged uid (root launching bwrap
+  would stay host root inside), an allowlisted read-only root, the workspace
+  read-write at /workspace, tmpfs /tmp, every namespace unshared, no
+  capabilities, a cleared environment and the seccomp filter of ``seccomp.py``.
+- ``rlimits``: no isolation beyond the unprivileged uid and the limits; only
+  used when ``hands.sandbox.allow_degraded`` says so.
+
+Every tier: rlimits via ``prlimit`` (address space, CPU, file size, open files,
+processes, no core dumps), its own session, bounded output capture, and on
+timeout or cancellation the whole tree dies (SIGTERM, grace, SIGKILL; bwrap's
+pid namespace takes every descendant with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hands.config import SandboxSettings
+
+log = logging.getLogger("hands.sandbox")
+
+KILL_GRACE_S = 3.0
+ETC_FILES = ("ld.so.cache", "alternatives", "ssl", "ca-certificates", "localtime", "nsswitch.conf",
+             "passwd", "group", "hosts", "mime.types")
+
+
+@dataclass
+class Output:
+    """Keeps the first and the last ``cap // 2`` bytes of a stream and counts what fell between."""
+
+    cap: int
+    head: bytearray = field(default_factory=bytearray)
+    tail: bytearray = field(default_factory=bytearray)
+    dropped: int = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap // 2 - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        self.tail += chunk
+        excess = len(self.tail) - self.cap // 2
+        if excess > 0:
+            del self.tail[:excess]
+            self.dropped += excess
+
+    def text(self) -> str:
+        middle = f"\n…[{self.dropped:,} bytes of output not kept]…\n" if self.dropped else ""
+        return self.head.decode(errors="replace") + middle + self.tail.decode(errors="replace")
+
+
+@dataclass
+class RunResult:
+    exit_code: int | None
+    signal: str | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_ms: int
+    tier: str
+    dropped_bytes: int
+
+
+class SandboxUnavailable(Exception):
+    """No tier this machine offers is allowed by the configuration; the message says how to fix it."""
+
+
+class Sandbox:
+    def __init__(self, settings: SandboxSettings, workspace: Path) -> None:
+        self.settings, self.workspace = settings, workspace
+        self.as_root = os.geteuid() == 0
+        self.tier = self._choose_tier()
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """Who must own workspace files for sandboxed commands to write them (when we are root)."""
+        return (self.settings.uid, self.settings.gid) if self.as_root else None
+
+    def check_allowed(self) -> None:
+        blocked = self._unreachable_dir()
+        if blocked is not None:
+            raise SandboxUnavailable(
+                f"commands run as uid {self.settings.uid}, which cannot enter {blocked} on the way to the workspace "
+                f"{self.workspace}; move the workspace somewhere it can reach (hands.workspace / PINCER_WORKSPACE)"
+            )
+        if self.tier == "rlimits" and not self.settings.allow_degraded:
+            raise SandboxUnavailable(
+                "code execution is off: bubblewrap is not usable here, and running commands with rlimits only is "
+                "not allowed. Install it (apt-get install bubblewrap) or set hands.sandbox.allow_degraded: true"
+            )
+
+    async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
+                  stdin: bytes | None = None) -> RunResult:
+        self.check_allowed()
+        seccomp = _seccomp_fd() if self.tier == "bwrap" else None
+        command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp)
+        started = time.monotonic()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                pass_fds=(seccomp,) if seccomp is not None else (),
+                env=env if self.tier == "rlimits" else {"PATH": "/usr/bin:/bin"},
+                cwd=self.workspace / workdir if self.tier == "rlimits" else None,
+            )
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
+        out, err = Output(self.settings.output_bytes), Output(self.settings.output_bytes)
+        readers = [asyncio.create_task(_drain(process.stdout, out)), asyncio.create_task(_drain(process.stderr, err))]
+        timed_out = False
+        try:
+            if stdin is not None and process.stdin is not None:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    process.stdin.write(stdin)
+                    await process.stdin.drain()
+                process.stdin.close()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await process.wait()
+            except TimeoutError:
+                timed_out = True
+        finally:
+            if process.returncode is None:
+                await _kill_tree(process)
+            await asyncio.gather(*readers, return_exceptions=True)
+        code = process.returncode
+        return RunResult(
+            exit_code=code if code is not None and code >= 0 else None,
+            signal=signal.Signals(-code).name if code is not None and code < 0 else None,
+            stdout=out.text(), stderr=err.text(), timed_out=timed_out,
+            duration_ms=int((time.monotonic() - started) * 1000), tier=self.tier,
+            dropped_bytes=out.dropped + err.dropped,
+        )
+
+    def _unreachable_dir(self) -> Path | None:
+        """The first directory on the workspace's path the sandbox uid may not pass through, if any."""
+        if not self.as_root:
+            return None  # commands run as we do
+        uid, gid = self.settings.uid, self.settings.gid
+        for directory in [self.workspace, *self.workspace.parents]:
+            info = directory.stat()
+            bit = 0o100 if info.st_uid == uid else 0o010 if info.st_gid == gid else 0o001
+            if not info.st_mode & bit:
+                return directory
+        return None
+
+    def _command(self, argv: list[str], *, workdir: str, env: dict[str, str], seccomp_fd: int | None) -> list[str]:
+        s = self.settings
+        limits = ["prlimit", f"--as={s.memory_mb * 1024 * 1024}", f"--cpu={s.cpu_s}:{s.cpu_s + 1}",
+                  f"--fsize={s.file_size_mb * 1024 * 1024}", f"--nofile={s.open_files}", f"--nproc={s.processes}",
+                  "--core=0", "--"]
+        drop = ["setpriv", f"--reuid={s.uid}", f"--regid={s.gid}", "--clear-groups", "--inh-caps=-all"] \
+            if self.as_root else []
+        if self.tier == "rlimits":
+            return [*limits, *drop, *argv]
+        return [*limits, *drop, *self._bwrap(workdir, env, seccomp_fd), "--", *argv]
+
+    def _bwrap(self, workdir: str, env: dict[str, str], seccomp_fd: int | None) -> list[str]:
+        args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--hostname", "sandbox",
+                "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
+        for name, value in env.items():
+            args += ["--setenv", name, value]
+        args += ["--ro-bind", "/usr", "/usr"]
+        for link in ("bin", "lib", "lib64", "sbin"):
+            if Path(f"/usr/{link}").exists():
+                args += ["--symlink", f"usr/{link}", f"/{link}"]
+        for name in ETC_FILES:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * 1024 * 1024), "--tmpfs", "/tmp",
+                 "--bind", str(self.workspace), "/workspace", "--remount-ro", "/",
+                 "--chdir", f"/workspace/{workdir}".rstrip("/").replace("/./", "/") or "/workspace"]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
+        return args
+
+    def _choose_tier(self) -> str:
+        if self.settings.tier in ("auto", "bwrap") and shutil.which("bwrap") and self._bwrap_works():
+            return "bwrap"
+        if self.settings.tier == "bwrap":
+            log.warning("hands.sandbox.tier is bwrap but bubblewrap does not work here; falling back to rlimits")
+        return "rlimits"
+
+    def _bwrap_works(self) -> bool:
+        probe = [*(["setpriv", f"--reuid={self.settings.uid}", f"--regid={self.settings.gid}", "--clear-groups"]
+                   if self.as_root else []),
+                 "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/usr", "/usr",
+                 "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+                 "--", "/usr/bin/true"]
+        try:
+            done = subprocess.run(probe, capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("bubblewrap probe failed: %s", exc)
+            return False
+        if done.returncode != 0:
+            log.warning("bubblewrap is installed but unusable here: %s", done.stderr.decode(errors="replace").strip())
+        return done.returncode == 0
+
+
+def _seccomp_fd() -> int:
+    from hands.sandbox.seccomp import bpf_fd
+
+    return bpf_fd()
+
+
+async def _drain(stream: asyncio.StreamReader | None, into: Output) -> None:
+    """Read a stream to its end, keeping only what ``into`` keeps: a flood never grows memory."""
+    if stream is None:
+        return
+    while chunk := await stream.read(65536):
+        into.add(chunk)
+
+
+async def _kill_tree(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM the whole group, wait a little, then SIGKILL whatever is left."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+        try:
+            await asyncio.wait_for(asyncio.shield(process.wait()), wait)
+            return
+        except TimeoutError:
+            continue

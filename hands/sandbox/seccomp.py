@@ -1,0 +1,34 @@
+"""The seccomp filter every sandboxed command runs under, as a BPF program in a memfd for bwrap."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+# Syscalls a tool's command never needs, each of them a known way out of a sandbox.
+DENIED = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "unshare", "setns",
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load", "init_module", "finit_module",
+    "delete_module", "open_by_handle_at", "name_to_handle_at", "swapon", "swapoff", "reboot", "acct",
+)
+
+
+def bpf_fd() -> int:
+    """A file descriptor holding the compiled filter (bwrap ``--seccomp FD`` reads it)."""
+    import pyseccomp as sc  # ctypes over the system's libseccomp
+
+    flt = sc.SyscallFilter(defaction=sc.ALLOW)
+    # Sockets: only AF_UNIX (no network, no AF_VSOCK to the VM's host).
+    flt.add_rule(sc.ERRNO(errno.EPERM), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+    for name in DENIED:
+        try:
+            flt.add_rule(sc.ERRNO(errno.EPERM), name)
+        except (RuntimeError, ValueError, OSError):
+            continue  # a syscall this kernel or libseccomp does not know
+    fd = os.memfd_create("pincer-seccomp", 0)
+    with os.fdopen(os.dup(fd), "wb") as out:
+        flt.export_bpf(out)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd

@@ -1,0 +1,159 @@
+"""Adversarial calls to the code tools through the bus: each is refused or contained, and the host is unchanged."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bus.protocol import ErrorCode
+from tests.conftest import wait_until
+
+TIERS = ["bwrap", "rlimits"]
+
+
+@pytest.fixture(params=TIERS)
+def tier(request: pytest.FixtureRequest) -> str:
+    if request.param == "bwrap" and not shutil.which("bwrap"):
+        pytest.fail("bubblewrap is not installed: .ci/run installs it (apt-get install bubblewrap)")
+    return request.param
+
+
+@pytest.fixture
+def ws() -> Path:
+    """A workspace the sandbox uid can reach (pytest's own temp dirs are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="pincer-ws-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def sandboxed(engine, tier: str, ws: Path):
+    worker = await engine(workspace=ws, sandbox={"tier": tier, "allow_degraded": True, "default_timeout_s": 5})
+    assert worker.sandbox.tier == tier
+    return worker
+
+
+def processes_matching(text: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(cmdline)
+    return found
+
+
+async def test_commands_run_in_the_workspace_as_an_unprivileged_user(sandboxed, call, tier: str, ws: Path) -> None:
+    result = await call("exec", {"command": "id -u; echo made > out.txt; pwd"})
+    assert result.success and result.metadata.sandbox == tier
+    uid, pwd = result.data["stdout"].split()
+    assert uid == "65534" and result.data["exit_code"] == 0
+    assert pwd == ("/workspace" if tier == "bwrap" else str(ws))
+    assert (ws / "out.txt").read_text() == "made\n"
+    py = await call("execute_python", {"code": "print(sum(range(10)))"})
+    assert py.data["stdout"] == "45\n" and py.metadata.sandbox == tier
+    argv = await call("exec", {"argv": ["printf", "%s-%s", "a b", "$HOME"]})
+    assert argv.data["stdout"] == "a b-$HOME"  # no shell: nothing expanded
+
+
+async def test_secrets_and_files_outside_stay_out_of_reach(sandboxed, call) -> None:
+    shadow = await call("exec", {"command": "cat /etc/shadow"})
+    assert shadow.data["exit_code"] != 0 and "root:" not in shadow.data["stdout"]
+    before = Path("/etc/hostname").read_bytes()
+    outside = await call("exec", {"command": "echo pwned > /etc/hostname; echo pwned > /root/pincer-pwned"})
+    assert outside.data["exit_code"] != 0
+    assert Path("/etc/hostname").read_bytes() == before and not Path("/root/pincer-pwned").exists()
+
+
+async def test_a_sleep_that_outlives_its_timeout_leaves_no_orphan(sandboxed, call) -> None:
+    result = await call("exec", {"command": "sleep 77.5 & sleep 77.5 & sleep 77.5", "timeout": 1})
+    assert result.error.code is ErrorCode.TIMEOUT and "within its 1s limit and was killed" in result.error.message
+    assert result.metadata.attempts == 1  # exec is not idempotent: never run twice
+    wait_until(lambda: not processes_matching("sleep 77.5"), timeout=10, what="the sleeps to be gone")
+
+
+async def test_fork_bomb_and_memory_hog_are_contained(sandboxed, call) -> None:
+    bomb = await call("exec", {"command": "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", "timeout": 4})
+    assert bomb.success or bomb.error.code is ErrorCode.TIMEOUT
+    wait_until(lambda: not processes_matching("bomb"), timeout=10, what="the fork bomb to be gone")
+    hog = await call("execute_python", {"code": "x = bytearray(2 * 1024 ** 3); print('allocated')"})
+    assert hog.success and hog.data["exit_code"] != 0 and "MemoryError" in hog.data["stderr"]
+
+
+async def test_an_output_flood_is_capped(sandboxed, call) -> None:
+    flood = await call("exec", {"command": "yes flood | head -c 20000000; echo end >&2"})
+    assert flood.success and flood.data["exit_code"] == 0
+    assert flood.data["output_dropped_bytes"] > 19_000_000 and flood.data["stderr"] == "end\n"
+    assert flood.metadata.truncated and "truncated by Pincer" in flood.data["stdout"]  # and shaped to 50 KB
+
+
+async def test_env_injection_is_refused(sandboxed, call) -> None:
+    refused = await call("exec", {"command": "true", "env": {"LD_PRELOAD": "/tmp/evil.so", "OK": "1"}})
+    assert refused.error.code is ErrorCode.PERMISSION_DENIED and "LD_PRELOAD" in refused.error.message
+    fine = await call("exec", {"command": "echo $GREETING; env | grep -c API_KEY || true",
+                               "env": {"GREETING": "hello"}})
+    assert fine.data["stdout"].split() == ["hello", "0"]  # no provider keys leak in
+
+
+async def test_bad_arguments(sandboxed, call, ws: Path) -> None:
+    both = await call("exec", {"command": "true", "argv": ["true"]})
+    assert both.error.code is ErrorCode.INVALID_ARGUMENTS
+    escape = await call("exec", {"command": "true", "workdir": "../.."})
+    assert escape.error.code is ErrorCode.PERMISSION_DENIED
+    os.symlink("/", ws / "rootlink")
+    linked = await call("exec", {"command": "ls", "workdir": "rootlink"})
+    assert linked.error.code is ErrorCode.PERMISSION_DENIED and "symbolic link" in linked.error.message
+
+
+@pytest.mark.parametrize("tier", ["bwrap"], indirect=True)
+async def test_no_network_and_no_ptrace_in_bwrap(sandboxed, call) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        result = await call("execute_python", {"code": (
+            "import socket, ctypes, os\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')\n"
+            "except OSError as e: print('refused', e.errno)\n"
+            "print('ptrace', ctypes.CDLL(None, use_errno=True).ptrace(16, os.getppid(), 0, 0), ctypes.get_errno())\n"
+            "try:\n    socket.socket(40, socket.SOCK_STREAM); print('vsock open')\n"
+            "except OSError as e: print('vsock refused', e.errno)\n"
+        )})
+    lines = result.data["stdout"].splitlines()
+    assert lines[0] == "refused 1" and lines[1] == "ptrace -1 1" and lines[2] == "vsock refused 1"
+
+
+async def test_degraded_tier_is_refused_unless_allowed(engine, call, ws: Path) -> None:
+    await engine(workspace=ws, sandbox={"tier": "rlimits"})
+    refused = await call("exec", {"command": "true"})
+    assert refused.error.code is ErrorCode.PERMISSION_DENIED
+    assert "apt-get install bubblewrap" in refused.error.message and "allow_degraded" in refused.error.message
+
+
+def test_bwrap_is_the_tier_when_installed() -> None:
+    from hands.config import SandboxSettings
+    from hands.sandbox.runner import Sandbox
+
+    if not shutil.which("bwrap"):
+        pytest.fail("bubblewrap is not installed: .ci/run installs it (apt-get install bubblewrap)")
+    assert Sandbox(SandboxSettings(), Path("/tmp")).tier == "bwrap"
+    assert subprocess.run(["bwrap", "--version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root drops to another uid for commands")
+async def test_a_workspace_the_sandbox_cannot_reach_is_explained(engine, call, tmp_path: Path) -> None:
+    await engine()  # the workspace under pytest's private temp dir
+    refused = await call("exec", {"command": "true"})
+    assert refused.error.code is ErrorCode.PERMISSION_DENIED
+    assert "cannot enter" in refused.error.message and "PINCER_WORKSPACE" in refused.error.message
