@@ -1,0 +1,59 @@
+"""Spawn overhead of each sandbox tier against a plain subprocess, on the same run.
+
+Runs `true` and `python3 -c pass` N times each way and prints the medians.
+Run as root (as Hands does in CI): .venv/bin/python bench/sandbox_spawn.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hands.config import SandboxSettings  # noqa: E402
+from hands.sandbox.env import sandbox_env  # noqa: E402
+from hands.sandbox.runner import Sandbox  # noqa: E402
+
+RUNS = 40
+
+
+async def plain(argv: list[str]) -> float:
+    started = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(*argv)
+    await process.wait()
+    return time.perf_counter() - started
+
+
+async def sandboxed(sandbox: Sandbox, argv: list[str]) -> float:
+    started = time.perf_counter()
+    result = await sandbox.run(argv, workdir="", env=sandbox_env(None), timeout_s=30)
+    assert result.exit_code == 0, result
+    return time.perf_counter() - started
+
+
+async def main() -> None:
+    workspace = Path(tempfile.mkdtemp(prefix="pincer-bench-"))
+    workspace.chmod(0o755)
+    if os.geteuid() == 0:
+        os.chown(workspace, 65534, 65534)
+    tiers = {tier: Sandbox(SandboxSettings(tier=tier, allow_degraded=True), workspace) for tier in ("bwrap", "rlimits")}
+    print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cpu, kernel {platform.release()}, "
+          f"median of {RUNS}")
+    print("| command | plain subprocess | rlimits tier | bwrap tier |\n|---|---|---|---|")
+    for argv in (["/usr/bin/true"], ["/usr/bin/python3", "-c", "pass"]):
+        row = [statistics.median([await plain(argv) for _ in range(RUNS)])]
+        for tier in ("rlimits", "bwrap"):
+            assert tiers[tier].tier == tier, f"{tier} is not usable here"
+            row.append(statistics.median([await sandboxed(tiers[tier], argv) for _ in range(RUNS)]))
+        print(f"| `{' '.join(argv)}` | " + " | ".join(f"{t * 1000:.1f} ms" for t in row) + " |")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
