@@ -1,8 +1,11 @@
 """The workspace boundary: open paths beneath the workspace root, race-free.
 
-Every path is walked one component at a time from a directory descriptor with
-``O_NOFOLLOW``, so a symlink swapped in mid-call cannot lead outside (a
-``realpath`` check followed by ``open`` can be raced). ``..``, absolute paths
+Directories are opened with openat2 ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+RESOLVE_NO_MAGICLINKS`` where the kernel has it, else walked one component at
+a time from a directory descriptor with ``O_NOFOLLOW``; the last component is
+opened relative to its directory with ``O_NOFOLLOW``. So a symlink swapped in
+mid-call cannot lead outside (a ``realpath`` check followed by ``open`` can
+be raced). ``..``, absolute paths
 outside the root, symlinks and multiply-linked files are refused.
 """
 
@@ -17,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from bus.protocol import ErrorCode
 from hands.errors import ToolFailure
+from hands.openat2 import openat2
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -85,6 +89,10 @@ class Workspace:
             os.close(fd)
 
     def _walk(self, parts: list[str], *, create: bool) -> int:
+        if not create:
+            fd = self._beneath(parts)
+            if fd is not None:
+                return fd
         fd = os.open(self.root, _DIR_FLAGS)
         try:
             for i, part in enumerate(parts):
@@ -107,6 +115,18 @@ class Workspace:
         except BaseException:
             os.close(fd)
             raise
+
+    def _beneath(self, parts: list[str]) -> int | None:
+        """The directory at ``parts`` via openat2 (kernel-enforced), or None to walk instead."""
+        root = os.open(self.root, _DIR_FLAGS)
+        try:
+            return openat2(root, "/".join(parts) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                raise self._outside("/".join(parts)) from None
+            raise self._os_failure(exc, "/".join(parts)) from None
+        finally:
+            os.close(root)
 
     def _outside(self, path: str) -> ToolFailure:
         return ToolFailure(

@@ -174,3 +174,54 @@ def test_registry_view_is_cached_and_hides_handlers() -> None:
     with pytest.raises(ValueError, match="invalid parameter schema"):
         registry.register(ToolDefinition(name="bad", description="", handler=print,
                                          parameters={"type": "nonsense"}, category=Category.SKILL))
+
+
+def test_openat2_is_used_and_refuses_what_the_walk_refuses(workspace: Path, tmp_path: Path) -> None:
+    import errno
+
+    from hands.openat2 import openat2
+
+    root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = openat2(root, "sub", os.O_RDONLY | os.O_DIRECTORY)
+        assert fd is not None, "this kernel (5.6+) has openat2"
+        os.close(fd)
+        os.symlink(tmp_path, workspace / "out")
+        for path, code in (("../", errno.EXDEV), ("out", errno.ELOOP), ("/proc/self/root", errno.EXDEV)):
+            with pytest.raises(OSError) as info:
+                openat2(root, path, os.O_RDONLY | os.O_DIRECTORY)
+            assert info.value.errno == code, path
+    finally:
+        os.close(root)
+
+
+async def test_symlink_swap_race_never_leaks(executor: Executor, workspace: Path, tmp_path: Path) -> None:
+    """A thread flips sub/inner between a real directory and a link to the secret's directory."""
+    import threading
+
+    (tmp_path / "secret-dir").mkdir()
+    (tmp_path / "secret-dir" / "f.txt").write_text("TOP SECRET")
+    real = workspace / "real"
+    real.mkdir()
+    (real / "f.txt").write_text("harmless")
+    target = workspace / "flip"
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            for make in (lambda: os.symlink(tmp_path / "secret-dir", target), lambda: os.symlink(real, target)):
+                try:
+                    make()
+                    os.unlink(target)
+                except OSError:
+                    pass
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        results = [await call(executor, "read_file", path="flip/f.txt") for _ in range(300)]
+    finally:
+        stop.set()
+        flipper.join()
+    assert not any(r.success and "SECRET" in r.data["content"] for r in results)
+    assert all(r.error.code in (ErrorCode.PERMISSION_DENIED, ErrorCode.FILE_NOT_FOUND) for r in results)
