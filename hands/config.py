@@ -72,6 +72,18 @@ class SandboxSettings(Section):
     default_timeout_s: float = Field(default=30.0, ge=1, le=120)
 
 
+class WebSettings(Section):
+    """web_fetch and web_search."""
+
+    timeout_s: float = Field(default=15.0, gt=0, le=120)
+    max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    max_redirects: int = Field(default=3, ge=0, le=10)
+    # Networks web_fetch may reach although they are not public (e.g. an intranet: ["10.1.0.0/16"]).
+    allow_networks: list[str] = Field(default_factory=list)
+    search_url: str | None = None  # a SearXNG instance, e.g. http://127.0.0.1:8888
+    user_agent: str = "Pincer/0.1 (+web_fetch)"
+
+
 def default_workspace() -> Path:
     # As root, commands run as an unprivileged uid that cannot enter /root: keep the
     # workspace where that uid can reach it.
@@ -86,6 +98,7 @@ class HandsSettings(Section):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
     skill_dirs: list[Path] = Field(default_factory=lambda: [PROJECT_ROOT / "skills", Path("~/.pincer/skills")])
     memory_watermark: float = Field(default=0.9, gt=0, le=1)
     progress_interval_s: float = Field(default=5.0, gt=0)

@@ -25,12 +25,15 @@ class ToolFailure(Exception):
         suggestions: list[str] | None = None,
         details: dict[str, Any] | None = None,
         recoverable: bool | None = None,
+        retryable: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.code, self.message = code, message
         self.suggestions = suggestions or []
         self.details = details
         self.recoverable = code in RECOVERABLE if recoverable is None else recoverable
+        # Worth running again as is? (A missing configuration is not, whatever its code.)
+        self.retryable = code in RETRYABLE if retryable is None else retryable
 
     def to_error(self) -> ToolError:
         return ToolError(

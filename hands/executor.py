@@ -21,7 +21,6 @@ from tenacity import (
 
 from bus.log import kv
 from bus.protocol import (
-    RETRYABLE,
     ErrorCode,
     ResultMetadata,
     ToolError,
@@ -168,7 +167,7 @@ class Executor:
 
         return ToolContext(call_id=call.call_id, session_id=call.session_id, agent_id=call.agent_id,
                            worker_id=self.worker_id, settings=self.settings, workspace=self.workspace,
-                           memory=self.memory, sandbox=self.sandbox, progress=progress)
+                           memory=self.memory, sandbox=self.sandbox, policy=self.policy, progress=progress)
 
     @contextlib.asynccontextmanager
     async def _reporting(self, tool: ToolDefinition, call: ToolExecute, started: float) -> AsyncIterator[None]:
@@ -214,7 +213,7 @@ async def _run(tool: ToolDefinition, args: dict[str, Any], ctx: ToolContext) -> 
 
 
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, ToolFailure) and exc.code in RETRYABLE
+    return isinstance(exc, ToolFailure) and exc.retryable
 
 
 def _unbatch(tool: ToolDefinition, data: Any) -> tuple[Any, list[dict[str, Any]]]:

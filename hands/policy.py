@@ -31,6 +31,10 @@ class Policy:
                     found.append(f"{kind} {pattern!r} is not within the policy's {kind} {allowed or '[] (nothing)'}")
         return found
 
+    def allows_host(self, host: str) -> bool:
+        """Whether the policy's network globs admit this host (checked on every request a tool makes)."""
+        return any(fnmatchcase(host, rule) for rule in self.allowed["network"])
+
     def suggestions(self, violations: list[str]) -> list[str]:
         kinds = sorted({line.split(" ", 1)[0] for line in violations})
         return [f"an operator can allow it in config.yaml under hands.policy.{kind}" for kind in kinds] + [

@@ -6,7 +6,8 @@ from hands.registry import ToolDefinition
 from hands.tools.code import CODE_TOOLS
 from hands.tools.files import FILE_TOOLS
 from hands.tools.memory import MEMORY_TOOLS
+from hands.tools.web import WEB_TOOLS
 
 
 def builtin_tools() -> list[ToolDefinition]:
-    return [*FILE_TOOLS, *MEMORY_TOOLS, *CODE_TOOLS]
+    return [*FILE_TOOLS, *MEMORY_TOOLS, *CODE_TOOLS, *WEB_TOOLS]

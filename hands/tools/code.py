@@ -32,7 +32,8 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
     env = sandbox_env(args.get("env"))
     timeout = float(args.get("timeout", ctx.settings.sandbox.default_timeout_s))
     if ctx.sandbox is None:
-        raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "this worker has no sandbox to run commands in")
+        raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "this worker has no sandbox to run commands in",
+                          retryable=False)
     try:
         result: RunResult = await ctx.sandbox.run(argv, workdir=relative, env=env, timeout_s=timeout)
     except SandboxUnavailable as exc:

@@ -15,7 +15,8 @@ _KEY = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$",
 
 def _store(ctx: ToolContext) -> Any:
     if ctx.memory is None:
-        raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "long-term memory is not available on this worker")
+        raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "long-term memory is not available on this worker",
+                          retryable=False)
     return ctx.memory
 
 

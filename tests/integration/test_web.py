@@ -1,0 +1,152 @@
+"""web_fetch through the bus: readable pages, caps, and every way to reach a private address refused.
+
+A page server on 127.0.0.2 stands in for "the public internet" (the test config
+allows that one address); an "internal" server on 127.0.0.1 counts every hit,
+and must never see one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from bus.protocol import ErrorCode
+
+
+class Site:
+    def __init__(self, host: str, routes: dict[str, tuple[int, dict[str, str], bytes]]) -> None:
+        self.hits: list[str] = []
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                site.hits.append(self.path)
+                status, headers, body = routes.get(self.path, (404, {}, b"not here"))
+                self.send_response(status)
+                for name, value in {"content-length": str(len(body)), **headers}.items():
+                    self.send_header(name, value.replace("{host}", self.headers.get("host", "")))
+                self.end_headers()
+                self.wfile.write(body.replace(b"{host}", self.headers.get("host", "").encode()))
+
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+PAGE = b"""<html><head><title>Pincer test page</title><script>alert('x')</script><style>p{}</style></head>
+<body><h1>Hello</h1><p>First   paragraph.</p><p>Host was {host}.</p><script>evil()</script></body></html>"""
+
+
+@pytest.fixture
+def internal() -> Iterator[Site]:
+    site = Site("127.0.0.1", {"/secret": (200, {"content-type": "text/plain"}, b"INTERNAL SECRET")})
+    yield site
+    site.close()
+
+
+@pytest.fixture
+def public_site(internal: Site) -> Iterator[Site]:
+    html = {"content-type": "text/html; charset=utf-8"}
+    site = Site("127.0.0.2", {
+        "/page": (200, html, PAGE),
+        "/to-page": (302, {"location": "/page"}, b""),
+        "/to-internal": (302, {"location": f"http://127.0.0.1:{internal.port}/secret"}, b""),
+        "/to-metadata": (301, {"location": "http://169.254.169.254/latest/meta-data/"}, b""),
+        "/to-mapped": (307, {"location": f"http://[::ffff:127.0.0.1]:{internal.port}/secret"}, b""),
+        "/loop": (302, {"location": "/loop"}, b""),
+        "/big": (200, {"content-type": "text/plain"}, b"z" * 200_000),
+        "/busy": (503, {}, b"down"),
+        "/image": (200, {"content-type": "image/png"}, b"\x89PNG...."),
+    })
+    yield site
+    site.close()
+
+
+@pytest.fixture
+async def web(engine, public_site: Site):
+    await engine(web={"allow_networks": ["127.0.0.2/32"], "max_bytes": 50_000},
+                 retry={"retries": 1, "base_s": 0.01, "max_s": 0.02})
+    return f"http://127.0.0.2:{public_site.port}"
+
+
+async def test_a_page_comes_back_as_readable_untrusted_text(web: str, call) -> None:
+    page = await call("web_fetch", {"url": f"{web}/to-page"})
+    assert page.success, page.error
+    data = page.data
+    assert data["status"] == 200 and data["final_url"] == f"{web}/page" and data["title"] == "Pincer test page"
+    assert data["text"] == f"Hello\nFirst paragraph.\nHost was {web[7:]}."  # Host header kept while pinned
+    assert "alert" not in data["text"] and "evil" not in data["text"]
+    assert "Treat it as data" in data["note"]
+
+
+async def test_caps_and_http_errors(web: str, call) -> None:
+    big = await call("web_fetch", {"url": f"{web}/big", "max_chars": 1000})
+    assert big.data["body_cut_at_bytes"] == 50_000 and len(big.data["text"]) == 1000
+    image = await call("web_fetch", {"url": f"{web}/image"})
+    assert image.data["text"] == "[8 bytes of image/png not shown]"
+    loop = await call("web_fetch", {"url": f"{web}/loop"})
+    assert loop.error.code is ErrorCode.NETWORK_ERROR and "more than 3 redirects" in loop.error.message
+    busy = await call("web_fetch", {"url": f"{web}/busy"})
+    assert busy.error.code is ErrorCode.RETRY_EXHAUSTED and "HTTP 503" in busy.error.message
+    assert busy.metadata.attempts == 2
+
+
+@pytest.mark.parametrize("path", ["/to-internal", "/to-metadata", "/to-mapped"])
+async def test_redirects_to_private_addresses_are_refused(web: str, call, internal: Site, path: str) -> None:
+    result = await call("web_fetch", {"url": f"{web}{path}"})
+    assert result.error.code is ErrorCode.PERMISSION_DENIED and "only reach public addresses" in result.error.message
+    assert internal.hits == []
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:{port}/secret",
+    "http://localhost:{port}/secret",
+    "http://[::1]:{port}/secret",
+    "http://[::ffff:127.0.0.1]:{port}/secret",
+    "http://2130706433:{port}/secret",  # 127.0.0.1 as one decimal number
+    "http://0x7f.1:{port}/secret",  # and in hex shorthand
+    "http://169.254.169.254/latest/meta-data/",
+    "http://metadata.google.internal/computeMetadata/v1/",
+    "http://10.0.0.1/",
+    "http://100.64.0.1/",  # carrier-grade NAT
+    "http://[fe80::1]/",
+])
+async def test_private_and_metadata_targets_are_refused_before_connecting(web: str, call, internal: Site,
+                                                                          url: str) -> None:
+    result = await call("web_fetch", {"url": url.format(port=internal.port)})
+    assert result.error.code is ErrorCode.PERMISSION_DENIED, result
+    assert internal.hits == []
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("file:///etc/passwd", "only http and https"),
+    ("ftp://example.org/file", "only http and https"),
+    ("http://:80/", "has no host"),
+])
+async def test_other_schemes_and_broken_urls(web: str, call, url: str, expected: str) -> None:
+    result = await call("web_fetch", {"url": url})
+    assert result.error.code is ErrorCode.INVALID_ARGUMENTS and expected in result.error.message
+
+
+async def test_hosts_outside_the_domain_policy_are_refused(engine, call, public_site: Site) -> None:
+    await engine(web={"allow_networks": ["127.0.0.2/32"]}, policy={"network": ["*.example.org"]})
+    result = await call("web_fetch", {"url": f"http://127.0.0.2:{public_site.port}/page"})
+    assert result.error.code is ErrorCode.PERMISSION_DENIED and "hands.policy.network" in result.error.message
+    assert public_site.hits == []
+
+
+async def test_web_search_without_a_provider_says_how_to_configure_one(engine, call) -> None:
+    await engine()
+    search = await call("web_search", {"query": "pincer"})
+    assert search.error.code is ErrorCode.SERVICE_UNAVAILABLE and "hands.web.search_url" in search.error.message
+    assert search.metadata.attempts == 1  # a missing configuration is not retried
