@@ -1,4 +1,4 @@
-"""The tool list from Hands, cached until the digest Hands announces moves."""
+"""The tool list from Hands, per agent and sender, cached until the digest Hands announces moves."""
 
 from __future__ import annotations
 
@@ -18,15 +18,23 @@ class NoHandsAvailable(Exception):
 class ToolCatalog:
     def __init__(self, bus: Bus, inbox: ReplyInbox, *, timeout_s: float) -> None:
         self.bus, self.inbox, self.timeout_s = bus, inbox, timeout_s
-        self._tools: list[ToolSpec] | None = None
-        self.skills: list[SkillInfo] = []  # instruction skills, refreshed with the tools
+        # Hands' tool policy decides per agent and sender, so each pair has its own list.
+        self._cache: dict[tuple[str, str], tuple[list[ToolSpec], list[SkillInfo]]] = {}
         self._digest: bytes | None = None
 
-    async def tools(self) -> list[ToolSpec]:
+    async def tools(self, agent_id: str = "main", sender: str = "") -> list[ToolSpec]:
+        return (await self.lookup(agent_id, sender))[0]
+
+    async def lookup(self, agent_id: str = "main", sender: str = "") -> tuple[list[ToolSpec], list[SkillInfo]]:
+        """The tools and instruction skills this agent may use with this sender."""
         digest = await self.bus.redis.get(self.bus.keys.tools_digest)
-        if self._tools is not None and digest == self._digest:
-            return self._tools
-        request = ToolsList(reply_to=self.inbox.stream, deadline=now_ms() + int(self.timeout_s * 1000))
+        if digest != self._digest:
+            self._cache.clear()  # Hands' tools changed: every list is stale
+        cached = self._cache.get((agent_id, sender))
+        if cached is not None:
+            return cached
+        request = ToolsList(reply_to=self.inbox.stream, deadline=now_ms() + int(self.timeout_s * 1000),
+                            agent_id=agent_id, sender=sender)
         try:
             reply = await self.inbox.request(
                 self.bus.keys.hands_requests, request, request.request_id, timeout=self.timeout_s
@@ -39,6 +47,7 @@ class ToolCatalog:
             ) from None
         assert isinstance(reply, ToolsAvailable)
         # Remember the announced digest we saw, not the reply's: the cache follows the key.
-        self._tools, self._digest, self.skills = reply.tools, digest, reply.skills
-        log.info("tool list refreshed: %d tools, digest %s", len(reply.tools), reply.digest)
-        return self._tools
+        self._digest = digest
+        self._cache[(agent_id, sender)] = (reply.tools, reply.skills)
+        log.info("tool list refreshed for agent %s: %d tools, digest %s", agent_id, len(reply.tools), reply.digest)
+        return reply.tools, reply.skills

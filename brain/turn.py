@@ -62,10 +62,10 @@ class Turn:
         if deps.llm is None:
             return self._error(ErrorCode.MODEL_NOT_CONFIGURED, NOT_CONFIGURED)
         try:
-            tools = await deps.catalog.tools()
+            tools, skills = await deps.catalog.lookup(msg.agent_id, msg.sender)
         except NoHandsAvailable as exc:
             return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
-        messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, deps.catalog.skills)}]
+        messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, skills)}]
         messages += [entry.to_llm() for entry in [*history, user]]
         try:
             return await self._loop(messages, tools)
@@ -130,7 +130,7 @@ class Turn:
         deps, msg = self.deps, self.message
         deadline_s = deps.settings.tool_deadline_s
         request = ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
-                              agent_id=msg.agent_id, reply_to=deps.inbox.stream, deadline=now_ms() + int(deadline_s * 1000))
+                              agent_id=msg.agent_id, sender=msg.sender, reply_to=deps.inbox.stream, deadline=now_ms() + int(deadline_s * 1000))
         log.info("tool call sent %s", kv(session=msg.session_id, call=call_id, tool=tool))
         async def relay(event: Message) -> None:
             if isinstance(event, ToolProgress):

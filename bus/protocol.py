@@ -107,6 +107,8 @@ class ToolsList(_Message):
     reply_to: str
     session_id: str | None = None
     deadline: int | None = None
+    agent_id: str = "main"
+    sender: str = ""  # who is chatting: the tool policy may hide owner-only tools from others
 
 
 class SkillInfo(BaseModel):
@@ -139,6 +141,7 @@ class ToolExecute(_Message):
     args: dict[str, Any] = Field(default_factory=dict)
     session_id: str = ""
     agent_id: str = "main"
+    sender: str = ""
     reply_to: str
     deadline: int
 

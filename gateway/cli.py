@@ -41,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     skills = sub.add_parser("skills", help="list the skills this machine's Hands would load, and the refused ones")
     skills.add_argument("--json", action="store_true", help="print JSON")
 
+    policy = sub.add_parser("policy", help="the tool policy: `pincer policy explain TOOL` says why it is (not) allowed")
+    policy.add_argument("action", choices=["explain"])
+    policy.add_argument("tool")
+    policy.add_argument("--agent", default="main")
+    policy.add_argument("--sender", default="")
+
     tools = sub.add_parser("tools", help="list the tools Hands offers")
     tools.add_argument("--json", action="store_true", help="print JSON")
     tools.add_argument("--redis", metavar="URL")
@@ -103,6 +109,8 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             return asyncio.run(_tools(config, as_json=args.json))
         case "skills":
             return _skills(config, as_json=args.json)
+        case "policy":
+            return _explain(config, args.tool, agent=args.agent, sender=args.sender)
     raise AssertionError(args.command)
 
 
@@ -116,6 +124,27 @@ def _up(args: argparse.Namespace, config: Config) -> int:
     if config.source is not None:
         env["PINCER_CONFIG"] = str(Path(config.source).resolve())
     return asyncio.run(Supervisor(config, hands=args.hands, env=env).run())
+
+
+def _explain(config: Config, tool_name: str, *, agent: str, sender: str) -> int:
+    from hands.config import HandsSettings
+    from hands.errors import ToolFailure
+    from hands.toolpolicy import ToolPolicy
+    from hands.worker import load_registry
+
+    settings = config.section("hands", HandsSettings)
+    registry, _ = load_registry(settings)
+    try:
+        tool = registry.get(tool_name)
+    except ToolFailure as exc:
+        print(f"pincer: error: {exc.message}", file=sys.stderr)
+        return 1
+    decision = ToolPolicy(settings.tools).decide(tool, agent=agent, sender=sender)
+    print(f"{tool.name} ({tool.category.value}) for agent {agent!r}, sender {sender or '(unknown)'!r}:")
+    for step in decision.trace:
+        print(f"  - {step}")
+    print(("ALLOWED: " if decision.allowed else "DENIED: ") + decision.rule)
+    return 0
 
 
 def _skills(config: Config, *, as_json: bool) -> int:

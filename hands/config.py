@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from bus.config import PROJECT_CONFIG, Section
 
@@ -84,6 +84,38 @@ class WebSettings(Section):
     user_agent: str = "Pincer/0.1 (+web_fetch)"
 
 
+GROUP_NAMES = ("group:fs", "group:runtime", "group:web", "group:memory", "group:skills")
+PROFILES = {
+    "minimal": ["group:memory", "group:skills"],
+    "coding": ["group:fs", "group:runtime", "group:memory", "group:skills"],
+    "full": ["*"],
+}
+
+
+class ToolRules(Section):
+    """One layer of the tool policy: a profile, then allow (if any), then deny (which wins)."""
+
+    profile: str | None = None
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _known_names(self) -> ToolRules:
+        if self.profile is not None and self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; use one of {', '.join(PROFILES)}")
+        for entry in [*self.allow, *self.deny]:
+            if entry.startswith("group:") and entry not in GROUP_NAMES:
+                raise ValueError(f"unknown group {entry!r}; groups: {', '.join(GROUP_NAMES)}")
+        return self
+
+
+class ToolPolicySettings(ToolRules):
+    profile: str | None = "full"
+    owner_only: list[str] = Field(default_factory=list)  # tools only owners may use
+    owners: list[str] = Field(default_factory=list)  # sender ids that count as owners
+    agents: dict[str, ToolRules] = Field(default_factory=dict)  # per-agent layers, narrowing the global one
+
+
 def default_workspace() -> Path:
     # As root, commands run as an unprivileged uid that cannot enter /root: keep the
     # workspace where that uid can reach it.
@@ -99,6 +131,7 @@ class HandsSettings(Section):
     policy: PolicySettings = Field(default_factory=PolicySettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     web: WebSettings = Field(default_factory=WebSettings)
+    tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     skill_dirs: list[Path] = Field(default_factory=lambda: [PROJECT_ROOT / "skills", Path("~/.pincer/skills")])
     memory_watermark: float = Field(default=0.9, gt=0, le=1)
     progress_interval_s: float = Field(default=5.0, gt=0)

@@ -41,6 +41,7 @@ from hands.registry import (
     ToolRegistry,
 )
 from hands.shaping import Batch, shape
+from hands.toolpolicy import ToolPolicy
 from hands.workspace import Workspace
 
 log = logging.getLogger("hands.executor")
@@ -73,6 +74,7 @@ class Executor:
         self.workspace = Workspace(settings.workspace, owner=sandbox.owner if sandbox else None)
         self.policy = Policy(settings.policy, self.workspace.root)
         self.limiter = Limiter(settings.concurrency, settings.queue)
+        self.tool_policy = ToolPolicy(settings.tools)
         self.memory, self.sandbox, self.progress = memory, sandbox, progress
 
     async def execute(self, call: ToolExecute) -> ToolResult:
@@ -83,6 +85,7 @@ class Executor:
                 raise ToolFailure(ErrorCode.TIMEOUT,
                                   "the call's deadline passed before a worker could start it; it was not run")
             tool = self.registry.get(call.tool)
+            self._check_tool_policy(tool, call)
             self.registry.validate(tool.name, call.args)
             self._check_permissions(tool)
             check_memory(self.settings.memory_watermark)
@@ -105,6 +108,14 @@ class Executor:
                ms=result.metadata.duration_ms),
         )
         return result
+
+    def _check_tool_policy(self, tool: ToolDefinition, call: ToolExecute) -> None:
+        decision = self.tool_policy.decide(tool, agent=call.agent_id, sender=call.sender)
+        if not decision.allowed:
+            raise ToolFailure(
+                ErrorCode.PERMISSION_DENIED, f"{tool.name} is not allowed for agent {call.agent_id!r}: {decision.rule}",
+                suggestions=["use one of the tools you were given", f"`pincer policy explain {tool.name}` shows why"],
+            )
 
     def _check_permissions(self, tool: ToolDefinition) -> None:
         violations = self.policy.violations(tool.permissions)

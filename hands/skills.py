@@ -138,7 +138,7 @@ def skill_reader(registry: ToolRegistry) -> ToolDefinition:
         name="read_skill", description="Read the instructions of an available skill, by name.",
         parameters={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
                     "additionalProperties": False},
-        handler=read_skill, category=Category.FILE,
+        handler=read_skill, category=Category.SKILL,
     )
 
 

@@ -66,7 +66,9 @@ class HandsWorker:
             case ToolsList():
                 if message.deadline is not None and message.deadline <= now_ms():
                     return []  # the asker has given up; an answer would only litter its stream
-                tools = self.registry.brain_view()
+                policy = self.executor.tool_policy
+                tools = [spec for spec in self.registry.brain_view() if policy.decide(
+                    self.registry.get(spec.name), agent=message.agent_id, sender=message.sender).allowed]
                 reply = ToolsAvailable(request_id=message.request_id, tools=tools,
                                        skills=self.registry.instructions(), digest=self.registry.digest(),
                                        worker_id=self.worker_id)

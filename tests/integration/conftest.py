@@ -30,11 +30,11 @@ async def engine(bus: Bus, tmp_path: Path, engine_defaults: dict[str, Any]):
     (tmp_path / "ws" / "a.txt").write_text("alpha")
     running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
 
-    async def start(*, tools: list[ToolDefinition] = (), **overrides: Any) -> HandsWorker:
+    async def start(*, extra_tools: list[ToolDefinition] = (), **overrides: Any) -> HandsWorker:
         settings = HandsSettings.model_validate({"workspace": tmp_path / "ws", "skill_dirs": [SHIPPED_SKILLS],
                                                  **engine_defaults, **overrides})
         worker = HandsWorker(bus, settings, worker_id=f"w{len(running)}", heartbeat_s=0.5)
-        for tool in tools:
+        for tool in extra_tools:
             worker.registry.register(tool)
         stop = asyncio.Event()
         running.append((stop, asyncio.create_task(worker.run(stop))))
@@ -57,9 +57,10 @@ async def call(bus: Bus):
     inbox = ReplyInbox(bus, "brain-engine", block_ms=100)
     await inbox.start()
 
-    async def send(tool: str, args: dict | None = None, *, events: list | None = None, timeout: float = 20) -> ToolResult:
-        request = ToolExecute(tool=tool, args=args or {}, session_id="s", reply_to=inbox.stream,
-                              deadline=now_ms() + int(timeout * 1000))
+    async def send(tool: str, args: dict | None = None, *, events: list | None = None, timeout: float = 20,
+                   agent: str = "main", sender: str = "") -> ToolResult:
+        request = ToolExecute(tool=tool, args=args or {}, session_id="s", reply_to=inbox.stream, agent_id=agent,
+                              sender=sender, deadline=now_ms() + int(timeout * 1000))
 
         async def keep(event):
             if events is not None:

@@ -199,7 +199,7 @@ async def test_tool_list_is_cached_until_hands_announces_a_new_digest(bus: Bus, 
 
         first = await catalog.tools()
         assert [t.name for t in first] == TOOL_NAMES
-        assert [s.name for s in catalog.skills] == ["tidy-notes"]
+        assert [s.name for s in (await catalog.lookup())[1]] == ["tidy-notes"]
         assert await catalog.tools() is first and await list_requests() == 1  # cached: no second request
         await bus.redis.set(bus.keys.tools_digest, "changed")
         assert [t.name for t in await catalog.tools()] == [t.name for t in first]

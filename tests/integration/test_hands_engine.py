@@ -84,7 +84,7 @@ async def test_permission_denied_at_call_time_with_suggestions(engine, call, tmp
 
 async def test_burst_beyond_the_queue_is_refused_and_the_queue_drains(engine, call) -> None:
     gate = asyncio.Event()
-    worker = await engine(tools=[gated("slow", gate)], concurrency={"global": 1})
+    worker = await engine(extra_tools=[gated("slow", gate)], concurrency={"global": 1})
     calls = [asyncio.create_task(call("slow", timeout=60)) for _ in range(60)]
     await async_wait_until(lambda: sum(t.done() for t in calls) == 9, what="9 refusals")
     refused = [t.result() for t in calls if t.done()]
@@ -98,7 +98,7 @@ async def test_burst_beyond_the_queue_is_refused_and_the_queue_drains(engine, ca
 
 async def test_queue_wait_expires(engine, call) -> None:
     gate = asyncio.Event()
-    await engine(tools=[gated("slow", gate)], concurrency={"global": 1}, queue={"wait_s": 0.3})
+    await engine(extra_tools=[gated("slow", gate)], concurrency={"global": 1}, queue={"wait_s": 0.3})
     first = asyncio.create_task(call("slow"))
     await asyncio.sleep(0.1)
     late = await call("slow")
@@ -109,7 +109,7 @@ async def test_queue_wait_expires(engine, call) -> None:
 
 async def test_tool_limit_holds_and_other_tools_are_not_starved(engine, call) -> None:
     gate, running = asyncio.Event(), []
-    await engine(tools=[gated("one_at_a_time", gate, limit=2, running=running)])
+    await engine(extra_tools=[gated("one_at_a_time", gate, limit=2, running=running)])
     calls = [asyncio.create_task(call("one_at_a_time")) for _ in range(6)]
     await async_wait_until(lambda: len(running) == 2, what="two running")
     assert (await call("read_file", {"path": "a.txt"})).success  # not stuck behind the waiting six
@@ -176,7 +176,7 @@ async def test_network_and_code_tools_report_progress(engine, call) -> None:
 
     tool = ToolDefinition(name="fetchish", description="", parameters={"type": "object"}, handler=fetchish,
                           category=Category.NETWORK)
-    await engine(tools=[tool], progress_interval_s=0.1)
+    await engine(extra_tools=[tool], progress_interval_s=0.1)
     events: list = []
     result = await call("fetchish", events=events)
     assert result.success
@@ -215,3 +215,26 @@ async def test_shipped_skills_work_through_the_bus(engine, call, tmp_path: Path)
     assert both.error.code is ErrorCode.INVALID_ARGUMENTS
     instructions = await call("read_skill", {"name": "tidy-notes"})
     assert "notes-summary.md" in instructions.data["instructions"]
+
+
+# --- tool policy --------------------------------------------------------------
+
+
+async def test_tool_policy_hides_and_refuses_through_the_bus(bus: Bus, engine, call) -> None:
+    from bus.protocol import ToolsList
+
+    await engine(tools={"profile": "coding", "owner_only": ["group:runtime"], "owners": ["alice"],
+                        "agents": {"reader": {"allow": ["group:fs"], "deny": ["write_file"]}}})
+
+    async def listed(agent: str, sender: str) -> list[str]:
+        request = ToolsList(reply_to=call.inbox.stream, agent_id=agent, sender=sender)
+        reply = await call.inbox.request(bus.keys.hands_requests, request, request.request_id, timeout=5)
+        return [t.name for t in reply.tools]
+
+    assert await listed("reader", "alice") == ["list_directory", "read_file", "read_files"]
+    assert "exec" in await listed("main", "alice") and "exec" not in await listed("main", "bob")
+    assert "web_fetch" not in await listed("main", "alice")
+    refused = await call("write_file", {"path": "x.txt", "content": "x"}, agent="reader")
+    assert refused.error.code is ErrorCode.PERMISSION_DENIED
+    assert "not allowed for agent 'reader': hands.tools.agents.reader.deny has 'write_file'" in refused.error.message
+    assert (await call("read_file", {"path": "a.txt"}, agent="reader")).success

@@ -60,8 +60,8 @@ async def test_several_workers_share_the_work(engine, call) -> None:
 
     sleep = ToolDefinition(name="nap", description="sleep", handler=nap, category=Category.SKILL,
                            parameters={"type": "object", "properties": {"s": {"type": "number"}}})
-    await engine(tools=[sleep])
-    await engine(tools=[sleep])
+    await engine(extra_tools=[sleep])
+    await engine(extra_tools=[sleep])
     results = await asyncio.gather(*(call("nap", {"s": 0.05}) for _ in range(30)))
     assert all(r.success and r.data == "rested" for r in results)
     assert {r.metadata.worker_id for r in results} == {"w0", "w1"}
