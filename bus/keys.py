@@ -46,6 +46,13 @@ class Keys:
         """Hash of an agent's long-term memory notes, by key."""
         return f"{self.prefix}memory:{agent_id}"
 
+    def job(self, job_id: str) -> str:
+        """Hash describing a background job: owner worker, status, exit code, output tail."""
+        return f"{self.prefix}job:{job_id}"
+
+    def session_jobs(self, session_id: str) -> str:
+        return f"{self.prefix}session:{session_id}:jobs"
+
     @property
     def sessions(self) -> str:
         """Sorted set of session ids, scored by last activity."""

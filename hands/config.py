@@ -122,6 +122,13 @@ def default_workspace() -> Path:
     return Path("/var/lib/pincer/workspace") if os.geteuid() == 0 else Path("~/.pincer/workspace")
 
 
+class JobSettings(Section):
+    """Commands that outlive their call (exec with background, or past yield_ms)."""
+
+    max_timeout_s: float = Field(default=3600.0, ge=1)  # longest a background job may run
+    keep_s: float = Field(default=1800.0, ge=1)  # how long a finished job stays listed
+
+
 class HandsSettings(Section):
     workspace: Path = Field(default_factory=default_workspace)
     concurrency: ConcurrencySettings = Field(default_factory=ConcurrencySettings)
@@ -131,6 +138,7 @@ class HandsSettings(Section):
     policy: PolicySettings = Field(default_factory=PolicySettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     web: WebSettings = Field(default_factory=WebSettings)
+    jobs: JobSettings = Field(default_factory=JobSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     skill_dirs: list[Path] = Field(default_factory=lambda: [PROJECT_ROOT / "skills", Path("~/.pincer/skills")])
     memory_watermark: float = Field(default=0.9, gt=0, le=1)

@@ -8,11 +8,12 @@ import socket
 from collections.abc import Sequence
 
 from bus.keys import HANDS_GROUP
-from bus.presence import Presence
+from bus.presence import Presence, alive
 from bus.protocol import Message, ToolExecute, ToolsAvailable, ToolsList, now_ms
 from bus.streams import Bus, GroupConsumer, Reply
 from hands.config import HandsSettings
 from hands.executor import Executor
+from hands.jobs import JobManager
 from hands.policy import Policy
 from hands.registry import ToolRegistry
 from hands.sandbox.runner import Sandbox
@@ -44,7 +45,8 @@ class HandsWorker:
         self.bus, self.settings, self.worker_id = bus, settings, worker_id
         self.registry, self.skills = load_registry(settings)
         self.sandbox = Sandbox(settings.sandbox, Workspace(settings.workspace).root)
-        self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox,
+        self.jobs = JobManager(bus.redis, bus.keys, worker_id=worker_id, keep_s=settings.jobs.keep_s)
+        self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
                                  memory=LongTermMemory(bus.redis, bus.keys), progress=bus.publish)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s)
         # Read past the running slots, so calls beyond them reach the limiter's queue
@@ -62,6 +64,10 @@ class HandsWorker:
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         match message:
             case ToolExecute():
+                owner = await self._job_owner(message)
+                if owner is not None:  # the job runs elsewhere: its owner answers
+                    await self.bus.publish(self.bus.keys.hands_worker(owner), message)
+                    return []
                 return [(message.reply_to, await self.executor.execute(message))]
             case ToolsList():
                 if message.deadline is not None and message.deadline <= now_ms():
@@ -77,6 +83,16 @@ class HandsWorker:
                 log.warning("ignored %s on %s: Hands does not handle it", message.type, stream)
                 return []
 
+    async def _job_owner(self, call: ToolExecute) -> str | None:
+        """The live worker that owns the job a ``process`` call names, when it is not this one."""
+        job_id = call.args.get("job_id") if call.tool == "process" else None
+        if not isinstance(job_id, str) or job_id in self.jobs.jobs:
+            return None
+        owner = await self.jobs.owner(job_id)
+        if owner is None or owner == self.worker_id or owner not in await alive(self.bus, "hands"):
+            return None  # unknown, ours, or lost: the tool itself says which
+        return owner
+
     async def run(self, stop: asyncio.Event) -> None:
         self.executor.workspace.ensure()
         await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
@@ -90,4 +106,5 @@ class HandsWorker:
         try:
             await self.consumer.run(stop)
         finally:
+            await self.jobs.stop_all()
             await self.presence.stop()

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_SKILLS = ROOT / "skills"
 # What a Hands worker offers with the shipped skills only.
 TOOL_NAMES = ["exec", "execute_python", "execute_shell", "list_directory", "memory_read", "memory_write",
-              "read_file", "read_files", "read_skill", "web_fetch", "web_search", "word_count", "write_file"]
+              "process", "read_file", "read_files", "read_skill", "web_fetch", "web_search", "word_count", "write_file"]
 
 
 def wait_until(condition: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05, what: str = "") -> Any:

@@ -45,8 +45,20 @@ class Output:
     head: bytearray = field(default_factory=bytearray)
     tail: bytearray = field(default_factory=bytearray)
     dropped: int = 0
+    total: int = 0  # bytes seen so far: an offset for "what is new since"
+
+    def since(self, offset: int) -> tuple[str, int]:
+        """Output after byte ``offset`` still held in the tail, and the new offset."""
+        tail_start = self.total - len(self.tail)
+        if offset >= tail_start:
+            return self.tail[offset - tail_start:].decode(errors="replace"), self.total
+        if offset < len(self.head):  # still in the head: head rest, then the tail
+            gap = f"\n…[{self.dropped:,} bytes not kept]…\n" if self.dropped else ""
+            return self.head[offset:].decode(errors="replace") + gap + self.tail.decode(errors="replace"), self.total
+        return f"…[{tail_start - offset:,} bytes not kept]…\n" + self.tail.decode(errors="replace"), self.total
 
     def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
         room = self.cap // 2 - len(self.head)
         if room > 0:
             self.head += chunk[:room]
@@ -72,6 +84,59 @@ class RunResult:
     duration_ms: int
     tier: str
     dropped_bytes: int
+
+
+class Running:
+    """A started command: its output as it comes, stdin, waiting, and a stop that kills the tree."""
+
+    def __init__(self, process: asyncio.subprocess.Process, tier: str, output_bytes: int) -> None:
+        self.process, self.tier = process, tier
+        self.started = time.monotonic()
+        self.out, self.err = Output(output_bytes), Output(output_bytes)
+        self.timed_out = self.killed = False
+        self._readers = [asyncio.create_task(_drain(process.stdout, self.out)),
+                         asyncio.create_task(_drain(process.stderr, self.err))]
+
+    @property
+    def done(self) -> bool:
+        return self.process.returncode is not None
+
+    async def write(self, data: bytes, *, close: bool = False) -> None:
+        stdin = self.process.stdin
+        if stdin is None or stdin.is_closing():
+            raise BrokenPipeError("the command's stdin is closed")
+        with contextlib.suppress(ConnectionResetError):
+            stdin.write(data)
+            await stdin.drain()
+        if close:
+            stdin.close()
+
+    async def wait(self, timeout_s: float | None) -> bool:
+        """True when it exited within ``timeout_s`` (None: wait for ever); a timeout marks it timed out."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.process.wait()
+            return True
+        except TimeoutError:
+            self.timed_out = True
+            return False
+
+    async def stop(self) -> None:
+        """Kill the whole tree if it still runs, then collect the rest of its output."""
+        if self.process.returncode is None:
+            self.killed = True
+            await _kill_tree(self.process)
+        await asyncio.gather(*self._readers, return_exceptions=True)
+
+    def result(self) -> RunResult:
+        code = self.process.returncode
+        return RunResult(
+            exit_code=code if code is not None and code >= 0 else None,
+            signal=signal.Signals(-code).name if code is not None and code < 0 else None,
+            stdout=self.out.text(), stderr=self.err.text(), timed_out=self.timed_out,
+            duration_ms=int((time.monotonic() - self.started) * 1000), tier=self.tier,
+            dropped_bytes=self.out.dropped + self.err.dropped,
+        )
 
 
 class SandboxUnavailable(Exception):
@@ -104,47 +169,32 @@ class Sandbox:
 
     async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
                   stdin: bytes | None = None) -> RunResult:
+        """Run to the end (or the timeout, which kills the whole tree)."""
+        running = await self.start(argv, workdir=workdir, env=env)
+        try:
+            if stdin is not None:
+                await running.write(stdin, close=True)
+            await running.wait(timeout_s)
+        finally:
+            await running.stop()
+        return running.result()
+
+    async def start(self, argv: list[str], *, workdir: str, env: dict[str, str]) -> Running:
+        """Start a command and return its handle; the caller must ``stop()`` it (it may be long gone)."""
         self.check_allowed()
         seccomp = _seccomp_fd() if self.tier == "bwrap" else None
         command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp)
-        started = time.monotonic()
         try:
             process = await asyncio.create_subprocess_exec(
-                *command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                pass_fds=(seccomp,) if seccomp is not None else (),
+                *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, pass_fds=(seccomp,) if seccomp is not None else (),
                 env=env if self.tier == "rlimits" else {"PATH": "/usr/bin:/bin"},
                 cwd=self.workspace / workdir if self.tier == "rlimits" else None,
             )
         finally:
             if seccomp is not None:
                 os.close(seccomp)
-        out, err = Output(self.settings.output_bytes), Output(self.settings.output_bytes)
-        readers = [asyncio.create_task(_drain(process.stdout, out)), asyncio.create_task(_drain(process.stderr, err))]
-        timed_out = False
-        try:
-            if stdin is not None and process.stdin is not None:
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    process.stdin.write(stdin)
-                    await process.stdin.drain()
-                process.stdin.close()
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await process.wait()
-            except TimeoutError:
-                timed_out = True
-        finally:
-            if process.returncode is None:
-                await _kill_tree(process)
-            await asyncio.gather(*readers, return_exceptions=True)
-        code = process.returncode
-        return RunResult(
-            exit_code=code if code is not None and code >= 0 else None,
-            signal=signal.Signals(-code).name if code is not None and code < 0 else None,
-            stdout=out.text(), stderr=err.text(), timed_out=timed_out,
-            duration_ms=int((time.monotonic() - started) * 1000), tier=self.tier,
-            dropped_bytes=out.dropped + err.dropped,
-        )
+        return Running(process, self.tier, self.settings.output_bytes)
 
     def _unreachable_dir(self) -> Path | None:
         """The first directory on the workspace's path the sandbox uid may not pass through, if any."""

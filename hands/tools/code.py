@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from bus.protocol import ErrorCode
 from hands.errors import ToolFailure
 from hands.registry import Category, Permissions, ToolContext, ToolDefinition
 from hands.sandbox.env import sandbox_env
-from hands.sandbox.runner import RunResult, SandboxUnavailable
+from hands.sandbox.runner import Running, SandboxUnavailable
 
 _PERMS = Permissions(filesystem_read=["{workspace}/**"], filesystem_write=["{workspace}/**"], execute=["*"])
-_TIMEOUT = {"type": "number", "minimum": 1, "maximum": 120, "description": "Seconds before it is killed (default 30)"}
+_TIMEOUT = {"type": "number", "minimum": 1, "maximum": 86_400,
+            "description": "Seconds before it is killed with everything it started (default 30)"}
 
 
 async def run_command(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -30,26 +32,90 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
     with ctx.workspace.open_dir(workdir):  # exists, beneath the workspace, no links on the way
         relative = "/".join(ctx.workspace.parts(workdir))
     env = sandbox_env(args.get("env"))
-    timeout = float(args.get("timeout", ctx.settings.sandbox.default_timeout_s))
+    timeout = min(float(args.get("timeout", ctx.settings.sandbox.default_timeout_s)), ctx.settings.jobs.max_timeout_s)
     if ctx.sandbox is None:
         raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "this worker has no sandbox to run commands in",
                           retryable=False)
     try:
-        result: RunResult = await ctx.sandbox.run(argv, workdir=relative, env=env, timeout_s=timeout)
+        running: Running = await ctx.sandbox.start(argv, workdir=relative, env=env)
     except SandboxUnavailable as exc:
         raise ToolFailure(ErrorCode.PERMISSION_DENIED, str(exc),
                           suggestions=["ask the operator to install bubblewrap"]) from None
-    ctx.notes["sandbox"] = result.tier
+    ctx.notes["sandbox"] = running.tier
+    adopted = False
+    try:
+        if not args.get("background"):
+            running.process.stdin.close()  # only background jobs take input (process write)
+        yield_s = 0.0 if args.get("background") else args.get("yield_ms", 10_000) / 1000
+        if not await running.wait(min(yield_s, timeout)) and yield_s < timeout and ctx.jobs is not None:
+            running.timed_out = False  # it yielded, it did not time out
+            job = await ctx.jobs.adopt(running, session_id=ctx.session_id, command=" ".join(argv), timeout_s=timeout)
+            adopted = True
+            job.polled_out, job.polled_err = running.out.total, running.err.total
+            return {"status": "running", "job_id": job.id, "stdout": running.out.text(),
+                    "stderr": running.err.text(), "sandbox": running.tier,
+                    "note": f"still running; use the process tool with job_id {job.id!r} (poll, log, write, kill)"}
+    finally:
+        if not adopted:
+            await running.stop()
+    result = running.result()
     output = {"stdout": result.stdout, "stderr": result.stderr}
     if result.timed_out:
         raise ToolFailure(
             ErrorCode.TIMEOUT,
             f"the command did not finish within its {timeout:g}s limit and was killed, with everything it started",
             details={**output, "sandbox": result.tier},
-            suggestions=["give it a longer timeout (up to 120 s), or do less per call"],
+            suggestions=["give it a longer timeout, run it in the background, or do less per call"],
         )
-    return {"exit_code": result.exit_code, "signal": result.signal, **output, "duration_ms": result.duration_ms,
-            "sandbox": result.tier, **({"output_dropped_bytes": result.dropped_bytes} if result.dropped_bytes else {})}
+    return {"status": "exited", "exit_code": result.exit_code, "signal": result.signal, **output,
+            "duration_ms": result.duration_ms, "sandbox": result.tier,
+            **({"output_dropped_bytes": result.dropped_bytes} if result.dropped_bytes else {})}
+
+
+async def process(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Manage background jobs: list, poll, log, write, kill."""
+    action = args["action"]
+    if ctx.jobs is None:
+        raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "this worker keeps no jobs", retryable=False)
+    if action == "list":
+        return {"jobs": await ctx.jobs.listing(ctx.session_id)}
+    if "job_id" not in args:
+        raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"process {action} needs a job_id")
+    job_id = args["job_id"]
+    if job_id not in ctx.jobs.jobs:
+        owner = await ctx.jobs.owner(job_id)
+        if owner is None:
+            raise ToolFailure(ErrorCode.FILE_NOT_FOUND, f"no job {job_id!r} (finished jobs are pruned after a while)",
+                              suggestions=["process list shows the jobs of this session"])
+        raise ToolFailure(ErrorCode.WORKER_LOST, f"job {job_id!r} ran on worker {owner}, which is gone; its process "
+                          "and output are lost", suggestions=["start the command again"], retryable=False)
+    job = ctx.jobs.local(job_id)
+    running = job.running
+    if action == "poll":
+        wait = float(args.get("wait_s", 0))
+        deadline = asyncio.get_running_loop().time() + wait
+        while (wait and not running.done and running.out.total == job.polled_out
+               and running.err.total == job.polled_err and asyncio.get_running_loop().time() < deadline):
+            await asyncio.sleep(0.05)
+        if running.done:
+            await running.stop()  # collect the last output
+        stdout, job.polled_out = running.out.since(job.polled_out)
+        stderr, job.polled_err = running.err.since(job.polled_err)
+        return {**job.summary(), "stdout": stdout, "stderr": stderr}
+    if action == "log":
+        lines = int(args.get("lines", 50))
+        return {**job.summary(), "stdout": "\n".join(running.out.text().splitlines()[-lines:]),
+                "stderr": "\n".join(running.err.text().splitlines()[-lines:])}
+    if action == "write":
+        try:
+            await running.write(args.get("data", "").encode(), close=bool(args.get("eof")))
+        except (BrokenPipeError, ConnectionResetError):
+            raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"job {job_id!r} no longer reads its input") from None
+        return {**job.summary(), "written": len(args.get("data", "").encode())}
+    if action == "kill":
+        await running.stop()
+        return job.summary()
+    raise AssertionError(action)  # the schema allows no other action
 
 
 _EXEC_PARAMS = {
@@ -62,6 +128,9 @@ _EXEC_PARAMS = {
         "env": {"type": "object", "additionalProperties": {"type": "string"},
                 "description": "Extra environment variables"},
         "timeout": _TIMEOUT,
+        "yield_ms": {"type": "integer", "minimum": 0, "maximum": 120_000,
+                     "description": "Return with a job id if still running after this long (default 10000)"},
+        "background": {"type": "boolean", "description": "Start it and return a job id at once"},
     },
     "additionalProperties": False,
 }
@@ -85,5 +154,19 @@ CODE_TOOLS = [
             "code": {"type": "string", "minLength": 1, "maxLength": 200_000}, "timeout": _TIMEOUT,
             "workdir": {"type": "string"}}, "required": ["code"], "additionalProperties": False},
         handler=run_python, category=Category.CODE, permissions=_PERMS, timeout_s=120, idempotent=False,
+    ),
+    ToolDefinition(
+        name="process",
+        description="Manage background jobs started by exec: list, poll (new output since the last poll; "
+                    "wait_s up to 30 waits for output or exit), log (last lines), write (to stdin), kill.",
+        parameters={"type": "object", "properties": {
+            "action": {"type": "string", "enum": ["list", "poll", "log", "write", "kill"]},
+            "job_id": {"type": "string", "pattern": "^job-[0-9a-f]{10}$"},
+            "wait_s": {"type": "number", "minimum": 0, "maximum": 30},
+            "lines": {"type": "integer", "minimum": 1, "maximum": 10_000},
+            "data": {"type": "string", "maxLength": 1_000_000},
+            "eof": {"type": "boolean", "description": "Close stdin after writing"},
+        }, "required": ["action"], "additionalProperties": False},
+        handler=process, category=Category.CODE, timeout_s=45, idempotent=False,
     ),
 ]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bus.protocol import ErrorCode, ToolProgress
+from bus.streams import Bus
 from hands.registry import Category, ToolDefinition
 from tests.conftest import SHIPPED_SKILLS, async_wait_until, make_skill
 from tests.integration.conftest import gated

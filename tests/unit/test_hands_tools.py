@@ -103,7 +103,7 @@ async def test_missing_file_is_file_not_found(executor: Executor) -> None:
 async def test_unknown_tool_lists_the_available_ones(executor: Executor) -> None:
     result = await call(executor, "delete_everything")
     assert result.error.code is ErrorCode.TOOL_NOT_FOUND
-    assert "list_directory, memory_read, memory_write, read_file, read_files, web_fetch" in result.error.message
+    assert "available tools: " + ", ".join(executor.registry.names()) in result.error.message
 
 
 async def test_invalid_arguments_one_line_per_path(executor: Executor) -> None:

@@ -1,0 +1,86 @@
+"""Background jobs through the bus: yield, poll, log, write, kill, routing to the owner, a lost owner."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bus.protocol import ErrorCode
+from bus.streams import Bus
+from tests.conftest import wait_until
+from tests.integration.test_sandbox import processes_matching
+
+
+@pytest.fixture
+def ws() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="pincer-jobs-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def jobs(engine, ws: Path):
+    settings = {"workspace": ws, "sandbox": {"allow_degraded": True}, "jobs": {"keep_s": 30}}
+    return [await engine(**settings), await engine(**settings)]
+
+
+async def test_a_slow_command_yields_a_job_that_can_be_polled_to_its_end(jobs, call) -> None:
+    started = await call("exec", {"command": "echo start; sleep 1; echo done; exit 3", "yield_ms": 300})
+    assert started.success and started.data["status"] == "running" and started.data["stdout"] == "start\n"
+    job_id = started.data["job_id"]
+    owner = started.metadata.worker_id
+    finished = await call("process", {"action": "poll", "job_id": job_id, "wait_s": 10})
+    while finished.data["status"] == "running":
+        finished = await call("process", {"action": "poll", "job_id": job_id, "wait_s": 10})
+    assert finished.data["status"] == "exited" and finished.data["exit_code"] == 3
+    assert finished.data["stdout"] == "done\n"  # only what is new since the last poll
+    assert finished.metadata.worker_id == owner  # answered by the worker that owns the job
+    log = await call("process", {"action": "log", "job_id": job_id, "lines": 5})
+    assert log.data["stdout"] == "start\ndone"
+    listed = await call("process", {"action": "list"})
+    assert [(j["job_id"], j["status"], j["worker"]) for j in listed.data["jobs"]] == [(job_id, "exited", owner)]
+
+
+async def test_every_call_about_a_job_reaches_its_owner(jobs, call) -> None:
+    started = await call("exec", {"command": "sleep 30", "background": True})
+    owner = started.metadata.worker_id
+    answers = await asyncio.gather(*(call("process", {"action": "poll", "job_id": started.data["job_id"]})
+                                     for _ in range(12)))
+    assert {a.metadata.worker_id for a in answers} == {owner}
+    assert all(a.data["status"] == "running" for a in answers)
+    killed = await call("process", {"action": "kill", "job_id": started.data["job_id"]})
+    assert killed.data["status"] == "killed" and killed.metadata.worker_id == owner
+    wait_until(lambda: not processes_matching("sleep 30"), timeout=10, what="the job's process gone")
+
+
+async def test_write_to_a_background_job(jobs, call) -> None:
+    started = await call("exec", {"command": "read name; echo hello $name", "background": True})
+    job_id = started.data["job_id"]
+    await call("process", {"action": "write", "job_id": job_id, "data": "pincer\n", "eof": True})
+    polled = await call("process", {"action": "poll", "job_id": job_id, "wait_s": 10})
+    while polled.data["status"] == "running":
+        polled = await call("process", {"action": "poll", "job_id": job_id, "wait_s": 10})
+    assert polled.data["exit_code"] == 0 and "hello pincer" in polled.data["stdout"]
+
+
+async def test_a_job_outliving_its_timeout_is_killed(jobs, call) -> None:
+    started = await call("exec", {"command": "sleep 45.5", "background": True, "timeout": 1})
+    await asyncio.sleep(1.5)
+    polled = await call("process", {"action": "poll", "job_id": started.data["job_id"], "wait_s": 5})
+    assert polled.data["status"] == "timed_out"
+    wait_until(lambda: not processes_matching("sleep 45.5"), timeout=10, what="the timed-out job gone")
+
+
+async def test_a_job_whose_worker_is_gone_reports_worker_lost(jobs, call, bus: Bus) -> None:
+    await bus.redis.hset(bus.keys.job("job-0123456789"), mapping={"worker": "hands-ghost", "status": "running"})
+    lost = await call("process", {"action": "poll", "job_id": "job-0123456789"})
+    assert lost.error.code is ErrorCode.WORKER_LOST and "hands-ghost" in lost.error.message
+    unknown = await call("process", {"action": "kill", "job_id": "job-abcdefabcd"})
+    assert unknown.error.code is ErrorCode.FILE_NOT_FOUND
+    missing = await call("process", {"action": "poll"})
+    assert missing.error.code is ErrorCode.INVALID_ARGUMENTS
