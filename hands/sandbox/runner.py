@@ -33,6 +33,7 @@ from hands.config import SandboxSettings
 log = logging.getLogger("hands.sandbox")
 
 KILL_GRACE_S = 3.0
+READ_GRACE_S = 2.0
 ETC_FILES = ("ld.so.cache", "alternatives", "ssl", "ca-certificates", "localtime", "nsswitch.conf",
              "passwd", "group", "hosts", "mime.types")
 
@@ -126,7 +127,12 @@ class Running:
         if self.process.returncode is None:
             self.killed = True
             await _kill_tree(self.process)
-        await asyncio.gather(*self._readers, return_exceptions=True)
+        # A descendant that escaped the group may still hold the pipes: never wait on it for ever.
+        _, stuck = await asyncio.wait(self._readers, timeout=READ_GRACE_S)
+        for reader in stuck:
+            reader.cancel()
+        if stuck:
+            log.warning("a command's output pipes stayed open after it ended; stopped reading them")
 
     def result(self) -> RunResult:
         code = self.process.returncode
@@ -275,12 +281,12 @@ async def _drain(stream: asyncio.StreamReader | None, into: Output) -> None:
 
 
 async def _kill_tree(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM the whole group, wait a little, then SIGKILL whatever is left."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, sig)
-        try:
-            await asyncio.wait_for(asyncio.shield(process.wait()), wait)
-            return
-        except TimeoutError:
-            continue
+    """SIGTERM the whole group, give it a grace period, then SIGKILL the group whatever happened:
+    the leader exiting early does not mean every process it started did."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(process.wait()), KILL_GRACE_S)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    await process.wait()
