@@ -130,7 +130,8 @@ class Turn:
         deps, msg = self.deps, self.message
         deadline_s = deps.settings.tool_deadline_s
         request = ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
-                              agent_id=msg.agent_id, sender=msg.sender, reply_to=deps.inbox.stream, deadline=now_ms() + int(deadline_s * 1000))
+                              agent_id=msg.agent_id, sender=msg.sender, reply_to=deps.inbox.stream,
+                              approvals_to=msg.reply_to, message_id=msg.message_id, deadline=now_ms() + int(deadline_s * 1000))
         log.info("tool call sent %s", kv(session=msg.session_id, call=call_id, tool=tool))
         async def relay(event: Message) -> None:
             if isinstance(event, ToolProgress):

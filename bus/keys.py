@@ -53,6 +53,14 @@ class Keys:
     def session_jobs(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}:jobs"
 
+    def approval(self, approval_id: str) -> str:
+        """Hash of a pending approval: where to send the decision, what it is for, when it expires."""
+        return f"{self.prefix}approval:{approval_id}"
+
+    def exec_allowlist(self, agent_id: str) -> str:
+        """Set of allowlist entries added with allow-always (JSON), on top of hands.exec.allowlist."""
+        return f"{self.prefix}exec-allowlist:{agent_id}"
+
     @property
     def sessions(self) -> str:
         """Sorted set of session ids, scored by last activity."""

@@ -144,6 +144,10 @@ class ToolExecute(_Message):
     sender: str = ""
     reply_to: str
     deadline: int
+    # Where the person of this chat listens (their Gateway's stream) and which turn it is:
+    # an approval request for this call goes there.
+    approvals_to: str | None = None
+    message_id: str | None = None
 
 
 class ToolResult(_Message):
@@ -233,10 +237,15 @@ class ApprovalRequest(_Message):
     approval_id: str = Field(default_factory=new_id)
     call_id: str
     session_id: str
+    message_id: str = ""  # the chat turn it belongs to: the Gateway shows it in that turn's stream
     tool: str
     summary: str
     expires_at: int
     reply_to: str
+
+    @property
+    def correlation_id(self) -> str:
+        return self.message_id
 
 
 class ApprovalDecision(_Message):

@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
@@ -19,6 +19,8 @@ from starlette.routing import Route
 from bus.log import kv
 from bus.presence import Presence, alive
 from bus.protocol import (
+    ApprovalDecision,
+    ApprovalRequest,
     ChatDelta,
     ChatError,
     ChatMessage,
@@ -49,6 +51,13 @@ class SendMessage(BaseModel):
     agent_id: str = Field(default="main", pattern=r"^[A-Za-z0-9_-]{1,64}$")
 
 
+class Decide(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["allow-once", "allow-always", "deny"]
+    by: str = Field(default="", max_length=200)
+
+
 class _Session(BaseModel):
     session_id: str = Field(pattern=SESSION_ID)
 
@@ -76,6 +85,7 @@ class Gateway:
                 Route("/v1/sessions/{session_id}/messages", self.post_message, methods=["POST"]),
                 Route("/v1/sessions/{session_id}", self.get_session, methods=["GET"]),
                 Route("/v1/sessions", self.list_sessions, methods=["GET"]),
+                Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
                 Route("/healthz", self.healthz, methods=["GET"]),
             ],
             lifespan=self.lifespan,
@@ -134,11 +144,31 @@ class Gateway:
         raise AssertionError("the event stream always ends with a reply or an error")
 
     async def _sse(self, message: ChatMessage) -> AsyncIterator[dict[str, str]]:
-        names = {ChatDelta: "delta", ChatTool: "tool", ChatReply: "reply", ChatError: "error"}
+        names = {ChatDelta: "delta", ChatTool: "tool", ChatReply: "reply", ChatError: "error",
+                 ApprovalRequest: "approval"}
         async for event in self._events(message):
             name = names.get(type(event))
             if name:
                 yield {"event": name, "data": json.dumps(event.model_dump(mode="json", exclude={"type"}))}
+
+    async def decide(self, request: Request) -> Response:
+        """Answer a pending exec approval; the first answer wins."""
+        approval_id = request.path_params["approval_id"]
+        try:
+            body = Decide.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return _bad_request(exc)
+        key = self.bus.keys.approval(approval_id)
+        async with self.bus.redis.pipeline(transaction=True) as pipe:
+            pipe.hget(key, "reply_to")
+            pipe.delete(key)
+            reply_to, deleted = await pipe.execute()
+        if not deleted or not reply_to:
+            return _error(404, "NOT_FOUND", f"no pending approval {approval_id!r}: it was answered, or it expired")
+        await self.bus.publish(reply_to.decode(), ApprovalDecision(approval_id=approval_id, decision=body.decision,
+                                                                   by=body.by or "gateway"))
+        log.info("approval decided %s", kv(approval=approval_id, decision=body.decision))
+        return JSONResponse({"approval_id": approval_id, "decision": body.decision})
 
     async def get_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]

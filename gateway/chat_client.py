@@ -51,6 +51,11 @@ class ChatClient:
                 icon = "→" if data["status"] == "started" else "←"
                 self.err.print(f"  {icon} [bold]{data['tool']}[/bold] {data['summary']}", style="dim",
                                markup=True, highlight=False)
+            elif event.event == "approval":
+                if streamed:
+                    self.out.print()
+                    streamed = False
+                self._approve(data)
             elif event.event == "reply":
                 if streamed:
                     self.out.print()
@@ -62,6 +67,23 @@ class ChatClient:
                     self.out.print()
                 raise ChatFailed(f"{data['code']}: {data['message']}")
         raise ChatFailed("the Gateway closed the stream before the turn ended")
+
+
+    def _approve(self, request: dict) -> None:
+        """Ask the person at the terminal, then send their answer to the Gateway."""
+        self.err.print(f"[bold yellow]Approve running this?[/bold yellow] ({request['tool']})", highlight=False)
+        self.err.print(request["summary"], markup=False, highlight=False)
+        self.err.print("[y] yes once, [a] always, [n] no: ", end="", markup=False, highlight=False)
+        try:
+            answer = input().strip().lower()
+        except EOFError:
+            answer = "n"
+        decision = {"y": "allow-once", "yes": "allow-once", "a": "allow-always", "always": "allow-always"}.get(
+            answer, "deny")
+        response = httpx.post(f"{self.base_url}/v1/approvals/{request['approval_id']}",
+                              json={"decision": decision, "by": "pincer chat"}, timeout=10)
+        if response.status_code != 200:
+            self.err.print(f"  (not recorded: {_http_error(response)})", markup=False, highlight=False)
 
 
 def _http_error(response: httpx.Response) -> str:

@@ -129,6 +129,21 @@ class JobSettings(Section):
     keep_s: float = Field(default=1800.0, ge=1)  # how long a finished job stays listed
 
 
+class AllowEntry(Section):
+    """An allowlisted program: its resolved path (glob), and optionally a regex its arguments must match."""
+
+    path: str
+    args: str | None = None
+
+
+class ExecSettings(Section):
+    """Exec approvals: deny | allowlist | ask | full."""
+
+    mode: Literal["deny", "allowlist", "ask", "full"] = "full"
+    allowlist: list[AllowEntry] = Field(default_factory=list)
+    approval_timeout_s: float = Field(default=45.0, gt=0, le=3600)
+
+
 class HandsSettings(Section):
     workspace: Path = Field(default_factory=default_workspace)
     concurrency: ConcurrencySettings = Field(default_factory=ConcurrencySettings)
@@ -139,6 +154,7 @@ class HandsSettings(Section):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     web: WebSettings = Field(default_factory=WebSettings)
     jobs: JobSettings = Field(default_factory=JobSettings)
+    exec: ExecSettings = Field(default_factory=ExecSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     skill_dirs: list[Path] = Field(default_factory=lambda: [PROJECT_ROOT / "skills", Path("~/.pincer/skills")])
     memory_watermark: float = Field(default=0.9, gt=0, le=1)

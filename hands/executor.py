@@ -68,7 +68,8 @@ class _CallState:
 
 class Executor:
     def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str, memory: Any = None,
-                 sandbox: Any = None, jobs: Any = None, progress: ProgressSink = _drop_progress) -> None:
+                 sandbox: Any = None, jobs: Any = None, approvals: Any = None,
+                 progress: ProgressSink = _drop_progress) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
         # Resolved once, not per call; files it creates belong to the sandbox's uid.
         self.workspace = Workspace(settings.workspace, owner=sandbox.owner if sandbox else None)
@@ -76,6 +77,7 @@ class Executor:
         self.limiter = Limiter(settings.concurrency, settings.queue)
         self.tool_policy = ToolPolicy(settings.tools)
         self.memory, self.sandbox, self.jobs, self.progress = memory, sandbox, jobs, progress
+        self.approvals = approvals
 
     async def execute(self, call: ToolExecute) -> ToolResult:
         state = _CallState(ctx=self._context(call), started=time.monotonic())
@@ -179,7 +181,7 @@ class Executor:
         return ToolContext(call_id=call.call_id, session_id=call.session_id, agent_id=call.agent_id,
                            worker_id=self.worker_id, settings=self.settings, workspace=self.workspace,
                            memory=self.memory, sandbox=self.sandbox, policy=self.policy, jobs=self.jobs,
-                           progress=progress)
+                           approvals=self.approvals, call=call, progress=progress)
 
     @contextlib.asynccontextmanager
     async def _reporting(self, tool: ToolDefinition, call: ToolExecute, started: float) -> AsyncIterator[None]:

@@ -67,6 +67,8 @@ class ToolContext:
     sandbox: Any = None  # hands.sandbox.runner.Sandbox, for tools that run commands
     policy: Any = None  # hands.policy.Policy, for tools that check each target themselves
     jobs: Any = None  # hands.jobs.JobManager, for commands that outlive their call
+    approvals: Any = None  # hands.approvals.ApprovalGate, for commands that may need a person's yes
+    call: Any = None  # the tool:execute being served
     progress: Progress = _no_progress  # await ctx.progress("50% done") sends tool:progress "output"
     notes: dict[str, Any] = field(default_factory=dict)  # e.g. {"sandbox": "bwrap"}, copied into the metadata
 

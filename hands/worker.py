@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from bus.keys import HANDS_GROUP
 from bus.presence import Presence, alive
 from bus.protocol import Message, ToolExecute, ToolsAvailable, ToolsList, now_ms
-from bus.streams import Bus, GroupConsumer, Reply
+from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox
+from hands.approvals import ApprovalGate
 from hands.config import HandsSettings
 from hands.executor import Executor
 from hands.jobs import JobManager
@@ -46,8 +47,11 @@ class HandsWorker:
         self.registry, self.skills = load_registry(settings)
         self.sandbox = Sandbox(settings.sandbox, Workspace(settings.workspace).root)
         self.jobs = JobManager(bus.redis, bus.keys, worker_id=worker_id, keep_s=settings.jobs.keep_s)
+        self.inbox = ReplyInbox(bus, worker_id)  # answers this worker waits for (approval decisions)
+        approvals = ApprovalGate(settings.exec, bus=bus, inbox=self.inbox)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
-                                 memory=LongTermMemory(bus.redis, bus.keys), progress=bus.publish)
+                                 approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys),
+                                 progress=bus.publish)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s)
         # Read past the running slots, so calls beyond them reach the limiter's queue
         # (and a burst beyond the queue is answered QUEUE_FULL at once).
@@ -97,6 +101,7 @@ class HandsWorker:
         self.executor.workspace.ensure()
         await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
         await self.presence.start()
+        await self.inbox.start()
         for refusal in self.skills.refused:
             log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
         log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
@@ -107,4 +112,5 @@ class HandsWorker:
             await self.consumer.run(stop)
         finally:
             await self.jobs.stop_all()
+            await self.inbox.close()
             await self.presence.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 from typing import Any
 
 from bus.protocol import ErrorCode
@@ -19,12 +20,25 @@ _TIMEOUT = {"type": "number", "minimum": 1, "maximum": 86_400,
 async def run_command(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     if ("command" in args) == ("argv" in args):
         raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, "give exactly one of command (a shell line) or argv (a list)")
-    argv = ["/bin/sh", "-c", args["command"]] if "command" in args else list(args["argv"])
-    return await _run(argv, args, ctx)
+    if "command" in args:
+        await _approve(ctx, command=args["command"], argv=None, summary=args["command"], args=args)
+        return await _run(["/bin/sh", "-c", args["command"]], args, ctx)
+    await _approve(ctx, command=None, argv=args["argv"], summary=shlex.join(args["argv"]), args=args)
+    return await _run(list(args["argv"]), args, ctx)
 
 
 async def run_python(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    return await _run(["python3", "-I", "-c", args["code"]], args, ctx)
+    argv = ["python3", "-I", "-c", args["code"]]
+    await _approve(ctx, command=None, argv=argv, summary=f"python3 code:\n{args['code']}", args=args)
+    return await _run(argv, args, ctx)
+
+
+async def _approve(ctx: ToolContext, *, command: str | None, argv: list[str] | None, summary: str,
+                   args: dict[str, Any]) -> None:
+    """Exec approvals come before anything runs (hands.exec.mode)."""
+    if ctx.approvals is not None and ctx.call is not None:
+        where = args.get("workdir", ".")
+        await ctx.approvals.check(command=command, argv=argv, call=ctx.call, summary=f"{summary}\n(in {where})")
 
 
 async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

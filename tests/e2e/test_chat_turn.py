@@ -158,3 +158,27 @@ def test_pincer_skills_lists_loaded_and_refused(processes: Processes, tmp_path: 
     assert len(report["refused"]) == 1 and "asks for more than the global policy" in report["refused"][0]["reason"]
     table = processes.run("skills", extra_env=env)
     assert "refused" in table.stdout and "word_count" in table.stdout
+
+
+def test_exec_approval_is_asked_inline_by_pincer_chat(processes: Processes, pincer_env: dict[str, str]) -> None:
+    import shutil
+    import tempfile
+
+    workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-ws-"))
+    workspace.chmod(0o755)
+    try:
+        processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace), "PINCER_HANDS__EXEC__MODE": "ask",
+                         "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true"}
+        start_stack(processes, hands=1)
+        command = 'CALL exec {"command": "echo approved > out.txt; cat out.txt"}'
+        refused = processes.run("chat", "-m", command, "--session", "a1", input="n\n")
+        assert refused.returncode == 0, refused.stderr
+        assert "Approve running this?" in refused.stderr and "APPROVAL_DENIED" in refused.stdout
+        assert not (workspace / "out.txt").exists()
+        allowed = processes.run("chat", "-m", command, "--session", "a2", input="y\n")
+        assert allowed.returncode == 0, allowed.stderr
+        assert '"stdout": "approved\\n"' in allowed.stdout and (workspace / "out.txt").read_text() == "approved\n"
+        stale = httpx.post(f"{gateway_url(processes.env)}/v1/approvals/nope", json={"decision": "deny"})
+        assert stale.status_code == 404 and "answered, or it expired" in stale.json()["error"]["message"]
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)

@@ -1,0 +1,151 @@
+"""Exec approvals: whether a command may run (deny | allowlist | ask | full), asked before it runs.
+
+An allowlist entry names a program by its resolved path (a glob) and may
+constrain its arguments with a regex. A shell line matches only when every
+segment of it (split on pipes, ``;``, ``&&``, ``||``, ``&``) runs an allowed
+program; redirections, command substitution and subshells never match (they
+can do anything). In ``ask`` mode a miss becomes a question to the person:
+an ``approval:request`` goes to their Gateway, and the call waits for the
+``approval:decision`` (``allow-always`` adds the programs to the agent's
+allowlist). No answer in time is a ``deny``. Nothing runs before the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, now_ms
+from bus.streams import Bus, ReplyInbox
+from hands.config import AllowEntry, ExecSettings
+from hands.errors import ToolFailure
+
+log = logging.getLogger("hands.approvals")
+
+SEPARATORS = frozenset({"|", "||", "&&", ";", "&", ";;", "|&"})
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True)
+class Segment:
+    path: str | None  # the resolved program, None when it cannot be known
+    args: list[str]
+    problem: str | None = None  # why it can never match an allowlist
+
+
+def segments(command: str | None, argv: list[str] | None) -> list[Segment]:
+    """The programs a command would run, as far as can be known without running it."""
+    if argv is not None:
+        return [_segment(list(argv))]
+    assert command is not None
+    if "$(" in command or "`" in command:
+        return [Segment(None, [], "it uses command substitution")]
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError as exc:
+        return [Segment(None, [], f"it does not parse ({exc})")]
+    found, current = [], []
+    for token in [*tokens, ";"]:
+        if token in SEPARATORS:
+            if current:
+                found.append(_segment(current))
+            current = []
+        elif token[:1] in "<>()" or token.endswith((">", "<")):
+            return [Segment(None, [], f"it uses {token!r} (redirections and subshells need approval)")]
+        else:
+            current.append(token)
+    return found or [Segment(None, [], "it is empty")]
+
+
+def _segment(argv: list[str]) -> Segment:
+    program = argv[0]
+    if "$" in program or "=" in program:
+        return Segment(None, argv[1:], f"its program {program!r} is only known when it runs")
+    resolved = program if "/" in program else shutil.which(program, path=SANDBOX_PATH)
+    if resolved is None or not os.path.isabs(resolved):
+        return Segment(None, argv[1:], f"program {program!r} is not found on {SANDBOX_PATH}")
+    return Segment(os.path.realpath(resolved), argv[1:])
+
+
+def matches(segment: Segment, entries: list[AllowEntry]) -> bool:
+    if segment.path is None:
+        return False
+    return any(fnmatchcase(segment.path, e.path) and (e.args is None or re.fullmatch(e.args, shlex.join(segment.args)))
+               for e in entries)
+
+
+class ApprovalGate:
+    def __init__(self, settings: ExecSettings, *, bus: Bus | None, inbox: ReplyInbox | None) -> None:
+        self.settings, self.bus, self.inbox = settings, bus, inbox
+
+    async def check(self, *, command: str | None, argv: list[str] | None, call: Any, summary: str) -> None:
+        """Return when the command may run; raise ``PERMISSION_DENIED`` / ``APPROVAL_DENIED`` otherwise."""
+        mode = self.settings.mode
+        if mode == "full":
+            return
+        if mode == "deny":
+            raise ToolFailure(ErrorCode.PERMISSION_DENIED, "running commands is turned off (hands.exec.mode: deny)",
+                              suggestions=["do it without running a command"])
+        parts = segments(command, argv)
+        entries = [*self.settings.allowlist, *await self._remembered(call.agent_id)]
+        misses = [s for s in parts if not matches(s, entries)]
+        if not misses:
+            return
+        why = "; ".join(m.problem or f"{m.path} is not on the allowlist" for m in misses)
+        if mode == "allowlist":
+            raise ToolFailure(ErrorCode.PERMISSION_DENIED, f"not allowed: {why} (hands.exec.mode: allowlist)",
+                              suggestions=["use only allowlisted programs, without redirections",
+                                           "an operator can add entries to hands.exec.allowlist"])
+        decision = await self._ask(call, summary)
+        if decision == "allow-always":
+            await self._remember(call.agent_id, [m for m in parts if m.path is not None])
+
+    async def _ask(self, call: Any, summary: str) -> str:
+        if self.bus is None or self.inbox is None or not call.approvals_to:
+            raise ToolFailure(ErrorCode.APPROVAL_DENIED, "this command needs a person's approval, and this call "
+                              "came from no chat that could ask one")
+        timeout = min(self.settings.approval_timeout_s, max(1.0, (call.deadline - now_ms()) / 1000 - 2))
+        request = ApprovalRequest(call_id=call.call_id, session_id=call.session_id, message_id=call.message_id or "",
+                                  tool=call.tool, summary=summary[:2000], expires_at=now_ms() + int(timeout * 1000),
+                                  reply_to=self.inbox.stream)
+        key = self.bus.keys.approval(request.approval_id)
+        await self.bus.redis.hset(key, mapping={"reply_to": request.reply_to, "session_id": call.session_id,
+                                                "tool": call.tool, "summary": request.summary,
+                                                "expires_at": request.expires_at})
+        await self.bus.redis.expire(key, int(timeout) + 5)
+        log.info("approval asked approval=%s call=%s", request.approval_id, call.call_id)
+        try:
+            reply = await self.inbox.request(call.approvals_to, request, request.approval_id, timeout=timeout,
+                                             final=(ApprovalDecision,))
+        except TimeoutError:
+            raise ToolFailure(ErrorCode.APPROVAL_DENIED, f"no one approved the command within {timeout:g}s; "
+                              "it was not run") from None
+        finally:
+            await self.bus.redis.delete(key)
+        assert isinstance(reply, ApprovalDecision)
+        log.info("approval answered approval=%s decision=%s by=%s", request.approval_id, reply.decision, reply.by)
+        if reply.decision == "deny":
+            raise ToolFailure(ErrorCode.APPROVAL_DENIED, f"{reply.by or 'the person'} denied running it",
+                              suggestions=["ask the person what they want instead"])
+        return reply.decision
+
+    async def _remembered(self, agent_id: str) -> list[AllowEntry]:
+        if self.bus is None:
+            return []
+        raw = await self.bus.redis.smembers(self.bus.keys.exec_allowlist(agent_id))
+        return [AllowEntry.model_validate(json.loads(item)) for item in raw]
+
+    async def _remember(self, agent_id: str, parts: list[Segment]) -> None:
+        if self.bus is None or not parts:
+            return
+        entries = [json.dumps({"path": p.path}) for p in parts]
+        await self.bus.redis.sadd(self.bus.keys.exec_allowlist(agent_id), *entries)

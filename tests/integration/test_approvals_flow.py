@@ -1,0 +1,96 @@
+"""Exec approvals through the bus: deny, allowlist, and ask (a stand-in Gateway answers)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, ToolExecute, ToolResult, now_ms
+from bus.streams import Bus, ReplyInbox
+
+
+@pytest.fixture
+def ws() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="pincer-approve-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def person(bus: Bus):
+    """A stand-in for the person's Gateway: receives approval requests, answers with a scripted decision."""
+    inbox = ReplyInbox(bus, "gateway-person", block_ms=100)
+    await inbox.start()
+    yield inbox
+    await inbox.close()
+
+
+async def ask_and_answer(bus: Bus, call, person: ReplyInbox, command: str, decision: str | None,
+                         check_before: Path | None = None) -> tuple[ToolResult, ApprovalRequest]:
+    """Send exec as a chat turn would; answer its approval request with ``decision`` (None: stay silent)."""
+    message_id = "turn-1"
+    request = ToolExecute(tool="exec", args={"command": command}, session_id="s", reply_to=call.inbox.stream,
+                          deadline=now_ms() + 20_000, approvals_to=person.stream, message_id=message_id)
+    async with person.expect(message_id) as asks:
+        pending = asyncio.create_task(call.inbox.request(bus.keys.hands_requests, request, request.call_id,
+                                                         timeout=20, final=(ToolResult,)))
+        asked = await asyncio.wait_for(asks.get(), 10)
+        assert isinstance(asked, ApprovalRequest)
+        if check_before is not None:
+            assert not check_before.exists()  # nothing ran before the answer
+        if decision is not None:
+            assert await bus.redis.exists(bus.keys.approval(asked.approval_id))
+            await bus.publish(asked.reply_to, ApprovalDecision(approval_id=asked.approval_id, decision=decision,
+                                                               by="tester"))
+        return await pending, asked
+
+
+async def test_deny_and_allowlist_modes(engine, call, ws: Path) -> None:
+    await engine(workspace=ws, sandbox={"allow_degraded": True}, exec={"mode": "deny"})
+    off = await call("exec", {"command": "true"})
+    assert off.error.code is ErrorCode.PERMISSION_DENIED and "hands.exec.mode: deny" in off.error.message
+
+
+async def test_allowlist_mode(engine, call, ws: Path) -> None:
+    await engine(workspace=ws, sandbox={"allow_degraded": True},
+                 exec={"mode": "allowlist", "allowlist": [{"path": "/usr/bin/echo"}, {"path": "/usr/bin/wc"}]})
+    ok = await call("exec", {"command": "echo one two | wc -w"})
+    assert ok.success and ok.data["stdout"].strip() == "2"
+    refused = await call("exec", {"command": "echo x > made.txt"})
+    assert refused.error.code is ErrorCode.PERMISSION_DENIED and "redirections" in refused.error.message
+    assert not (ws / "made.txt").exists()
+    other = await call("exec", {"argv": ["touch", "made.txt"]})
+    assert other.error.code is ErrorCode.PERMISSION_DENIED and "/usr/bin/touch is not on the allowlist" in \
+        other.error.message
+
+
+async def test_ask_mode_runs_only_after_a_yes(engine, call, person: ReplyInbox, bus: Bus, ws: Path) -> None:
+    await engine(workspace=ws, sandbox={"allow_degraded": True}, exec={"mode": "ask"})
+    result, asked = await ask_and_answer(bus, call, person, "echo yes > approved.txt", "allow-once",
+                                         check_before=ws / "approved.txt")
+    assert "echo yes > approved.txt" in asked.summary and asked.tool == "exec"
+    assert result.success and (ws / "approved.txt").read_text() == "yes\n"
+    assert not await bus.redis.exists(bus.keys.approval(asked.approval_id))  # answered: gone
+
+    denied, _ = await ask_and_answer(bus, call, person, "echo no > denied.txt", "deny")
+    assert denied.error.code is ErrorCode.APPROVAL_DENIED and "tester denied" in denied.error.message
+    assert not (ws / "denied.txt").exists()
+
+
+async def test_allow_always_remembers_and_silence_is_a_no(engine, call, person: ReplyInbox, bus: Bus,
+                                                          ws: Path) -> None:
+    await engine(workspace=ws, sandbox={"allow_degraded": True}, exec={"mode": "ask", "approval_timeout_s": 0.5})
+    first, _ = await ask_and_answer(bus, call, person, "date", "allow-always")
+    assert first.success
+    again = await call("exec", {"command": "date"})  # no one asked this time
+    assert again.success
+    silent, _ = await ask_and_answer(bus, call, person, "touch silent.txt", None)
+    assert silent.error.code is ErrorCode.APPROVAL_DENIED and "within 0.5s" in silent.error.message
+    assert not (ws / "silent.txt").exists()
+    nobody = await call("exec", {"command": "touch nobody.txt"})  # not from a chat: no one to ask
+    assert nobody.error.code is ErrorCode.APPROVAL_DENIED and "no chat" in nobody.error.message
