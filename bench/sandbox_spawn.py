@@ -43,13 +43,13 @@ async def main() -> None:
     workspace.chmod(0o755)
     if os.geteuid() == 0:
         os.chown(workspace, 65534, 65534)
-    tiers = {tier: Sandbox(SandboxSettings(tier=tier, allow_degraded=True), workspace) for tier in ("bwrap", "rlimits")}
+    tiers = {tier: Sandbox(SandboxSettings(tier=tier, allow_degraded=True), workspace) for tier in ("bwrap", "landlock", "rlimits")}
     print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cpu, kernel {platform.release()}, "
           f"median of {RUNS}")
-    print("| command | plain subprocess | rlimits tier | bwrap tier |\n|---|---|---|---|")
+    print("| command | plain subprocess | rlimits tier | landlock tier | bwrap tier |\n|---|---|---|---|---|")
     for argv in (["/usr/bin/true"], ["/usr/bin/python3", "-c", "pass"]):
         row = [statistics.median([await plain(argv) for _ in range(RUNS)])]
-        for tier in ("rlimits", "bwrap"):
+        for tier in ("rlimits", "landlock", "bwrap"):
             assert tiers[tier].tier == tier, f"{tier} is not usable here"
             row.append(statistics.median([await sandboxed(tiers[tier], argv) for _ in range(RUNS)]))
         print(f"| `{' '.join(argv)}` | " + " | ".join(f"{t * 1000:.1f} ms" for t in row) + " |")

@@ -59,7 +59,7 @@ class PolicySettings(Section):
 class SandboxSettings(Section):
     """How commands run: tier, the uid they run as, and their resource limits."""
 
-    tier: Literal["auto", "bwrap", "rlimits"] = "auto"
+    tier: Literal["auto", "bwrap", "landlock", "rlimits"] = "auto"
     allow_degraded: bool = False  # run commands with rlimits only when bubblewrap is unusable
     uid: int = Field(default=65534, ge=1)  # never root: root launching bwrap stays root inside
     gid: int = Field(default=65534, ge=1)

@@ -24,6 +24,8 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,7 @@ from hands.config import SandboxSettings
 
 log = logging.getLogger("hands.sandbox")
 
+SHIM_SOURCE = (Path(__file__).parent / "shim.py").read_text()
 KILL_GRACE_S = 3.0
 READ_GRACE_S = 2.0
 ETC_FILES = ("ld.so.cache", "alternatives", "ssl", "ca-certificates", "localtime", "nsswitch.conf",
@@ -188,13 +191,13 @@ class Sandbox:
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str]) -> Running:
         """Start a command and return its handle; the caller must ``stop()`` it (it may be long gone)."""
         self.check_allowed()
-        seccomp = _seccomp_fd() if self.tier == "bwrap" else None
+        seccomp = _seccomp_fd() if self.tier in ("bwrap", "landlock") else None
         command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp)
         try:
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, pass_fds=(seccomp,) if seccomp is not None else (),
-                env=env if self.tier == "rlimits" else {"PATH": "/usr/bin:/bin"},
+                env={"PATH": "/usr/bin:/bin"} if self.tier == "bwrap" else env,
                 cwd=self.workspace / workdir if self.tier == "rlimits" else None,
             )
         finally:
@@ -223,6 +226,8 @@ class Sandbox:
             if self.as_root else []
         if self.tier == "rlimits":
             return [*limits, *drop, *argv]
+        if self.tier == "landlock":
+            return [*limits, *drop, *_shim(), str(self.workspace), workdir or ".", str(seccomp_fd), "--", *argv]
         return [*limits, *drop, *self._bwrap(workdir, env, seccomp_fd), "--", *argv]
 
     def _bwrap(self, workdir: str, env: dict[str, str], seccomp_fd: int | None) -> list[str]:
@@ -244,11 +249,37 @@ class Sandbox:
         return args
 
     def _choose_tier(self) -> str:
-        if self.settings.tier in ("auto", "bwrap") and shutil.which("bwrap") and self._bwrap_works():
+        wanted = self.settings.tier
+        if wanted in ("auto", "bwrap") and shutil.which("bwrap") and self._bwrap_works():
             return "bwrap"
-        if self.settings.tier == "bwrap":
-            log.warning("hands.sandbox.tier is bwrap but bubblewrap does not work here; falling back to rlimits")
+        if wanted in ("auto", "landlock") and self._landlock_works():
+            return "landlock"
+        if wanted != "auto" and wanted != "rlimits":
+            log.warning("hands.sandbox.tier is %s but it does not work here; falling back to rlimits", wanted)
         return "rlimits"
+
+    def _landlock_works(self) -> bool:
+        probe_dir = Path(tempfile.mkdtemp(prefix="pincer-probe-"))
+        try:
+            probe_dir.chmod(0o755)
+            if self.as_root:
+                os.chown(probe_dir, self.settings.uid, self.settings.gid)
+            drop = ["setpriv", f"--reuid={self.settings.uid}", f"--regid={self.settings.gid}", "--clear-groups"] \
+                if self.as_root else []
+            seccomp = _seccomp_fd()
+            try:
+                done = subprocess.run([*drop, *_shim(), str(probe_dir), ".", str(seccomp), "--", "/usr/bin/true"],
+                                      capture_output=True, timeout=20, stdin=subprocess.DEVNULL, pass_fds=(seccomp,))
+            finally:
+                os.close(seccomp)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("landlock probe failed: %s", exc)
+            return False
+        finally:
+            shutil.rmtree(probe_dir, ignore_errors=True)
+        if done.returncode != 0:
+            log.warning("landlock tier unusable here: %s", done.stderr.decode(errors="replace").strip())
+        return done.returncode == 0
 
     def _bwrap_works(self) -> bool:
         probe = [*(["setpriv", f"--reuid={self.settings.uid}", f"--regid={self.settings.gid}", "--clear-groups"]
@@ -264,6 +295,12 @@ class Sandbox:
         if done.returncode != 0:
             log.warning("bubblewrap is installed but unusable here: %s", done.stderr.decode(errors="replace").strip())
         return done.returncode == 0
+
+
+def _shim() -> list[str]:
+    """The landlock tier's launcher, passed as text so the sandbox uid needs no access to our files."""
+    python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+    return [python, "-I", "-c", SHIM_SOURCE]
 
 
 def _seccomp_fd() -> int:

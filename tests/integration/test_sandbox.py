@@ -14,7 +14,7 @@ import pytest
 from bus.protocol import ErrorCode
 from tests.conftest import wait_until
 
-TIERS = ["bwrap", "rlimits"]
+TIERS = ["bwrap", "landlock", "rlimits"]
 
 
 @pytest.fixture(params=TIERS)
@@ -115,8 +115,8 @@ async def test_bad_arguments(sandboxed, call, ws: Path) -> None:
     assert linked.error.code is ErrorCode.PERMISSION_DENIED and "symbolic link" in linked.error.message
 
 
-@pytest.mark.parametrize("tier", ["bwrap"], indirect=True)
-async def test_no_network_and_no_ptrace_in_bwrap(sandboxed, call) -> None:
+@pytest.mark.parametrize("tier", ["bwrap", "landlock"], indirect=True)
+async def test_no_network_and_no_ptrace(sandboxed, call) -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
