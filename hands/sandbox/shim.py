@@ -3,7 +3,9 @@
 Self-contained on purpose (standard library only): the worker runs it as the
 sandbox uid with ``python3 -I -c <this file's text> WORKSPACE WORKDIR BPF_FD --
 ARGV...``, so the sandbox uid needs no access to Pincer's own files. It enters
-a new user and network namespace (no interfaces: no network), confines files
+new user, network (no interfaces: no network) and pid namespaces (its child
+is pid 1 there and dies with the launcher, taking every descendant, even a
+setsid one, with it), confines files
 with Landlock (read-only system trees, read-write workspace; TCP bind/connect
 denied on ABI 4+), installs the seccomp program the worker compiled, and
 execs. Any failed step stops it with exit code 126.
@@ -11,13 +13,14 @@ execs. Any failed step stops it with exit code 126.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
-PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 22, 2
+CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x10000000, 0x40000000, 0x20000000
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 4, 22, 2
 READ_ONLY_PATHS = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives", "/etc/ssl",
              "/etc/ca-certificates", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group",
              "/etc/hosts", "/etc/mime.types", "/dev/zero", "/dev/urandom", "/proc"]
@@ -95,8 +98,12 @@ def main(args: list[str]) -> None:
     if separator != "--" or not argv:
         _fail("usage: shim WORKSPACE WORKDIR BPF_FD -- ARGV...")
     _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # setpriv cleared it; the new user namespace needs it
-    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) != 0:
         _fail(f"unshare failed: {os.strerror(ctypes.get_errno())}")
+    child = os.fork()  # the first child is pid 1 of the new pid namespace
+    if child:
+        _supervise(child)
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # launcher killed: pid 1 dies, and all below it
     tmp = os.path.join(workspace, ".tmp")
     os.makedirs(tmp, exist_ok=True)
     try:
@@ -112,6 +119,22 @@ def main(args: list[str]) -> None:
         os.execvpe(argv[0], argv, os.environ)
     except OSError as exc:
         _fail(f"cannot run {argv[0]!r}: {exc.strerror}", code=127)
+
+
+def _supervise(child: int) -> None:
+    """The launcher outside the namespace: pass signals on, then end the way the command ended."""
+    def forward(sig: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            # pid 1 ignores signals it has no handler for; SIGKILL is the one that always works.
+            os.kill(child, signal.SIGKILL if sig in (signal.SIGTERM, signal.SIGINT) else sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 126)
 
 
 def _load_seccomp(fd: int) -> None:
