@@ -136,7 +136,7 @@ class Supervisor:
             for _ in range(600):
                 with contextlib.suppress(httpx.HTTPError):
                     health = (await client.get(f"{url}/healthz")).json()
-                    if health.get("status") == "ok":
+                    if health.get("status") == "ok" and health.get("hands", 0) >= self.hands:
                         say(f"ready: Gateway on {url} — chat with `pincer chat` "
                             f"(brains {health['brains']}, hands {health['hands']})")
                         return

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hands.config import SandboxSettings
+from hands.sandbox.cgroup import RunCgroup
 
 log = logging.getLogger("hands.sandbox")
 
@@ -93,8 +94,9 @@ class RunResult:
 class Running:
     """A started command: its output as it comes, stdin, waiting, and a stop that kills the tree."""
 
-    def __init__(self, process: asyncio.subprocess.Process, tier: str, output_bytes: int) -> None:
-        self.process, self.tier = process, tier
+    def __init__(self, process: asyncio.subprocess.Process, tier: str, output_bytes: int,
+                 *, cgroup: RunCgroup | None = None) -> None:
+        self.process, self.tier, self.cgroup = process, tier, cgroup
         self.started = time.monotonic()
         self.out, self.err = Output(output_bytes), Output(output_bytes)
         self.timed_out = self.killed = False
@@ -129,7 +131,12 @@ class Running:
         """Kill the whole tree if it still runs, then collect the rest of its output."""
         if self.process.returncode is None:
             self.killed = True
+            if self.cgroup is not None:
+                self.cgroup.kill()  # every process of the command at once, wherever it went
             await _kill_tree(self.process)
+        if self.cgroup is not None:
+            self.cgroup.kill()  # stragglers of a command that ended by itself
+            await self.cgroup.remove_when_empty()
         # A descendant that escaped the group may still hold the pipes: never wait on it for ever.
         _, stuck = await asyncio.wait(self._readers, timeout=READ_GRACE_S)
         for reader in stuck:
@@ -193,6 +200,9 @@ class Sandbox:
         self.check_allowed()
         seccomp = _seccomp_fd() if self.tier in ("bwrap", "landlock") else None
         command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp)
+        cgroup = RunCgroup.create()
+        if cgroup is not None:
+            command = cgroup.wrap(command)
         try:
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -203,7 +213,7 @@ class Sandbox:
         finally:
             if seccomp is not None:
                 os.close(seccomp)
-        return Running(process, self.tier, self.settings.output_bytes)
+        return Running(process, self.tier, self.settings.output_bytes, cgroup=cgroup)
 
     def _unreachable_dir(self) -> Path | None:
         """The first directory on the workspace's path the sandbox uid may not pass through, if any."""
