@@ -80,6 +80,7 @@ class WebSettings(Section):
     max_redirects: int = Field(default=3, ge=0, le=10)
     # Networks web_fetch may reach although they are not public (e.g. an intranet: ["10.1.0.0/16"]).
     allow_networks: list[str] = Field(default_factory=list)
+    allowed_domains: list[str] = Field(default_factory=list)  # web_fetch's own host globs; empty: any public host
     search_url: str | None = None  # a SearXNG instance, e.g. http://127.0.0.1:8888
     user_agent: str = "Pincer/0.1 (+web_fetch)"
 

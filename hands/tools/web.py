@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from fnmatch import fnmatchcase
 from html.parser import HTMLParser
 from typing import Any
 from urllib.parse import quote, urljoin
@@ -73,6 +74,11 @@ def _check_domain(ctx: ToolContext, host: str) -> None:
     if ctx.policy is not None and not ctx.policy.allows_host(host):
         raise ToolFailure(ErrorCode.PERMISSION_DENIED, f"{host!r} is not among the domains hands.policy.network "
                           "allows", suggestions=["an operator can add it to hands.policy.network"])
+    allowed = ctx.settings.web.allowed_domains
+    if allowed and not any(fnmatchcase(host, pattern) for pattern in allowed):
+        raise ToolFailure(ErrorCode.PERMISSION_DENIED, f"web_fetch may only reach {', '.join(allowed)} "
+                          f"(hands.web.allowed_domains), not {host!r}",
+                          suggestions=[f"fetch a page on {allowed[0]}"])
 
 
 def _readable(body: bytes, kind: str, content_type: str) -> tuple[str, str]:

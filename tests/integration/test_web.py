@@ -150,3 +150,10 @@ async def test_web_search_without_a_provider_says_how_to_configure_one(engine, c
     search = await call("web_search", {"query": "pincer"})
     assert search.error.code is ErrorCode.SERVICE_UNAVAILABLE and "hands.web.search_url" in search.error.message
     assert search.metadata.attempts == 1  # a missing configuration is not retried
+
+
+async def test_web_fetch_keeps_to_its_allowed_domains(engine, call, public_site: Site) -> None:
+    await engine(web={"allow_networks": ["127.0.0.2/32"], "allowed_domains": ["*.example.org"]})
+    result = await call("web_fetch", {"url": f"http://127.0.0.2:{public_site.port}/page"})
+    assert result.error.code is ErrorCode.PERMISSION_DENIED and "hands.web.allowed_domains" in result.error.message
+    assert public_site.hits == []
