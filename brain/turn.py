@@ -22,6 +22,7 @@ from bus.protocol import (
     ErrorCode,
     Message,
     ResultMetadata,
+    ToolCancel,
     ToolError,
     ToolExecute,
     ToolProgress,
@@ -52,6 +53,8 @@ class Turn:
     def __init__(self, deps: TurnDeps, message: ChatMessage) -> None:
         self.deps, self.message = deps, message
         self.usage: dict[str, int] = {}
+        self.in_flight: set[str] = set()  # our call ids Hands is working on
+        self.unanswered: list[ToolCall] = []  # the model's tool calls still without a result
 
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
@@ -84,6 +87,7 @@ class Turn:
             )
             await deps.sessions.append(msg.session_id, assistant)
             messages.append(assistant.to_llm())
+            self.unanswered = list(completion.tool_calls)
             if not completion.tool_calls:
                 log.info("turn done %s", kv(session=msg.session_id, message=msg.message_id, iterations=iteration))
                 return ChatReply(session_id=msg.session_id, message_id=msg.message_id, text=completion.text,
@@ -92,6 +96,7 @@ class Turn:
             results = await asyncio.gather(*(self._call(call, known) for call in completion.tool_calls))
             entries = [self._tool_entry(call, result) for call, result in zip(completion.tool_calls, results)]
             await deps.sessions.append(msg.session_id, *entries)
+            self.unanswered = []
             messages.extend(entry.to_llm() for entry in entries)
         return self._error(
             ErrorCode.BUDGET_EXHAUSTED,
@@ -131,25 +136,45 @@ class Turn:
         deadline_s = deps.settings.tool_deadline_s
         request = ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
                               agent_id=msg.agent_id, sender=msg.sender, reply_to=deps.inbox.stream,
-                              approvals_to=msg.reply_to, message_id=msg.message_id, deadline=now_ms() + int(deadline_s * 1000))
+                              approvals_to=msg.reply_to, message_id=msg.message_id,
+                              deadline=now_ms() + int(deadline_s * 1000))
         log.info("tool call sent %s", kv(session=msg.session_id, call=call_id, tool=tool))
+
         async def relay(event: Message) -> None:
             if isinstance(event, ToolProgress):
                 await self._publish(ChatTool(session_id=msg.session_id, message_id=msg.message_id, call_id=call_id,
                                              tool=tool, status="progress", summary=event.message[:300]))
 
+        self.in_flight.add(call_id)  # left in place if we are cancelled: cancel() stops it in Hands
         try:
             reply: Message = await deps.inbox.request(deps.bus.keys.hands_requests, request, call_id,
                                                       timeout=deadline_s + 1, final=(ToolResult,), on_event=relay)
         except TimeoutError:
+            self.in_flight.discard(call_id)
             return _local_failure(
                 call_id, tool, ErrorCode.TIMEOUT,
                 f"no Hands worker answered within {deadline_s:g}s; the tool may not have run. "
                 "Is a Hands worker running (`pincer hands`)?",
                 recoverable=True,
             )
+        self.in_flight.discard(call_id)
         assert isinstance(reply, ToolResult)
         return reply
+
+    async def cancel(self, by: str) -> ChatError:
+        """End a turn the person stopped: stop its tool calls in Hands and say so in the transcript."""
+        deps, msg = self.deps, self.message
+        reason = f"the turn was cancelled by {by or 'the person'}"
+        for call_id in list(self.in_flight):
+            await deps.bus.publish(deps.bus.keys.hands_control, ToolCancel(call_id=call_id, reason=reason))
+        stopped = [TranscriptEntry(role="tool", tool_call_id=call.id, name=call.name, metadata={"cancelled": True},
+                                   content=json.dumps({"error": "CANCELLED", "message": reason}))
+                   for call in self.unanswered]
+        note = TranscriptEntry(role="assistant", content=f"[{reason}]", metadata={"cancelled": True})
+        await deps.sessions.append(msg.session_id, *stopped, note)
+        log.info("turn cancelled %s", kv(session=msg.session_id, message=msg.message_id, calls=len(self.in_flight)))
+        return ChatError(session_id=msg.session_id, message_id=msg.message_id, code=ErrorCode.CANCELLED,
+                         message=f"{reason}; {len(stopped)} tool call(s) stopped")
 
     def _tool_entry(self, call: ToolCall, result: ToolResult) -> TranscriptEntry:
         return TranscriptEntry(

@@ -7,15 +7,17 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
 from brain.llm import LiteLLMClient, LLMClient, resolve_model
 from brain.turn import Turn, TurnDeps
+from bus.broadcast import BroadcastReader
 from bus.keys import BRAIN_GROUP
 from bus.log import kv
 from bus.presence import Presence
-from bus.protocol import ChatError, ChatMessage, ErrorCode, Message
+from bus.protocol import ChatCancel, ChatError, ChatMessage, ErrorCode, Message
 from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox
 from memory.sessions import SessionStore
 
@@ -63,25 +65,50 @@ class BrainWorker:
                              settings=settings, llm=llm)
         self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s)
         self._sessions = SessionLocks()
+        self.control = BroadcastReader(bus, bus.keys.brain_control, self._on_control)
+        self._running: dict[str, asyncio.Task[Any]] = {}  # session id -> the task running its turn
+        self._cancels: dict[str, str] = {}  # session id -> who cancelled its running turn
         self.consumer = GroupConsumer(bus, streams=[bus.keys.brain_inbox], group=BRAIN_GROUP,
                                       consumer=instance_id, handler=self.handle, concurrency=settings.max_turns)
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
+        if isinstance(message, ChatCancel):  # sent to the group: pass it to every Brain
+            await self.bus.publish(self.bus.keys.brain_control, message)
+            return []
         if not isinstance(message, ChatMessage):
             log.warning("ignored %s: not supported by this Brain yet", message.type)
             return []
         async with self._sessions.hold(message.session_id):
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
+            turn = Turn(self.deps, message)
+            task = asyncio.current_task()
+            assert task is not None
+            self._running[message.session_id] = task
             try:
-                final = await Turn(self.deps, message).run()
+                final = await turn.run()
+            except asyncio.CancelledError:
+                if message.session_id not in self._cancels:
+                    raise  # the Brain itself is stopping
+                task.uncancel()
+                final = await turn.cancel(self._cancels[message.session_id])
             except Exception as exc:  # the person must always hear back
                 log.exception("turn crashed %s", kv(session=message.session_id))
                 final = ChatError(session_id=message.session_id, message_id=message.message_id,
                                   code=ErrorCode.UNHANDLED, message=f"the Brain failed: {type(exc).__name__}: {exc}")
+            finally:
+                self._running.pop(message.session_id, None)
+                self._cancels.pop(message.session_id, None)
         return [(message.reply_to, final)]
+
+    async def _on_control(self, message: Message) -> None:
+        """chat:cancel reaches every Brain; the one running that session's turn stops it."""
+        if isinstance(message, ChatCancel) and message.session_id in self._running:
+            self._cancels[message.session_id] = message.by
+            self._running[message.session_id].cancel()
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.inbox.start()
+        await self.control.start()
         await self.presence.start()
         model = resolve_model(self.settings.model) or "(none configured)"
         log.info("brain ready: model %s", model)
@@ -89,4 +116,5 @@ class BrainWorker:
             await self.consumer.run(stop)
         finally:
             await self.presence.stop()
+            await self.control.close()
             await self.inbox.close()

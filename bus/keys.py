@@ -20,6 +20,16 @@ class Keys:
         return f"{self.prefix}hands:worker:{worker_id}"
 
     @property
+    def hands_control(self) -> str:
+        """Broadcast to every Hands worker (each reads it all, no group): tool:cancel."""
+        return f"{self.prefix}hands:control"
+
+    @property
+    def brain_control(self) -> str:
+        """Broadcast to every Brain: chat:cancel."""
+        return f"{self.prefix}brain:control"
+
+    @property
     def brain_inbox(self) -> str:
         return f"{self.prefix}brain:inbox"
 

@@ -192,6 +192,15 @@ class ChatMessage(_Message):
 class ChatCancel(_Message):
     type: Literal["chat:cancel"] = "chat:cancel"
     session_id: str
+    by: str = ""
+
+
+class ToolCancel(_Message):
+    """Stop a call wherever it runs: the worker that has it answers ``CANCELLED`` and kills its processes."""
+
+    type: Literal["tool:cancel"] = "tool:cancel"
+    call_id: str
+    reason: str = ""
 
 
 class _ChatEvent(_Message):
@@ -261,7 +270,7 @@ class ApprovalDecision(_Message):
 
 Message = Annotated[
     Union[
-        ToolsList, ToolsAvailable, ToolExecute, ToolResult, ToolProgress,
+        ToolsList, ToolsAvailable, ToolExecute, ToolResult, ToolProgress, ToolCancel,
         ChatMessage, ChatCancel, ChatDelta, ChatTool, ChatReply, ChatError,
         ApprovalRequest, ApprovalDecision,
     ],

@@ -21,6 +21,7 @@ from bus.presence import Presence, alive
 from bus.protocol import (
     ApprovalDecision,
     ApprovalRequest,
+    ChatCancel,
     ChatDelta,
     ChatError,
     ChatMessage,
@@ -83,6 +84,7 @@ class Gateway:
         return Starlette(
             routes=[
                 Route("/v1/sessions/{session_id}/messages", self.post_message, methods=["POST"]),
+                Route("/v1/sessions/{session_id}/cancel", self.cancel, methods=["POST"]),
                 Route("/v1/sessions/{session_id}", self.get_session, methods=["GET"]),
                 Route("/v1/sessions", self.list_sessions, methods=["GET"]),
                 Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
@@ -150,6 +152,16 @@ class Gateway:
             name = names.get(type(event))
             if name:
                 yield {"event": name, "data": json.dumps(event.model_dump(mode="json", exclude={"type"}))}
+
+    async def cancel(self, request: Request) -> Response:
+        """Stop the session's running turn (the Brain running it answers the turn with CANCELLED)."""
+        session_id = request.path_params["session_id"]
+        problem = _check_session(session_id)
+        if problem:
+            return problem
+        await self.bus.publish(self.bus.keys.brain_control, ChatCancel(session_id=session_id, by="the person"))
+        log.info("cancel asked %s", kv(session=session_id))
+        return JSONResponse({"session_id": session_id, "cancel": "sent"}, status_code=202)
 
     async def decide(self, request: Request) -> Response:
         """Answer a pending exec approval; the first answer wins."""

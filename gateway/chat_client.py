@@ -32,10 +32,21 @@ class ChatClient:
                         source.response.read()
                         raise ChatFailed(_http_error(source.response))
                     return self._render(source.iter_sse())
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
         except httpx.ConnectError:
             raise ChatFailed(f"cannot reach the Gateway at {self.base_url}; is `pincer up` running?") from None
         except (httpx.HTTPError, SSEError) as exc:
             raise ChatFailed(f"lost the connection to the Gateway at {self.base_url}: {exc}") from None
+
+    def cancel(self) -> None:
+        """Ctrl-C during a turn: ask the Gateway to stop it (its tool calls stop too)."""
+        try:
+            httpx.post(f"{self.base_url}/v1/sessions/{self.session_id}/cancel", timeout=5)
+            self.err.print("\n(cancelled)", highlight=False)
+        except httpx.HTTPError:
+            self.err.print("\n(could not reach the Gateway to cancel)", highlight=False)
 
     def _render(self, events) -> str:  # type: ignore[no-untyped-def]
         streamed = False
@@ -101,6 +112,8 @@ def run_chat(base_url: str, session_id: str, message: str | None) -> int:
         try:
             client.send(message)
             return 0
+        except KeyboardInterrupt:
+            return 130
         except ChatFailed as exc:
             err.print(f"pincer: error: {exc}", markup=False, highlight=False)
             return 1
@@ -118,4 +131,4 @@ def run_chat(base_url: str, session_id: str, message: str | None) -> int:
         except ChatFailed as exc:
             err.print(f"error: {exc}", style="red", markup=False, highlight=False)
         except KeyboardInterrupt:
-            err.print("\n(interrupted)")
+            pass  # the turn was cancelled; keep chatting

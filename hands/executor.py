@@ -111,6 +111,14 @@ class Executor:
         )
         return result
 
+    def cancelled(self, call: ToolExecute, reason: str) -> ToolResult:
+        """The answer for a call stopped by ``tool:cancel`` (its processes are already gone)."""
+        state = _CallState(ctx=self._context(call), started=time.monotonic())
+        failure = ToolFailure(ErrorCode.CANCELLED, f"the call was cancelled{': ' + reason if reason else ''}",
+                              recoverable=False, retryable=False)
+        log.info("call cancelled %s", kv(call=call.call_id, session=call.session_id, tool=call.tool))
+        return self._result(call, state, error=failure.to_error())
+
     def _check_tool_policy(self, tool: ToolDefinition, call: ToolExecute) -> None:
         decision = self.tool_policy.decide(tool, agent=call.agent_id, sender=call.sender)
         if not decision.allowed:

@@ -6,10 +6,12 @@ import asyncio
 import logging
 import socket
 from collections.abc import Sequence
+from typing import Any
 
+from bus.broadcast import BroadcastReader
 from bus.keys import HANDS_GROUP
 from bus.presence import Presence, alive
-from bus.protocol import Message, ToolExecute, ToolsAvailable, ToolsList, now_ms
+from bus.protocol import Message, ToolCancel, ToolExecute, ToolResult, ToolsAvailable, ToolsList, now_ms
 from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox
 from hands.approvals import ApprovalGate
 from hands.config import HandsSettings
@@ -48,6 +50,9 @@ class HandsWorker:
         self.sandbox = Sandbox(settings.sandbox, Workspace(settings.workspace).root)
         self.jobs = JobManager(bus.redis, bus.keys, worker_id=worker_id, keep_s=settings.jobs.keep_s)
         self.inbox = ReplyInbox(bus, worker_id)  # answers this worker waits for (approval decisions)
+        self.control = BroadcastReader(bus, bus.keys.hands_control, self._on_control)
+        self._in_flight: dict[str, asyncio.Task[Any]] = {}
+        self._cancelled: dict[str, str] = {}  # call id -> reason, also for calls not yet read
         approvals = ApprovalGate(settings.exec, bus=bus, inbox=self.inbox)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
                                  approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys),
@@ -72,7 +77,7 @@ class HandsWorker:
                 if owner is not None:  # the job runs elsewhere: its owner answers
                     await self.bus.publish(self.bus.keys.hands_worker(owner), message)
                     return []
-                return [(message.reply_to, await self.executor.execute(message))]
+                return [(message.reply_to, await self._execute(message))]
             case ToolsList():
                 if message.deadline is not None and message.deadline <= now_ms():
                     return []  # the asker has given up; an answer would only litter its stream
@@ -86,6 +91,34 @@ class HandsWorker:
             case _:
                 log.warning("ignored %s on %s: Hands does not handle it", message.type, stream)
                 return []
+
+    async def _execute(self, call: ToolExecute) -> ToolResult:
+        """Run a call, unless (or until) a ``tool:cancel`` for it arrives."""
+        if call.call_id in self._cancelled:
+            return self.executor.cancelled(call, self._cancelled[call.call_id])
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_flight[call.call_id] = task
+        try:
+            return await self.executor.execute(call)
+        except asyncio.CancelledError:
+            if call.call_id not in self._cancelled:
+                raise  # the worker itself is stopping
+            task.uncancel()
+            return self.executor.cancelled(call, self._cancelled[call.call_id])
+        finally:
+            self._in_flight.pop(call.call_id, None)
+
+    async def _on_control(self, message: Message) -> None:
+        if not isinstance(message, ToolCancel):
+            return
+        self._cancelled[message.call_id] = message.reason
+        while len(self._cancelled) > 10_000:  # remember recent cancels only
+            self._cancelled.pop(next(iter(self._cancelled)))
+        task = self._in_flight.get(message.call_id)
+        if task is not None:
+            log.info("cancelling call %s: %s", message.call_id, message.reason)
+            task.cancel()
 
     async def _job_owner(self, call: ToolExecute) -> str | None:
         """The live worker that owns the job a ``process`` call names, when it is not this one."""
@@ -102,6 +135,7 @@ class HandsWorker:
         await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
         await self.presence.start()
         await self.inbox.start()
+        await self.control.start()
         for refusal in self.skills.refused:
             log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
         log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
@@ -113,4 +147,5 @@ class HandsWorker:
         finally:
             await self.jobs.stop_all()
             await self.inbox.close()
+            await self.control.close()
             await self.presence.stop()

@@ -182,3 +182,33 @@ def test_exec_approval_is_asked_inline_by_pincer_chat(processes: Processes, pinc
         assert stale.status_code == 404 and "answered, or it expired" in stale.json()["error"]["message"]
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
+
+
+def test_cancel_through_the_gateway_kills_the_running_command(processes: Processes,
+                                                             pincer_env: dict[str, str]) -> None:
+    import shutil
+    import tempfile
+    import threading
+
+    from tests.integration.test_sandbox import processes_matching
+
+    workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-cancel-"))
+    workspace.chmod(0o755)
+    try:
+        processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace),
+                         "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true"}
+        start_stack(processes, hands=1)
+        replies: list[httpx.Response] = []
+        turn = threading.Thread(target=lambda: replies.append(
+            send(processes.env, 'CALL exec {"command": "sleep 77.25", "timeout": 600, "yield_ms": 100000}',
+                 session="cancel-me")))
+        turn.start()
+        wait_until(lambda: processes_matching("sleep 77.25"), timeout=30, what="the command to start")
+        cancel = httpx.post(f"{gateway_url(processes.env)}/v1/sessions/cancel-me/cancel")
+        assert cancel.status_code == 202
+        turn.join(30)
+        assert replies and replies[0].status_code == 502
+        assert replies[0].json()["error"]["code"] == "CANCELLED"
+        wait_until(lambda: not processes_matching("sleep 77.25"), timeout=15, what="the command to be killed")
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
