@@ -18,7 +18,13 @@ class BrainSettings(Section):
     api_base: str | None = None
     api_key: str | None = None
     instructions: str = DEFAULT_INSTRUCTIONS
+    fallbacks: list[str] = Field(default_factory=list)  # tried in order when the model is rate-limited or down
+    # Budgets of one turn; the turn ends with BUDGET_EXHAUSTED naming the one that ran out.
     max_iterations: int = Field(default=25, ge=1, le=1000)
+    max_tool_calls: int = Field(default=100, ge=1)
+    max_turn_s: float = Field(default=900.0, gt=0)
+    max_tokens: int = Field(default=500_000, ge=1)
+    max_cost_usd: float | None = Field(default=None, gt=0)  # needs a model litellm knows prices for
     tool_deadline_s: float = Field(default=60.0, gt=0, le=3600)
     tools_list_timeout_s: float = Field(default=5.0, gt=0, le=120)
     llm_timeout_s: float = Field(default=120.0, gt=0)

@@ -53,6 +53,7 @@ class Completion:
     tool_calls: list[ToolCall] = field(default_factory=list)
     model: str = ""
     usage: dict[str, Any] = field(default_factory=dict)
+    tried: list[str] = field(default_factory=list)  # models that failed before this one answered
 
 
 OnText = Callable[[str], Awaitable[None]]
@@ -69,17 +70,45 @@ def resolve_model(configured: str, env: dict[str, str] | os._Environ[str] = os.e
     return next((model for key, model in PROVIDER_DEFAULTS if env.get(key)), None)
 
 
+FALLBACK_ON = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.SERVICE_UNAVAILABLE, ErrorCode.TIMEOUT})
+
+
 class LiteLLMClient:
     def __init__(self, *, model: str, api_base: str | None, api_key: str | None, timeout_s: float,
-                 retries: int) -> None:
+                 retries: int, fallbacks: list[str] | None = None) -> None:
         self.model, self.api_base, self.api_key = model, api_base, api_key
         self.timeout_s, self.retries = timeout_s, retries
+        self.fallbacks = fallbacks or []
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText) -> Completion:
+        """The first model (then each fallback) that answers; a provider outage moves on, other errors do not."""
+        failures: list[str] = []
+        for model in [self.model, *self.fallbacks]:
+            streamed = False
+
+            async def relay(text: str) -> None:
+                nonlocal streamed
+                streamed = True
+                await on_text(text)
+
+            try:
+                done = await self._complete(model, messages, tools, relay)
+            except LLMError as exc:
+                if exc.code not in FALLBACK_ON or streamed:
+                    raise  # a bad request or key is not fixed by another model; half an answer cannot be redone
+                failures.append(f"{model}: {exc.message}")
+                continue
+            done.model = done.model or model
+            done.tried = failures
+            return done
+        raise LLMError(ErrorCode.SERVICE_UNAVAILABLE, "every model failed: " + " | ".join(failures))
+
+    async def _complete(self, model: str, messages: list[dict[str, Any]], tools: list[ToolSpec],
+                        on_text: OnText) -> Completion:
         import litellm  # slow to import: only the Brain pays for it, once
 
         kwargs: dict[str, Any] = {
-            "model": self.model, "messages": messages, "stream": True, "timeout": self.timeout_s,
+            "model": model, "messages": messages, "stream": True, "timeout": self.timeout_s,
             "num_retries": self.retries, "stream_options": {"include_usage": True},
         }
         if tools:
@@ -123,6 +152,18 @@ async def _assemble(stream: Any, on_text: OnText) -> Completion:
         for i, p in sorted(parts.items())
     ]
     return done
+
+
+def cost_usd(model: str, usage: dict[str, Any]) -> float | None:
+    """What a completion cost by litellm's price table; None for a model it does not price."""
+    import litellm
+
+    try:
+        prompt, completion = litellm.cost_per_token(model=model, prompt_tokens=usage.get("prompt_tokens", 0),
+                                                    completion_tokens=usage.get("completion_tokens", 0))
+    except Exception:  # unknown model: litellm raises several kinds
+        return None
+    return prompt + completion
 
 
 def _usage(usage: Any) -> dict[str, Any]:

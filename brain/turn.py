@@ -10,7 +10,7 @@ from typing import Any
 
 from brain.catalog import NoHandsAvailable, ToolCatalog
 from brain.config import BrainSettings
-from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall
+from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall, cost_usd
 from brain.prompt import system_prompt
 from bus.log import kv
 from bus.protocol import (
@@ -54,6 +54,9 @@ class Turn:
         self.deps, self.message = deps, message
         self.usage: dict[str, int] = {}
         self.in_flight: set[str] = set()  # our call ids Hands is working on
+        self.model_calls = self.tool_calls = 0
+        self.tools_used: list[str] = []
+        self.cost_usd = 0.0
         self.unanswered: list[ToolCall] = []  # the model's tool calls still without a result
 
     async def run(self) -> ChatReply | ChatError:
@@ -71,15 +74,29 @@ class Turn:
         messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, skills)}]
         messages += [entry.to_llm() for entry in [*history, user]]
         try:
-            return await self._loop(messages, tools)
+            async with asyncio.timeout(deps.settings.max_turn_s):
+                return await self._loop(messages, tools)
+        except TimeoutError:
+            return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
+                                   f"the turn ran out of time (brain.max_turn_s = {deps.settings.max_turn_s:g}s)")
         except LLMError as exc:
             return self._error(exc.code, exc.message)
 
     async def _loop(self, messages: list[dict[str, Any]], tools: list[ToolSpec]) -> ChatReply | ChatError:
         deps, msg = self.deps, self.message
+        budget = deps.settings
         for iteration in range(1, deps.settings.max_iterations + 1):
+            if self.usage.get("total_tokens", 0) >= budget.max_tokens:
+                return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
+                                       f"the turn used its tokens (brain.max_tokens = {budget.max_tokens:,})")
+            if budget.max_cost_usd is not None and self.cost_usd >= budget.max_cost_usd:
+                return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
+                                       f"the turn spent its money (brain.max_cost_usd = {budget.max_cost_usd:g})")
             completion = await deps.llm.complete(messages, tools, self._stream_text)  # type: ignore[union-attr]
+            self.model_calls += 1
             self._count(completion.usage)
+            if budget.max_cost_usd is not None:  # pricing needs litellm's table: only when a cost budget is set
+                self.cost_usd += cost_usd(completion.model, completion.usage) or 0.0
             assistant = TranscriptEntry(
                 role="assistant", content=completion.text or None,
                 tool_calls=[call.to_openai() for call in completion.tool_calls] or None,
@@ -92,17 +109,19 @@ class Turn:
                 log.info("turn done %s", kv(session=msg.session_id, message=msg.message_id, iterations=iteration))
                 return ChatReply(session_id=msg.session_id, message_id=msg.message_id, text=completion.text,
                                  model=completion.model, usage=self.usage)
+            if self.tool_calls + len(completion.tool_calls) > budget.max_tool_calls:
+                return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model asked for more tool calls than the "
+                                       f"turn allows (brain.max_tool_calls = {budget.max_tool_calls})")
+            self.tool_calls += len(completion.tool_calls)
+            self.tools_used.extend(call.name for call in completion.tool_calls)
             known = {spec.name for spec in tools}
             results = await asyncio.gather(*(self._call(call, known) for call in completion.tool_calls))
             entries = [self._tool_entry(call, result) for call, result in zip(completion.tool_calls, results)]
             await deps.sessions.append(msg.session_id, *entries)
             self.unanswered = []
             messages.extend(entry.to_llm() for entry in entries)
-        return self._error(
-            ErrorCode.BUDGET_EXHAUSTED,
-            f"stopped after {deps.settings.max_iterations} model calls without a final answer "
-            f"(brain.max_iterations); the tool results so far are in the session transcript",
-        )
+        return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model made {deps.settings.max_iterations} calls "
+                               "without a final answer (brain.max_iterations)")
 
     async def _call(self, call: ToolCall, known: set[str]) -> ToolResult:
         """Run one tool call in Hands; every path ends in a result, never a hang."""
@@ -162,9 +181,12 @@ class Turn:
         return reply
 
     async def cancel(self, by: str) -> ChatError:
-        """End a turn the person stopped: stop its tool calls in Hands and say so in the transcript."""
+        """End a turn the person stopped."""
+        return await self.stop(ErrorCode.CANCELLED, f"the turn was cancelled by {by or 'the person'}")
+
+    async def stop(self, code: ErrorCode, reason: str) -> ChatError:
+        """End the turn early: stop its tool calls in Hands, close them in the transcript, say what was done."""
         deps, msg = self.deps, self.message
-        reason = f"the turn was cancelled by {by or 'the person'}"
         for call_id in list(self.in_flight):
             await deps.bus.publish(deps.bus.keys.hands_control, ToolCancel(call_id=call_id, reason=reason))
         stopped = [TranscriptEntry(role="tool", tool_call_id=call.id, name=call.name, metadata={"cancelled": True},
@@ -172,9 +194,13 @@ class Turn:
                    for call in self.unanswered]
         note = TranscriptEntry(role="assistant", content=f"[{reason}]", metadata={"cancelled": True})
         await deps.sessions.append(msg.session_id, *stopped, note)
-        log.info("turn cancelled %s", kv(session=msg.session_id, message=msg.message_id, calls=len(self.in_flight)))
-        return ChatError(session_id=msg.session_id, message_id=msg.message_id, code=ErrorCode.CANCELLED,
-                         message=f"{reason}; {len(stopped)} tool call(s) stopped")
+        log.info("turn stopped %s: %s", kv(session=msg.session_id, message=msg.message_id, code=code), reason)
+        done = (f"{self.model_calls} model call(s), {self.tool_calls} tool call(s)"
+                + (f" ({', '.join(sorted(set(self.tools_used)))})" if self.tools_used else "")
+                + f", {self.usage.get('total_tokens', 0):,} tokens")
+        return ChatError(session_id=msg.session_id, message_id=msg.message_id, code=code,
+                         message=f"{reason}; {len(stopped)} tool call(s) stopped. Done so far: {done}; "
+                                 "the results are in the session transcript")
 
     def _tool_entry(self, call: ToolCall, result: ToolResult) -> TranscriptEntry:
         return TranscriptEntry(

@@ -29,7 +29,8 @@ def default_llm(settings: BrainSettings) -> LLMClient | None:
     if model is None:
         return None
     return LiteLLMClient(model=model, api_base=settings.api_base, api_key=settings.api_key,
-                         timeout_s=settings.llm_timeout_s, retries=settings.llm_retries)
+                         timeout_s=settings.llm_timeout_s, retries=settings.llm_retries,
+                         fallbacks=settings.fallbacks)
 
 
 class SessionLocks:

@@ -6,7 +6,7 @@ path runs. The script is written in the user's message, one directive a line:
 - ``CALL <tool> <json args>``: answer with that tool call (several lines: parallel calls);
   once tool results are in, answer ``RESULT <tool>: <content>`` quoting each one.
 - ``LOOP <tool> <json args>``: call the tool again after every result (never answers).
-- ``STATUS <code>``: answer with that HTTP error.
+- ``STATUS <code>``: answer with that HTTP error (so does any model named ``fail<code>``).
 - anything else: answer ``echo: <text>`` streamed in small pieces.
 
 Every request body is kept in ``requests`` for assertions.
@@ -52,7 +52,7 @@ class ScriptedLLM:
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 script.requests.append(body)
-                status, reply = decide(body["messages"])
+                status, reply = decide(body["messages"], body.get("model", ""))
                 if status != 200:
                     payload = json.dumps({"error": {"message": f"scripted failure {status}", "type": "scripted"}})
                     self._send(status, "application/json", payload.encode())
@@ -84,8 +84,13 @@ class ScriptedLLM:
         return Handler
 
 
-def decide(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
-    """The scripted answer to a conversation: ``(status, {"text": ..., "calls": [...]})``."""
+def decide(messages: list[dict[str, Any]], model: str = "") -> tuple[int, dict[str, Any]]:
+    """The scripted answer to a conversation: ``(status, {"text": ..., "calls": [...]})``.
+
+    A model named ``fail<status>`` (e.g. ``fail429``) always answers that HTTP status.
+    """
+    if model.startswith("fail") and model[4:].isdigit():
+        return int(model[4:]), {}
     user = next(m for m in reversed(messages) if m["role"] == "user")
     lines = [line.strip() for line in (user.get("content") or "").splitlines() if line.strip()]
     last = messages[-1]

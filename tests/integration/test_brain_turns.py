@@ -144,7 +144,8 @@ async def test_iteration_budget_ends_the_turn_with_a_reason(pool, chat) -> None:
     await pool(llm, max_iterations=3)
     final = (await chat("loop forever"))[-1]
     assert isinstance(final, ChatError) and final.code is ErrorCode.BUDGET_EXHAUSTED
-    assert "3 model calls" in final.message and len(llm.seen) == 3
+    assert "brain.max_iterations" in final.message and "Done so far: 3 model call(s), 3 tool call(s)" in \
+        final.message and len(llm.seen) == 3
 
 
 async def test_no_hands_worker_ends_with_a_clear_error(pool, chat) -> None:
@@ -261,3 +262,33 @@ async def test_cancel_stops_the_turn_and_its_tool_calls(bus: Bus, pool, chat) ->
     entries = await SessionStore(bus.redis, bus.keys).load("stop-me")
     assert [e.role for e in entries] == ["user", "assistant", "tool", "assistant"]
     assert "CANCELLED" in entries[2].content and entries[3].metadata == {"cancelled": True}
+
+
+async def test_tool_call_and_token_budgets(bus: Bus, pool, chat) -> None:
+    def greedy(_messages):
+        return Completion(tool_calls=[call("list_directory", {}, n) for n in range(3)], usage={"total_tokens": 400})
+
+    await pool(FakeLLM(greedy), max_tool_calls=5, max_tokens=1000)
+    final = (await chat("do a lot", session_id="budget"))[-1]
+    assert final.code is ErrorCode.BUDGET_EXHAUSTED and "brain.max_tool_calls = 5" in final.message
+    assert "Done so far: 2 model call(s), 3 tool call(s) (list_directory), 800 tokens" in final.message
+    entries = await SessionStore(bus.redis, bus.keys).load("budget")
+    assert [e.role for e in entries][-4:] == ["tool", "tool", "tool", "assistant"]  # every call closed
+    assert all("CANCELLED" not in e.content or e.metadata.get("cancelled") for e in entries if e.role == "tool")
+
+
+async def test_wall_time_budget_stops_a_slow_tool(pool, chat) -> None:
+    stopped = asyncio.Event()
+
+    async def slow(_args, _ctx):
+        try:
+            await asyncio.sleep(60)
+        finally:
+            stopped.set()
+
+    tool = ToolDefinition(name="slow", description="", parameters={"type": "object"}, handler=slow,
+                          category=Category.SKILL)
+    await pool(FakeLLM(lambda _m: Completion(tool_calls=[call("slow", {})])), tools=[tool], max_turn_s=1.5)
+    final = (await chat("be slow", session_id="wall"))[-1]
+    assert final.code is ErrorCode.BUDGET_EXHAUSTED and "brain.max_turn_s = 1.5s" in final.message
+    await asyncio.wait_for(stopped.wait(), 10)  # the tool call was stopped in Hands too

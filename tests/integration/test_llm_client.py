@@ -1,0 +1,58 @@
+"""The real litellm path against the scripted server: streaming assembly, error translation, fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from brain.llm import LiteLLMClient, LLMError
+from bus.protocol import ErrorCode, ToolSpec
+from tests.scripted_llm import ScriptedLLM
+
+TOOLS = [ToolSpec(name="read_file", description="read", parameters={"type": "object"})]
+
+
+def client(server: ScriptedLLM, model: str, fallbacks: list[str] | None = None) -> LiteLLMClient:
+    return LiteLLMClient(model=model, api_base=server.api_base, api_key="sk-test", timeout_s=20, retries=0,
+                         fallbacks=fallbacks)
+
+
+async def test_tool_calls_are_assembled_from_streamed_pieces(scripted_llm: ScriptedLLM) -> None:
+    texts: list[str] = []
+
+    async def on_text(text: str) -> None:
+        texts.append(text)
+
+    done = await client(scripted_llm, "openai/scripted").complete(
+        [{"role": "user", "content": 'CALL read_file {"path": "a/b/c.txt"}\nCALL read_file {"path": "d"}'}],
+        TOOLS, on_text)
+    assert [(c.name, c.arguments) for c in done.tool_calls] == [("read_file", '{"path": "a/b/c.txt"}'),
+                                                                ("read_file", '{"path": "d"}')]
+    assert done.usage == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    echoed = await client(scripted_llm, "openai/scripted").complete([{"role": "user", "content": "hello there"}],
+                                                                    TOOLS, on_text)
+    assert echoed.text == "echo: hello there" and "".join(texts) == "echo: hello there" and len(texts) > 1
+
+
+async def test_rate_limited_model_falls_back_and_says_which_answered(scripted_llm: ScriptedLLM) -> None:
+    async def ignore(_text: str) -> None:
+        return None
+
+    done = await client(scripted_llm, "openai/fail429", ["openai/fail503", "openai/scripted"]).complete(
+        [{"role": "user", "content": "hi"}], TOOLS, ignore)
+    assert done.text == "echo: hi" and done.model.endswith("scripted")
+    assert [t.split(":")[0] for t in done.tried] == ["openai/fail429", "openai/fail503"]
+    assert [r["model"] for r in scripted_llm.requests] == ["fail429", "fail503", "scripted"]
+
+
+@pytest.mark.parametrize(("models", "code", "text"), [
+    (["openai/fail401", "openai/scripted"], ErrorCode.MODEL_ERROR, "refused the API key"),  # no fallback for that
+    (["openai/fail429", "openai/fail503"], ErrorCode.SERVICE_UNAVAILABLE, "every model failed"),
+])
+async def test_errors_that_fallbacks_do_not_fix(scripted_llm: ScriptedLLM, models: list[str], code: ErrorCode,
+                                                text: str) -> None:
+    async def ignore(_text: str) -> None:
+        return None
+
+    with pytest.raises(LLMError) as info:
+        await client(scripted_llm, models[0], models[1:]).complete([{"role": "user", "content": "hi"}], TOOLS, ignore)
+    assert info.value.code is code and text in info.value.message
