@@ -25,6 +25,9 @@ class BrainSettings(Section):
     max_turn_s: float = Field(default=900.0, gt=0)
     max_tokens: int = Field(default=500_000, ge=1)
     max_cost_usd: float | None = Field(default=None, gt=0)  # needs a model litellm knows prices for
+    # Loop detection: warn the model at loop_warn_at repeats, end the turn at loop_stop_at (0 turns it off).
+    loop_warn_at: int = Field(default=3, ge=0)
+    loop_stop_at: int = Field(default=5, ge=0)
     tool_deadline_s: float = Field(default=60.0, gt=0, le=3600)
     tools_list_timeout_s: float = Field(default=5.0, gt=0, le=120)
     llm_timeout_s: float = Field(default=120.0, gt=0)

@@ -11,6 +11,7 @@ from typing import Any
 from brain.catalog import NoHandsAvailable, ToolCatalog
 from brain.config import BrainSettings
 from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall, cost_usd
+from brain.loops import LoopDetector
 from brain.prompt import system_prompt
 from bus.log import kv
 from bus.protocol import (
@@ -55,6 +56,10 @@ class Turn:
         self.usage: dict[str, int] = {}
         self.in_flight: set[str] = set()  # our call ids Hands is working on
         self.model_calls = self.tool_calls = 0
+        settings = deps.settings
+        big = 10**9  # a threshold of 0 is off
+        self.loops = LoopDetector(warn_at=settings.loop_warn_at or big, stop_at=settings.loop_stop_at or big) \
+            if settings.loop_warn_at or settings.loop_stop_at else None
         self.tools_used: list[str] = []
         self.cost_usd = 0.0
         self.unanswered: list[ToolCall] = []  # the model's tool calls still without a result
@@ -116,10 +121,19 @@ class Turn:
             self.tools_used.extend(call.name for call in completion.tool_calls)
             known = {spec.name for spec in tools}
             results = await asyncio.gather(*(self._call(call, known) for call in completion.tool_calls))
-            entries = [self._tool_entry(call, result) for call, result in zip(completion.tool_calls, results)]
+            entries, stop = [], None
+            for call, result in zip(completion.tool_calls, results):
+                entry = self._tool_entry(call, result)
+                verdict = self.loops.observe(call, result) if self.loops else None
+                if verdict and verdict.warning:
+                    entry.content = f"{entry.content}\n\n{verdict.warning}"
+                stop = stop or (verdict.stop if verdict else None)
+                entries.append(entry)
             await deps.sessions.append(msg.session_id, *entries)
             self.unanswered = []
             messages.extend(entry.to_llm() for entry in entries)
+            if stop:
+                return await self.stop(ErrorCode.LOOP_DETECTED, stop)
         return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model made {deps.settings.max_iterations} calls "
                                "without a final answer (brain.max_iterations)")
 

@@ -292,3 +292,13 @@ async def test_wall_time_budget_stops_a_slow_tool(pool, chat) -> None:
     final = (await chat("be slow", session_id="wall"))[-1]
     assert final.code is ErrorCode.BUDGET_EXHAUSTED and "brain.max_turn_s = 1.5s" in final.message
     await asyncio.wait_for(stopped.wait(), 10)  # the tool call was stopped in Hands too
+
+
+async def test_a_looping_model_is_warned_then_stopped(pool, chat) -> None:
+    llm = FakeLLM(lambda _m: Completion(tool_calls=[call("list_directory", {})]))
+    await pool(llm)
+    final = (await chat("look again", session_id="loop"))[-1]
+    assert final.code is ErrorCode.LOOP_DETECTED and "same arguments 5 times" in final.message
+    warned = [m for m in llm.seen[3] if m["role"] == "tool"][-1]["content"]  # the 4th model call read the warning
+    assert "[Pincer: you have called list_directory with the same arguments 3 times" in warned
+    assert len(llm.seen) == 5
