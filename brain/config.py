@@ -13,6 +13,19 @@ DEFAULT_INSTRUCTIONS = (
 )  # keep in step with config.yaml
 
 
+class AgentSettings(Section):
+    """One agent: anything left out is taken from the brain section."""
+
+    model: str | None = None
+    fallbacks: list[str] | None = None
+    instructions: str | None = None
+    max_iterations: int | None = Field(default=None, ge=1, le=1000)
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    max_turn_s: float | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_cost_usd: float | None = Field(default=None, gt=0)
+
+
 class BrainSettings(Section):
     model: str = ""
     api_base: str | None = None
@@ -33,3 +46,17 @@ class BrainSettings(Section):
     llm_timeout_s: float = Field(default=120.0, gt=0)
     llm_retries: int = Field(default=2, ge=0, le=10)
     max_turns: int = Field(default=16, ge=1, le=1000)
+    # More agents besides "main" (whose settings are the ones above); a chat message names its agent.
+    agents: dict[str, AgentSettings] = Field(default_factory=dict)
+
+    def for_agent(self, agent_id: str) -> BrainSettings | None:
+        """This agent's settings (the section with its overrides), or None for an unknown agent."""
+        if agent_id == "main" and "main" not in self.agents:
+            return self
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            return None
+        return self.model_copy(update=agent.model_dump(exclude_none=True))
+
+    def agent_ids(self) -> list[str]:
+        return sorted({"main", *self.agents})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from brain.config import BrainSettings
-from brain.worker import BrainWorker, default_llm
+from brain.worker import BrainWorker
 from bus.config import Config
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
@@ -16,7 +16,7 @@ def main(config: Config) -> int:
     instance_id = new_instance_id("brain")
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
-        worker = BrainWorker(bus, settings, instance_id=instance_id, llm=default_llm(settings),
+        worker = BrainWorker(bus, settings, instance_id=instance_id, llm=None,
                              heartbeat_s=config.runtime.heartbeat_s)
         await worker.run(stop)
 

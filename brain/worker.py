@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from brain.catalog import ToolCatalog
@@ -64,6 +65,8 @@ class BrainWorker:
         self.deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=SessionStore(bus.redis, bus.keys),
                              catalog=ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s),
                              settings=settings, llm=llm)
+        self._llm_override = llm  # one client for every agent (tests' fakes); None: each agent's own model
+        self._llms: dict[str, LLMClient | None] = {}
         self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s)
         self._sessions = SessionLocks()
         self.control = BroadcastReader(bus, bus.keys.brain_control, self._on_control)
@@ -81,7 +84,12 @@ class BrainWorker:
             return []
         async with self._sessions.hold(message.session_id):
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
-            turn = Turn(self.deps, message)
+            agent = self.settings.for_agent(message.agent_id)
+            if agent is None:
+                return [(message.reply_to, ChatError(
+                    session_id=message.session_id, message_id=message.message_id, code=ErrorCode.INVALID_ARGUMENTS,
+                    message=f"no agent named {message.agent_id!r}; agents: {', '.join(self.settings.agent_ids())}"))]
+            turn = Turn(replace(self.deps, settings=agent, llm=self._llm(message.agent_id, agent)), message)
             task = asyncio.current_task()
             assert task is not None
             self._running[message.session_id] = task
@@ -100,6 +108,13 @@ class BrainWorker:
                 self._running.pop(message.session_id, None)
                 self._cancels.pop(message.session_id, None)
         return [(message.reply_to, final)]
+
+    def _llm(self, agent_id: str, settings: BrainSettings) -> LLMClient | None:
+        if self._llm_override is not None:
+            return self._llm_override
+        if agent_id not in self._llms:
+            self._llms[agent_id] = default_llm(settings)
+        return self._llms[agent_id]
 
     async def _on_control(self, message: Message) -> None:
         """chat:cancel reaches every Brain; the one running that session's turn stops it."""

@@ -92,8 +92,8 @@ async def chat(bus: Bus):
     inbox = ReplyInbox(bus, "gateway-t", block_ms=100)
     await inbox.start()
 
-    async def send(text: str, session_id: str = "s1") -> list[Message]:
-        message = ChatMessage(session_id=session_id, text=text, reply_to=inbox.stream)
+    async def send(text: str, session_id: str = "s1", agent_id: str = "main") -> list[Message]:
+        message = ChatMessage(session_id=session_id, text=text, reply_to=inbox.stream, agent_id=agent_id)
         events: list[Message] = []
         async with inbox.expect(message.message_id) as queue:
             await bus.publish(bus.keys.brain_inbox, message)
@@ -302,3 +302,22 @@ async def test_a_looping_model_is_warned_then_stopped(pool, chat) -> None:
     warned = [m for m in llm.seen[3] if m["role"] == "tool"][-1]["content"]  # the 4th model call read the warning
     assert "[Pincer: you have called list_directory with the same arguments 3 times" in warned
     assert len(llm.seen) == 5
+
+
+async def test_agents_have_their_own_instructions_and_budgets(pool, chat) -> None:
+    from brain.config import AgentSettings
+
+    llm = FakeLLM(lambda m: Completion(tool_calls=[call("list_directory", {})]) if len(m) < 3 else
+                  Completion(text="done"))
+    await pool(llm, agents={"terse": AgentSettings(instructions="Be terse.", max_iterations=1)})
+    main = (await chat("hi", session_id="m"))[-1]
+    assert main.text == "done" and llm.seen[0][0]["content"].startswith("You are Pincer")
+    terse = (await chat_as(chat, "hi", "terse"))[-1]
+    assert terse.code is ErrorCode.BUDGET_EXHAUSTED and "brain.max_iterations" in terse.message
+    assert llm.seen[-1][0]["content"].startswith("Be terse.\n\nSkills you can use")
+    unknown = (await chat_as(chat, "hi", "ghost"))[-1]
+    assert unknown.code is ErrorCode.INVALID_ARGUMENTS and "agents: main, terse" in unknown.message
+
+
+async def chat_as(chat, text: str, agent: str):
+    return await chat(text, session_id=f"agent-{agent}", agent_id=agent)
