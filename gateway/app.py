@@ -86,6 +86,7 @@ class Gateway:
                 Route("/v1/sessions/{session_id}/messages", self.post_message, methods=["POST"]),
                 Route("/v1/sessions/{session_id}/cancel", self.cancel, methods=["POST"]),
                 Route("/v1/sessions/{session_id}", self.get_session, methods=["GET"]),
+                Route("/v1/sessions/{session_id}", self.delete_session, methods=["DELETE"]),
                 Route("/v1/sessions", self.list_sessions, methods=["GET"]),
                 Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
                 Route("/healthz", self.healthz, methods=["GET"]),
@@ -192,6 +193,17 @@ class Gateway:
         entries = await self.sessions.load(session_id)
         return JSONResponse({"session_id": session_id,
                              "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries]})
+
+    async def delete_session(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        problem = _check_session(session_id)
+        if problem:
+            return problem
+        if not await self.sessions.exists(session_id):
+            return _error(404, "NOT_FOUND", f"no session {session_id!r}")
+        await self.sessions.delete(session_id)
+        log.info("session deleted %s", kv(session=session_id))
+        return JSONResponse({"session_id": session_id, "deleted": True})
 
     async def list_sessions(self, _request: Request) -> Response:
         return JSONResponse({"sessions": await self.sessions.list_sessions()})

@@ -35,5 +35,17 @@ class LongTermMemory:
             listed.append({"key": key.decode(), "chars": len(note["content"]), "updated": note["updated"]})
         return listed
 
+    async def search(self, agent_id: str, query: str, *, limit: int = 10) -> list[dict[str, Any]]:
+        """Notes whose key or text contains every word of the query (case-insensitive), best first."""
+        words = [w.lower() for w in query.split() if w]
+        found = []
+        for key, raw in (await self.redis.hgetall(self.keys.memory(agent_id))).items():
+            content = msgpack.unpackb(raw, raw=False)["content"]
+            haystack = f"{key.decode()} {content}".lower()
+            if all(w in haystack for w in words):
+                score = sum(haystack.count(w) for w in words)
+                found.append({"key": key.decode(), "score": score, "excerpt": content[:300]})
+        return sorted(found, key=lambda n: (-n["score"], n["key"]))[:limit]
+
     async def delete(self, agent_id: str, key: str) -> bool:
         return bool(await self.redis.hdel(self.keys.memory(agent_id), key))

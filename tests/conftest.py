@@ -24,7 +24,7 @@ from tests.scripted_llm import ScriptedLLM
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_SKILLS = ROOT / "skills"
 # What a Hands worker offers with the shipped skills only.
-TOOL_NAMES = ["exec", "execute_python", "execute_shell", "list_directory", "memory_read", "memory_write",
+TOOL_NAMES = ["exec", "execute_python", "execute_shell", "list_directory", "memory_read", "memory_search", "memory_write",
               "process", "read_file", "read_files", "read_skill", "web_fetch", "web_search", "word_count", "write_file"]
 
 

@@ -41,6 +41,11 @@ async def memory_read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"key": key, "content": content}
 
 
+async def memory_search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    return {"query": args["query"], "notes": await _store(ctx).search(ctx.agent_id, args["query"],
+                                                                       limit=args.get("limit", 10))}
+
+
 MEMORY_TOOLS = [
     ToolDefinition(
         name="memory_write",
@@ -57,5 +62,14 @@ MEMORY_TOOLS = [
         description="Read a note from the agent's long-term memory; without a key, list the notes.",
         parameters={"type": "object", "properties": {"key": _KEY}, "additionalProperties": False},
         handler=memory_read, category=Category.MEMORY,
+    ),
+    ToolDefinition(
+        name="memory_search",
+        description="Find notes in the agent's long-term memory that mention every word of a query.",
+        parameters={"type": "object", "properties": {
+            "query": {"type": "string", "minLength": 1, "maxLength": 500},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10},
+        }, "required": ["query"], "additionalProperties": False},
+        handler=memory_search, category=Category.MEMORY,
     ),
 ]

@@ -139,6 +139,11 @@ def test_bad_requests_get_clear_errors(stack: dict[str, str]) -> None:
     assert empty.status_code == 400 and "text" in empty.json()["error"]["message"]
     assert httpx.post(f"{url}/v1/sessions/..%2Fx/messages", json={"text": "x"}).status_code in (400, 404)
     assert httpx.get(f"{url}/v1/sessions/never-used").status_code == 404
+    assert httpx.delete(f"{url}/v1/sessions/never-used").status_code == 404
+    assert send(stack, "hello", session="to-delete").status_code == 200
+    assert "to-delete" in httpx.get(f"{url}/v1/sessions").json()["sessions"]
+    assert httpx.delete(f"{url}/v1/sessions/to-delete").json() == {"session_id": "to-delete", "deleted": True}
+    assert httpx.get(f"{url}/v1/sessions/to-delete").status_code == 404
 
 
 def test_pincer_skills_lists_loaded_and_refused(processes: Processes, tmp_path: Path) -> None:

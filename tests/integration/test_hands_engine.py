@@ -200,8 +200,12 @@ async def test_memory_is_shared_by_workers(engine, call) -> None:
     assert read.data["content"] == "blue 0\nblue 1\nblue 2\nblue 3"
     listing = await call("memory_read", {})
     assert [n["key"] for n in listing.data["notes"]] == ["fav"]
+    await call("memory_write", {"key": "cats", "content": "The cat is called Pincer."})
+    found = await call("memory_search", {"query": "BLUE 2"})
+    assert [n["key"] for n in found.data["notes"]] == ["fav"]
+    assert [n["key"] for n in (await call("memory_search", {"query": "pincer"})).data["notes"]] == ["cats"]
     missing = await call("memory_read", {"key": "nope"})
-    assert missing.error.code is ErrorCode.FILE_NOT_FOUND and "notes: fav" in missing.error.message
+    assert missing.error.code is ErrorCode.FILE_NOT_FOUND and "notes: cats, fav" in missing.error.message
 
 
 # --- skills -------------------------------------------------------------------
