@@ -54,6 +54,10 @@ class RedisSettings(Section):
     request_maxlen: int = Field(default=100_000, ge=1000)
     reply_maxlen: int = Field(default=10_000, ge=100)
     dead_maxlen: int = Field(default=10_000, ge=100)
+    # Taking over work from consumers that died (see bus/reaper.py).
+    claim_idle_s: float = Field(default=30.0, gt=0)
+    reap_interval_s: float = Field(default=5.0, gt=0)
+    max_deliveries: int = Field(default=3, ge=1)
 
 
 class RuntimeSettings(Section):

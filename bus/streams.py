@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from redis import exceptions as redis_errors
@@ -31,6 +32,10 @@ from bus.protocol import MalformedMessage, Message, decode, encode
 log = logging.getLogger("bus")
 
 Reply = tuple[str, Message]
+
+# How many times the entry being handled has been delivered (2+ means another
+# consumer, or an earlier life of this one, took it and never acknowledged it).
+delivery: ContextVar[int] = ContextVar("delivery", default=1)
 Handler = Callable[[Message, str], Awaitable[Sequence[Reply]]]
 """Handles one message (with the stream it came from); returns (stream, message) replies."""
 
@@ -104,6 +109,7 @@ class GroupConsumer:
         self.batch, self.block_ms = batch, block_ms
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
 
     @property
     def in_flight(self) -> int:
@@ -156,18 +162,22 @@ class GroupConsumer:
                 if fields is None:  # pending entry deleted by trimming
                     await self.bus.redis.xack(stream, self.group, raw_id)
                     continue
-                await self._dispatch(stream, raw_id.decode(), fields)
+                # Our own pending entries (read from id 0) were delivered before: to an earlier life of us.
+                await self.dispatch(stream, raw_id.decode(), fields, times=1 if cursor[stream] == ">" else 2)
         if not response:
             cursor = dict.fromkeys(cursor, ">")
         return cursor
 
-    async def _dispatch(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    async def dispatch(self, stream: str, entry_id: str, fields: dict[bytes, bytes], *, times: int = 1) -> None:
+        """Run the handler for one entry in its own task (``times``: its delivery count)."""
         try:
             message = decode(fields)
         except MalformedMessage as exc:
             await dead_letter(self.bus, stream, self.group, entry_id, fields, str(exc))
             return
         await self._slots.acquire()
+        self.holding.setdefault(stream, set()).add(entry_id)
+        delivery.set(times)  # the task copies the context: its handler sees this count
         task = asyncio.create_task(self._handle(stream, entry_id, fields, message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -186,6 +196,7 @@ class GroupConsumer:
                 return
             await self._reply_and_ack(stream, entry_id, replies)
         finally:
+            self.holding.get(stream, set()).discard(entry_id)
             self._slots.release()
 
     async def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply]) -> None:

@@ -113,10 +113,14 @@ class Executor:
 
     def cancelled(self, call: ToolExecute, reason: str) -> ToolResult:
         """The answer for a call stopped by ``tool:cancel`` (its processes are already gone)."""
+        return self.unrun(call, ToolFailure(ErrorCode.CANCELLED, "the call was cancelled"
+                                            + (f": {reason}" if reason else ""), recoverable=False))
+
+    def unrun(self, call: ToolExecute, failure: ToolFailure) -> ToolResult:
+        """An answer for a call that is not (or no longer) run: cancelled, lost with a dead worker, ..."""
         state = _CallState(ctx=self._context(call), started=time.monotonic())
-        failure = ToolFailure(ErrorCode.CANCELLED, f"the call was cancelled{': ' + reason if reason else ''}",
-                              recoverable=False, retryable=False)
-        log.info("call cancelled %s", kv(call=call.call_id, session=call.session_id, tool=call.tool))
+        log.info("call not run %s", kv(call=call.call_id, session=call.session_id, tool=call.tool,
+                                        code=failure.code))
         return self._result(call, state, error=failure.to_error())
 
     def _check_tool_policy(self, tool: ToolDefinition, call: ToolExecute) -> None:

@@ -11,10 +11,12 @@ from typing import Any
 from bus.broadcast import BroadcastReader
 from bus.keys import HANDS_GROUP
 from bus.presence import Presence, alive
-from bus.protocol import Message, ToolCancel, ToolExecute, ToolResult, ToolsAvailable, ToolsList, now_ms
-from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox
+from bus.protocol import ErrorCode, Message, ToolCancel, ToolExecute, ToolResult, ToolsAvailable, ToolsList, now_ms
+from bus.reaper import Reaper
+from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox, delivery
 from hands.approvals import ApprovalGate
 from hands.config import HandsSettings
+from hands.errors import ToolFailure
 from hands.executor import Executor
 from hands.jobs import JobManager
 from hands.policy import Policy
@@ -69,6 +71,7 @@ class HandsWorker:
             handler=self.handle,
             concurrency=2 * running + settings.queue.depth,
         )
+        self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         match message:
@@ -96,6 +99,9 @@ class HandsWorker:
         """Run a call, unless (or until) a ``tool:cancel`` for it arrives."""
         if call.call_id in self._cancelled:
             return self.executor.cancelled(call, self._cancelled[call.call_id])
+        times = delivery.get()
+        if times > 1 and call.tool in self.registry and not self.registry.get(call.tool).idempotent:
+            return self.executor.unrun(call, self._lost(call, times))
         task = asyncio.current_task()
         assert task is not None
         self._in_flight[call.call_id] = task
@@ -108,6 +114,19 @@ class HandsWorker:
             return self.executor.cancelled(call, self._cancelled[call.call_id])
         finally:
             self._in_flight.pop(call.call_id, None)
+
+    def _lost(self, call: ToolExecute, times: int) -> ToolFailure:
+        return ToolFailure(
+            ErrorCode.WORKER_LOST,
+            f"the worker running {call.tool} stopped before answering (delivery {times}); the call may or may not "
+            "have taken effect, and it is not run again because it is not idempotent",
+            suggestions=["check whether it took effect before calling it again"], retryable=False)
+
+    async def _poisoned(self, message: Message) -> Sequence[Reply]:
+        """An entry that outlived max_deliveries workers: answer it, so no one waits for ever."""
+        if isinstance(message, ToolExecute):
+            return [(message.reply_to, self.executor.unrun(message, self._lost(message, delivery.get())))]
+        return []
 
     async def _on_control(self, message: Message) -> None:
         if not isinstance(message, ToolCancel):
@@ -136,6 +155,7 @@ class HandsWorker:
         await self.presence.start()
         await self.inbox.start()
         await self.control.start()
+        await self.reaper.start()
         for refusal in self.skills.refused:
             log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
         log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
@@ -145,6 +165,7 @@ class HandsWorker:
         try:
             await self.consumer.run(stop)
         finally:
+            await self.reaper.close()
             await self.jobs.stop_all()
             await self.inbox.close()
             await self.control.close()
