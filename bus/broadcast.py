@@ -11,10 +11,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from redis import exceptions as redis_errors
-
 from bus.protocol import MalformedMessage, Message, decode
-from bus.streams import RECONNECT_DELAYS, Bus
+from bus.streams import Bus, tail
 
 log = logging.getLogger("bus.broadcast")
 
@@ -40,26 +38,14 @@ class BroadcastReader:
                 self._task.cancel()
 
     async def _loop(self, last: str) -> None:
-        failures = 0
-        while not self._closing:
+        async for entry_id, fields in tail(self.bus, self.stream, start=last, block_ms=self.block_ms,
+                                           closing=lambda: self._closing):
             try:
-                response = await self.bus.redis.xread({self.stream: last}, count=100, block=self.block_ms)
-                failures = 0
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
-                delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
-                failures += 1
-                log.warning("control stream unreachable, retrying in %.2fs: %s", delay, exc)
-                await asyncio.sleep(delay)
+                message = decode(fields)
+            except MalformedMessage as exc:
+                log.error("ignored malformed control entry %s: %s", entry_id, exc)
                 continue
-            for _stream, entries in response or []:
-                for raw_id, fields in entries:
-                    last = raw_id.decode()
-                    try:
-                        message = decode(fields)
-                    except MalformedMessage as exc:
-                        log.error("ignored malformed control entry %s: %s", last, exc)
-                        continue
-                    try:
-                        await self.handler(message)
-                    except Exception:  # one bad control message must not stop the reader
-                        log.exception("control handler failed for %s", message.type)
+            try:
+                await self.handler(message)
+            except Exception:  # one bad control message must not stop the reader
+                log.exception("control handler failed for %s", message.type)

@@ -275,28 +275,16 @@ class ReplyInbox:
                         await on_event(reply)
 
     async def _read_loop(self) -> None:
-        last_id = "0-0"  # the stream is ours alone and new, so read it all
-        failures = unread_trim = 0
-        while not self._closing:
-            try:
-                response = await self.bus.redis.xread({self.stream: last_id}, count=512, block=self.block_ms)
-                failures = 0
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
-                delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
-                failures += 1
-                log.warning("reply stream unreachable, retrying in %.2fs: %s", delay, exc)
-                await asyncio.sleep(delay)
-                continue
-            for _stream, entries in response or []:
-                for raw_id, fields in entries:
-                    last_id = raw_id.decode()
-                    self._route(last_id, fields)
-                    unread_trim += 1
-            if unread_trim >= TRIM_EVERY:
+        read = 0
+        # The stream is ours alone and new, so read it all.
+        async for entry_id, fields in tail(self.bus, self.stream, start="0-0", block_ms=self.block_ms,
+                                           closing=lambda: self._closing):
+            self._route(entry_id, fields)
+            read += 1
+            if read % TRIM_EVERY == 0:
                 # Delivered replies are not needed again; trimming now and then keeps
                 # the stream small without a round trip on every reply's path.
-                await self.bus.redis.xtrim(self.stream, minid=last_id, approximate=True)
-                unread_trim = 0
+                await self.bus.redis.xtrim(self.stream, minid=entry_id, approximate=True)
 
     def _route(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
         try:
@@ -309,6 +297,30 @@ class ReplyInbox:
             log.debug("no one waits for %s", kv(type=message.type, correlation=message.correlation_id))
             return
         queue.put_nowait(message)
+
+
+async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
+               closing: Callable[[], bool]) -> AsyncIterator[tuple[str, dict[bytes, bytes]]]:
+    """Every entry added to ``stream`` after ``start``, reconnecting with backoff, until ``closing()``.
+
+    ``closing`` is checked between blocking reads: stopping lets the last XREAD
+    run out (at most ``block_ms``) instead of cancelling it mid-command.
+    """
+    last, failures = start, 0
+    while not closing():
+        try:
+            response = await bus.redis.xread({stream: last}, count=512, block=block_ms)
+            failures = 0
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+            delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+            failures += 1
+            log.warning("%s unreachable, retrying in %.2fs: %s", stream, delay, exc)
+            await asyncio.sleep(delay)
+            continue
+        for _stream, entries in response or []:
+            for raw_id, fields in entries:
+                last = raw_id.decode()
+                yield last, fields
 
 
 def _available(semaphore: asyncio.Semaphore) -> int:

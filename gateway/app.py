@@ -185,22 +185,27 @@ class Gateway:
 
     async def get_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
-        problem = _check_session(session_id)
-        if problem:
-            return problem
-        if not await self.sessions.exists(session_id):
-            return _error(404, "NOT_FOUND", f"no session {session_id!r}")
+        missing = await self._missing_session(session_id)
+        if missing:
+            return missing
         entries = await self.sessions.load(session_id)
         return JSONResponse({"session_id": session_id,
                              "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries]})
 
-    async def delete_session(self, request: Request) -> Response:
-        session_id = request.path_params["session_id"]
+    async def _missing_session(self, session_id: str) -> Response | None:
+        """A 400 or 404 answer when the id is bad or the session does not exist; None when it does."""
         problem = _check_session(session_id)
         if problem:
             return problem
         if not await self.sessions.exists(session_id):
             return _error(404, "NOT_FOUND", f"no session {session_id!r}")
+        return None
+
+    async def delete_session(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        missing = await self._missing_session(session_id)
+        if missing:
+            return missing
         await self.sessions.delete(session_id)
         log.info("session deleted %s", kv(session=session_id))
         return JSONResponse({"session_id": session_id, "deleted": True})
