@@ -62,13 +62,16 @@ class RunCgroup:
         """rmdir once the killed processes are really gone (cgroup.kill is asynchronous)."""
         import asyncio
 
-        for _ in range(int(timeout_s / 0.02)):
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + timeout_s, 0.001
+        while loop.time() < deadline:
             try:
                 if not (self.path / "cgroup.procs").read_text().strip():
                     break
             except OSError:
                 return
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)  # usually gone within a millisecond or two
         self.remove()
 
     @staticmethod
