@@ -128,9 +128,13 @@ class Processes:
             return proc.wait()
 
     def stop_all(self) -> None:
-        for _, proc, _ in self.started:
-            if proc.poll() is None:
-                self.stop(proc)
+        """SIGTERM every group first, then wait for each: they shut down side by side, not in turn."""
+        running = [proc for _, proc, _ in self.started if proc.poll() is None]
+        for proc in running:
+            with _suppress_lookup():
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in running:
+            self.stop(proc)
 
 
 class _suppress_lookup:
