@@ -9,7 +9,7 @@ import time
 
 from redis import exceptions as redis_errors
 
-from bus.streams import Bus
+from bus.streams import Bus, every, finish
 
 log = logging.getLogger("bus.presence")
 
@@ -24,6 +24,7 @@ class Presence:
         self.interval_s = interval_s
         self.ttl_s = interval_s * 3
         self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
 
     async def start(self) -> None:
         await self.beat()
@@ -34,16 +35,12 @@ class Presence:
         await self.bus.redis.zadd(self.bus.keys.alive(self.role), {self.instance_id: expires})
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await finish(self._task, self._stop, grace_s=5)
         with contextlib.suppress(redis_errors.RedisError, OSError):
             await self.bus.redis.zrem(self.bus.keys.alive(self.role), self.instance_id)
 
     async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
+        async for _ in every(self.interval_s, self._stop):
             try:
                 await self.beat()
             except (redis_errors.RedisError, OSError) as exc:

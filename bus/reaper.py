@@ -23,7 +23,7 @@ from redis import exceptions as redis_errors
 from bus.config import RedisSettings
 from bus.log import kv
 from bus.protocol import MalformedMessage, Message, decode
-from bus.streams import Bus, GroupConsumer, Reply, dead_letter
+from bus.streams import Bus, GroupConsumer, Reply, dead_letter, every, finish
 
 log = logging.getLogger("bus.reaper")
 
@@ -35,19 +35,16 @@ class Reaper:
                  *, on_poison: OnPoison | None = None) -> None:
         self.bus, self.consumer, self.settings, self.on_poison = bus, consumer, settings, on_poison
         self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"reaper:{self.consumer.consumer}")
 
     async def close(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await finish(self._task, self._stop, grace_s=10)
 
     async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.reap_interval_s)
+        async for _ in every(self.settings.reap_interval_s, self._stop):
             try:
                 await self.reap_once()
             except (redis_errors.RedisError, OSError) as exc:

@@ -323,6 +323,31 @@ async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
                 yield last, fields
 
 
+async def every(interval_s: float, stop: asyncio.Event) -> AsyncIterator[None]:
+    """Tick every ``interval_s`` until ``stop`` is set.
+
+    Background loops stop through this rather than by being cancelled: a task
+    cancelled in the middle of a redis-py command can hang on its connection
+    (seen in this project with XREAD and XAUTOCLAIM).
+    """
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+            return
+        except TimeoutError:
+            yield
+
+
+async def finish(task: asyncio.Task[None] | None, stop: asyncio.Event, *, grace_s: float) -> None:
+    """Ask a loop to stop and wait for it; cancel it only if it does not stop within ``grace_s``."""
+    stop.set()
+    if task is None:
+        return
+    done, _ = await asyncio.wait({task}, timeout=grace_s)
+    if not done:
+        task.cancel()
+
+
 def _available(semaphore: asyncio.Semaphore) -> int:
     return semaphore._value  # noqa: SLF001 - asyncio offers no public read of free slots
 
