@@ -24,6 +24,7 @@ class AgentSettings(Section):
     max_turn_s: float | None = Field(default=None, gt=0)
     max_tokens: int | None = Field(default=None, ge=1)
     max_cost_usd: float | None = Field(default=None, gt=0)
+    context_window_tokens: int | None = Field(default=None, ge=1000)
 
 
 class BrainSettings(Section):
@@ -46,6 +47,14 @@ class BrainSettings(Section):
     llm_timeout_s: float = Field(default=120.0, gt=0)
     llm_retries: int = Field(default=2, ge=0, le=10)
     max_turns: int = Field(default=16, ge=1, le=1000)
+    # What the model reads: its window (None: litellm's figure for the model, else 32k tokens)
+    # and the most one tool result may take of it (head and tail kept, the middle cut).
+    context_window_tokens: int | None = Field(default=None, ge=1000)
+    tool_result_max_tokens: int = Field(default=8_000, ge=100)
+    # Several Brains: a session's turn holds a lease in Redis, renewed while it runs; a Brain
+    # that dies lets it expire. A message waits this long for its session's earlier ones.
+    session_lease_s: float = Field(default=15.0, ge=1, le=600)
+    session_wait_s: float | None = Field(default=None, gt=0)  # None: max_turn_s + 60
     # More agents besides "main" (whose settings are the ones above); a chat message names its agent.
     agents: dict[str, AgentSettings] = Field(default_factory=dict)
 

@@ -6,6 +6,7 @@ from the wire's enum and a message a person can act on.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -164,6 +165,23 @@ def cost_usd(model: str, usage: dict[str, Any]) -> float | None:
     except Exception:  # unknown model: litellm raises several kinds
         return None
     return prompt + completion
+
+
+DEFAULT_WINDOW_TOKENS = 32_000
+
+
+@functools.cache
+def context_window(model: str) -> int:
+    """The model's input window by litellm's table; 32k tokens for a model it does not know."""
+    if not model:
+        return DEFAULT_WINDOW_TOKENS
+    import litellm
+
+    try:
+        info = litellm.get_model_info(model)
+    except Exception:  # unknown model: litellm raises several kinds
+        return DEFAULT_WINDOW_TOKENS
+    return int(info.get("max_input_tokens") or info.get("max_tokens") or DEFAULT_WINDOW_TOKENS)
 
 
 def _usage(usage: Any) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -10,8 +11,10 @@ from typing import Any
 
 from brain.catalog import NoHandsAvailable, ToolCatalog
 from brain.config import BrainSettings
-from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall, cost_usd
+from brain.context import fit
+from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall, context_window, cost_usd, resolve_model
 from brain.loops import LoopDetector
+from brain.plan import plan
 from brain.prompt import system_prompt
 from bus.log import kv
 from bus.protocol import (
@@ -22,6 +25,7 @@ from bus.protocol import (
     ChatTool,
     ErrorCode,
     Message,
+    PriorResult,
     ResultMetadata,
     ToolCancel,
     ToolError,
@@ -29,10 +33,10 @@ from bus.protocol import (
     ToolProgress,
     ToolResult,
     ToolSpec,
-    new_id,
     now_ms,
 )
 from bus.streams import Bus, ReplyInbox
+from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore, TranscriptEntry
 
 log = logging.getLogger("brain.turn")
@@ -43,13 +47,20 @@ class TurnDeps:
     bus: Bus
     inbox: ReplyInbox
     sessions: SessionStore
+    memory: LongTermMemory
     catalog: ToolCatalog
     settings: BrainSettings
     llm: LLMClient | None  # None: no model configured
 
 
 class Turn:
-    """Runs one ``chat:message`` to its end; always finishes with a ``chat:reply`` or ``chat:error``."""
+    """Runs one ``chat:message`` to its end; always finishes with a ``chat:reply`` or ``chat:error``.
+
+    A turn redelivered after its Brain died picks up from the transcript: the
+    calls already answered there are not sent again, and the ones that were in
+    flight keep their call ids (derived from the message and the model's call),
+    so Hands can answer them from its record instead of running them twice.
+    """
 
     def __init__(self, deps: TurnDeps, message: ChatMessage) -> None:
         self.deps, self.message = deps, message
@@ -63,54 +74,83 @@ class Turn:
         self.tools_used: list[str] = []
         self.cost_usd = 0.0
         self.unanswered: list[ToolCall] = []  # the model's tool calls still without a result
+        self.window_tokens = settings.context_window_tokens or context_window(resolve_model(settings.model) or "")
+        self.resumed = False
 
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
         msg, deps = self.message, self.deps
-        history = await deps.sessions.load(msg.session_id)
-        user = TranscriptEntry(role="user", content=msg.text, metadata={"message_id": msg.message_id})
-        await deps.sessions.append(msg.session_id, user)
+        before, turn = await self._transcript()
+        finished = _finished(msg, turn)
+        if finished is not None:  # the Brain that ran it died before answering: answer from the record
+            return finished
         if deps.llm is None:
             return self._error(ErrorCode.MODEL_NOT_CONFIGURED, NOT_CONFIGURED)
         try:
             tools, skills = await deps.catalog.lookup(msg.agent_id, msg.sender)
         except NoHandsAvailable as exc:
             return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
-        messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, skills)}]
-        messages += [entry.to_llm() for entry in [*history, user]]
+        notes = await deps.memory.list(msg.agent_id) if any(t.name == "memory_read" for t in tools) else []
+        messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, skills, notes)}]
+        messages += [entry.to_llm() for entry in [*before, *turn]]
         try:
             async with asyncio.timeout(deps.settings.max_turn_s):
-                return await self._loop(messages, tools)
+                return await self._loop(messages, tools, len(before) + 1, turn)
         except TimeoutError:
             return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
                                    f"the turn ran out of time (brain.max_turn_s = {deps.settings.max_turn_s:g}s)")
         except LLMError as exc:
             return self._error(exc.code, exc.message)
 
-    async def _loop(self, messages: list[dict[str, Any]], tools: list[ToolSpec]) -> ChatReply | ChatError:
+    async def _transcript(self) -> tuple[list[TranscriptEntry], list[TranscriptEntry]]:
+        """The session before this message, and this message's turn so far (recorded now if it is new)."""
+        msg, sessions = self.message, self.deps.sessions
+        history = await sessions.load(msg.session_id)
+        start = next((i for i in range(len(history) - 1, -1, -1) if history[i].role == "user"
+                      and history[i].metadata.get("message_id") == msg.message_id), None)
+        if start is not None:
+            self.resumed = True
+            log.info("turn resumed from the transcript %s",
+                     kv(session=msg.session_id, message=msg.message_id, entries=len(history) - start))
+            return history[:start], history[start:]
+        user = self._entry(role="user", content=msg.text)
+        await sessions.append(msg.session_id, user)
+        return history, [user]
+
+    async def _loop(self, messages: list[dict[str, Any]], tools: list[ToolSpec], turn_starts: int,
+                    turn: list[TranscriptEntry]) -> ChatReply | ChatError:
         deps, msg = self.deps, self.message
         budget = deps.settings
-        for iteration in range(1, deps.settings.max_iterations + 1):
+        specs = {spec.name: spec for spec in tools}
+        iteration = self._restore(turn)
+        if self.unanswered:  # a resumed turn: the calls its last response made that have no result yet
+            stop = await self._act(messages, specs, iteration)
+            if stop:
+                return stop
+        while iteration < budget.max_iterations:
+            iteration += 1
             if self.usage.get("total_tokens", 0) >= budget.max_tokens:
                 return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
                                        f"the turn used its tokens (brain.max_tokens = {budget.max_tokens:,})")
             if budget.max_cost_usd is not None and self.cost_usd >= budget.max_cost_usd:
                 return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
                                        f"the turn spent its money (brain.max_cost_usd = {budget.max_cost_usd:g})")
-            completion = await deps.llm.complete(messages, tools, self._stream_text)  # type: ignore[union-attr]
+            shown = fit(messages, window_tokens=self.window_tokens, result_tokens=budget.tool_result_max_tokens,
+                        keep_from=turn_starts)
+            completion = await deps.llm.complete(shown, tools, self._stream_text)  # type: ignore[union-attr]
             self.model_calls += 1
             self._count(completion.usage)
             if budget.max_cost_usd is not None:  # pricing needs litellm's table: only when a cost budget is set
                 self.cost_usd += cost_usd(completion.model, completion.usage) or 0.0
-            assistant = TranscriptEntry(
-                role="assistant", content=completion.text or None,
-                tool_calls=[call.to_openai() for call in completion.tool_calls] or None,
-                metadata={"model": completion.model, "iteration": iteration},
-            )
+            final = not completion.tool_calls
+            assistant = self._entry(role="assistant", content=completion.text or None,
+                                    tool_calls=[call.to_openai() for call in completion.tool_calls] or None,
+                                    model=completion.model, iteration=iteration, usage=dict(self.usage),
+                                    **({"final": True} if final else {}))
             await deps.sessions.append(msg.session_id, assistant)
             messages.append(assistant.to_llm())
             self.unanswered = list(completion.tool_calls)
-            if not completion.tool_calls:
+            if final:
                 log.info("turn done %s", kv(session=msg.session_id, message=msg.message_id, iterations=iteration))
                 return ChatReply(session_id=msg.session_id, message_id=msg.message_id, text=completion.text,
                                  model=completion.model, usage=self.usage)
@@ -119,28 +159,69 @@ class Turn:
                                        f"turn allows (brain.max_tool_calls = {budget.max_tool_calls})")
             self.tool_calls += len(completion.tool_calls)
             self.tools_used.extend(call.name for call in completion.tool_calls)
-            known = {spec.name for spec in tools}
-            results = await asyncio.gather(*(self._call(call, known) for call in completion.tool_calls))
-            entries, stop = [], None
-            for call, result in zip(completion.tool_calls, results):
-                entry = self._tool_entry(call, result)
-                verdict = self.loops.observe(call, result) if self.loops else None
-                if verdict and verdict.warning:
-                    entry.content = f"{entry.content}\n\n{verdict.warning}"
-                stop = stop or (verdict.stop if verdict else None)
-                entries.append(entry)
-            await deps.sessions.append(msg.session_id, *entries)
-            self.unanswered = []
-            messages.extend(entry.to_llm() for entry in entries)
+            stop = await self._act(messages, specs, iteration)
             if stop:
-                return await self.stop(ErrorCode.LOOP_DETECTED, stop)
-        return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model made {deps.settings.max_iterations} calls "
+                return stop
+        return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model made {budget.max_iterations} calls "
                                "without a final answer (brain.max_iterations)")
 
-    async def _call(self, call: ToolCall, known: set[str]) -> ToolResult:
+    def _restore(self, turn: list[TranscriptEntry]) -> int:
+        """Counters of a resumed turn, and the calls of its last response still without a result."""
+        answered = {entry.tool_call_id for entry in turn if entry.role == "tool"}
+        iteration = 0
+        for entry in turn:
+            if entry.role != "assistant":
+                continue
+            iteration = entry.metadata.get("iteration", iteration + 1)
+            calls = [ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+                     for c in entry.tool_calls or ()]
+            self.model_calls += 1
+            self.tool_calls += len(calls)
+            self.tools_used.extend(call.name for call in calls)
+            self.unanswered = [call for call in calls if call.id not in answered]
+            self.usage = dict(entry.metadata.get("usage") or self.usage)
+        return iteration
+
+    async def _act(self, messages: list[dict[str, Any]], specs: dict[str, ToolSpec],
+                   iteration: int) -> ChatError | None:
+        """Run the unanswered calls of the last response: in parallel, or after the calls they depend on."""
+        calls, order = self.unanswered, plan(self.unanswered, specs)
+        finished = [asyncio.Event() for _ in calls]
+        results: list[ToolResult | None] = [None] * len(calls)
+        stop: str | None = None
+
+        async def run(index: int) -> None:
+            nonlocal stop
+            call = calls[index]
+            for earlier in order.waits[index]:
+                await finished[earlier].wait()
+            call_id = _call_id(self.message.message_id, iteration, index, call.id)
+            if index in order.refused:
+                result = _local_failure(call_id, call.name, ErrorCode.INVALID_ARGUMENTS, order.refused[index])
+            else:
+                prior = [PriorResult(call_id=r.call_id, tool=calls[i].name, success=r.success, data=r.data)
+                         for i in sorted(order.waits[index]) if (r := results[i]) is not None]
+                result = await self._call(call_id, call, specs, prior)
+            entry = self._tool_entry(call, result)
+            verdict = self.loops.observe(call, result) if self.loops else None
+            if verdict and verdict.warning:
+                entry.content = f"{entry.content}\n\n{verdict.warning}"
+            stop = stop or (verdict.stop if verdict else None)
+            await self.deps.sessions.append(self.message.session_id, entry)  # kept at once: a resumed turn skips it
+            results[index] = result
+            self.unanswered = [c for c in self.unanswered if c is not call]
+            messages_by_index[index] = entry.to_llm()
+            finished[index].set()
+
+        messages_by_index: dict[int, dict[str, Any]] = {}
+        await asyncio.gather(*(run(index) for index in range(len(calls))))
+        messages.extend(messages_by_index[index] for index in range(len(calls)))
+        return await self.stop(ErrorCode.LOOP_DETECTED, stop) if stop else None
+
+    async def _call(self, call_id: str, call: ToolCall, specs: dict[str, ToolSpec],
+                    prior: list[PriorResult]) -> ToolResult:
         """Run one tool call in Hands; every path ends in a result, never a hang."""
         msg = self.message
-        call_id = new_id()
         await self._publish(ChatTool(session_id=msg.session_id, message_id=msg.message_id, call_id=call_id,
                                      tool=call.name, status="started", summary=_summary(call)))
         try:
@@ -151,25 +232,25 @@ class Turn:
             result = _local_failure(call_id, call.name, ErrorCode.INVALID_ARGUMENTS,
                                     f"the arguments are not a JSON object ({exc}); send them as a JSON object")
         else:
-            if call.name not in known:
+            if call.name not in specs:
                 result = _local_failure(
                     call_id, call.name, ErrorCode.TOOL_NOT_FOUND,
-                    f"no tool named {call.name!r}; available tools: {', '.join(sorted(known)) or '(none)'}",
+                    f"no tool named {call.name!r}; available tools: {', '.join(sorted(specs)) or '(none)'}",
                 )
             else:
-                result = await self._execute(call_id, call.name, args)
+                result = await self._execute(call_id, call.name, args, prior)
         await self._publish(ChatTool(
             session_id=msg.session_id, message_id=msg.message_id, call_id=call_id, tool=call.name,
             status="finished", summary="ok" if result.success else f"{result.error.code}: {result.error.message}"[:300],  # type: ignore[union-attr]
         ))
         return result
 
-    async def _execute(self, call_id: str, tool: str, args: dict[str, Any]) -> ToolResult:
+    async def _execute(self, call_id: str, tool: str, args: dict[str, Any], prior: list[PriorResult]) -> ToolResult:
         deps, msg = self.deps, self.message
         deadline_s = deps.settings.tool_deadline_s
         request = ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
                               agent_id=msg.agent_id, sender=msg.sender, reply_to=deps.inbox.stream,
-                              approvals_to=msg.reply_to, message_id=msg.message_id,
+                              approvals_to=msg.reply_to, message_id=msg.message_id, prior=prior,
                               deadline=now_ms() + int(deadline_s * 1000))
         log.info("tool call sent %s", kv(session=msg.session_id, call=call_id, tool=tool))
 
@@ -203,26 +284,31 @@ class Turn:
         deps, msg = self.deps, self.message
         for call_id in list(self.in_flight):
             await deps.bus.publish(deps.bus.keys.hands_control, ToolCancel(call_id=call_id, reason=reason))
-        stopped = [TranscriptEntry(role="tool", tool_call_id=call.id, name=call.name, metadata={"cancelled": True},
-                                   content=json.dumps({"error": "CANCELLED", "message": reason}))
+        stopped = [self._entry(role="tool", tool_call_id=call.id, name=call.name, cancelled=True,
+                               content=json.dumps({"error": "CANCELLED", "message": reason}))
                    for call in self.unanswered]
-        note = TranscriptEntry(role="assistant", content=f"[{reason}]", metadata={"cancelled": True})
-        await deps.sessions.append(msg.session_id, *stopped, note)
-        log.info("turn stopped %s: %s", kv(session=msg.session_id, message=msg.message_id, code=code), reason)
         done = (f"{self.model_calls} model call(s), {self.tool_calls} tool call(s)"
                 + (f" ({', '.join(sorted(set(self.tools_used)))})" if self.tools_used else "")
                 + f", {self.usage.get('total_tokens', 0):,} tokens")
-        return ChatError(session_id=msg.session_id, message_id=msg.message_id, code=code,
-                         message=f"{reason}; {len(stopped)} tool call(s) stopped. Done so far: {done}; "
-                                 "the results are in the session transcript")
+        told = (f"{reason}; {len(stopped)} tool call(s) stopped. Done so far: {done}; "
+                "the results are in the session transcript")
+        note = self._entry(role="assistant", content=f"[{reason}]", cancelled=True, stopped=code.value, told=told)
+        await deps.sessions.append(msg.session_id, *stopped, note)
+        log.info("turn stopped %s: %s", kv(session=msg.session_id, message=msg.message_id, code=code), reason)
+        return ChatError(session_id=msg.session_id, message_id=msg.message_id, code=code, message=told)
+
+    def _entry(self, *, role: Any, content: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
+               tool_call_id: str | None = None, name: str | None = None, **metadata: Any) -> TranscriptEntry:
+        """A transcript entry of this turn (tagged with its message id, so a resumed turn finds it)."""
+        return TranscriptEntry(role=role, content=content, tool_calls=tool_calls, tool_call_id=tool_call_id,
+                               name=name, metadata={"message_id": self.message.message_id, **metadata})
 
     def _tool_entry(self, call: ToolCall, result: ToolResult) -> TranscriptEntry:
-        return TranscriptEntry(
+        return self._entry(
             role="tool", tool_call_id=call.id, name=call.name, content=_for_model(result),
-            metadata={"call_id": result.call_id, "success": result.success,
-                      "worker_id": result.metadata.worker_id, "duration_ms": result.metadata.duration_ms,
-                      "truncated": result.metadata.truncated,
-                      **({"error_code": result.error.code.value} if result.error else {})},
+            call_id=result.call_id, success=result.success, worker_id=result.metadata.worker_id,
+            duration_ms=result.metadata.duration_ms, truncated=result.metadata.truncated,
+            **({"error_code": result.error.code.value} if result.error else {}),
         )
 
     async def _stream_text(self, text: str) -> None:
@@ -241,6 +327,25 @@ class Turn:
         log.warning("turn failed %s: %s", kv(session=self.message.session_id, code=code), message)
         return ChatError(session_id=self.message.session_id, message_id=self.message.message_id, code=code,
                          message=message)
+
+
+def _finished(message: ChatMessage, turn: list[TranscriptEntry]) -> ChatReply | ChatError | None:
+    """The answer of a turn the transcript shows ended (its Brain died before sending it), else None."""
+    last = turn[-1]
+    if last.role != "assistant":
+        return None
+    if last.metadata.get("final"):
+        return ChatReply(session_id=message.session_id, message_id=message.message_id, text=last.content or "",
+                         model=last.metadata.get("model", ""), usage=last.metadata.get("usage") or {})
+    if last.metadata.get("stopped"):
+        return ChatError(session_id=message.session_id, message_id=message.message_id,
+                         code=ErrorCode(last.metadata["stopped"]), message=last.metadata.get("told", last.content))
+    return None
+
+
+def _call_id(message_id: str, iteration: int, index: int, model_call_id: str) -> str:
+    """The same call gets the same id in every Brain that runs its turn: Hands' record is found by it."""
+    return hashlib.sha256(f"{message_id}:{iteration}:{index}:{model_call_id}".encode()).hexdigest()[:32]
 
 
 def _for_model(result: ToolResult) -> str:

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
 from brain.llm import LiteLLMClient, LLMClient, resolve_model
+from brain.session_order import SessionOrder
 from brain.turn import Turn, TurnDeps
 from bus.broadcast import BroadcastReader
 from bus.keys import BRAIN_GROUP
 from bus.log import kv
 from bus.presence import Presence
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ErrorCode, Message
-from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox
+from bus.reaper import Reaper
+from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox, delivery
+from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
 
 log = logging.getLogger("brain.worker")
@@ -34,46 +35,27 @@ def default_llm(settings: BrainSettings) -> LLMClient | None:
                          fallbacks=settings.fallbacks)
 
 
-class SessionLocks:
-    """Within this process, one session's messages run one at a time, in order.
-
-    A lock lives only while someone holds or waits for it.
-    """
-
-    def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._users: Counter[str] = Counter()
-
-    @contextlib.asynccontextmanager
-    async def hold(self, session_id: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(session_id, asyncio.Lock())
-        self._users[session_id] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            self._users[session_id] -= 1
-            if not self._users[session_id]:
-                del self._users[session_id], self._locks[session_id]
-
-
 class BrainWorker:
     def __init__(self, bus: Bus, settings: BrainSettings, *, instance_id: str, llm: LLMClient | None,
                  heartbeat_s: float = 3.0) -> None:
         self.bus, self.settings, self.instance_id = bus, settings, instance_id
         self.inbox = ReplyInbox(bus, instance_id)
         self.deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=SessionStore(bus.redis, bus.keys),
+                             memory=LongTermMemory(bus.redis, bus.keys),
                              catalog=ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s),
                              settings=settings, llm=llm)
         self._llm_override = llm  # one client for every agent (tests' fakes); None: each agent's own model
         self._llms: dict[str, LLMClient | None] = {}
         self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s)
-        self._sessions = SessionLocks()
+        self._sessions = SessionOrder(bus.redis, bus.keys, instance_id, lease_s=settings.session_lease_s,
+                                      wait_s=settings.session_wait_s or settings.max_turn_s + 60)
         self.control = BroadcastReader(bus, bus.keys.brain_control, self._on_control)
         self._running: dict[str, asyncio.Task[Any]] = {}  # session id -> the task running its turn
         self._cancels: dict[str, str] = {}  # session id -> who cancelled its running turn
         self.consumer = GroupConsumer(bus, streams=[bus.keys.brain_inbox], group=BRAIN_GROUP,
                                       consumer=instance_id, handler=self.handle, concurrency=settings.max_turns)
+        # A turn whose Brain died is taken over (and resumed from its transcript) by another Brain.
+        self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         if isinstance(message, ChatCancel):  # sent to the group: pass it to every Brain
@@ -82,7 +64,7 @@ class BrainWorker:
         if not isinstance(message, ChatMessage):
             log.warning("ignored %s: not supported by this Brain yet", message.type)
             return []
-        async with self._sessions.hold(message.session_id):
+        async with self._sessions.turn(message):
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
             agent = self.settings.for_agent(message.agent_id)
             if agent is None:
@@ -116,6 +98,15 @@ class BrainWorker:
             self._llms[agent_id] = default_llm(settings)
         return self._llms[agent_id]
 
+    async def _poisoned(self, message: Message) -> Sequence[Reply]:
+        """A message whose turn killed Brain after Brain: tell the person instead of trying again."""
+        if not isinstance(message, ChatMessage):
+            return []
+        return [(message.reply_to, ChatError(
+            session_id=message.session_id, message_id=message.message_id, code=ErrorCode.WORKER_LOST,
+            message=f"the Brains running this message stopped {delivery.get()} times before finishing it; it was "
+                    "set aside (see `pincer dead list`). What was done is in the session transcript."))]
+
     async def _on_control(self, message: Message) -> None:
         """chat:cancel reaches every Brain; the one running that session's turn stops it."""
         if isinstance(message, ChatCancel) and message.session_id in self._running:
@@ -126,11 +117,13 @@ class BrainWorker:
         await self.inbox.start()
         await self.control.start()
         await self.presence.start()
+        await self.reaper.start()
         model = resolve_model(self.settings.model) or "(none configured)"
         log.info("brain ready: model %s", model)
         try:
             await self.consumer.run(stop)
         finally:
+            await self.reaper.close()
             await self.presence.stop()
             await self.control.close()
             await self.inbox.close()

@@ -52,6 +52,22 @@ class Keys:
     def transcript(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}:transcript"
 
+    def session_seq(self, session_id: str) -> str:
+        """Counter numbering a session's messages as the Gateway takes them."""
+        return f"{self.prefix}session:{session_id}:seq"
+
+    def session_done(self, session_id: str) -> str:
+        """The ``seq`` of the session's last finished message."""
+        return f"{self.prefix}session:{session_id}:done"
+
+    def session_lease(self, session_id: str) -> str:
+        """Which Brain runs the session's turn now (expires unless renewed)."""
+        return f"{self.prefix}session:{session_id}:lease"
+
+    def call_record(self, call_id: str) -> str:
+        """A call to a tool that is not idempotent: who runs it, then its result (a redelivery reads it)."""
+        return f"{self.prefix}call:{call_id}"
+
     def memory(self, agent_id: str) -> str:
         """Hash of an agent's long-term memory notes, by key."""
         return f"{self.prefix}memory:{agent_id}"

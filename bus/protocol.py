@@ -135,6 +135,15 @@ class ToolsAvailable(_Message):
         return self.request_id
 
 
+class PriorResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    call_id: str
+    tool: str
+    success: bool
+    data: Any = None
+
+
 class ToolExecute(_Message):
     type: Literal["tool:execute"] = "tool:execute"
     call_id: str = Field(default_factory=new_id)
@@ -149,6 +158,9 @@ class ToolExecute(_Message):
     # an approval request for this call goes there.
     approvals_to: str | None = None
     message_id: str | None = None
+    # Results of the calls of the same model response this call waited for (its tool
+    # declares ``after`` them), oldest first: a dependent call sees what came before.
+    prior: list[PriorResult] = Field(default_factory=list)
 
 
 class ToolResult(_Message):
@@ -188,6 +200,9 @@ class ChatMessage(_Message):
     sender: str = "user"
     text: str
     reply_to: str
+    # The message's place in its session (1, 2, ...), given by the Gateway: Brains run a
+    # session's messages in this order. None (a raw wire client): only never interleaved.
+    seq: int | None = Field(default=None, ge=1)
 
 
 class ChatCancel(_Message):

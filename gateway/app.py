@@ -108,7 +108,7 @@ class Gateway:
             return _error(503, ErrorCode.SERVICE_UNAVAILABLE,
                           "no Brain is running to answer; start one with `pincer brain` (or `pincer up`)")
         message = ChatMessage(session_id=session_id, agent_id=body.agent_id, text=body.text,
-                              reply_to=self.inbox.stream)
+                              reply_to=self.inbox.stream, seq=await self.sessions.next_seq(session_id))
         log.info("message in %s", kv(session=session_id, message=message.message_id))
         wants_stream = "text/event-stream" in request.headers.get("accept", "") or \
             request.query_params.get("stream") in ("1", "true")

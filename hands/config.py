@@ -162,6 +162,8 @@ class HandsSettings(Section):
     progress_interval_s: float = Field(default=5.0, gt=0)
     max_result_bytes: int = Field(default=50_000, ge=1_000)
     max_file_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
+    # How long the result of a call to a tool that is not idempotent is kept for a second delivery.
+    call_record_s: float = Field(default=3600.0, ge=60)
 
     @field_validator("skill_dirs", mode="before")
     @classmethod

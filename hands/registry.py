@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import graphlib
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
@@ -89,10 +90,15 @@ class ToolDefinition(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1)
     retry: RetryPolicy | None = None  # None: the worker's default policy
     idempotent: bool = True
+    # Tools (by name, or ``category:<name>``) whose calls in the same model response must
+    # finish before this one runs; it then sees their results (``ToolExecute.prior``).
+    after: tuple[str, ...] = ()
     source: str = "builtin"  # or the SKILL.md it came from
 
     def spec(self) -> ToolSpec:
         metadata: dict[str, Any] = {"category": self.category.value, "idempotent": self.idempotent}
+        if self.after:
+            metadata["after"] = list(self.after)
         for key in ("timeout_s", "max_concurrency"):
             if getattr(self, key) is not None:
                 metadata[key] = getattr(self, key)
@@ -113,6 +119,10 @@ class ToolRegistry:
             Draft202012Validator.check_schema(tool.parameters)
         except SchemaError as exc:
             raise ValueError(f"tool {tool.name!r} has an invalid parameter schema: {exc.message}") from None
+        cycle = _order_cycle({**self._tools, tool.name: tool})
+        if cycle:
+            raise ValueError(f"tool {tool.name!r} declares an order that forms a cycle ({' → '.join(cycle)}): "
+                             "remove one of these `after` entries")
         self._tools[tool.name] = tool
         self._validators[tool.name] = Draft202012Validator(tool.parameters)
         self._view = None
@@ -175,3 +185,21 @@ class ToolRegistry:
         payload = json.dumps([[spec.model_dump(mode="json") for spec in self.brain_view()],
                               [skill.model_dump(mode="json") for skill in self.instructions()]], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _order_cycle(tools: dict[str, ToolDefinition]) -> list[str]:
+    """A cycle in the tools' declared ``after`` order (names, first repeated last), or [] if none."""
+    graph: dict[str, set[str]] = {}
+    for name, tool in tools.items():
+        graph[name] = set()
+        for wanted in tool.after:
+            if wanted.startswith("category:"):
+                graph[name] |= {other for other, t in tools.items()
+                                if t.category.value == wanted[9:] and other != name}
+            elif wanted in tools and wanted != name:
+                graph[name].add(wanted)
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        return list(exc.args[1])
+    return []

@@ -15,7 +15,7 @@ import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -33,6 +33,7 @@ from hands.registry import (
 
 MAX_SKILL_BYTES = 256 * 1024
 NAME = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
+AFTER = r"^(category:)?[a-zA-Z][a-zA-Z0-9_-]{0,63}$"  # a tool name or category:<name>
 
 
 class ParameterSpec(BaseModel):
@@ -90,6 +91,7 @@ class Frontmatter(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1, le=100)
     idempotent: bool = True
     retry: RetryPolicy | None = None
+    after: list[Annotated[str, Field(pattern=AFTER)]] = Field(default_factory=list, max_length=20)
 
     def schema_(self) -> dict[str, Any]:
         properties, required = {}, []
@@ -183,7 +185,7 @@ def _load_one(folder: Path, skill_md: Path, registry: ToolRegistry, policy: Poli
         name=name, description=meta.description + (f"\n\n{body.strip()}" if body.strip() else ""),
         parameters=meta.schema_(), handler=handler, category=Category.SKILL,
         permissions=meta.permissions.flat(), timeout_s=meta.timeout, max_concurrency=meta.max_concurrency,
-        retry=meta.retry, idempotent=meta.idempotent, source=str(skill_md.resolve()),
+        retry=meta.retry, idempotent=meta.idempotent, after=tuple(meta.after), source=str(skill_md.resolve()),
     )
     try:
         registry.register(tool)

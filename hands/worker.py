@@ -15,6 +15,7 @@ from bus.protocol import ErrorCode, Message, ToolCancel, ToolExecute, ToolResult
 from bus.reaper import Reaper
 from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox, delivery
 from hands.approvals import ApprovalGate
+from hands.calls import CallRecords
 from hands.config import HandsSettings
 from hands.errors import ToolFailure
 from hands.executor import Executor
@@ -60,6 +61,7 @@ class HandsWorker:
                                  approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys),
                                  progress=bus.publish)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s)
+        self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s)
         # Read past the running slots, so calls beyond them reach the limiter's queue
         # (and a burst beyond the queue is answered QUEUE_FULL at once).
         running = settings.concurrency.global_
@@ -99,28 +101,35 @@ class HandsWorker:
         """Run a call, unless (or until) a ``tool:cancel`` for it arrives."""
         if call.call_id in self._cancelled:
             return self.executor.cancelled(call, self._cancelled[call.call_id])
-        times = delivery.get()
-        if times > 1 and call.tool in self.registry and not self.registry.get(call.tool).idempotent:
-            return self.executor.unrun(call, self._lost(call, times))
+        once = call.tool in self.registry and not self.registry.get(call.tool).idempotent
+        if once:
+            earlier = await self.calls.claim(call)
+            if isinstance(earlier, ToolResult):
+                return earlier
+            if earlier is not None:
+                return self.executor.unrun(call, earlier)
         task = asyncio.current_task()
         assert task is not None
         self._in_flight[call.call_id] = task
         try:
-            return await self.executor.execute(call)
+            result = await self.executor.execute(call)
         except asyncio.CancelledError:
             if call.call_id not in self._cancelled:
                 raise  # the worker itself is stopping
             task.uncancel()
-            return self.executor.cancelled(call, self._cancelled[call.call_id])
+            result = self.executor.cancelled(call, self._cancelled[call.call_id])
         finally:
             self._in_flight.pop(call.call_id, None)
+        if once:
+            await self.calls.done(call, result)
+        return result
 
     def _lost(self, call: ToolExecute, times: int) -> ToolFailure:
         return ToolFailure(
             ErrorCode.WORKER_LOST,
-            f"the worker running {call.tool} stopped before answering (delivery {times}); the call may or may not "
-            "have taken effect, and it is not run again because it is not idempotent",
-            suggestions=["check whether it took effect before calling it again"], retryable=False)
+            f"the workers given {call.tool} stopped before answering, {times} times; the call may or may not "
+            "have taken effect, and it is not run again", suggestions=["check whether it took effect"],
+            retryable=False)
 
     async def _poisoned(self, message: Message) -> Sequence[Reply]:
         """An entry that outlived max_deliveries workers: answer it, so no one waits for ever."""

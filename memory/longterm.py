@@ -32,7 +32,10 @@ class LongTermMemory:
         listed = []
         for key, raw in sorted(notes.items()):
             note = msgpack.unpackb(raw, raw=False)
-            listed.append({"key": key.decode(), "chars": len(note["content"]), "updated": note["updated"]})
+            first_line = note["content"].strip().split("\n", 1)[0]
+            preview = first_line[:120] + ("…" if len(first_line) > 120 or "\n" in note["content"].strip() else "")
+            listed.append({"key": key.decode(), "chars": len(note["content"]), "updated": note["updated"],
+                           "preview": preview})
         return listed
 
     async def search(self, agent_id: str, query: str, *, limit: int = 10) -> list[dict[str, Any]]:

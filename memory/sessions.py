@@ -43,6 +43,10 @@ class SessionStore:
             pipe.zadd(self.keys.sessions, {session_id: time.time()})
             await pipe.execute()
 
+    async def next_seq(self, session_id: str) -> int:
+        """Number the session's next message (1, 2, ...): the order its Brains keep."""
+        return int(await self.redis.incr(self.keys.session_seq(session_id)))
+
     async def load(self, session_id: str) -> list[TranscriptEntry]:
         raw = await self.redis.lrange(self.keys.transcript(session_id), 0, -1)
         return [TranscriptEntry.model_validate(msgpack.unpackb(item, raw=False)) for item in raw]
@@ -55,6 +59,7 @@ class SessionStore:
 
     async def delete(self, session_id: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self.keys.transcript(session_id))
+            pipe.delete(self.keys.transcript(session_id), self.keys.session_seq(session_id),
+                        self.keys.session_done(session_id))
             pipe.zrem(self.keys.sessions, session_id)
             await pipe.execute()

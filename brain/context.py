@@ -1,0 +1,75 @@
+"""Fit a conversation to the model's context window.
+
+Sizes are estimated at four characters a token (no tokenizer download, no
+per-provider call); the window keeps a quarter free for the answer. Two steps:
+1. every tool result longer than its own budget keeps its head and tail, with a
+   note in the middle saying how much was cut;
+2. while the whole is still too long, the oldest tool results are compacted to a
+   one-line note, then the oldest earlier exchanges are left out. The system
+   prompt and the current turn's latest results are kept.
+The stored transcript is never changed: this shapes only what the model reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+ANSWER_SHARE = 0.25  # of the window kept free for the model's reply
+
+
+def estimate_tokens(messages: list[dict[str, Any]]) -> int:
+    chars = 0
+    for message in messages:
+        chars += len(message.get("content") or "") + 16
+        for call in message.get("tool_calls") or ():
+            chars += len(call["function"]["name"]) + len(call["function"]["arguments"]) + 16
+    return chars // CHARS_PER_TOKEN
+
+
+def cut_middle(text: str, max_chars: int) -> str:
+    """Head and tail of ``text`` within ``max_chars``, with a note on what was left out."""
+    if len(text) <= max_chars:
+        return text
+    keep = max(max_chars - 200, 200)
+    head, tail = text[: keep * 2 // 3], text[-(keep // 3):]
+    cut = len(text) - len(head) - len(tail)
+    return (f"{head}\n[… {cut:,} characters cut from the middle of this result to fit the context window; "
+            f"ask for a narrower part if you need them …]\n{tail}")
+
+
+def fit(messages: list[dict[str, Any]], *, window_tokens: int, result_tokens: int,
+        keep_from: int) -> list[dict[str, Any]]:
+    """What the model is sent; ``keep_from`` is the index where the current turn starts."""
+    limit = int(window_tokens * (1 - ANSWER_SHARE))
+    shaped = [_cut(message, result_tokens * CHARS_PER_TOKEN) for message in messages]
+    total = estimate_tokens(shaped)
+    if total <= limit:
+        return shaped
+    # Compact tool results oldest first, but never the latest batch (what the model must act on now).
+    latest = max((i for i, m in enumerate(shaped) if m["role"] == "assistant"), default=len(shaped))
+    for index, message in enumerate(shaped[:latest]):
+        if total <= limit:
+            return shaped
+        if message["role"] == "tool" and len(message.get("content") or "") > 200:
+            before = estimate_tokens([message])
+            shaped[index] = {**message, "content": f"[compacted: a {len(message['content']):,}-character result of "
+                             f"{message.get('name', 'a tool')} shown earlier; call the tool again if you need it]"}
+            total -= before - estimate_tokens([shaped[index]])
+    # Still too long: leave out the oldest earlier exchanges (whole user-led groups, never the current turn).
+    system, rest = shaped[0], shaped[1:]
+    keep_from, dropped = keep_from - 1, 0
+    while total > limit and keep_from > 0:
+        end = next((i for i in range(1, keep_from) if rest[i]["role"] == "user"), keep_from)
+        total -= estimate_tokens(rest[:end])
+        rest, keep_from, dropped = rest[end:], keep_from - end, dropped + end
+    if dropped:
+        system = {**system, "content": f"{system.get('content') or ''}\n\n({dropped} earlier message(s) of this "
+                  "conversation were left out to fit the context window.)"}
+    return [system, *rest]
+
+
+def _cut(message: dict[str, Any], max_chars: int) -> dict[str, Any]:
+    if message["role"] != "tool" or len(message.get("content") or "") <= max_chars:
+        return message
+    return {**message, "content": cut_middle(message["content"], max_chars)}

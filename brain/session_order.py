@@ -1,0 +1,96 @@
+"""One turn of a session at a time across every Brain, in the order the Gateway numbered the messages.
+
+A message with ``seq`` n waits until the session's ``done`` counter reaches n-1
+and then takes the session's lease (``SET NX PX``), which its Brain renews while
+the turn runs. A Brain that dies stops renewing: the lease expires and the
+redelivered message (the reaper's) takes it. Both checks are one Lua script, so a
+Brain sees the counter and takes the lease in one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from bus.keys import Keys
+from bus.log import kv
+from bus.protocol import ChatMessage
+from bus.streams import every, finish
+
+log = logging.getLogger("brain.session_order")
+
+# KEYS: done, lease. ARGV: seq (0: none), owner, lease ms.  1: taken, 0: leased to another turn, -1: earlier turn due
+ACQUIRE = """
+local seq = tonumber(ARGV[1])
+if seq > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < seq - 1 then return -1 end
+if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return 1 end
+return 0
+"""
+# KEYS: lease. ARGV: owner, lease ms.
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+# KEYS: done, lease. ARGV: owner, seq (0: none).
+RELEASE = """
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+local seq = tonumber(ARGV[2])
+if seq > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < seq then redis.call('SET', KEYS[1], seq) end
+return 1
+"""
+
+
+class SessionOrder:
+    def __init__(self, redis: Any, keys: Keys, instance_id: str, *, lease_s: float, wait_s: float) -> None:
+        self.keys, self.instance_id = keys, instance_id
+        self.lease_ms, self.wait_s = int(lease_s * 1000), wait_s
+        self._acquire = redis.register_script(ACQUIRE)
+        self._renew = redis.register_script(RENEW)
+        self._release = redis.register_script(RELEASE)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, message: ChatMessage) -> AsyncIterator[None]:
+        """Hold the session for this message's turn (waiting for its earlier messages first)."""
+        owner = f"{self.instance_id}:{message.message_id}"
+        sid, seq = message.session_id, message.seq or 0
+        keys = [self.keys.session_done(sid), self.keys.session_lease(sid)]
+        await self._wait_for_turn(message, owner, keys, seq)
+        stop = asyncio.Event()
+        renewing = asyncio.create_task(self._keep(sid, owner, stop))
+        try:
+            yield
+        finally:
+            await finish(renewing, stop, grace_s=5)
+            await self._release(keys=keys, args=[owner, seq])
+
+    async def _wait_for_turn(self, message: ChatMessage, owner: str, keys: list[str], seq: int) -> None:
+        started, delay, warned = time.monotonic(), 0.005, False
+        while True:
+            got = await self._acquire(keys=keys, args=[seq, owner, self.lease_ms])
+            if got == 1:
+                return
+            waited = time.monotonic() - started
+            if got == -1 and waited > self.wait_s:
+                # The earlier message never finished (lost before it reached a Brain?): go on, still one at a time.
+                log.warning("earlier message never finished; going on %s",
+                            kv(session=message.session_id, seq=seq, waited_s=round(waited)))
+                seq = 0
+                continue
+            if not warned and waited > 5:
+                warned = True
+                log.info("waiting for the session's earlier turn %s",
+                         kv(session=message.session_id, seq=seq, reason="order" if got == -1 else "lease"))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    async def _keep(self, session_id: str, owner: str, stop: asyncio.Event) -> None:
+        async for _ in every(self.lease_ms / 3000, stop):
+            try:
+                if not await self._renew(keys=[self.keys.session_lease(session_id)], args=[owner, self.lease_ms]):
+                    log.warning("session lease lost while the turn ran %s", kv(session=session_id))
+            except Exception as exc:  # Redis away: the next tick tries again
+                log.warning("session lease renewal failed %s: %s", kv(session=session_id), exc)

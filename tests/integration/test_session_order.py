@@ -1,0 +1,71 @@
+"""A session's turns run one at a time across Brains, in the Gateway's order; other sessions do not wait."""
+
+from __future__ import annotations
+
+import asyncio
+
+from brain.session_order import SessionOrder
+from bus.protocol import ChatMessage
+from bus.streams import Bus
+
+
+def message(session: str, seq: int | None) -> ChatMessage:
+    return ChatMessage(session_id=session, text="hi", reply_to="r", seq=seq)
+
+
+async def test_two_brains_keep_order_within_a_session_and_overlap_across(bus: Bus) -> None:
+    brains = [SessionOrder(bus.redis, bus.keys, f"brain{i}", lease_s=5, wait_s=30) for i in range(2)]
+    log: list[str] = []
+
+    async def turn(brain: int, session: str, seq: int, delay: float = 0) -> None:
+        await asyncio.sleep(delay)
+        async with brains[brain].turn(message(session, seq)):
+            log.append(f"start {session}{seq}")
+            await asyncio.sleep(0.05)
+            log.append(f"end {session}{seq}")
+
+    # The later messages reach the Brains first; they still run after the earlier ones.
+    await asyncio.gather(turn(0, "a", 3), turn(1, "a", 2, 0.01), turn(0, "a", 1, 0.02), turn(1, "b", 1, 0.03))
+    a = [line for line in log if line.endswith(("a1", "a2", "a3"))]
+    assert a == ["start a1", "end a1", "start a2", "end a2", "start a3", "end a3"]
+    assert log.index("start b1") < log.index("end a1")  # another session ran meanwhile
+    assert await bus.redis.get(bus.keys.session_done("a")) == b"3"
+    assert not await bus.redis.exists(bus.keys.session_lease("a"))
+
+
+async def test_a_dead_brains_lease_expires_and_the_next_turn_goes_on(bus: Bus) -> None:
+    order = SessionOrder(bus.redis, bus.keys, "survivor", lease_s=1, wait_s=30)
+    # A Brain took the lease for message 1 and died: nobody renews it.
+    await bus.redis.set(bus.keys.session_lease("s"), "dead-brain:m1", px=1000)
+    started = asyncio.get_running_loop().time()
+    async with order.turn(message("s", 1)):
+        waited = asyncio.get_running_loop().time() - started
+    assert waited >= 0.5  # it waited for the lease to lapse, it did not take it over
+    assert await bus.redis.get(bus.keys.session_done("s")) == b"1"
+
+
+async def test_the_lease_is_renewed_while_a_long_turn_runs(bus: Bus) -> None:
+    order = SessionOrder(bus.redis, bus.keys, "b", lease_s=1, wait_s=30)
+    other = SessionOrder(bus.redis, bus.keys, "c", lease_s=1, wait_s=30)
+    log: list[str] = []
+
+    async def long_turn() -> None:
+        async with order.turn(message("s", None)):
+            log.append("long start")
+            await asyncio.sleep(2.5)  # more than twice the lease
+            log.append("long end")
+
+    async def second() -> None:
+        await asyncio.sleep(0.1)
+        async with other.turn(message("s", None)):
+            log.append("second start")
+
+    await asyncio.gather(long_turn(), second())
+    assert log == ["long start", "long end", "second start"]
+
+
+async def test_a_message_whose_predecessor_never_came_goes_on_after_the_wait(bus: Bus) -> None:
+    order = SessionOrder(bus.redis, bus.keys, "b", lease_s=5, wait_s=0.3)
+    async with order.turn(message("s", 5)):  # 1-4 were lost before any Brain saw them
+        pass
+    assert await bus.redis.get(bus.keys.session_done("s")) == b"5"
