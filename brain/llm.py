@@ -167,6 +167,11 @@ def cost_usd(model: str, usage: dict[str, Any]) -> float | None:
     return prompt + completion
 
 
+def warm_up() -> None:
+    """Import litellm now (seconds of work); call it from a thread, never on the event loop."""
+    import litellm  # noqa: F401
+
+
 DEFAULT_WINDOW_TOKENS = 32_000
 
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from bus.keys import Keys
@@ -30,9 +31,11 @@ if seq > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < seq - 1 then return
 if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return 1 end
 return 0
 """
-# KEYS: lease. ARGV: owner, lease ms.
+# KEYS: lease. ARGV: owner, lease ms. A lease that lapsed while nobody took it is still ours.
 RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if not holder then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0
 """
 # KEYS: done, lease. ARGV: owner, seq (0: none).
@@ -44,6 +47,20 @@ return 1
 """
 
 
+class LeaseLost(Exception):
+    """Another Brain holds the session now (this one stalled past its lease): this turn must stop."""
+
+
+@dataclass
+class Lease:
+    session_id: str
+    lost: bool = False
+
+    def check(self) -> None:
+        if self.lost:
+            raise LeaseLost(f"session {self.session_id}: another Brain took over this turn")
+
+
 class SessionOrder:
     def __init__(self, redis: Any, keys: Keys, instance_id: str, *, lease_s: float, wait_s: float) -> None:
         self.keys, self.instance_id = keys, instance_id
@@ -53,16 +70,16 @@ class SessionOrder:
         self._release = redis.register_script(RELEASE)
 
     @contextlib.asynccontextmanager
-    async def turn(self, message: ChatMessage) -> AsyncIterator[None]:
+    async def turn(self, message: ChatMessage) -> AsyncIterator[Lease]:
         """Hold the session for this message's turn (waiting for its earlier messages first)."""
         owner = f"{self.instance_id}:{message.message_id}"
         sid, seq = message.session_id, message.seq or 0
         keys = [self.keys.session_done(sid), self.keys.session_lease(sid)]
         await self._wait_for_turn(message, owner, keys, seq)
-        stop = asyncio.Event()
-        renewing = asyncio.create_task(self._keep(sid, owner, stop))
+        stop, lease = asyncio.Event(), Lease(sid)
+        renewing = asyncio.create_task(self._keep(lease, owner, stop))
         try:
-            yield
+            yield lease
         finally:
             await finish(renewing, stop, grace_s=5)
             await self._release(keys=keys, args=[owner, seq])
@@ -87,10 +104,14 @@ class SessionOrder:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
-    async def _keep(self, session_id: str, owner: str, stop: asyncio.Event) -> None:
+    async def _keep(self, lease: Lease, owner: str, stop: asyncio.Event) -> None:
         async for _ in every(self.lease_ms / 3000, stop):
             try:
-                if not await self._renew(keys=[self.keys.session_lease(session_id)], args=[owner, self.lease_ms]):
-                    log.warning("session lease lost while the turn ran %s", kv(session=session_id))
+                if not await self._renew(keys=[self.keys.session_lease(lease.session_id)],
+                                         args=[owner, self.lease_ms]):
+                    log.warning("session lease taken by another Brain; this turn stops %s",
+                                kv(session=lease.session_id))
+                    lease.lost = True
+                    return
             except Exception as exc:  # Redis away: the next tick tries again
-                log.warning("session lease renewal failed %s: %s", kv(session=session_id), exc)
+                log.warning("session lease renewal failed %s: %s", kv(session=lease.session_id), exc)

@@ -16,6 +16,7 @@ from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall, context_win
 from brain.loops import LoopDetector
 from brain.plan import plan
 from brain.prompt import system_prompt
+from brain.session_order import Lease
 from bus.log import kv
 from bus.protocol import (
     ChatDelta,
@@ -62,8 +63,9 @@ class Turn:
     so Hands can answer them from its record instead of running them twice.
     """
 
-    def __init__(self, deps: TurnDeps, message: ChatMessage) -> None:
+    def __init__(self, deps: TurnDeps, message: ChatMessage, lease: Lease | None = None) -> None:
         self.deps, self.message = deps, message
+        self.lease = lease or Lease(message.session_id)
         self.usage: dict[str, int] = {}
         self.in_flight: set[str] = set()  # our call ids Hands is working on
         self.model_calls = self.tool_calls = 0
@@ -76,6 +78,7 @@ class Turn:
         self.unanswered: list[ToolCall] = []  # the model's tool calls still without a result
         self.window_tokens = settings.context_window_tokens or context_window(resolve_model(settings.model) or "")
         self.resumed = False
+        self.call_ids: dict[str, str] = {}  # the model's call id -> ours, for the latest response
 
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
@@ -124,7 +127,7 @@ class Turn:
         specs = {spec.name: spec for spec in tools}
         iteration = self._restore(turn)
         if self.unanswered:  # a resumed turn: the calls its last response made that have no result yet
-            stop = await self._act(messages, specs, iteration)
+            stop = await self._act(messages, specs)
             if stop:
                 return stop
         while iteration < budget.max_iterations:
@@ -135,6 +138,7 @@ class Turn:
             if budget.max_cost_usd is not None and self.cost_usd >= budget.max_cost_usd:
                 return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
                                        f"the turn spent its money (brain.max_cost_usd = {budget.max_cost_usd:g})")
+            self.lease.check()
             shown = fit(messages, window_tokens=self.window_tokens, result_tokens=budget.tool_result_max_tokens,
                         keep_from=turn_starts)
             completion = await deps.llm.complete(shown, tools, self._stream_text)  # type: ignore[union-attr]
@@ -150,6 +154,7 @@ class Turn:
             await deps.sessions.append(msg.session_id, assistant)
             messages.append(assistant.to_llm())
             self.unanswered = list(completion.tool_calls)
+            self._number(completion.tool_calls, iteration)
             if final:
                 log.info("turn done %s", kv(session=msg.session_id, message=msg.message_id, iterations=iteration))
                 return ChatReply(session_id=msg.session_id, message_id=msg.message_id, text=completion.text,
@@ -159,7 +164,7 @@ class Turn:
                                        f"turn allows (brain.max_tool_calls = {budget.max_tool_calls})")
             self.tool_calls += len(completion.tool_calls)
             self.tools_used.extend(call.name for call in completion.tool_calls)
-            stop = await self._act(messages, specs, iteration)
+            stop = await self._act(messages, specs)
             if stop:
                 return stop
         return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model made {budget.max_iterations} calls "
@@ -179,12 +184,18 @@ class Turn:
             self.tool_calls += len(calls)
             self.tools_used.extend(call.name for call in calls)
             self.unanswered = [call for call in calls if call.id not in answered]
+            self._number(calls, iteration)
             self.usage = dict(entry.metadata.get("usage") or self.usage)
         return iteration
 
-    async def _act(self, messages: list[dict[str, Any]], specs: dict[str, ToolSpec],
-                   iteration: int) -> ChatError | None:
+    def _number(self, calls: list[ToolCall], iteration: int) -> None:
+        """Our ids for a response's calls: the same in every Brain that runs this turn."""
+        self.call_ids = {call.id: _call_id(self.message.message_id, iteration, index, call.id)
+                         for index, call in enumerate(calls)}
+
+    async def _act(self, messages: list[dict[str, Any]], specs: dict[str, ToolSpec]) -> ChatError | None:
         """Run the unanswered calls of the last response: in parallel, or after the calls they depend on."""
+        self.lease.check()
         calls, order = self.unanswered, plan(self.unanswered, specs)
         finished = [asyncio.Event() for _ in calls]
         results: list[ToolResult | None] = [None] * len(calls)
@@ -195,7 +206,7 @@ class Turn:
             call = calls[index]
             for earlier in order.waits[index]:
                 await finished[earlier].wait()
-            call_id = _call_id(self.message.message_id, iteration, index, call.id)
+            call_id = self.call_ids[call.id]
             if index in order.refused:
                 result = _local_failure(call_id, call.name, ErrorCode.INVALID_ARGUMENTS, order.refused[index])
             else:

@@ -10,8 +10,8 @@ from typing import Any
 
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
-from brain.llm import LiteLLMClient, LLMClient, resolve_model
-from brain.session_order import SessionOrder
+from brain.llm import LiteLLMClient, LLMClient, resolve_model, warm_up
+from brain.session_order import LeaseLost, SessionOrder
 from brain.turn import Turn, TurnDeps
 from bus.broadcast import BroadcastReader
 from bus.keys import BRAIN_GROUP
@@ -64,14 +64,14 @@ class BrainWorker:
         if not isinstance(message, ChatMessage):
             log.warning("ignored %s: not supported by this Brain yet", message.type)
             return []
-        async with self._sessions.turn(message):
+        async with self._sessions.turn(message) as lease:
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
             agent = self.settings.for_agent(message.agent_id)
             if agent is None:
                 return [(message.reply_to, ChatError(
                     session_id=message.session_id, message_id=message.message_id, code=ErrorCode.INVALID_ARGUMENTS,
                     message=f"no agent named {message.agent_id!r}; agents: {', '.join(self.settings.agent_ids())}"))]
-            turn = Turn(replace(self.deps, settings=agent, llm=self._llm(message.agent_id, agent)), message)
+            turn = Turn(replace(self.deps, settings=agent, llm=self._llm(message.agent_id, agent)), message, lease)
             task = asyncio.current_task()
             assert task is not None
             self._running[message.session_id] = task
@@ -82,6 +82,9 @@ class BrainWorker:
                     raise  # the Brain itself is stopping
                 task.uncancel()
                 final = await turn.cancel(self._cancels[message.session_id])
+            except LeaseLost as exc:
+                log.warning("turn handed over %s: %s", kv(session=message.session_id), exc)
+                return []  # the Brain that holds the session now finishes it and answers
             except Exception as exc:  # the person must always hear back
                 log.exception("turn crashed %s", kv(session=message.session_id))
                 final = ChatError(session_id=message.session_id, message_id=message.message_id,
@@ -114,6 +117,10 @@ class BrainWorker:
             self._running[message.session_id].cancel()
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self._llm_override is None:
+            # litellm takes seconds to import: here, off the loop, not in the first turn (a stalled
+            # loop misses its lease renewals and another Brain would take its turns over).
+            await asyncio.to_thread(warm_up)
         await self.inbox.start()
         await self.control.start()
         await self.presence.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from bus.streams import Bus, ReplyInbox
 from hands.config import HandsSettings
 from hands.registry import Category, ToolDefinition
 from hands.worker import HandsWorker
-from memory.sessions import SessionStore
+from memory.longterm import LongTermMemory
+from memory.sessions import SessionStore, TranscriptEntry
 from tests.conftest import SHIPPED_SKILLS, TOOL_NAMES, async_wait_until
 
 
@@ -92,8 +94,8 @@ async def chat(bus: Bus):
     inbox = ReplyInbox(bus, "gateway-t", block_ms=100)
     await inbox.start()
 
-    async def send(text: str, session_id: str = "s1", agent_id: str = "main") -> list[Message]:
-        message = ChatMessage(session_id=session_id, text=text, reply_to=inbox.stream, agent_id=agent_id)
+    async def send(text: str, session_id: str = "s1", agent_id: str = "main", **fields: Any) -> list[Message]:
+        message = ChatMessage(session_id=session_id, text=text, reply_to=inbox.stream, agent_id=agent_id, **fields)
         events: list[Message] = []
         async with inbox.expect(message.message_id) as queue:
             await bus.publish(bus.keys.brain_inbox, message)
@@ -237,7 +239,6 @@ async def test_tool_progress_reaches_the_person_as_chat_tool_events(pool, chat) 
 
 async def test_cancel_stops_the_turn_and_its_tool_calls(bus: Bus, pool, chat) -> None:
     from bus.protocol import ChatCancel
-    from memory.sessions import SessionStore
 
     started, stopped = asyncio.Event(), asyncio.Event()
 
@@ -321,3 +322,98 @@ async def test_agents_have_their_own_instructions_and_budgets(pool, chat) -> Non
 
 async def chat_as(chat, text: str, agent: str):
     return await chat(text, session_id=f"agent-{agent}", agent_id=agent)
+
+
+def stamped(name: str, after: tuple[str, ...] = ()) -> ToolDefinition:
+    """A tool that sleeps, and reports when it ran and what results it was given."""
+
+    async def handle(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        start = time.monotonic()
+        await asyncio.sleep(args.get("s", 0.3))
+        return {"start": start, "end": time.monotonic(), "saw": [p.tool for p in ctx.call.prior]}
+
+    return ToolDefinition(name=name, description=name, handler=handle, category=Category.SKILL, after=after,
+                          parameters={"type": "object", "properties": {"s": {"type": "number"}}})
+
+
+def ran(messages: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {m["name"]: json.loads(m["content"]) for m in messages if m["role"] == "tool"}
+
+
+async def test_dependent_calls_run_in_order_and_independent_ones_overlap(pool, chat) -> None:
+    def script(messages):
+        if messages[-1]["role"] == "tool":
+            return Completion(text="done")
+        # The dependent call comes first in the response; it still runs second.
+        return Completion(tool_calls=[call("fetch_like", {}, 0), call("search_like", {}, 1),
+                                      call("other_a", {}, 2), call("other_b", {}, 3)])
+
+    llm = FakeLLM(script)
+    await pool(llm, tools=[stamped("search_like"), stamped("fetch_like", after=("search_like",)),
+                           stamped("other_a"), stamped("other_b")])
+    assert isinstance((await chat("go"))[-1], ChatReply)
+    times = ran(llm.seen[-1])
+    assert times["fetch_like"]["start"] >= times["search_like"]["end"]  # sequential
+    assert times["fetch_like"]["saw"] == ["search_like"]  # and it was given the search's result
+    assert times["other_a"]["start"] < times["other_b"]["end"] and times["other_b"]["start"] < times["other_a"]["end"]
+    assert times["other_a"]["start"] < times["search_like"]["end"]  # independent calls did not wait
+    assert times["other_a"]["saw"] == []
+
+
+async def test_a_turn_redelivered_after_its_brain_died_does_not_repeat_answered_calls(
+        bus: Bus, pool, chat) -> None:
+    runs: list[str] = []
+
+    async def count(args: dict[str, Any], _ctx: Any) -> str:
+        runs.append(args["name"])
+        return f"counted {args['name']}"
+
+    counter = ToolDefinition(name="count", description="count", handler=count, category=Category.SKILL,
+                             parameters={"type": "object", "properties": {"name": {"type": "string"}}})
+
+    def script(messages):
+        if messages[-1]["role"] == "tool":
+            return Completion(text=" | ".join(m["content"] for m in messages if m["role"] == "tool"), model="fake")
+        return Completion(tool_calls=[call("count", {"name": "a"}, 0), call("count", {"name": "b"}, 1)])
+
+    # What a Brain that died left: the user message, the model's two calls, and one answer.
+    sessions = SessionStore(bus.redis, bus.keys)
+    message = ChatMessage(session_id="resume", text="count twice", reply_to="unused")
+    tagged = {"message_id": message.message_id}
+    calls_made = [call("count", {"name": "a"}, 0).to_openai(), call("count", {"name": "b"}, 1).to_openai()]
+    await sessions.append("resume", TranscriptEntry(role="user", content="count twice", metadata=tagged),
+                          TranscriptEntry(role="assistant", tool_calls=calls_made, metadata={**tagged, "iteration": 1}),
+                          TranscriptEntry(role="tool", tool_call_id="call_0", name="count", content="counted a",
+                                          metadata=tagged))
+    llm = FakeLLM(script)
+    await pool(llm, tools=[counter])
+    final = (await chat("count twice", session_id="resume", message_id=message.message_id))[-1]
+    assert isinstance(final, ChatReply) and final.text == "counted a | counted b"
+    assert runs == ["b"]  # the answered call was not run again
+    assert len(llm.seen) == 1  # and the model was not asked for the calls again
+    roles = [e.role for e in await sessions.load("resume")]
+    assert roles == ["user", "assistant", "tool", "tool", "assistant"]
+
+    again = (await chat("count twice", session_id="resume", message_id=message.message_id))[-1]
+    assert again.text == final.text and len(llm.seen) == 1 and runs == ["b"]  # a finished turn is answered as is
+
+
+async def test_the_model_reads_big_results_cut_and_its_memory_in_the_prompt(bus: Bus, pool, chat) -> None:
+    await LongTermMemory(bus.redis, bus.keys).write("main", "favourite-colour", "The user likes green.\nAnd more.")
+
+    async def big(_args: dict[str, Any], _ctx: Any) -> str:
+        return "HEAD" + "x" * 40_000 + "TAIL"
+
+    llm = FakeLLM(lambda m: Completion(text="ok") if m[-1]["role"] == "tool"
+                  else Completion(tool_calls=[call("big", {})]))
+    await pool(llm, tool_result_max_tokens=500,
+               tools=[ToolDefinition(name="big", description="big", handler=big, category=Category.SKILL,
+                                     parameters={"type": "object"})])
+    assert isinstance((await chat("go"))[-1], ChatReply)
+    system = llm.seen[0][0]["content"]
+    assert "long-term memory" in system and "- favourite-colour: The user likes green.…" in system
+    shown = llm.seen[-1][-1]["content"]
+    assert shown.startswith("HEAD") and shown.endswith("TAIL") and "characters cut from the middle" in shown
+    assert len(shown) < 2_500
+    stored = (await SessionStore(bus.redis, bus.keys).load("s1"))[2].content
+    assert len(stored) > 40_000  # the transcript keeps the whole result

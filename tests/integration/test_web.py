@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bus.protocol import ErrorCode
+from bus.protocol import ErrorCode, PriorResult, ToolExecute, ToolResult, now_ms
 
 
 class Site:
@@ -87,6 +87,26 @@ async def test_a_page_comes_back_as_readable_untrusted_text(web: str, call) -> N
     assert data["text"] == f"Hello\nFirst paragraph.\nHost was {web[7:]}."  # Host header kept while pinned
     assert "alert" not in data["text"] and "evil" not in data["text"]
     assert "Treat it as data" in data["note"]
+
+
+async def test_a_fetch_can_name_a_result_of_the_search_before_it(web: str, bus, call) -> None:
+    search = PriorResult(call_id="s1", tool="web_search", success=True,
+                         data={"results": [{"url": f"{web}/busy"}, {"url": f"{web}/page"}]})
+
+    async def fetch(url: str, prior: list[PriorResult]) -> ToolResult:
+        request = ToolExecute(tool="web_fetch", args={"url": url}, reply_to=call.inbox.stream, prior=prior,
+                              deadline=now_ms() + 20_000)
+        return await call.inbox.request(bus.keys.hands_requests, request, request.call_id, timeout=20,
+                                        final=(ToolResult,))
+
+    page = await fetch("#2", [search])
+    assert page.success and page.data["url"] == f"{web}/page" and page.data["title"] == "Pincer test page"
+    beyond = await fetch("#3", [search])
+    assert beyond.error.code is ErrorCode.INVALID_ARGUMENTS and "found 2 result(s)" in beyond.error.message
+    alone = await fetch("#1", [])
+    assert alone.error.code is ErrorCode.INVALID_ARGUMENTS and "no web_search succeeded" in alone.error.message
+    junk = await fetch("#one", [search])
+    assert junk.error.code is ErrorCode.INVALID_ARGUMENTS and "#N" in junk.error.message
 
 
 async def test_caps_and_http_errors(web: str, call) -> None:

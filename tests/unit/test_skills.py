@@ -41,6 +41,12 @@ def loaded(tmp_path: Path):
     make_skill(root, "crashes", "name: crashes\ndescription: x\nparameters: {}", "raise RuntimeError('bad import')\n")
     make_skill(root, "no-handle", "name: no_handle\ndescription: x\nparameters: {}", "def other(args, ctx): pass\n")
     make_skill(root, "clash", "name: read_file\ndescription: shadows a built-in\nparameters: {}", GOOD_HANDLER)
+    make_skill(root, "ordered", "name: ordered\ndescription: x\nparameters: {}\nafter: [weather, category:network]",
+               GOOD_HANDLER)
+    make_skill(root, "cycle-a", "name: cycle_a\ndescription: x\nparameters: {}\nafter: [cycle_b]", GOOD_HANDLER)
+    make_skill(root, "cycle-b", "name: cycle_b\ndescription: x\nparameters: {}\nafter: [ordered, cycle_a]",
+               GOOD_HANDLER)
+    make_skill(root, "bad-after", "name: bad_after\ndescription: x\nparameters: {}\nafter: ['../x']", GOOD_HANDLER)
     (root / "no-frontmatter").mkdir()
     (root / "no-frontmatter" / "SKILL.md").write_text("just text\n")
     (root / "linked").symlink_to(root / "weather")
@@ -52,7 +58,7 @@ def loaded(tmp_path: Path):
 
 def test_tool_skill_becomes_a_tool_with_a_json_schema(loaded) -> None:
     registry, report, _ = loaded
-    assert report.tools == ["weather"]
+    assert report.tools == ["cycle_a", "ordered", "weather"]
     tool = registry.get("weather")
     assert tool.parameters == {
         "type": "object",
@@ -83,6 +89,8 @@ def test_instruction_skill_is_offered_not_registered(loaded) -> None:
     ("clash", "skill 'read_file': the name clashes with a tool or skill already loaded"),
     ("no-frontmatter", "has no YAML frontmatter"),
     ("linked", "symbolic links are not followed"),
+    ("cycle-b", "skill 'cycle_b': tool 'cycle_b' declares an order that forms a cycle"),
+    ("bad-after", "after.0: String should match pattern"),
 ])
 def test_refusals_say_which_skill_and_why(loaded, folder: str, reason: str) -> None:
     _, _, reasons = loaded
@@ -91,6 +99,7 @@ def test_refusals_say_which_skill_and_why(loaded, folder: str, reason: str) -> N
 
 def test_the_rest_still_loads(loaded) -> None:
     registry, report, reasons = loaded
-    assert len(reasons) == 9
+    assert len(reasons) == 11
+    assert registry.get("ordered").spec().metadata["after"] == ["weather", "category:network"]
     assert {"read_file", "write_file", "weather"} <= set(registry.names())
     assert registry.get("read_file").source == "builtin"  # the clash did not replace the built-in
