@@ -71,7 +71,7 @@ async def measure(url: str, *, iterations: int, turns: int, sequential: int) -> 
             started = time.perf_counter()
             async with inbox.expect(message.message_id) as queue:
                 await bus.publish(bus.keys.brain_inbox, message)
-                while not isinstance(event := await queue.get(), ChatReply):
+                while not isinstance(await queue.get(), ChatReply):
                     pass
             if n:  # the first turn warms the tool catalog
                 per_iteration.append((time.perf_counter() - started) / (iterations + 1))

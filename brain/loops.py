@@ -2,7 +2,9 @@
 
 Detectors (each counts over the turn's tool calls):
 - **repeat**: the same tool with the same arguments and the same result; a
-  call whose result changes (a poll that sees new output) is progress.
+  call whose result changes (a poll that sees new output) is progress. Clock
+  fields (``runtime_ms``, ``elapsed_ms``, ...) do not count as a change, so
+  polling a job that prints nothing new is a repeat.
 - **ping-pong**: two calls alternating (A, B, A, B, ...) with unchanged results.
 - **unknown tool**: calls to tools that do not exist.
 At ``warn_at`` the model is told, in the tool result it reads; at ``stop_at``
@@ -12,11 +14,14 @@ the turn ends with ``LOOP_DETECTED`` and the reason.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 
 from brain.llm import ToolCall
 from bus.protocol import ErrorCode, ToolResult
+
+CLOCK_FIELDS = frozenset({"runtime_ms", "elapsed_ms", "duration_ms", "timestamp", "now"})
 
 
 @dataclass
@@ -39,7 +44,11 @@ class LoopDetector:
             self.unknown += 1
             return self._judge("unknown", self.unknown, f"called tools that do not exist {self.unknown} times "
                                "(use only the tools you were given)")
-        outcome = result.model_dump_json(include={"success", "data", "error"})
+        data = result.data
+        if isinstance(data, dict):
+            data = {key: value for key, value in data.items() if key not in CLOCK_FIELDS}
+        outcome = json.dumps([result.success, data, result.error and result.error.model_dump(mode="json")],
+                             sort_keys=True, default=str)
         fingerprint = hashlib.sha256(f"{call.name}\0{call.arguments}\0{outcome}".encode()).hexdigest()[:16]
         self.history.append(fingerprint)
         self.repeats[fingerprint] += 1

@@ -32,6 +32,13 @@ def test_a_poll_that_sees_new_output_is_progress() -> None:
     assert set(run(LoopDetector(), steps)) == {"."}
 
 
+def test_polling_a_job_that_prints_nothing_new_is_a_repeat() -> None:
+    poll = call("process", '{"action": "poll", "job_id": "j1"}')
+    steps = [(poll, ok({"job_id": "j1", "status": "running", "stdout": "", "runtime_ms": 1000 * n}))
+             for n in range(5)]
+    assert run(LoopDetector(), steps) == [".", ".", "warn", ".", "stop"]
+
+
 def test_ping_pong_between_two_calls() -> None:
     a, b = (call("read_file", '{"path": "a"}'), ok("A")), (call("read_file", '{"path": "b"}'), ok("B"))
     marks = run(LoopDetector(warn_at=3, stop_at=4), [a, b, a, b, a, b, a, b])
