@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import Processes, wait_until
+from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +64,7 @@ def start_up(processes: Processes, env: dict[str, str], name: str) -> subprocess
 
 
 def test_up_runs_everything_stops_cleanly_and_keeps_transcripts(processes: Processes, up_env: dict[str, str],
-                                                               tmp_path: Path) -> None:
+                                                               tmp_path: Path, scripted_llm: ScriptedLLM) -> None:
     (tmp_path / "workspace" / "notes.txt").write_text("the secret word is pincer-42\n")
     up = start_up(processes, up_env, "up-1")
     log = (tmp_path / "up-1.log").read_text()
@@ -87,6 +88,11 @@ def test_up_runs_everything_stops_cleanly_and_keeps_transcripts(processes: Proce
     url = f"http://127.0.0.1:{up_env['PINCER_GATEWAY_PORT']}"
     entries = httpx.get(f"{url}/v1/sessions/kept", timeout=10).json()["entries"]
     assert [e["role"] for e in entries] == ["user", "assistant", "tool", "assistant"]
+    # ... and the conversation goes on from it: the model is sent the turn before the restart.
+    again = processes.run("chat", "-m", "and now?", "--session", "kept")
+    assert again.returncode == 0 and "echo: and now?" in again.stdout, again.stderr + processes.logs()
+    sent = scripted_llm.requests[-1]["messages"]
+    assert any(m["role"] == "tool" and "pincer-42" in (m.get("content") or "") for m in sent)
     assert processes.stop(up, signal.SIGINT, timeout=30) == 0
 
 
