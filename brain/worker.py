@@ -46,7 +46,9 @@ class BrainWorker:
                              settings=settings, llm=llm)
         self._llm_override = llm  # one client for every agent (tests' fakes); None: each agent's own model
         self._llms: dict[str, LLMClient | None] = {}
-        self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s)
+        self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s,
+                                 details=lambda: {"in_flight": len(self._running), "capacity": settings.max_turns,
+                                                  "model": resolve_model(settings.model) or "(none)"})
         self._sessions = SessionOrder(bus.redis, bus.keys, instance_id, lease_s=settings.session_lease_s,
                                       wait_s=settings.session_wait_s or settings.max_turn_s + 60)
         self.control = BroadcastReader(bus, bus.keys.brain_control, self._on_control)

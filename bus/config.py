@@ -51,13 +51,17 @@ class RedisSettings(Section):
     url: str | None = None
     prefix: str = "pincer:"
     embedded_port: int = Field(default=0, ge=0, le=65535)
-    request_maxlen: int = Field(default=100_000, ge=1000)
+    # Request streams are never capped by length (an undelivered request must not be dropped):
+    # the reaper trims them below what every group still needs (MINID). These cap the others.
     reply_maxlen: int = Field(default=10_000, ge=100)
     dead_maxlen: int = Field(default=10_000, ge=100)
     # Taking over work from consumers that died (see bus/reaper.py).
     claim_idle_s: float = Field(default=30.0, gt=0)
     reap_interval_s: float = Field(default=5.0, gt=0)
     max_deliveries: int = Field(default=3, ge=1)
+    # On SIGTERM a consumer stops reading and waits this long for what it runs; the rest it
+    # hands back (marked idle, so another consumer's reaper takes it at its next pass).
+    drain_timeout_s: float = Field(default=30.0, ge=0)
 
 
 class RuntimeSettings(Section):

@@ -49,6 +49,14 @@ class Keys:
         """Sorted set of live instances of a role, scored by when their heartbeat expires."""
         return f"{self.prefix}alive:{role}"
 
+    def instance(self, role: str, instance_id: str) -> str:
+        """Hash an instance keeps fresh with its heartbeat: host, pid, version, load (expires with it)."""
+        return f"{self.prefix}instance:{role}:{instance_id}"
+
+    def reaper_turn(self, stream: str, group: str) -> str:
+        """Whichever consumer sets this (NX, one interval) runs the pool's reaper pass for the stream."""
+        return f"{self.prefix}reaper:{{{stream}}}:{group}"
+
     def transcript(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}:transcript"
 

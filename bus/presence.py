@@ -1,11 +1,22 @@
-"""Heartbeats: which Gateway, Brain and Hands instances are alive right now."""
+"""Heartbeats: which Gateway, Brain and Hands instances are alive right now, and how they are doing.
+
+Each instance scores itself in ``alive:<role>`` (a sorted set by heartbeat
+expiry: one ZRANGEBYSCORE lists the live ones) and keeps a hash of details
+(host, pid, version, start time, plus what the role reports: tools, in-flight
+calls, capacity) that expires with the heartbeat.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
 
 from redis import exceptions as redis_errors
 
@@ -15,14 +26,26 @@ log = logging.getLogger("bus.presence")
 
 ROLES = ("gateway", "brain", "hands")
 
+Details = Callable[[], dict[str, Any]]
+
+
+def version() -> str:
+    try:
+        return metadata.version("pincer")
+    except metadata.PackageNotFoundError:
+        return "dev"
+
 
 class Presence:
     """Keeps one instance marked alive while it runs; an instance that dies drops out after its TTL."""
 
-    def __init__(self, bus: Bus, role: str, instance_id: str, *, interval_s: float = 3.0) -> None:
+    def __init__(self, bus: Bus, role: str, instance_id: str, *, interval_s: float = 3.0,
+                 details: Details | None = None) -> None:
         self.bus, self.role, self.instance_id = bus, role, instance_id
         self.interval_s = interval_s
         self.ttl_s = interval_s * 3
+        self.details = details or dict
+        self.started = time.time()
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
@@ -31,13 +54,21 @@ class Presence:
         self._task = asyncio.create_task(self._loop(), name=f"presence:{self.role}")
 
     async def beat(self) -> None:
-        expires = time.time() + self.ttl_s
-        await self.bus.redis.zadd(self.bus.keys.alive(self.role), {self.instance_id: expires})
+        now = time.time()
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "version": version(), "started": self.started,
+                "beat": now, **self.details()}
+        key = self.bus.keys.instance(self.role, self.instance_id)
+        async with self.bus.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.bus.keys.alive(self.role), {self.instance_id: now + self.ttl_s})
+            pipe.hset(key, mapping={k: str(v) for k, v in info.items()})
+            pipe.pexpire(key, int(self.ttl_s * 1000))
+            await pipe.execute()
 
     async def stop(self) -> None:
         await finish(self._task, self._stop, grace_s=5)
         with contextlib.suppress(redis_errors.RedisError, OSError):
             await self.bus.redis.zrem(self.bus.keys.alive(self.role), self.instance_id)
+            await self.bus.redis.delete(self.bus.keys.instance(self.role, self.instance_id))
 
     async def _loop(self) -> None:
         async for _ in every(self.interval_s, self._stop):
@@ -52,3 +83,12 @@ async def alive(bus: Bus, role: str) -> list[str]:
     key, now = bus.keys.alive(role), time.time()
     await bus.redis.zremrangebyscore(key, "-inf", now)
     return sorted(m.decode() for m in await bus.redis.zrangebyscore(key, now, "+inf"))
+
+
+async def instances(bus: Bus, role: str) -> list[dict[str, str]]:
+    """The live instances of ``role`` with their details."""
+    found = []
+    for instance_id in await alive(bus, role):
+        raw = await bus.redis.hgetall(bus.keys.instance(role, instance_id))
+        found.append({"id": instance_id, **{k.decode(): v.decode() for k, v in raw.items()}})
+    return found

@@ -3,12 +3,19 @@
 Each consumer runs one. Every ``reap_interval_s`` it
 1. renews the lease on what it is handling itself (``XCLAIM … 0 … JUSTID``
    resets the idle time without counting a delivery), so only a consumer
-   that stopped renewing (a dead one) lets its entries go idle;
+   that stopped renewing (a dead one) lets its entries go idle.
+Then one consumer of the pool per interval (the one that sets the stream's
+``reaper_turn`` key, ``SET NX PX``) does the rest for everyone:
 2. takes over entries idle longer than ``claim_idle_s`` (``XAUTOCLAIM``,
-   which counts a delivery) and handles them, telling the handler it is a
-   redelivery (``bus.streams.delivery``);
+   following its cursor, which counts a delivery) and handles them, telling
+   the handler it is a redelivery (``bus.streams.delivery``);
 3. moves an entry delivered more than ``max_deliveries`` times to ``dead``
-   instead, after letting ``on_poison`` answer whoever waits for it.
+   instead, after letting ``on_poison`` answer whoever waits for it;
+4. removes from the group the consumers that are gone (no heartbeat, idle past
+   ``claim_idle_s``) and hold nothing: checked and deleted in one Lua script,
+   so pending work is claimed first and never dropped;
+5. trims the stream below the oldest entry any group still needs (its oldest
+   pending entry, or the first it has not been given): ``XTRIM MINID ~``.
 """
 
 from __future__ import annotations
@@ -17,17 +24,27 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from redis import exceptions as redis_errors
 
 from bus.config import RedisSettings
 from bus.log import kv
+from bus.presence import alive
 from bus.protocol import MalformedMessage, Message, decode
 from bus.streams import Bus, GroupConsumer, Reply, dead_letter, every, finish
 
 log = logging.getLogger("bus.reaper")
 
 OnPoison = Callable[[Message], Awaitable[Sequence[Reply]]]
+
+# KEYS: stream. ARGV: group, consumer. Deleted only when it holds no pending entry.
+FORGET_CONSUMER = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) == 0 then
+  return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+end
+return -1
+"""
 
 
 class Reaper:
@@ -36,6 +53,7 @@ class Reaper:
         self.bus, self.consumer, self.settings, self.on_poison = bus, consumer, settings, on_poison
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._forget = bus.redis.register_script(FORGET_CONSUMER)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"reaper:{self.consumer.consumer}")
@@ -53,7 +71,26 @@ class Reaper:
     async def reap_once(self) -> None:
         for stream in self.consumer.streams:
             await self._renew(stream)
-            await self._claim(stream)
+            if not self.consumer.stopping and await self._my_turn(stream):
+                await self._claim(stream)
+                await self._forget_gone(stream)
+                await trim_delivered(self.bus.redis, stream)
+
+    async def _my_turn(self, stream: str) -> bool:
+        key = self.bus.keys.reaper_turn(stream, self.consumer.group)
+        interval_ms = max(int(self.settings.reap_interval_s * 1000) - 50, 50)
+        return bool(await self.bus.redis.set(key, self.consumer.consumer, nx=True, px=interval_ms))
+
+    async def _forget_gone(self, stream: str) -> None:
+        """Drop consumers that died holding nothing (their work was claimed first)."""
+        idle_ms = int(self.settings.claim_idle_s * 1000)
+        living = set(await alive(self.bus, self.consumer.group))
+        for info in await self.bus.redis.xinfo_consumers(stream, self.consumer.group):
+            name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
+            if name == self.consumer.consumer or name in living or info["idle"] < idle_ms:
+                continue
+            if await self._forget(keys=[stream], args=[self.consumer.group, name]) != -1:
+                log.info("forgot consumer %s", kv(stream=stream, consumer=name))
 
     async def _renew(self, stream: str) -> None:
         mine = sorted(self.consumer.holding.get(stream, ()))
@@ -62,9 +99,17 @@ class Reaper:
                                         message_ids=mine, justid=True)
 
     async def _claim(self, stream: str) -> None:
-        idle_ms = int(self.settings.claim_idle_s * 1000)
-        _next, claimed, _deleted = await self.bus.redis.xautoclaim(
-            stream, self.consumer.group, self.consumer.consumer, min_idle_time=idle_ms, start_id="0-0", count=50)
+        idle_ms, cursor = int(self.settings.claim_idle_s * 1000), "0-0"
+        for _ in range(20):  # at most 1,000 entries a pass: the next pass goes on
+            cursor, claimed, _deleted = await self.bus.redis.xautoclaim(
+                stream, self.consumer.group, self.consumer.consumer, min_idle_time=idle_ms, start_id=cursor,
+                count=50)
+            await self._take_over(stream, claimed)
+            cursor = cursor.decode() if isinstance(cursor, bytes) else cursor
+            if cursor == "0-0":
+                return
+
+    async def _take_over(self, stream: str, claimed: list[Any]) -> None:
         for raw_id, fields in claimed:
             entry_id = raw_id.decode()
             if entry_id in self.consumer.holding.get(stream, ()):
@@ -86,3 +131,27 @@ class Reaper:
         await dead_letter(self.bus, stream, self.consumer.group, entry_id, fields,
                           f"delivered {times} times and never acknowledged (redis.max_deliveries = "
                           f"{self.settings.max_deliveries})")
+
+
+async def trim_delivered(redis: Any, stream: str, *, approximate: bool = True) -> int:
+    """Trim entries every group has been given and acknowledged; nothing undelivered or pending goes."""
+    groups = await redis.xinfo_groups(stream)
+    if not groups:
+        return 0
+    floor: tuple[int, int] | None = None
+    for group in groups:
+        name = group["name"]
+        needed = _entry_id(group["last-delivered-id"])
+        needed = (needed[0], needed[1] + 1)  # the first entry this group has not been given
+        summary = await redis.xpending(stream, name)
+        if summary["pending"]:
+            needed = min(needed, _entry_id(summary["min"]))
+        floor = needed if floor is None else min(floor, needed)
+    assert floor is not None
+    return int(await redis.xtrim(stream, minid=f"{floor[0]}-{floor[1]}", approximate=approximate))
+
+
+def _entry_id(raw: bytes | str) -> tuple[int, int]:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)

@@ -68,7 +68,8 @@ class Bus:
 
     def add(self, pipe: Pipeline, stream: str, message: Message) -> None:
         """Queue an XADD of ``message`` on a pipeline, capped as its stream's kind wants."""
-        pipe.xadd(stream, encode(message), maxlen=self._maxlen(stream), approximate=True)
+        maxlen = self._maxlen(stream)
+        pipe.xadd(stream, encode(message), maxlen=maxlen, approximate=maxlen is not None)
 
     async def ensure_group(self, stream: str, group: str) -> None:
         """Create the group at id 0 so nothing published before any consumer started is lost."""
@@ -81,12 +82,14 @@ class Bus:
     async def close(self) -> None:
         await self.redis.aclose()
 
-    def _maxlen(self, stream: str) -> int:
-        if stream.startswith(self.keys.reply("")):
-            return self.settings.reply_maxlen
+    def _maxlen(self, stream: str) -> int | None:
+        """None for request streams: they are trimmed by MINID below what is still needed (bus/reaper.py)."""
         if stream == self.keys.dead:
             return self.settings.dead_maxlen
-        return self.settings.request_maxlen
+        if stream in (self.keys.hands_requests, self.keys.brain_inbox) or \
+                stream.startswith(self.keys.hands_worker("")):
+            return None
+        return self.settings.reply_maxlen  # replies and the broadcast control streams
 
 
 class GroupConsumer:
@@ -110,6 +113,7 @@ class GroupConsumer:
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
+        self.stopping = False  # set on stop: read nothing more, take nothing over
 
     @property
     def in_flight(self) -> int:
@@ -137,11 +141,36 @@ class GroupConsumer:
                 log.warning("consumer group %s vanished (Redis restarted?); recreating it", self.group)
                 for stream in self.streams:
                     await self.bus.ensure_group(stream, self.group)
-        await self.drain()
+        self.stopping = True
+        await self.drain(self.bus.settings.drain_timeout_s)
 
-    async def drain(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Wait for what is running; past ``timeout_s``, hand the rest back and stop it."""
+        if not self._tasks:
+            return
+        _done, running = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        if not running:
+            return
+        handed = await self.hand_back()
+        log.warning("drain timeout: handed back %d entr%s still running", handed, "y" if handed == 1 else "ies")
+        for task in running:
+            task.cancel()
+        await asyncio.wait(running, timeout=5)
+
+    async def hand_back(self) -> int:
+        """Give up the entries being handled: marked idle past the claim threshold, so another
+        consumer's reaper takes them at its next pass (their delivery count is kept)."""
+        idle_ms = int(self.bus.settings.claim_idle_s * 1000) * 10
+        handed = 0
+        for stream, held in self.holding.items():
+            ids = sorted(held)
+            held.clear()  # no longer renewed by our reaper
+            if ids:
+                with contextlib.suppress(redis_errors.RedisError, OSError):
+                    await self.bus.redis.xclaim(stream, self.group, self.consumer, min_idle_time=0,
+                                                message_ids=ids, idle=idle_ms, justid=True)
+                    handed += len(ids)
+        return handed
 
     async def _read_once(self, cursor: dict[str, str], stop: asyncio.Event) -> dict[str, str]:
         await self._slots.acquire()  # read only when there is room to run what we read

@@ -60,7 +60,7 @@ class HandsWorker:
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
                                  approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys),
                                  progress=bus.publish)
-        self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s)
+        self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s, details=self._details)
         self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s)
         # Read past the running slots, so calls beyond them reach the limiter's queue
         # (and a burst beyond the queue is answered QUEUE_FULL at once).
@@ -74,6 +74,12 @@ class HandsWorker:
             concurrency=2 * running + settings.queue.depth,
         )
         self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
+
+    def _details(self) -> dict[str, Any]:
+        """What `pincer status` shows of this worker."""
+        return {"tools": len(self.registry.names()), "in_flight": self.consumer.in_flight,
+                "running": len(self._in_flight), "capacity": self.settings.concurrency.global_,
+                "queued": self.executor.limiter.waiting, "sandbox": self.sandbox.tier}
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         match message:

@@ -1,0 +1,174 @@
+"""The reaper on a real Redis: takeover, poison entries, gone consumers, trimming, drain and hand-back."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+
+from bus.config import RedisSettings
+from bus.presence import Presence
+from bus.protocol import ChatMessage, ChatReply, Message, decode
+from bus.reaper import Reaper, trim_delivered
+from bus.streams import Bus, GroupConsumer, delivery
+from tests.conftest import async_wait_until
+
+GROUP = "workers"
+
+
+@pytest.fixture
+def pool_bus(bus: Bus) -> Bus:
+    settings = RedisSettings(prefix=bus.keys.prefix, claim_idle_s=0.3, reap_interval_s=0.1, max_deliveries=2,
+                             drain_timeout_s=0.2)
+    return dataclasses.replace(bus, settings=settings)
+
+
+def message(text: str) -> ChatMessage:
+    return ChatMessage(session_id="s", text=text, reply_to="pincer-test:replies")
+
+
+class Worker:
+    """A consumer whose handler records what it saw (and the delivery count), optionally slowly."""
+
+    def __init__(self, bus: Bus, stream: str, name: str, *, delay: float = 0.0,
+                 on_poison: Any = None) -> None:
+        self.seen: list[tuple[str, int]] = []
+        self.delay = delay
+        self.consumer = GroupConsumer(bus, streams=[stream], group=GROUP, consumer=name, handler=self.handle,
+                                      block_ms=100)
+        self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=on_poison)
+        self.presence = Presence(bus, GROUP, name, interval_s=0.2)
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def handle(self, msg: Message, _stream: str) -> list:
+        assert isinstance(msg, ChatMessage)
+        self.seen.append((msg.text, delivery.get()))
+        await asyncio.sleep(self.delay)
+        return []
+
+    async def start(self) -> Worker:
+        await self.presence.start()
+        await self.reaper.start()
+        self.task = asyncio.create_task(self.consumer.run(self.stop))
+        return self
+
+    async def close(self) -> None:
+        self.stop.set()
+        if self.task:
+            await self.task
+        await self.reaper.close()
+        await self.presence.stop()
+
+
+async def grab_and_die(bus: Bus, stream: str, name: str, count: int = 1) -> list[str]:
+    """A consumer that reads entries and dies without acknowledging them."""
+    await bus.ensure_group(stream, GROUP)
+    got = await bus.redis.xreadgroup(GROUP, name, {stream: ">"}, count=count)
+    return [raw.decode() for raw, _ in got[0][1]]
+
+
+async def test_a_dead_consumers_entry_is_taken_over_and_the_consumer_forgotten(pool_bus: Bus) -> None:
+    stream = pool_bus.keys.hands_requests
+    await pool_bus.publish(stream, message("orphan"))
+    await grab_and_die(pool_bus, stream, "dead-worker")
+    live = await Worker(pool_bus, stream, "live").start()
+    try:
+        await async_wait_until(lambda: live.seen, what="the orphan taken over")
+        assert live.seen == [("orphan", 2)]  # handled as a redelivery
+        assert (await pool_bus.redis.xpending(stream, GROUP))["pending"] == 0
+
+        async def forgotten() -> bool:
+            names = [c["name"] for c in await pool_bus.redis.xinfo_consumers(stream, GROUP)]
+            return b"dead-worker" not in names and "dead-worker" not in names
+
+        await async_wait_until(forgotten, what="the dead consumer removed from the group")
+    finally:
+        await live.close()
+
+
+async def test_a_gone_consumer_still_holding_work_is_not_forgotten_before_its_work_is_claimed(
+        pool_bus: Bus) -> None:
+    stream = pool_bus.keys.hands_requests
+    await pool_bus.publish(stream, message("held"))
+    await grab_and_die(pool_bus, stream, "dead-worker")
+    reaper_only = Worker(pool_bus, stream, "live")
+    await reaper_only.presence.start()
+    try:
+        await reaper_only.reaper._forget_gone(stream)  # no claim first: its entry is still pending
+        names = [c["name"] for c in await pool_bus.redis.xinfo_consumers(stream, GROUP)]
+        assert b"dead-worker" in names or "dead-worker" in names
+        assert (await pool_bus.redis.xpending(stream, GROUP))["pending"] == 1
+    finally:
+        await reaper_only.presence.stop()
+
+
+async def test_poison_entries_go_to_dead_after_max_deliveries_and_the_caller_hears(pool_bus: Bus) -> None:
+    stream = pool_bus.keys.brain_inbox
+    answered: list[Message] = []
+
+    async def on_poison(msg: Message) -> list:
+        answered.append(msg)
+        return [("pincer-test:replies", ChatReply(session_id="s", message_id=msg.message_id, text="gave up"))]
+
+    poison = message("kills every worker")
+    await pool_bus.publish(stream, poison)
+    (entry_id,) = await grab_and_die(pool_bus, stream, "first")  # it took it and died ...
+    await pool_bus.redis.xclaim(stream, GROUP, "second", min_idle_time=0, message_ids=[entry_id])  # ... so did this
+    live = await Worker(pool_bus, stream, "live", on_poison=on_poison).start()
+    try:
+        await async_wait_until(lambda: answered, what="the poison answered")
+        dead = await pool_bus.redis.xrange(pool_bus.keys.dead)
+        assert len(dead) == 1 and b"delivered 3 times" in dead[0][1][b"dead:reason"]
+        assert decode(dead[0][1]).message_id == poison.message_id  # kept whole, to retry
+        assert live.seen == []  # never handed to the handler again
+        assert (await pool_bus.redis.xpending(stream, GROUP))["pending"] == 0
+        replies = await pool_bus.redis.xrange("pincer-test:replies")
+        assert decode(replies[-1][1]).text == "gave up"
+    finally:
+        await live.close()
+        await pool_bus.redis.delete("pincer-test:replies")
+
+
+async def test_trimming_keeps_everything_pending_or_undelivered(pool_bus: Bus) -> None:
+    stream = pool_bus.keys.hands_requests
+    ids = [await pool_bus.publish(stream, message(f"m{i}")) for i in range(10)]
+    await pool_bus.ensure_group(stream, GROUP)
+    await pool_bus.ensure_group(stream, "slow-group")  # a second group that has read nothing yet
+    assert await trim_delivered(pool_bus.redis, stream, approximate=False) == 0
+    await pool_bus.redis.xgroup_setid(stream, "slow-group", ids[7])  # it has been given m0..m7
+    read = await pool_bus.redis.xreadgroup(GROUP, "c", {stream: ">"}, count=6)  # m0..m5 given
+    await pool_bus.redis.xack(stream, GROUP, *[raw for raw, _ in read[0][1] if raw.decode() not in ids[3:5]])
+    # GROUP: m3 and m4 pending, m6.. never given; slow-group: m8.. never given. Keep from m3.
+    assert await trim_delivered(pool_bus.redis, stream, approximate=False) == 3
+    left = [raw.decode() for raw, _ in await pool_bus.redis.xrange(stream)]
+    assert left == ids[3:]
+
+
+async def test_sigterm_drain_finishes_quick_work_and_hands_back_the_rest(pool_bus: Bus) -> None:
+    stream = pool_bus.keys.hands_requests
+    slow = await Worker(pool_bus, stream, "slow", delay=30).start()
+    await pool_bus.publish(stream, message("long job"))
+    await async_wait_until(lambda: slow.seen, what="the slow worker took it")
+    await slow.close()  # SIGTERM: drain_timeout_s 0.2, then hand back
+    pending = await pool_bus.redis.xpending_range(stream, GROUP, min="-", max="+", count=10)
+    assert len(pending) == 1 and pending[0]["time_since_delivered"] >= 3000  # marked idle for takeover
+    other = await Worker(pool_bus, stream, "other").start()
+    try:
+        await async_wait_until(lambda: other.seen, timeout=5, what="the handed-back entry taken over")
+        assert other.seen == [("long job", 2)]
+    finally:
+        await other.close()
+
+
+async def test_one_reaper_of_the_pool_works_per_interval(pool_bus: Bus) -> None:
+    stream = pool_bus.keys.hands_requests
+    workers = [Worker(pool_bus, stream, f"w{i}") for i in range(3)]
+    turns = [await w.reaper._my_turn(stream) for w in workers]
+    assert turns == [True, False, False]
+    await asyncio.sleep(0.1)
+    assert await workers[2].reaper._my_turn(stream)
+
+
