@@ -242,7 +242,8 @@ async def dead_letter(
 ) -> None:
     """Acknowledge an entry that cannot be handled and keep a copy in ``dead``."""
     log.error("dead-lettered %s reason=%r", kv(stream=stream, entry=entry_id), reason)
-    copy = {b"dead:source": stream.encode(), b"dead:entry": entry_id.encode(), b"dead:reason": reason.encode()}
+    copy = {b"dead:source": stream.encode(), b"dead:group": group.encode(), b"dead:entry": entry_id.encode(),
+            b"dead:reason": reason.encode()}
     copy.update({k: v for k, v in fields.items() if not k.startswith(b"dead:")})
 
     def build(pipe: Pipeline) -> None:

@@ -47,6 +47,18 @@ def _parser() -> argparse.ArgumentParser:
     policy.add_argument("--agent", default="main")
     policy.add_argument("--sender", default="")
 
+    status = sub.add_parser("status", help="the pool at a glance: instances, queues, pending work, dead letters")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--redis", metavar="URL")
+
+    dead = sub.add_parser("dead", help="the dead-letter stream: list | show ID | retry ID...|--all | purge ID...|--all")
+    dead.add_argument("action", choices=["list", "show", "retry", "purge"])
+    dead.add_argument("ids", nargs="*", metavar="ID", help="dead-letter entry ids (from `pincer dead list`)")
+    dead.add_argument("--all", action="store_true", help="retry or purge every entry")
+    dead.add_argument("--limit", type=int, default=50, help="entries to list (default 50)")
+    dead.add_argument("--json", action="store_true", help="print JSON")
+    dead.add_argument("--redis", metavar="URL")
+
     tools = sub.add_parser("tools", help="list the tools Hands offers")
     tools.add_argument("--json", action="store_true", help="print JSON")
     tools.add_argument("--redis", metavar="URL")
@@ -107,6 +119,15 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             return run_chat(url, args.session, args.message)
         case "tools":
             return asyncio.run(_tools(config, as_json=args.json))
+        case "status":
+            from gateway.ops_cli import show_status
+
+            return asyncio.run(show_status(config, as_json=args.json))
+        case "dead":
+            from gateway.ops_cli import manage_dead
+
+            return asyncio.run(manage_dead(config, args.action, args.ids, every=args.all, limit=args.limit,
+                                           as_json=args.json))
         case "skills":
             return _skills(config, as_json=args.json)
         case "policy":

@@ -1,0 +1,121 @@
+"""What operators ask of a running pool: its status, and the dead-letter stream.
+
+Plain async functions over a Bus returning JSON-ready dicts; the CLI renders
+them (``pincer status``, ``pincer dead ...``), scripts take ``--json``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bus.keys import BRAIN_GROUP, HANDS_GROUP
+from bus.presence import ROLES, instances
+from bus.protocol import MalformedMessage, decode
+from bus.streams import Bus
+
+
+async def status(bus: Bus) -> dict[str, Any]:
+    now = time.time()
+    roles: dict[str, list[dict[str, Any]]] = {}
+    for role in ROLES:
+        roles[role] = []
+        for info in await instances(bus, role):
+            beat = float(info.get("beat", now))
+            roles[role].append({**info, "last_heartbeat_s": round(now - beat, 1)})
+    queues = [await _stream(bus, "hands:requests", bus.keys.hands_requests, HANDS_GROUP),
+              await _stream(bus, "brain:inbox", bus.keys.brain_inbox, BRAIN_GROUP)]
+    async for key in bus.redis.scan_iter(match=f"{bus.keys.hands_worker('')}*", count=500, _type="stream"):
+        name = key.decode()
+        queues.append(await _stream(bus, name[len(bus.keys.prefix):], name, HANDS_GROUP))
+    return {"time": now, "prefix": bus.keys.prefix, "instances": roles, "streams": queues,
+            "dead": await bus.redis.xlen(bus.keys.dead)}
+
+
+async def _stream(bus: Bus, label: str, key: str, group: str) -> dict[str, Any]:
+    found: dict[str, Any] = {"stream": label, "length": 0, "group": group, "pending": 0, "undelivered": 0,
+                             "oldest_pending_s": None, "consumers": 0}
+    if not await bus.redis.exists(key):
+        return found
+    found["length"] = await bus.redis.xlen(key)
+    groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
+              for g in await bus.redis.xinfo_groups(key)}
+    info = groups.get(group)
+    if info is None:
+        return found
+    found["consumers"] = info.get("consumers", 0)
+    found["undelivered"] = info.get("lag") or 0
+    summary = await bus.redis.xpending(key, group)
+    found["pending"] = summary["pending"]
+    if summary["pending"]:
+        oldest_ms = int(summary["min"].decode().split("-")[0])
+        found["oldest_pending_s"] = round(time.time() - oldest_ms / 1000, 1)
+    return found
+
+
+async def dead_list(bus: Bus, *, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest dead-lettered entries first."""
+    return [_describe(raw_id, fields) for raw_id, fields in await bus.redis.xrevrange(bus.keys.dead, count=limit)]
+
+
+async def dead_show(bus: Bus, entry_id: str) -> dict[str, Any] | None:
+    found = await bus.redis.xrange(bus.keys.dead, min=entry_id, max=entry_id)
+    if not found:
+        return None
+    raw_id, fields = found[0]
+    described = _describe(raw_id, fields)
+    try:
+        described["message"] = decode(_original(fields)).model_dump(mode="json")
+    except MalformedMessage as exc:
+        described["message"] = None
+        described["raw"] = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}
+        described["malformed"] = str(exc)
+    return described
+
+
+async def dead_retry(bus: Bus, entry_ids: list[str] | None) -> list[dict[str, str]]:
+    """Put entries back on the stream they came from (as new entries); ``None``: all of them."""
+    entries = await _select(bus, entry_ids)
+    moved = []
+    for raw_id, fields in entries:
+        source = fields.get(b"dead:source", b"").decode()
+        if not source:
+            continue
+        async with bus.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(source, _original(fields))
+            pipe.xdel(bus.keys.dead, raw_id)
+            new_id, _ = await pipe.execute()
+        moved.append({"dead_id": raw_id.decode(), "stream": source, "new_id": new_id.decode()})
+    return moved
+
+
+async def dead_purge(bus: Bus, entry_ids: list[str] | None) -> int:
+    """Delete entries for good; ``None``: all of them."""
+    if entry_ids is None:
+        count = await bus.redis.xlen(bus.keys.dead)
+        await bus.redis.delete(bus.keys.dead)
+        return int(count)
+    return int(await bus.redis.xdel(bus.keys.dead, *entry_ids)) if entry_ids else 0
+
+
+async def _select(bus: Bus, entry_ids: list[str] | None) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    if entry_ids is None:
+        return list(await bus.redis.xrange(bus.keys.dead))
+    selected = []
+    for entry_id in entry_ids:
+        selected += await bus.redis.xrange(bus.keys.dead, min=entry_id, max=entry_id)
+    return selected
+
+
+def _original(fields: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    return {k: v for k, v in fields.items() if not k.startswith(b"dead:")}
+
+
+def _describe(raw_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
+    text = {k.decode(errors="replace"): v for k, v in fields.items()}
+    at_ms = int(raw_id.decode().split("-")[0])
+    return {"id": raw_id.decode(), "at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ms / 1000)),
+            "source": text.get("dead:source", b"").decode(errors="replace"),
+            "group": text.get("dead:group", b"").decode(errors="replace"),
+            "reason": text.get("dead:reason", b"").decode(errors="replace"),
+            "type": text.get("type", b"?").decode(errors="replace")}

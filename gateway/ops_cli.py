@@ -1,0 +1,114 @@
+"""``pincer status`` and ``pincer dead``: gateway/ops.py's answers as tables (or JSON)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bus.config import Config
+from bus.service import redis_url
+from bus.streams import Bus
+from gateway import ops
+
+
+@asynccontextmanager
+async def _bus(config: Config) -> AsyncIterator[Bus]:
+    bus = Bus.from_settings(config.redis, redis_url(config))
+    try:
+        await bus.redis.ping()
+        yield bus
+    finally:
+        await bus.close()
+
+
+def _console() -> Console:
+    """Piped output (grep, a log) gets whole lines rather than an 80-column wrap."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _fail(message: str) -> int:
+    print(f"pincer: error: {message}", file=sys.stderr)
+    return 1
+
+
+async def show_status(config: Config, *, as_json: bool) -> int:
+    try:
+        async with _bus(config) as bus:
+            found = await ops.status(bus)
+    except Exception as exc:  # redis-py's connection and auth errors
+        return _fail(f"cannot reach Redis: {exc}")
+    if as_json:
+        print(json.dumps(found, indent=2, default=str))
+        return 0
+    console = _console()
+    workers = Table("hands worker", "host", "pid", "version", "in flight", "running", "queued", "capacity",
+                    "sandbox", "heartbeat", title="Hands")
+    for w in found["instances"]["hands"]:
+        workers.add_row(w["id"], w.get("host", ""), w.get("pid", ""), w.get("version", ""), w.get("in_flight", ""),
+                        w.get("running", ""), w.get("queued", ""), w.get("capacity", ""), w.get("sandbox", ""),
+                        f"{w['last_heartbeat_s']}s ago")
+    console.print(workers if found["instances"]["hands"] else "[yellow]no Hands worker alive[/]")
+    others = Table("role", "instance", "host", "pid", "version", "in flight", "heartbeat", title="Brains and Gateways")
+    for role in ("brain", "gateway"):
+        for inst in found["instances"][role]:
+            others.add_row(role, inst["id"], inst.get("host", ""), inst.get("pid", ""), inst.get("version", ""),
+                           inst.get("in_flight", ""), f"{inst['last_heartbeat_s']}s ago")
+    console.print(others)
+    queues = Table("stream", "length", "group", "consumers", "pending", "undelivered", "oldest pending",
+                   title="Streams")
+    for q in found["streams"]:
+        oldest = "" if q["oldest_pending_s"] is None else f"{q['oldest_pending_s']}s"
+        queues.add_row(q["stream"], str(q["length"]), q["group"], str(q["consumers"]), str(q["pending"]),
+                       str(q["undelivered"]), oldest)
+    console.print(queues)
+    dead = found["dead"]
+    console.print(f"dead letters: {dead}" + (" (see `pincer dead list`)" if dead else ""))
+    return 0
+
+
+async def manage_dead(config: Config, action: str, ids: list[str], *, every: bool, limit: int,
+                      as_json: bool) -> int:
+    if action in ("retry", "purge") and not ids and not every:
+        return _fail(f"say which entries to {action}: their ids (from `pincer dead list`), or --all")
+    if action == "show" and len(ids) != 1:
+        return _fail("`pincer dead show` takes one entry id (from `pincer dead list`)")
+    try:
+        async with _bus(config) as bus:
+            result: Any
+            if action == "list":
+                result = await ops.dead_list(bus, limit=limit)
+            elif action == "show":
+                result = await ops.dead_show(bus, ids[0])
+                if result is None:
+                    return _fail(f"no dead-letter entry {ids[0]!r}; `pincer dead list` shows the ids")
+            elif action == "retry":
+                result = await ops.dead_retry(bus, None if every else ids)
+            else:
+                result = {"purged": await ops.dead_purge(bus, None if every else ids)}
+    except Exception as exc:  # redis-py's connection and auth errors, a malformed id
+        return _fail(f"{type(exc).__name__}: {exc}")
+    if as_json or action == "show":
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    console = _console()
+    if action == "list":
+        if not result:
+            console.print("no dead letters")
+            return 0
+        table = Table("id", "at", "type", "source", "reason")
+        for entry in result:
+            table.add_row(entry["id"], entry["at"], entry["type"], entry["source"], entry["reason"])
+        console.print(table)
+    elif action == "retry":
+        for moved in result:
+            console.print(f"{moved['dead_id']} → {moved['stream']} as {moved['new_id']}")
+        console.print(f"{len(result)} entr{'y' if len(result) == 1 else 'ies'} sent back")
+    else:
+        console.print(f"{result['purged']} entr{'y' if result['purged'] == 1 else 'ies'} purged")
+    return 0

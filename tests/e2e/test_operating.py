@@ -1,0 +1,80 @@
+"""Operating the pool from the command line: `pincer status` and `pincer dead`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from bus.protocol import ChatMessage, decode, encode
+from bus.streams import Bus
+from tests.conftest import Processes
+from tests.e2e.test_brains import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+async def run(processes: Processes, *args: str):
+    return await asyncio.to_thread(processes.run, *args)
+
+
+async def test_status_shows_workers_queues_and_dead_letters(bus: Bus, processes: Processes) -> None:
+    for i in range(2):
+        processes.start("hands", name=f"hands-{i}", extra_env={"PINCER_HANDS__CONCURRENCY__GLOBAL": str(4 + i)})
+    processes.start("brain", name="brain")
+    await wait_for(bus, "hands", 2)
+    await wait_for(bus, "brain", 1)
+    await bus.redis.xadd(bus.keys.hands_requests, {b"type": b"nonsense"})  # garbage: goes to dead
+
+    async def one_dead() -> int:
+        found = json.loads((await run(processes, "status", "--json")).stdout)
+        return found if found["dead"] == 1 else None
+
+    for _ in range(100):
+        if found := await one_dead():
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the garbage entry never reached dead")
+    hands = found["instances"]["hands"]
+    assert sorted(int(w["capacity"]) for w in hands) == [4, 5]
+    assert all(w["pid"].isdigit() and w["host"] and w["version"] and int(w["tools"]) > 10 for w in hands)
+    assert [b["id"] for b in found["instances"]["brain"]] and found["instances"]["gateway"] == []
+    requests = next(s for s in found["streams"] if s["stream"] == "hands:requests")
+    assert requests["consumers"] >= 2 and requests["pending"] == 0 and requests["undelivered"] == 0
+
+    table = await run(processes, "status")
+    assert table.returncode == 0 and "hands:requests" in table.stdout and "dead letters: 1" in table.stdout
+
+
+async def test_dead_list_show_retry_and_purge(bus: Bus, processes: Processes) -> None:
+    # Two entries set aside by hand, as a consumer does: one message worth retrying, one piece of garbage.
+    lost = ChatMessage(session_id="s", text="try me again", reply_to="nowhere")
+    good = await bus.redis.xadd(bus.keys.dead, {b"dead:source": bus.keys.brain_inbox.encode(),
+                                                b"dead:reason": b"handler crashed: boom", **encode(lost)})
+    junk = await bus.redis.xadd(bus.keys.dead, {b"dead:source": bus.keys.hands_requests.encode(),
+                                                b"dead:reason": b"no type", b"type": b"??"})
+    listed = json.loads((await run(processes, "dead", "list", "--json")).stdout)
+    assert [e["id"] for e in listed] == [junk.decode(), good.decode()]  # newest first
+    assert listed[1]["reason"] == "handler crashed: boom" and listed[1]["type"] == "chat:message"
+
+    shown = json.loads((await run(processes, "dead", "show", good.decode())).stdout)
+    assert shown["message"]["text"] == "try me again"
+    junk_shown = json.loads((await run(processes, "dead", "show", junk.decode())).stdout)
+    assert junk_shown["message"] is None and "malformed" in junk_shown
+
+    missing = await run(processes, "dead", "show", "1-1")
+    assert missing.returncode == 1 and "no dead-letter entry '1-1'" in missing.stderr
+    nothing = await run(processes, "dead", "retry")
+    assert nothing.returncode == 1 and "--all" in nothing.stderr
+
+    retried = await run(processes, "dead", "retry", good.decode())
+    assert retried.returncode == 0 and "1 entry sent back" in retried.stdout
+    back = await bus.redis.xrange(bus.keys.brain_inbox)
+    assert decode(back[-1][1]).text == "try me again" and b"dead:reason" not in back[-1][1]
+    assert await bus.redis.xlen(bus.keys.dead) == 1
+
+    purged = await run(processes, "dead", "purge", "--all")
+    assert purged.returncode == 0 and "1 entry purged" in purged.stdout
+    assert await bus.redis.xlen(bus.keys.dead) == 0
