@@ -57,6 +57,10 @@ class Keys:
         """Whichever consumer sets this (NX, one interval) runs the pool's reaper pass for the stream."""
         return f"{self.prefix}reaper:{{{stream}}}:{group}"
 
+    def pool_limit(self, gate: str) -> str:
+        """Sorted set of the holders of a pool-wide limit's slots (one hash tag: one cluster slot)."""
+        return f"{self.prefix}{{limits}}:{gate}"
+
     def transcript(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}:transcript"
 

@@ -162,8 +162,22 @@ class HandsSettings(Section):
     progress_interval_s: float = Field(default=5.0, gt=0)
     max_result_bytes: int = Field(default=50_000, ge=1_000)
     max_file_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
+    # Limits across the whole pool (gate -> calls at once): "global", "category:<name>", "tool:<name>".
+    pool_limits: dict[str, int] = Field(default_factory=dict)
+    pool_lease_s: float = Field(default=30.0, ge=1)
     # How long the result of a call to a tool that is not idempotent is kept for a second delivery.
     call_record_s: float = Field(default=3600.0, ge=60)
+
+    @field_validator("pool_limits")
+    @classmethod
+    def _known_gates(cls, value: dict[str, int]) -> dict[str, int]:
+        for gate, capacity in value.items():
+            kind, _, name = gate.partition(":")
+            if not (gate == "global" or (kind in ("category", "tool") and name)):
+                raise ValueError(f"{gate!r} is not a gate: use global, category:<name> or tool:<name>")
+            if capacity < 1:
+                raise ValueError(f"{gate}: the limit must be at least 1, got {capacity}")
+        return value
 
     @field_validator("skill_dirs", mode="before")
     @classmethod

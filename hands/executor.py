@@ -68,7 +68,7 @@ class _CallState:
 
 class Executor:
     def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str, memory: Any = None,
-                 sandbox: Any = None, jobs: Any = None, approvals: Any = None,
+                 sandbox: Any = None, jobs: Any = None, approvals: Any = None, pool: Any = None,
                  progress: ProgressSink = _drop_progress) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
         # Resolved once, not per call; files it creates belong to the sandbox's uid.
@@ -78,6 +78,7 @@ class Executor:
         self.tool_policy = ToolPolicy(settings.tools)
         self.memory, self.sandbox, self.jobs, self.progress = memory, sandbox, jobs, progress
         self.approvals = approvals
+        self.pool = pool  # hands.pool_limits.PoolLimits: limits across every worker, when configured
 
     async def execute(self, call: ToolExecute) -> ToolResult:
         state = _CallState(ctx=self._context(call), started=time.monotonic())
@@ -167,8 +168,13 @@ class Executor:
             ) from None
         raise AssertionError("unreachable: tenacity either returns or raises")
 
+    def _pool_slot(self, gates: list[str]) -> Any:
+        return self.pool.slot(gates) if self.pool is not None else contextlib.nullcontext()
+
     async def _attempt(self, tool: ToolDefinition, call: ToolExecute, ctx: ToolContext) -> Any:
-        async with self.limiter.slot(tool.category.value, tool.name, tool.max_concurrency):
+        gates = self.limiter.gates(tool.category.value, tool.name, tool.max_concurrency)
+        async with self.limiter.slot(tool.category.value, tool.name, tool.max_concurrency), \
+                self._pool_slot(list(dict.fromkeys([gate for gate, _ in gates] + [f"tool:{tool.name}"]))):
             timeout = self._timeout(tool, call)
             try:
                 async with asyncio.timeout(timeout):

@@ -21,6 +21,7 @@ from hands.errors import ToolFailure
 from hands.executor import Executor
 from hands.jobs import JobManager
 from hands.policy import Policy
+from hands.pool_limits import PoolLimits
 from hands.registry import ToolRegistry
 from hands.sandbox.runner import Sandbox
 from hands.skills import SkillReport, load_skills, skill_reader
@@ -57,8 +58,9 @@ class HandsWorker:
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
         self._cancelled: dict[str, str] = {}  # call id -> reason, also for calls not yet read
         approvals = ApprovalGate(settings.exec, bus=bus, inbox=self.inbox)
+        self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
-                                 approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys),
+                                 approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys), pool=self.pool,
                                  progress=bus.publish)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s, details=self._details)
         self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s)
@@ -171,6 +173,7 @@ class HandsWorker:
         await self.inbox.start()
         await self.control.start()
         await self.reaper.start()
+        await self.pool.start()
         for refusal in self.skills.refused:
             log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
         log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
@@ -181,6 +184,7 @@ class HandsWorker:
             await self.consumer.run(stop)
         finally:
             await self.reaper.close()
+            await self.pool.close()
             await self.jobs.stop_all()
             await self.inbox.close()
             await self.control.close()

@@ -1,0 +1,66 @@
+"""Limits across the whole pool: two workers share one tool's slots; a dead worker's slot frees itself."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from bus.protocol import ErrorCode
+from bus.streams import Bus
+from hands.config import HandsSettings
+from hands.registry import Category, ToolDefinition
+
+
+def shared_tool(state: dict[str, Any]) -> ToolDefinition:
+    """Sleeps a little, recording how many of its calls run at once across every worker."""
+
+    async def handle(_args: dict[str, Any], ctx: Any) -> str:
+        state["now"] += 1
+        state["most"] = max(state["most"], state["now"])
+        state["workers"].add(ctx.worker_id)
+        try:
+            await asyncio.sleep(0.15)
+        finally:
+            state["now"] -= 1
+        return "ok"
+
+    return ToolDefinition(name="scarce", description="uses a scarce licence", handler=handle,
+                          category=Category.SKILL, parameters={"type": "object"})
+
+
+async def test_two_workers_never_run_more_than_the_pool_limit(engine, call) -> None:
+    state: dict[str, Any] = {"now": 0, "most": 0, "workers": set()}
+    for _ in range(2):
+        await engine(extra_tools=[shared_tool(state)], pool_limits={"tool:scarce": 2})
+    results = await asyncio.gather(*(call("scarce") for _ in range(8)))
+    assert all(r.success for r in results)
+    assert state["most"] == 2  # each worker alone would have run 5 (its skill category limit)
+    assert len(state["workers"]) == 2  # and both workers took part
+
+
+async def test_a_dead_workers_lapsed_slot_is_free_and_a_live_one_is_waited_for(bus: Bus, engine, call) -> None:
+    state: dict[str, Any] = {"now": 0, "most": 0, "workers": set()}
+    await engine(extra_tools=[shared_tool(state)], pool_limits={"tool:scarce": 1}, queue={"wait_s": 0.5})
+    key = bus.keys.pool_limit("tool:scarce")
+    now_ms = int(time.time() * 1000)
+    await bus.redis.zadd(key, {"dead-worker-token": now_ms - 1000})  # its lease ran out
+    assert (await call("scarce")).success
+    await bus.redis.zadd(key, {"stuck-token": now_ms + 60_000})  # a live holder that keeps its slot
+    started = time.monotonic()
+    blocked = await call("scarce")
+    assert blocked.error.code is ErrorCode.QUEUE_TIMEOUT and time.monotonic() - started >= 0.5
+    assert "pool-wide limit 'tool:scarce' (1 at once across all workers" in blocked.error.message
+    assert blocked.error.recoverable
+
+
+@pytest.mark.parametrize(("limits", "expected"), [
+    ({"tools:exec": 2}, "'tools:exec' is not a gate"),
+    ({"tool:": 2}, "'tool:' is not a gate"),
+    ({"global": 0}, "the limit must be at least 1"),
+])
+def test_bad_pool_limits_are_refused_with_the_fix(limits, expected) -> None:
+    with pytest.raises(ValueError, match=expected):
+        HandsSettings(pool_limits=limits)
