@@ -40,6 +40,7 @@ Handler = Callable[[Message, str], Awaitable[Sequence[Reply]]]
 """Handles one message (with the stream it came from); returns (stream, message) replies."""
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
+CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 TRIM_EVERY = 256  # replies read between two trims of an inbox stream
 
 
@@ -130,7 +131,7 @@ class GroupConsumer:
             try:
                 cursor = await self._read_once(cursor, stop)
                 failures = 0
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+            except CONNECTION_ERRORS as exc:
                 delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
                 failures += 1
                 log.warning("redis unreachable, retrying in %.2fs: %s", delay, exc)
@@ -234,7 +235,17 @@ class GroupConsumer:
                 self.bus.add(pipe, target, reply)
             pipe.xack(stream, self.group, entry_id)  # after the reply: a crash between means redelivery
 
-        await self.bus.batcher.run(build)
+        for attempt, delay in enumerate((*RECONNECT_DELAYS, 2.0, 2.0, 2.0, None)):
+            try:
+                await self.bus.batcher.run(build)
+                return
+            except CONNECTION_ERRORS as exc:
+                if delay is None:  # still pending: the reaper hands it out again once Redis is back
+                    log.error("reply lost with Redis away %s: %s", kv(stream=stream, entry=entry_id), exc)
+                    return
+                if attempt == 0:
+                    log.warning("Redis away while answering %s; retrying", kv(stream=stream, entry=entry_id))
+                await asyncio.sleep(delay)
 
 
 async def dead_letter(
@@ -294,10 +305,9 @@ class ReplyInbox:
     ) -> Message:
         """Publish and wait for the reply (the first one, or the first of a ``final`` type,
         handing earlier ones such as ``tool:progress`` to ``on_event``); ``TimeoutError`` when none comes."""
-        async with self.expect(correlation_id) as queue:
-            await self.bus.publish(stream, message)
-            async with asyncio.timeout(timeout):
-                while True:
+        async with self.expect(correlation_id) as queue, asyncio.timeout(timeout):
+            await publish_retrying(self.bus, stream, message)
+            while True:
                     reply = await queue.get()
                     if not final or isinstance(reply, final):
                         return reply
@@ -314,7 +324,8 @@ class ReplyInbox:
             if read % TRIM_EVERY == 0:
                 # Delivered replies are not needed again; trimming now and then keeps
                 # the stream small without a round trip on every reply's path.
-                await self.bus.redis.xtrim(self.stream, minid=entry_id, approximate=True)
+                with contextlib.suppress(*CONNECTION_ERRORS):  # next time, then
+                    await self.bus.redis.xtrim(self.stream, minid=entry_id, approximate=True)
 
     def _route(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
         try:
@@ -329,6 +340,19 @@ class ReplyInbox:
         queue.put_nowait(message)
 
 
+async def publish_retrying(bus: Bus, stream: str, message: Message) -> str:
+    """Publish, waiting out a Redis outage (the caller bounds it with its own timeout)."""
+    failures = 0
+    while True:
+        try:
+            return await bus.publish(stream, message)
+        except CONNECTION_ERRORS as exc:
+            delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+            failures += 1
+            log.warning("Redis away while sending to %s, retrying in %.2fs: %s", stream, delay, exc)
+            await asyncio.sleep(delay)
+
+
 async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
                closing: Callable[[], bool]) -> AsyncIterator[tuple[str, dict[bytes, bytes]]]:
     """Every entry added to ``stream`` after ``start``, reconnecting with backoff, until ``closing()``.
@@ -341,7 +365,7 @@ async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
         try:
             response = await bus.redis.xread({stream: last}, count=512, block=block_ms)
             failures = 0
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        except CONNECTION_ERRORS as exc:
             delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
             failures += 1
             log.warning("%s unreachable, retrying in %.2fs: %s", stream, delay, exc)

@@ -64,8 +64,8 @@ class HandsWorker:
                                  progress=bus.publish)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s, details=self._details)
         self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s)
-        # Read past the running slots, so calls beyond them reach the limiter's queue
-        # (and a burst beyond the queue is answered QUEUE_FULL at once).
+        # Read as many as can run or wait in the limiter's queue, no more: what this worker
+        # cannot take stays in the stream for the others (QUEUE_FULL is for narrower gates).
         running = settings.concurrency.global_
         self.consumer = GroupConsumer(
             bus,
@@ -73,7 +73,7 @@ class HandsWorker:
             group=HANDS_GROUP,
             consumer=worker_id,
             handler=self.handle,
-            concurrency=2 * running + settings.queue.depth,
+            concurrency=running + settings.queue.depth,
         )
         self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
 

@@ -83,9 +83,9 @@ async def test_permission_denied_at_call_time_with_suggestions(engine, call, tmp
 # --- limits -------------------------------------------------------------------
 
 
-async def test_burst_beyond_the_queue_is_refused_and_the_queue_drains(engine, call) -> None:
+async def test_a_burst_beyond_a_narrow_gates_queue_is_refused_and_the_queue_drains(engine, call) -> None:
     gate = asyncio.Event()
-    worker = await engine(extra_tools=[gated("slow", gate)], concurrency={"global": 1})
+    worker = await engine(extra_tools=[gated("slow", gate, limit=1)])
     calls = [asyncio.create_task(call("slow", timeout=60)) for _ in range(60)]
     await async_wait_until(lambda: sum(t.done() for t in calls) == 9, what="9 refusals")
     refused = [t.result() for t in calls if t.done()]
@@ -95,6 +95,21 @@ async def test_burst_beyond_the_queue_is_refused_and_the_queue_drains(engine, ca
     gate.set()
     results = await asyncio.gather(*calls)
     assert sum(r.success for r in results) == 51
+
+
+async def test_a_worker_reads_no_more_than_it_can_run_or_queue_the_rest_waits_in_the_stream(
+        bus, engine, call) -> None:
+    gate = asyncio.Event()
+    worker = await engine(extra_tools=[gated("slow", gate)], concurrency={"global": 1})
+    calls = [asyncio.create_task(call("slow", timeout=60)) for _ in range(60)]
+    await async_wait_until(lambda: worker.executor.limiter.waiting == 50, what="the queue full")
+    await asyncio.sleep(0.2)
+    assert not any(t.done() for t in calls)  # nothing refused: the rest is left for any worker
+    group = (await bus.redis.xinfo_groups(bus.keys.hands_requests))[0]
+    assert group["pending"] == 51 and group["lag"] == 9
+    gate.set()
+    results = await asyncio.gather(*calls)
+    assert all(r.success for r in results)
 
 
 async def test_queue_wait_expires(engine, call) -> None:

@@ -1,0 +1,181 @@
+"""Chaos on real worker processes and a real Redis: nothing lost, nothing done twice that must not be.
+
+(a) 2,000 calls across 3 workers, one SIGKILLed mid-run; (b) the same shape with
+Redis restarted mid-run (append-only file on); (d) SIGTERM drains a worker and
+leaves nothing pending. (c), poison entries, is in tests/integration/test_reaper.py.
+Sizes and sleeps are small so the whole file stays within CI's budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bus.config import RedisSettings
+from bus.protocol import ToolExecute, ToolResult, decode, now_ms
+from bus.redis_server import EmbeddedRedis
+from bus.streams import Bus, ReplyInbox
+from tests.conftest import SHIPPED_SKILLS, Processes, make_skill
+from tests.e2e.test_brains import wait_for
+
+pytestmark = pytest.mark.e2e
+
+NAP = """
+import asyncio
+
+async def handle(args, ctx):
+    await asyncio.sleep(args["s"])
+    if args.get("log"):
+        with open(args["log"], "a") as log:
+            log.write(ctx.call_id + "\\n")
+    return "rested"
+"""
+
+
+@pytest.fixture
+def chaos_env(processes: Processes, pincer_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    skills = tmp_path / "nap-skills"
+    params = "parameters: {s: {type: number}, log: {type: string}}\ntimeout: 30"
+    make_skill(skills, "nap", f"name: nap\ndescription: sleeps\n{params}", NAP)
+    make_skill(skills, "nap-once", f"name: nap_once\ndescription: sleeps, with a side effect\nidempotent: false\n"
+               f"{params}", NAP)
+    processes.env = {**pincer_env, "PINCER_HANDS__SKILL_DIRS": json.dumps([str(SHIPPED_SKILLS), str(skills)]),
+                     "PINCER_HANDS__CONCURRENCY__GLOBAL": "20", "PINCER_HANDS__CONCURRENCY__SKILL": "20",
+                     "PINCER_REDIS__CLAIM_IDLE_S": "1", "PINCER_REDIS__REAP_INTERVAL_S": "0.3",
+                     "PINCER_RUNTIME__LOG_LEVEL": "WARNING"}
+    return processes.env
+
+
+class Caller:
+    """A Brain-like client: many calls in flight, one final result kept per call id."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus, self.inbox = bus, ReplyInbox(bus, "chaos-brain", block_ms=200)
+        self.results: dict[str, ToolResult | str] = {}
+        self.sent = 0
+
+    async def call(self, tool: str, args: dict, slots: asyncio.Semaphore, deadline_s: float = 60) -> None:
+        async with slots:
+            request = ToolExecute(tool=tool, args=args, reply_to=self.inbox.stream,
+                                  deadline=now_ms() + int(deadline_s * 1000))
+            self.sent += 1
+            try:
+                result = await self.inbox.request(self.bus.keys.hands_requests, request, request.call_id,
+                                                  timeout=deadline_s + 5, final=(ToolResult,))
+            except TimeoutError:
+                result = "timeout"
+            assert request.call_id not in self.results
+            self.results[request.call_id] = result
+
+    async def replies_per_call(self) -> Counter[str]:
+        """How many results reached the reply stream for each call (duplicates included)."""
+        counts: Counter[str] = Counter()
+        for _, fields in await self.bus.redis.xrange(self.inbox.stream):
+            if fields.get(b"type") == b"tool:result":
+                counts[decode(fields).call_id] += 1
+        return counts
+
+
+def side_effects(log: Path) -> Counter[str]:
+    return Counter(log.read_text().split()) if log.exists() else Counter()
+
+
+async def test_2000_calls_survive_a_worker_killed_mid_run(bus: Bus, processes: Processes,
+                                                          chaos_env: dict[str, str], tmp_path: Path) -> None:
+    workers = [processes.start("hands", name=f"hands-{i}") for i in range(3)]
+    await wait_for(bus, "hands", 3)
+    caller = Caller(bus)
+    await caller.inbox.start()
+    log = tmp_path / "once.log"
+    slots = asyncio.Semaphore(120)
+    try:
+        calls = [caller.call("nap_once", {"s": 0.05, "log": str(log)}, slots) if i % 10 == 0
+                 else caller.call("nap", {"s": 0.05}, slots) for i in range(2000)]
+        running = asyncio.gather(*calls)
+        while len(caller.results) < 600:
+            await asyncio.sleep(0.01)
+        processes.stop(workers[0], signal.SIGKILL)  # mid-run: it holds calls it will never answer
+        await asyncio.wait_for(running, 120)
+    finally:
+        await caller.inbox.close()
+    assert len(caller.results) == 2000  # every call answered, once, to the caller
+    outcomes = Counter("ok" if isinstance(r, ToolResult) and r.success else
+                       r.error.code.value if isinstance(r, ToolResult) else r for r in caller.results.values())
+    assert set(outcomes) <= {"ok", "WORKER_LOST"}, outcomes  # nothing timed out, nothing else failed
+    assert outcomes["ok"] >= 1990
+    lost = {cid for cid, r in caller.results.items() if isinstance(r, ToolResult) and not r.success}
+    assert all(caller.results[cid].metadata.tool_name == "nap_once" for cid in lost)
+    effects = side_effects(log)
+    assert max(effects.values()) == 1  # a non-idempotent call's side effect happened at most once
+    assert len(effects) >= 200 - len(lost)
+    assert (await bus.redis.xpending(bus.keys.hands_requests, "hands"))["pending"] == 0
+
+
+async def test_calls_end_and_the_pool_recovers_when_redis_restarts(processes: Processes, chaos_env: dict[str, str],
+                                                                   tmp_path: Path, prefix: str) -> None:
+    server = EmbeddedRedis(tmp_path / "own-redis")
+    url = server.start()
+    processes.env = {**chaos_env, "PINCER_REDIS_URL": url}
+    bus = Bus.from_settings(RedisSettings(prefix=prefix), url)
+    caller = Caller(bus)
+    try:
+        for i in range(3):
+            processes.start("hands", name=f"hands-{i}")
+        await wait_for(bus, "hands", 3)
+        await caller.inbox.start()
+        slots = asyncio.Semaphore(60)
+        running = asyncio.gather(*(caller.call("nap", {"s": 0.05}, slots, deadline_s=30) for _ in range(1000)))
+        while len(caller.results) < 300:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(server.stop)  # SIGTERM: redis writes its append-only file and exits
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(server.start)  # same port, password and data
+        await asyncio.wait_for(running, 90)  # every call ends: answered, or timed out at its deadline
+        outcomes = Counter("ok" if isinstance(r, ToolResult) and r.success else str(r) for r in caller.results.values())
+        assert len(caller.results) == 1000
+        assert outcomes["ok"] >= 900, outcomes
+        # The pool recovered without restarts: the same workers answer new calls at once.
+        fresh = Caller(bus)
+        await fresh.inbox.start()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(fresh.call("nap", {"s": 0.01}, asyncio.Semaphore(20))
+                                                    for _ in range(50))), 30)
+        finally:
+            await fresh.inbox.close()
+        assert all(isinstance(r, ToolResult) and r.success for r in fresh.results.values())
+        assert all(proc.poll() is None for _, proc, _ in processes.started)
+    finally:
+        await caller.inbox.close()
+        await bus.close()
+        processes.stop_all()
+        server.stop()
+
+
+async def test_sigterm_drains_a_worker_and_leaves_nothing_pending(bus: Bus, processes: Processes,
+                                                                   chaos_env: dict[str, str]) -> None:
+    leaving = processes.start("hands", name="hands-leaving")
+    await wait_for(bus, "hands", 1)
+    caller = Caller(bus)
+    await caller.inbox.start()
+    try:
+        slots = asyncio.Semaphore(40)
+        running = asyncio.gather(*(caller.call("nap", {"s": 0.5}, slots) for _ in range(40)))
+        while caller.sent < 40:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # the worker holds all 40 (20 running, 20 queued)
+        processes.start("hands", name="hands-staying")
+        started = time.monotonic()
+        assert await asyncio.to_thread(processes.stop, leaving, signal.SIGTERM, 30) == 0
+        drained_in = time.monotonic() - started
+        await asyncio.wait_for(running, 60)
+    finally:
+        await caller.inbox.close()
+    assert all(isinstance(r, ToolResult) and r.success for r in caller.results.values())
+    assert drained_in < 10  # it finished what it held rather than waiting for the drain timeout
+    assert (await bus.redis.xpending(bus.keys.hands_requests, "hands"))["pending"] == 0
