@@ -29,7 +29,7 @@ from bus.streams import Bus, ReplyInbox  # noqa: E402
 
 
 async def one_call(bus: Bus, inbox: ReplyInbox) -> float:
-    call = ToolExecute(tool="list_directory", args={}, reply_to=inbox.stream, deadline=now_ms() + 30_000)
+    call = ToolExecute(tool="noop", args={}, reply_to=inbox.stream, deadline=now_ms() + 30_000)
     started = time.perf_counter()
     result = await inbox.request(bus.keys.hands_requests, call, call.call_id, timeout=30)
     assert result.success, result
@@ -60,6 +60,14 @@ async def measure(url: str, *, sequential: int, total: int, in_flight: int) -> d
             "calls_per_s": total / elapsed}
 
 
+def bench_env(url: str, tmp: str) -> dict[str, str]:
+    """Workers with the bench skills (noop, nap) and room for every call in flight."""
+    return {**os.environ, "PINCER_REDIS_URL": url, "PINCER_WORKSPACE": f"{tmp}/ws", "PINCER_DATA_DIR": tmp,
+            "PINCER_RUNTIME__LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT),
+            "PINCER_HANDS__SKILL_DIRS": f'["{ROOT / "bench" / "skills"}"]',
+            "PINCER_HANDS__CONCURRENCY__GLOBAL": "256", "PINCER_HANDS__CONCURRENCY__SKILL": "256"}
+
+
 async def wait_for_workers(url: str, n: int) -> None:
     bus = Bus.from_settings(RedisSettings(), url)
     try:
@@ -82,8 +90,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         redis = EmbeddedRedis(Path(tmp))
         url = redis.start()
-        env = {**os.environ, "PINCER_REDIS_URL": url, "PINCER_WORKSPACE": f"{tmp}/ws", "PINCER_DATA_DIR": tmp,
-               "PINCER_RUNTIME__LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+        env = bench_env(url, tmp)
         print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cpu, Python {platform.python_version()}")
         print("| workers | sequential p50 | sequential p99 | throughput (calls/s, "
               f"{args.in_flight} in flight) |\n|---|---|---|---|")

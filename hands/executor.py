@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ class Executor:
         self.workspace = Workspace(settings.workspace, owner=sandbox.owner if sandbox else None)
         self.policy = Policy(settings.policy, self.workspace.root)
         self.limiter = Limiter(settings.concurrency, settings.queue)
+        self._retry_policy = RetryPolicy(**settings.retry.model_dump())
         self.tool_policy = ToolPolicy(settings.tools)
         self.memory, self.sandbox, self.jobs, self.progress = memory, sandbox, jobs, progress
         self.approvals = approvals
@@ -143,23 +145,29 @@ class Executor:
 
     async def _with_retries(self, tool: ToolDefinition, call: ToolExecute, state: _CallState) -> Any:
         """Run the tool; retry retryable failures with backoff (idempotent tools only)."""
-        policy = tool.retry or RetryPolicy(**self.settings.retry.model_dump())
+        policy = tool.retry or self._retry_policy
         retries = policy.retries if tool.idempotent else 0  # a side effect may have happened
+        state.attempts = 1
+        try:  # the first attempt without tenacity's machinery: most calls need no other
+            return await self._attempt(tool, call, state.ctx)
+        except ToolFailure as exc:
+            if not retries or not _retryable(exc) or call.deadline <= now_ms():
+                raise
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(retries + 1),
+            stop=stop_after_attempt(retries),
+            before_sleep=None,
             wait=wait_exponential_jitter(multiplier=policy.base_s, max=policy.max_s, jitter=policy.base_s),
             retry=retry_if_exception(lambda exc: _retryable(exc) and call.deadline > now_ms()),
         )
         try:
+            await asyncio.sleep(_first_wait(policy))
             async for attempt in retrying:
                 with attempt:
-                    state.attempts = attempt.retry_state.attempt_number
+                    state.attempts = attempt.retry_state.attempt_number + 1
                     return await self._attempt(tool, call, state.ctx)
         except RetryError as exc:
             last = exc.last_attempt.exception()
             assert isinstance(last, ToolFailure)
-            if state.attempts <= 1:
-                raise last from None  # never retried: report the error itself
             raise ToolFailure(
                 ErrorCode.RETRY_EXHAUSTED,
                 f"{tool.name} failed {state.attempts} times; last error {last.code.value}: {last.message}",
@@ -242,6 +250,11 @@ async def _run(tool: ToolDefinition, args: dict[str, Any], ctx: ToolContext) -> 
     if inspect.iscoroutinefunction(tool.handler):
         return await tool.handler(args, ctx)
     return await asyncio.to_thread(tool.handler, args, ctx)  # keep the loop free
+
+
+def _first_wait(policy: RetryPolicy) -> float:
+    """The pause before the first retry: tenacity's exponential-with-jitter at attempt one."""
+    return min(policy.base_s + random.uniform(0, policy.base_s), policy.max_s)
 
 
 def _retryable(exc: BaseException) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -112,8 +113,14 @@ def memory_used_share(meminfo: Path = Path("/proc/meminfo")) -> float:
     return 1 - available / total if total else 0.0
 
 
+_last_reading = [0.0, 0.0]  # when, share: /proc/meminfo is read at most twice a second
+
+
 def check_memory(watermark: float) -> None:
-    used = memory_used_share()
+    now = time.monotonic()
+    if now - _last_reading[0] > 0.5:
+        _last_reading[:] = [now, memory_used_share()]
+    used = _last_reading[1]
     if used > watermark:
         raise ToolFailure(
             ErrorCode.RESOURCE_EXHAUSTED,

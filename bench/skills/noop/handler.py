@@ -1,0 +1,2 @@
+async def handle(args, ctx):
+    return "ok"
