@@ -25,6 +25,7 @@ from bus.config import RedisSettings  # noqa: E402
 from bus.presence import alive  # noqa: E402
 from bus.protocol import ToolExecute, now_ms  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
+from bus.service import run_loop  # noqa: E402
 from bus.streams import Bus, ReplyInbox  # noqa: E402
 
 
@@ -100,7 +101,7 @@ def main() -> None:
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]
                 try:
                     asyncio.run(wait_for_workers(url, n))
-                    r = asyncio.run(measure(url, sequential=args.sequential, total=args.total,
+                    r = run_loop(measure(url, sequential=args.sequential, total=args.total,
                                             in_flight=args.in_flight))
                     print(f"| {n} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | {r['calls_per_s']:,.0f} |")
                 finally:

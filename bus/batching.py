@@ -15,18 +15,24 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 Build = Callable[[Pipeline], object]
+Ack = tuple[str, str, str]  # stream, group, entry id
 
 
 class Batcher:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._queue: list[tuple[Build, asyncio.Future[list[Any]]]] = []
+        self._queue: list[tuple[Build, asyncio.Future[list[Any]], Ack | None]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def run(self, build: Build) -> list[Any]:
-        """Queue the commands ``build`` adds to a pipeline; return their results."""
+    async def run(self, build: Build, *, ack: Ack | None = None) -> list[Any]:
+        """Queue the commands ``build`` adds to a pipeline; return their results.
+
+        ``ack``: an entry to acknowledge after those commands. The acks of a batch go
+        out as one XACK per stream and group, at the end of the pipeline (after every
+        reply in it), instead of one command each.
+        """
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._queue.append((build, future))
+        self._queue.append((build, future, ack))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return await future
@@ -37,28 +43,35 @@ class Batcher:
             batch, self._queue = self._queue, []
             await self._execute(batch)
 
-    async def _execute(self, batch: list[tuple[Build, asyncio.Future[list[Any]]]]) -> None:
+    async def _execute(self, batch: list[tuple[Build, asyncio.Future[list[Any]], Ack | None]]) -> None:
         pipe = self.redis.pipeline(transaction=False)
         sizes = []
-        for build, _ in batch:
+        acks: dict[tuple[str, str], list[str]] = {}
+        for build, _, ack in batch:
             before = len(pipe.command_stack)
             build(pipe)
             sizes.append(len(pipe.command_stack) - before)
+            if ack is not None:
+                acks.setdefault(ack[:2], []).append(ack[2])
+        for (stream, group), ids in acks.items():
+            pipe.xack(stream, group, *ids)
         try:
             results = await pipe.execute(raise_on_error=False)
         except BaseException as exc:  # connection lost: every caller hears it
-            for _, future in batch:
+            for _, future, _ack in batch:
                 if not future.done():
                     future.set_exception(exc if isinstance(exc, Exception) else ConnectionError("cancelled"))
             if not isinstance(exc, Exception):
                 raise
             return
+        ack_results = dict(zip(acks, results[sum(sizes):]))
         start = 0
-        for (_, future), size in zip(batch, sizes):
+        for (_, future, ack), size in zip(batch, sizes):
             mine, start = results[start : start + size], start + size
             if future.done():
                 continue
-            error = next((r for r in mine if isinstance(r, Exception)), None)
+            acked = ack_results.get(ack[:2]) if ack is not None else None
+            error = next((r for r in [*mine, acked] if isinstance(r, Exception)), None)
             if error is not None:
                 future.set_exception(error)
             else:

@@ -9,8 +9,9 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from bus.config import Config, ConfigError
 from bus.log import setup_logging
@@ -19,6 +20,7 @@ from bus.streams import Bus
 log = logging.getLogger("bus.service")
 
 Body = Callable[[Bus, asyncio.Event], Awaitable[None]]
+T = TypeVar("T")
 
 
 def new_instance_id(role: str) -> str:
@@ -39,12 +41,22 @@ def redis_url(config: Config) -> str:
     )
 
 
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop where it is installed (a faster event loop: fewer µs per message)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
 def run_service(role: str, config: Config, body: Body, *, instance_id: str | None = None) -> int:
     """Run ``body`` until SIGTERM/SIGINT (or until it returns); 0 on a clean exit."""
     instance_id = instance_id or new_instance_id(role)
     setup_logging(role, instance_id, config.runtime.log_level)
     try:
-        return asyncio.run(_serve(config, body))
+        return run_loop(_serve(config, body))
     except ConfigError as exc:
         log.error("%s", exc)
         return 2

@@ -233,11 +233,11 @@ class GroupConsumer:
         def build(pipe: Pipeline) -> None:
             for target, reply in replies:
                 self.bus.add(pipe, target, reply)
-            pipe.xack(stream, self.group, entry_id)  # after the reply: a crash between means redelivery
 
         for attempt, delay in enumerate((*RECONNECT_DELAYS, 2.0, 2.0, 2.0, None)):
             try:
-                await self.bus.batcher.run(build)
+                # The ack follows the reply in the same pipeline: a crash between means redelivery.
+                await self.bus.batcher.run(build, ack=(stream, self.group, entry_id))
                 return
             except CONNECTION_ERRORS as exc:
                 if delay is None:  # still pending: the reaper hands it out again once Redis is back
@@ -271,7 +271,7 @@ class ReplyInbox:
         self.bus = bus
         self.stream = bus.keys.reply(instance_id)
         self.block_ms = block_ms
-        self._waiters: dict[str, asyncio.Queue[Message]] = {}
+        self._waiters: dict[str, Callable[[Message], None]] = {}  # correlation id -> who takes its replies
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -293,7 +293,7 @@ class ReplyInbox:
     async def expect(self, correlation_id: str) -> AsyncIterator[asyncio.Queue[Message]]:
         """Register interest before publishing, so no reply can slip past."""
         queue: asyncio.Queue[Message] = asyncio.Queue()
-        self._waiters[correlation_id] = queue
+        self._waiters[correlation_id] = queue.put_nowait
         try:
             yield queue
         finally:
@@ -304,15 +304,36 @@ class ReplyInbox:
         final: tuple[type, ...] = (), on_event: Callable[[Message], Awaitable[None]] | None = None,
     ) -> Message:
         """Publish and wait for the reply (the first one, or the first of a ``final`` type,
-        handing earlier ones such as ``tool:progress`` to ``on_event``); ``TimeoutError`` when none comes."""
-        async with self.expect(correlation_id) as queue, asyncio.timeout(timeout):
-            await publish_retrying(self.bus, stream, message)
-            while True:
-                    reply = await queue.get()
-                    if not final or isinstance(reply, final):
-                        return reply
-                    if on_event is not None:
-                        await on_event(reply)
+        handing earlier ones such as ``tool:progress`` to ``on_event``); ``TimeoutError`` when none comes.
+
+        The hot path of every tool call: one future and one timer, no queue or task per call.
+        """
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Message] = loop.create_future()
+        events: list[asyncio.Task[None]] = []
+
+        def deliver(reply: Message) -> None:
+            if answer.done():
+                return  # a duplicate (at-least-once delivery): the first answer stands
+            if not final or isinstance(reply, final):
+                answer.set_result(reply)
+            elif on_event is not None:
+                events.append(loop.create_task(on_event(reply)))
+
+        def expire() -> None:
+            if not answer.done():
+                answer.set_exception(TimeoutError())
+
+        self._waiters[correlation_id] = deliver
+        timer = loop.call_later(timeout, expire)
+        try:
+            await publish_retrying(self.bus, stream, message, give_up=answer.done)
+            return await answer
+        finally:
+            timer.cancel()
+            self._waiters.pop(correlation_id, None)
+            if events:  # progress relayed before the answer, in order
+                await asyncio.gather(*events, return_exceptions=True)
 
     async def _read_loop(self) -> None:
         read = 0
@@ -333,17 +354,18 @@ class ReplyInbox:
         except MalformedMessage as exc:
             log.error("ignored malformed reply %s reason=%r", kv(stream=self.stream, entry=entry_id), str(exc))
             return
-        queue = self._waiters.get(message.correlation_id or "")
-        if queue is None:
+        deliver = self._waiters.get(message.correlation_id or "")
+        if deliver is None:
             log.debug("no one waits for %s", kv(type=message.type, correlation=message.correlation_id))
             return
-        queue.put_nowait(message)
+        deliver(message)
 
 
-async def publish_retrying(bus: Bus, stream: str, message: Message) -> str:
-    """Publish, waiting out a Redis outage (the caller bounds it with its own timeout)."""
+async def publish_retrying(bus: Bus, stream: str, message: Message,
+                           give_up: Callable[[], bool] = lambda: False) -> str | None:
+    """Publish, waiting out a Redis outage until ``give_up()`` (None then)."""
     failures = 0
-    while True:
+    while not give_up():
         try:
             return await bus.publish(stream, message)
         except CONNECTION_ERRORS as exc:
@@ -351,6 +373,7 @@ async def publish_retrying(bus: Bus, stream: str, message: Message) -> str:
             failures += 1
             log.warning("Redis away while sending to %s, retrying in %.2fs: %s", stream, delay, exc)
             await asyncio.sleep(delay)
+    return None
 
 
 async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,

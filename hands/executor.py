@@ -106,12 +106,10 @@ class Executor:
             if error.code is ErrorCode.UNHANDLED:
                 log.exception("tool raised %s", kv(call=call.call_id, tool=call.tool))
             result = self._result(call, state, error=error)
-        log.info(
-            "call done %s",
-            kv(call=call.call_id, session=call.session_id, tool=call.tool, ok=result.success,
-               code=result.error.code if result.error else None, attempts=result.metadata.attempts,
-               ms=result.metadata.duration_ms),
-        )
+        if log.isEnabledFor(logging.INFO):  # formatting costs on the hot path: only when it is shown
+            log.info("call done %s", kv(call=call.call_id, session=call.session_id, tool=call.tool,
+                                        ok=result.success, code=result.error.code if result.error else None,
+                                        attempts=result.metadata.attempts, ms=result.metadata.duration_ms))
         return result
 
     def cancelled(self, call: ToolExecute, reason: str) -> ToolResult:

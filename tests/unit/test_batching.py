@@ -58,3 +58,31 @@ async def test_an_unreachable_server_fails_every_waiting_caller() -> None:
                                    return_exceptions=True)
     assert all(isinstance(r, RedisConnectionError) for r in results)
     await redis.aclose()
+
+
+async def test_acks_of_one_batch_go_out_as_one_xack_after_every_reply() -> None:
+    redis = fakeredis.FakeAsyncRedis()
+    await redis.xgroup_create("requests", "g", id="0", mkstream=True)
+    ids = [await redis.xadd("requests", {"n": n}) for n in range(20)]
+    await redis.xreadgroup("g", "c", {"requests": ">"})
+    batcher = Batcher(redis)
+    stacks: list[list[str]] = []
+    original = redis.pipeline
+
+    def recording_pipeline(*args, **kwargs):
+        pipe = original(*args, **kwargs)
+        execute = pipe.execute
+
+        async def recorded(*a, **k):
+            stacks.append([command[0][0] for command in pipe.command_stack])
+            return await execute(*a, **k)
+
+        pipe.execute = recorded
+        return pipe
+
+    redis.pipeline = recording_pipeline
+    await asyncio.gather(*(batcher.run(lambda p, n=n: p.xadd("replies", {"n": n}), ack=("requests", "g", i.decode()))
+                           for n, i in enumerate(ids)))
+    assert stacks == [["XADD"] * 20 + ["XACK"]]  # one ack for the batch, after the replies
+    assert (await redis.xpending("requests", "g"))["pending"] == 0
+    await redis.aclose()
