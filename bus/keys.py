@@ -62,19 +62,19 @@ class Keys:
         return f"{self.prefix}{{limits}}:{gate}"
 
     def transcript(self, session_id: str) -> str:
-        return f"{self.prefix}session:{session_id}:transcript"
+        return f"{self.prefix}session:{{{session_id}}}:transcript"
 
     def session_seq(self, session_id: str) -> str:
         """Counter numbering a session's messages as the Gateway takes them."""
-        return f"{self.prefix}session:{session_id}:seq"
+        return f"{self.prefix}session:{{{session_id}}}:seq"
 
     def session_done(self, session_id: str) -> str:
         """The ``seq`` of the session's last finished message."""
-        return f"{self.prefix}session:{session_id}:done"
+        return f"{self.prefix}session:{{{session_id}}}:done"
 
     def session_lease(self, session_id: str) -> str:
         """Which Brain runs the session's turn now (expires unless renewed)."""
-        return f"{self.prefix}session:{session_id}:lease"
+        return f"{self.prefix}session:{{{session_id}}}:lease"
 
     def call_record(self, call_id: str) -> str:
         """A call to a tool that is not idempotent: who runs it, then its result (a redelivery reads it)."""
@@ -89,7 +89,7 @@ class Keys:
         return f"{self.prefix}job:{job_id}"
 
     def session_jobs(self, session_id: str) -> str:
-        return f"{self.prefix}session:{session_id}:jobs"
+        return f"{self.prefix}session:{{{session_id}}}:jobs"
 
     def approval(self, approval_id: str) -> str:
         """Hash of a pending approval: where to send the decision, what it is for, when it expires."""

@@ -81,7 +81,7 @@ async def dead_retry(bus: Bus, entry_ids: list[str] | None) -> list[dict[str, st
         source = fields.get(b"dead:source", b"").decode()
         if not source:
             continue
-        async with bus.redis.pipeline(transaction=True) as pipe:
+        async with bus.redis.pipeline(transaction=False) as pipe:  # two cluster slots: added first, then removed
             pipe.xadd(source, _original(fields))
             pipe.xdel(bus.keys.dead, raw_id)
             new_id, _ = await pipe.execute()

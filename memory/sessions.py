@@ -38,7 +38,8 @@ class SessionStore:
         if not entries:
             return
         packed = [msgpack.packb(e.model_dump(mode="json", exclude_none=True), use_bin_type=True) for e in entries]
-        async with self.redis.pipeline(transaction=True) as pipe:
+        # Not a transaction: the keys live in different cluster slots; the index is a hint.
+        async with self.redis.pipeline(transaction=False) as pipe:
             pipe.rpush(self.keys.transcript(session_id), *packed)
             pipe.zadd(self.keys.sessions, {session_id: time.time()})
             await pipe.execute()
@@ -58,7 +59,7 @@ class SessionStore:
         return [s.decode() for s in await self.redis.zrevrange(self.keys.sessions, 0, -1)]
 
     async def delete(self, session_id: str) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.redis.pipeline(transaction=False) as pipe:
             pipe.delete(self.keys.transcript(session_id), self.keys.session_seq(session_id),
                         self.keys.session_done(session_id))
             pipe.zrem(self.keys.sessions, session_id)
