@@ -38,7 +38,8 @@ class Batcher:
         return await future
 
     async def _flush(self) -> None:
-        await asyncio.sleep(0)  # let the rest of this tick join the batch
+        # A new task runs after everything already scheduled in this tick, so the
+        # callers of this tick have queued their commands by now.
         while self._queue:
             batch, self._queue = self._queue, []
             await self._execute(batch)
