@@ -176,6 +176,7 @@ def _chart(rows: list[Row], naps: list[Row], out: Path) -> None:
     axes[2].plot([r["workers"] for r in naps], [r["calls_per_s"] for r in naps], marker="o")
     axes[2].set_title("Pincer nap 50 ms: calls/s by workers")
     axes[2].set_xticks([r["workers"] for r in naps])
+    axes[2].set_ylim(bottom=0)
     for ax in axes[:2]:
         ax.tick_params(axis="x", labelsize=7)
     fig.suptitle(f"Pincer vs the floor and Celery, {time.strftime('%Y-%m-%d')}, {platform.node()}")
