@@ -10,10 +10,11 @@ from typing import Any
 
 from bus.broadcast import BroadcastReader
 from bus.keys import HANDS_GROUP
+from bus.log import kv
 from bus.presence import Presence, alive
 from bus.protocol import ErrorCode, Message, ToolCancel, ToolExecute, ToolResult, ToolsAvailable, ToolsList, now_ms
 from bus.reaper import Reaper
-from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox, delivery
+from bus.streams import CONNECTION_ERRORS, Bus, GroupConsumer, Reply, ReplyInbox, delivery
 from hands.approvals import ApprovalGate
 from hands.calls import CallRecords
 from hands.config import HandsSettings
@@ -129,7 +130,10 @@ class HandsWorker:
         finally:
             self._in_flight.pop(call.call_id, None)
         if once:
-            await self.calls.done(call, result)
+            try:
+                await self.calls.done(call, result)
+            except CONNECTION_ERRORS as exc:  # the answer matters more: a redelivery would say WORKER_LOST
+                log.warning("call record not written %s: %s", kv(call=call.call_id), exc)
         return result
 
     def _lost(self, call: ToolExecute, times: int) -> ToolFailure:
