@@ -20,7 +20,7 @@ from typing import Any
 from bus.keys import Keys
 from bus.log import kv
 from bus.protocol import ChatMessage
-from bus.streams import every, finish
+from bus.streams import HandedOver, every, finish
 
 log = logging.getLogger("brain.session_order")
 
@@ -47,7 +47,7 @@ return 1
 """
 
 
-class LeaseLost(Exception):
+class LeaseLost(HandedOver):
     """Another Brain holds the session now (this one stalled past its lease): this turn must stop."""
 
 

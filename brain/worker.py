@@ -11,7 +11,7 @@ from typing import Any
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
 from brain.llm import LiteLLMClient, LLMClient, resolve_model, warm_up
-from brain.session_order import LeaseLost, SessionOrder
+from brain.session_order import SessionOrder
 from brain.turn import Turn, TurnDeps
 from bus.broadcast import BroadcastReader
 from bus.keys import BRAIN_GROUP
@@ -19,7 +19,7 @@ from bus.log import kv
 from bus.presence import Presence
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ErrorCode, Message
 from bus.reaper import Reaper
-from bus.streams import Bus, GroupConsumer, Reply, ReplyInbox, delivery
+from bus.streams import Bus, GroupConsumer, HandedOver, Reply, ReplyInbox, delivery
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
 
@@ -84,9 +84,8 @@ class BrainWorker:
                     raise  # the Brain itself is stopping
                 task.uncancel()
                 final = await turn.cancel(self._cancels[message.session_id])
-            except LeaseLost as exc:
-                log.warning("turn handed over %s: %s", kv(session=message.session_id), exc)
-                return []  # the Brain that holds the session now finishes it and answers
+            except HandedOver:
+                raise  # another Brain holds the session now: it finishes the turn and answers
             except Exception as exc:  # the person must always hear back
                 log.exception("turn crashed %s", kv(session=message.session_id))
                 final = ChatError(session_id=message.session_id, message_id=message.message_id,

@@ -93,6 +93,10 @@ class Bus:
         return self.settings.reply_maxlen  # replies and the broadcast control streams
 
 
+class HandedOver(Exception):
+    """Raised by a handler that found another consumer doing its work: no reply, no ack, no dead letter."""
+
+
 class GroupConsumer:
     """One consumer in a consumer group, running a handler for every message it reads."""
 
@@ -218,6 +222,9 @@ class GroupConsumer:
                 replies = await self.handler(message, stream)
             except asyncio.CancelledError:
                 raise
+            except HandedOver as exc:  # another consumer holds the entry now: it answers and acknowledges
+                log.info("handed over %s: %s", kv(stream=stream, entry=entry_id), exc)
+                return
             except Exception as exc:  # a handler bug must not lose the message or kill the loop
                 log.exception("handler failed %s", kv(stream=stream, entry=entry_id, type=message.type))
                 await dead_letter(

@@ -69,3 +69,36 @@ async def test_a_message_whose_predecessor_never_came_goes_on_after_the_wait(bus
     async with order.turn(message("s", 5)):  # 1-4 were lost before any Brain saw them
         pass
     assert await bus.redis.get(bus.keys.session_done("s")) == b"5"
+
+
+async def test_a_turn_whose_lease_another_brain_took_stops_and_leaves_the_entry_to_it(bus: Bus) -> None:
+    from bus.streams import GroupConsumer
+
+    order = SessionOrder(bus.redis, bus.keys, "stalled", lease_s=1, wait_s=30)
+    seen: list[str] = []
+
+    async def handler(msg, _stream):
+        async with order.turn(msg) as lease:
+            await bus.redis.set(bus.keys.session_lease("s"), "other-brain:m", px=60_000)  # taken while we stalled
+            await asyncio.sleep(0.6)  # the renewer notices
+            seen.append("checked")
+            lease.check()
+        return []
+
+    consumer = GroupConsumer(bus, streams=[bus.keys.brain_inbox], group="brain", consumer="stalled",
+                             handler=handler, block_ms=100)
+    await bus.publish(bus.keys.brain_inbox, message("s", None))
+    stop = asyncio.Event()
+    running = asyncio.create_task(consumer.run(stop))
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+    stop.set()
+    await running
+    assert seen == ["checked"]
+    pending = await bus.redis.xpending(bus.keys.brain_inbox, "brain")
+    assert pending["pending"] == 1  # not acknowledged: the Brain holding the lease answers it
+    assert not await bus.redis.xlen(bus.keys.dead)  # and not dead-lettered
+    assert await bus.redis.get(bus.keys.session_lease("s")) == b"other-brain:m"  # its lease untouched
