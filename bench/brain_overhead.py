@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bus_roundtrip import one_call, wait_for_workers  # noqa: E402
+from bench.bus_roundtrip import bench_env, one_call, wait_for_workers  # noqa: E402
 from brain.config import BrainSettings  # noqa: E402
 from brain.llm import Completion, ToolCall  # noqa: E402
 from brain.worker import BrainWorker  # noqa: E402
@@ -94,9 +94,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         redis = EmbeddedRedis(Path(tmp))
         url = redis.start()
-        env = {**os.environ, "PINCER_REDIS_URL": url, "PINCER_WORKSPACE": f"{tmp}/ws", "PINCER_DATA_DIR": tmp,
-               "PINCER_RUNTIME__LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
-        hands = subprocess.Popen([sys.executable, "-m", "gateway", "hands"], env=env, stdout=subprocess.DEVNULL,
+        hands = subprocess.Popen([sys.executable, "-m", "gateway", "hands"], env=bench_env(url, tmp),
+                                 stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
         try:
             asyncio.run(wait_for_workers(url, 1))
