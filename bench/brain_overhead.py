@@ -2,7 +2,7 @@
 
 A private redis-server and one `pincer hands` process; in this process a
 BrainWorker whose model is an instant in-process fake: it asks for
-`list_directory` N times, then answers. The same run measures the bare tool
+the `noop` skill N times, then answers. The same run measures the bare tool
 round trip (`tool:execute` → `tool:result`) from a client, so
 
     Brain overhead per iteration = turn time / N − tool round trip
@@ -35,11 +35,12 @@ from brain.worker import BrainWorker  # noqa: E402
 from bus.config import RedisSettings  # noqa: E402
 from bus.protocol import ChatMessage, ChatReply  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
+from bus.service import run_loop  # noqa: E402
 from bus.streams import Bus, ReplyInbox  # noqa: E402
 
 
 class InstantLLM:
-    """Calls list_directory until the turn has ``calls`` results, then answers."""
+    """Calls noop until the turn has ``calls`` results, then answers."""
 
     def __init__(self, calls: int) -> None:
         self.calls = calls
@@ -47,7 +48,7 @@ class InstantLLM:
     async def complete(self, messages: list[dict[str, Any]], tools: Any, on_text: Any) -> Completion:
         done = sum(1 for m in messages[-2 * self.calls:] if m["role"] == "tool")
         if messages[-1]["role"] == "user" or done < self.calls:
-            return Completion(tool_calls=[ToolCall(id=f"c{len(messages)}", name="list_directory", arguments="{}")],
+            return Completion(tool_calls=[ToolCall(id=f"c{len(messages)}", name="noop", arguments="{}")],
                               model="instant")
         return Completion(text="done", model="instant")
 
@@ -99,7 +100,7 @@ def main() -> None:
                                  stderr=subprocess.DEVNULL)
         try:
             asyncio.run(wait_for_workers(url, 1))
-            r = asyncio.run(measure(url, iterations=args.iterations, turns=args.turns, sequential=args.sequential))
+            r = run_loop(measure(url, iterations=args.iterations, turns=args.turns, sequential=args.sequential))
         finally:
             hands.terminate()
             hands.wait()
