@@ -327,7 +327,8 @@ class Turn:
                                       text=text))
 
     async def _publish(self, event: Message) -> None:
-        await self.deps.bus.publish(self.message.reply_to, event)
+        """Events to the person's Gateway go out in order, with the next write, not awaited one by one."""
+        self.deps.bus.send(self.message.reply_to, event)
 
     def _count(self, usage: dict[str, Any]) -> None:
         for key, value in usage.items():

@@ -8,11 +8,14 @@ Callers still write ``await batcher.run(build)`` and get their own results.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+
+log = logging.getLogger("bus.batching")
 
 Build = Callable[[Pipeline], object]
 Ack = tuple[str, str, str]  # stream, group, entry id
@@ -36,6 +39,17 @@ class Batcher:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return await future
+
+    def send(self, build: Build) -> None:
+        """Queue commands without waiting for them (events nobody must wait for); a failure is logged.
+
+        They still go out in order with everything queued before and after them.
+        """
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_log_failure)
+        self._queue.append((build, future, None))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
         # A new task runs after everything already scheduled in this tick, so the
@@ -77,3 +91,8 @@ class Batcher:
                 future.set_exception(error)
             else:
                 future.set_result(mine)
+
+
+def _log_failure(future: asyncio.Future[list[Any]]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("a write sent without waiting failed: %s", future.exception())

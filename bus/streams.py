@@ -67,6 +67,11 @@ class Bus:
         (entry_id,) = await self.batcher.run(lambda pipe: self.add(pipe, stream, message))
         return entry_id.decode()
 
+    def send(self, stream: str, message: Message) -> None:
+        """Publish without waiting: for events (text deltas, tool progress) whose order matters but
+        whose round trip should not hold up the sender. They ride with the next write."""
+        self.batcher.send(lambda pipe: self.add(pipe, stream, message))
+
     def add(self, pipe: Pipeline, stream: str, message: Message) -> None:
         """Queue an XADD of ``message`` on a pipeline, capped as its stream's kind wants."""
         maxlen = self._maxlen(stream)

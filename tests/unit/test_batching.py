@@ -86,3 +86,18 @@ async def test_acks_of_one_batch_go_out_as_one_xack_after_every_reply() -> None:
     assert stacks == [["XADD"] * 20 + ["XACK"]]  # one ack for the batch, after the replies
     assert (await redis.xpending("requests", "g"))["pending"] == 0
     await redis.aclose()
+
+
+async def test_sent_writes_keep_their_order_with_awaited_ones_and_failures_are_logged(caplog) -> None:
+    redis = fakeredis.FakeAsyncRedis()
+    batcher = Batcher(redis)
+    for n in range(3):
+        batcher.send(lambda p, n=n: p.rpush("order", f"event {n}"))
+    await batcher.run(lambda p: p.rpush("order", "reply"))  # the awaited write goes after the events
+    assert await redis.lrange("order", 0, -1) == [b"event 0", b"event 1", b"event 2", b"reply"]
+    await redis.set("text", "x")
+    batcher.send(lambda p: p.rpush("text", "not a list"))
+    await batcher.run(lambda p: p.get("text"))
+    await asyncio.sleep(0)
+    assert "a write sent without waiting failed" in caplog.text
+    await redis.aclose()
