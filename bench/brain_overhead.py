@@ -35,8 +35,9 @@ from brain.worker import BrainWorker  # noqa: E402
 from bus.config import RedisSettings  # noqa: E402
 from bus.protocol import ChatMessage, ChatReply  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
+from bus.replies import ReplyInbox  # noqa: E402
 from bus.service import run_loop  # noqa: E402
-from bus.streams import Bus, ReplyInbox  # noqa: E402
+from bus.streams import Bus  # noqa: E402
 
 
 class InstantLLM:

@@ -25,8 +25,9 @@ from bus.config import RedisSettings  # noqa: E402
 from bus.presence import alive  # noqa: E402
 from bus.protocol import ToolExecute, now_ms  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
+from bus.replies import ReplyInbox  # noqa: E402
 from bus.service import run_loop  # noqa: E402
-from bus.streams import Bus, ReplyInbox  # noqa: E402
+from bus.streams import Bus  # noqa: E402
 
 
 async def one_call(bus: Bus, inbox: ReplyInbox) -> float:

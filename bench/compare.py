@@ -34,7 +34,8 @@ from bench.bus_roundtrip import bench_env, measure, wait_for_workers  # noqa: E4
 from bus.config import RedisSettings  # noqa: E402
 from bus.protocol import ToolExecute, ToolResult, now_ms  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
-from bus.streams import Bus, ReplyInbox  # noqa: E402
+from bus.replies import ReplyInbox  # noqa: E402
+from bus.streams import Bus  # noqa: E402
 
 Row = dict[str, float | str]
 

@@ -6,7 +6,8 @@ import logging
 
 from bus.presence import alive
 from bus.protocol import SkillInfo, ToolsAvailable, ToolsList, ToolSpec, now_ms
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 
 log = logging.getLogger("brain.catalog")
 

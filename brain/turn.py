@@ -36,7 +36,8 @@ from bus.protocol import (
     ToolSpec,
     now_ms,
 )
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore, TranscriptEntry
 
@@ -77,7 +78,6 @@ class Turn:
         self.cost_usd = 0.0
         self.unanswered: list[ToolCall] = []  # the model's tool calls still without a result
         self.window_tokens = settings.context_window_tokens or context_window(resolve_model(settings.model) or "")
-        self.resumed = False
         self.call_ids: dict[str, str] = {}  # the model's call id -> ours, for the latest response
 
     async def run(self) -> ChatReply | ChatError:
@@ -112,7 +112,6 @@ class Turn:
         start = next((i for i in range(len(history) - 1, -1, -1) if history[i].role == "user"
                       and history[i].metadata.get("message_id") == msg.message_id), None)
         if start is not None:
-            self.resumed = True
             log.info("turn resumed from the transcript %s",
                      kv(session=msg.session_id, message=msg.message_id, entries=len(history) - start))
             return history[:start], history[start:]

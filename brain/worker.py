@@ -19,7 +19,8 @@ from bus.log import kv
 from bus.presence import Presence
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ErrorCode, Message
 from bus.reaper import Reaper
-from bus.streams import Bus, GroupConsumer, HandedOver, Reply, ReplyInbox, delivery
+from bus.replies import ReplyInbox
+from bus.streams import Bus, GroupConsumer, HandedOver, Reply, delivery
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
 

@@ -12,7 +12,8 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from bus.protocol import MalformedMessage, Message, decode
-from bus.streams import Bus, tail
+from bus.replies import tail
+from bus.streams import Bus
 
 log = logging.getLogger("bus.broadcast")
 

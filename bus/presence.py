@@ -87,8 +87,10 @@ async def alive(bus: Bus, role: str) -> list[str]:
 
 async def instances(bus: Bus, role: str) -> list[dict[str, str]]:
     """The live instances of ``role`` with their details."""
-    found = []
-    for instance_id in await alive(bus, role):
-        raw = await bus.redis.hgetall(bus.keys.instance(role, instance_id))
-        found.append({"id": instance_id, **{k.decode(): v.decode() for k, v in raw.items()}})
-    return found
+    ids = await alive(bus, role)
+    async with bus.redis.pipeline(transaction=False) as pipe:  # one round trip for all of them
+        for instance_id in ids:
+            pipe.hgetall(bus.keys.instance(role, instance_id))
+        details = await pipe.execute()
+    return [{"id": instance_id, **{k.decode(): v.decode() for k, v in raw.items()}}
+            for instance_id, raw in zip(ids, details)]

@@ -6,8 +6,8 @@
   the handler's replies and the XACK in one pipeline: reply before ack, so a
   crash in between redelivers rather than loses. Garbage is acknowledged,
   logged and copied to the ``dead`` stream; the loop keeps going.
-- ``ReplyInbox`` reads this instance's own reply stream and hands each message
-  to whoever waits on its correlation id (call id, request id, message id).
+Reading streams outside a group (a process's reply inbox, broadcasts) is in
+``bus/replies.py``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ Handler = Callable[[Message, str], Awaitable[Sequence[Reply]]]
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
-TRIM_EVERY = 256  # replies read between two trims of an inbox stream
 
 
 def connect(url: str) -> Redis:
@@ -274,142 +273,6 @@ async def dead_letter(
         pipe.xack(stream, group, entry_id)
 
     await bus.batcher.run(build)
-
-
-class ReplyInbox:
-    """This instance's reply stream, routed to waiters by correlation id."""
-
-    def __init__(self, bus: Bus, instance_id: str, *, block_ms: int = 1000) -> None:
-        self.bus = bus
-        self.stream = bus.keys.reply(instance_id)
-        self.block_ms = block_ms
-        self._waiters: dict[str, Callable[[Message], None]] = {}  # correlation id -> who takes its replies
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._read_loop(), name=f"inbox:{self.stream}")
-
-    async def close(self) -> None:
-        # Let the blocking XREAD run out rather than cancel it: redis-py can
-        # leave a cancelled blocking read hanging on its connection.
-        self._closing = True
-        if self._task:
-            done, _ = await asyncio.wait({self._task}, timeout=self.block_ms / 1000 + 2)
-            if not done:
-                self._task.cancel()
-        with contextlib.suppress(redis_errors.RedisError, OSError):
-            await self.bus.redis.delete(self.stream)
-
-    @contextlib.asynccontextmanager
-    async def expect(self, correlation_id: str) -> AsyncIterator[asyncio.Queue[Message]]:
-        """Register interest before publishing, so no reply can slip past."""
-        queue: asyncio.Queue[Message] = asyncio.Queue()
-        self._waiters[correlation_id] = queue.put_nowait
-        try:
-            yield queue
-        finally:
-            self._waiters.pop(correlation_id, None)
-
-    async def request(
-        self, stream: str, message: Message, correlation_id: str, *, timeout: float,
-        final: tuple[type, ...] = (), on_event: Callable[[Message], Awaitable[None]] | None = None,
-    ) -> Message:
-        """Publish and wait for the reply (the first one, or the first of a ``final`` type,
-        handing earlier ones such as ``tool:progress`` to ``on_event``); ``TimeoutError`` when none comes.
-
-        The hot path of every tool call: one future and one timer, no queue or task per call.
-        """
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[Message] = loop.create_future()
-        events: list[asyncio.Task[None]] = []
-
-        def deliver(reply: Message) -> None:
-            if answer.done():
-                return  # a duplicate (at-least-once delivery): the first answer stands
-            if not final or isinstance(reply, final):
-                answer.set_result(reply)
-            elif on_event is not None:
-                events.append(loop.create_task(on_event(reply)))
-
-        def expire() -> None:
-            if not answer.done():
-                answer.set_exception(TimeoutError())
-
-        self._waiters[correlation_id] = deliver
-        timer = loop.call_later(timeout, expire)
-        try:
-            await publish_retrying(self.bus, stream, message, give_up=answer.done)
-            return await answer
-        finally:
-            timer.cancel()
-            self._waiters.pop(correlation_id, None)
-            if events:  # progress relayed before the answer, in order
-                await asyncio.gather(*events, return_exceptions=True)
-
-    async def _read_loop(self) -> None:
-        read = 0
-        # The stream is ours alone and new, so read it all.
-        async for entry_id, fields in tail(self.bus, self.stream, start="0-0", block_ms=self.block_ms,
-                                           closing=lambda: self._closing):
-            self._route(entry_id, fields)
-            read += 1
-            if read % TRIM_EVERY == 0:
-                # Delivered replies are not needed again; trimming now and then keeps
-                # the stream small without a round trip on every reply's path.
-                with contextlib.suppress(*CONNECTION_ERRORS):  # next time, then
-                    await self.bus.redis.xtrim(self.stream, minid=entry_id, approximate=True)
-
-    def _route(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        try:
-            message = decode(fields)
-        except MalformedMessage as exc:
-            log.error("ignored malformed reply %s reason=%r", kv(stream=self.stream, entry=entry_id), str(exc))
-            return
-        deliver = self._waiters.get(message.correlation_id or "")
-        if deliver is None:
-            log.debug("no one waits for %s", kv(type=message.type, correlation=message.correlation_id))
-            return
-        deliver(message)
-
-
-async def publish_retrying(bus: Bus, stream: str, message: Message,
-                           give_up: Callable[[], bool] = lambda: False) -> str | None:
-    """Publish, waiting out a Redis outage until ``give_up()`` (None then)."""
-    failures = 0
-    while not give_up():
-        try:
-            return await bus.publish(stream, message)
-        except CONNECTION_ERRORS as exc:
-            delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
-            failures += 1
-            log.warning("Redis away while sending to %s, retrying in %.2fs: %s", stream, delay, exc)
-            await asyncio.sleep(delay)
-    return None
-
-
-async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
-               closing: Callable[[], bool]) -> AsyncIterator[tuple[str, dict[bytes, bytes]]]:
-    """Every entry added to ``stream`` after ``start``, reconnecting with backoff, until ``closing()``.
-
-    ``closing`` is checked between blocking reads: stopping lets the last XREAD
-    run out (at most ``block_ms``) instead of cancelling it mid-command.
-    """
-    last, failures = start, 0
-    while not closing():
-        try:
-            response = await bus.redis.xread({stream: last}, count=512, block=block_ms)
-            failures = 0
-        except CONNECTION_ERRORS as exc:
-            delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
-            failures += 1
-            log.warning("%s unreachable, retrying in %.2fs: %s", stream, delay, exc)
-            await asyncio.sleep(delay)
-            continue
-        for _stream, entries in response or []:
-            for raw_id, fields in entries:
-                last = raw_id.decode()
-                yield last, fields
 
 
 async def every(interval_s: float, stop: asyncio.Event) -> AsyncIterator[None]:

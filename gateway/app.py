@@ -30,7 +30,8 @@ from bus.protocol import (
     ErrorCode,
     Message,
 )
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 from gateway.config import GatewaySettings
 from memory.sessions import SessionStore
 

@@ -201,8 +201,9 @@ async def _tools(config: Config, *, as_json: bool) -> int:
     from rich.table import Table
 
     from bus.protocol import ToolsAvailable, ToolsList
+    from bus.replies import ReplyInbox
     from bus.service import new_instance_id, redis_url
-    from bus.streams import Bus, ReplyInbox
+    from bus.streams import Bus
 
     bus = Bus.from_settings(config.redis, redis_url(config))
     inbox = ReplyInbox(bus, new_instance_id("cli"), block_ms=100)

@@ -23,7 +23,8 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, now_ms
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 from hands.config import AllowEntry, ExecSettings
 from hands.errors import ToolFailure
 

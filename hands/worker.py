@@ -14,7 +14,8 @@ from bus.log import kv
 from bus.presence import Presence, alive
 from bus.protocol import ErrorCode, Message, ToolCancel, ToolExecute, ToolResult, ToolsAvailable, ToolsList, now_ms
 from bus.reaper import Reaper
-from bus.streams import CONNECTION_ERRORS, Bus, GroupConsumer, Reply, ReplyInbox, delivery
+from bus.replies import ReplyInbox
+from bus.streams import CONNECTION_ERRORS, Bus, GroupConsumer, Reply, delivery
 from hands.approvals import ApprovalGate
 from hands.calls import CallRecords
 from hands.config import HandsSettings

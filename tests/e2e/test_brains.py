@@ -17,7 +17,8 @@ import pytest
 
 from bus.presence import alive
 from bus.protocol import ChatError, ChatMessage, ChatReply, Message, decode
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 from memory.sessions import SessionStore
 from tests.conftest import SHIPPED_SKILLS, Processes, make_skill, wait_until
 

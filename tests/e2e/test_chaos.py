@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from bus.config import RedisSettings
-from bus.protocol import ToolExecute, ToolResult, decode, now_ms
+from bus.protocol import ToolExecute, ToolResult, now_ms
 from bus.redis_server import EmbeddedRedis
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 from tests.conftest import SHIPPED_SKILLS, Processes, make_skill
 from tests.e2e.test_brains import wait_for
 
@@ -72,14 +73,6 @@ class Caller:
                 result = "timeout"
             assert request.call_id not in self.results
             self.results[request.call_id] = result
-
-    async def replies_per_call(self) -> Counter[str]:
-        """How many results reached the reply stream for each call (duplicates included)."""
-        counts: Counter[str] = Counter()
-        for _, fields in await self.bus.redis.xrange(self.inbox.stream):
-            if fields.get(b"type") == b"tool:result":
-                counts[decode(fields).call_id] += 1
-        return counts
 
 
 def side_effects(log: Path) -> Counter[str]:

@@ -10,7 +10,8 @@ import pytest
 
 from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 from tests.conftest import Processes, make_skill
 
 pytestmark = pytest.mark.e2e

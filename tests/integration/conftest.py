@@ -10,7 +10,8 @@ import pytest
 
 from bus.presence import alive
 from bus.protocol import ToolExecute, ToolResult, now_ms
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 from hands.config import HandsSettings
 from hands.registry import Category, RetryPolicy, ToolDefinition
 from hands.worker import HandsWorker

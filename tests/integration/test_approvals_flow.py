@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, ToolExecute, ToolResult, now_ms
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 
 
 @pytest.fixture

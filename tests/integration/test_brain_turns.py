@@ -24,7 +24,8 @@ from bus.protocol import (
     Message,
     ToolSpec,
 )
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 from hands.config import HandsSettings
 from hands.registry import Category, ToolDefinition
 from hands.worker import HandsWorker

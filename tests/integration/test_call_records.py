@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
-from bus.streams import Bus, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus
 from hands.registry import Category, ToolDefinition
 
 

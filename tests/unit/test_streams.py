@@ -17,7 +17,8 @@ from bus.protocol import (
     decode,
     now_ms,
 )
-from bus.streams import Bus, GroupConsumer, ReplyInbox
+from bus.replies import ReplyInbox
+from bus.streams import Bus, GroupConsumer
 from tests.conftest import async_wait_until
 
 

@@ -1,0 +1,160 @@
+"""Reading streams outside a consumer group: request/reply through a process's own inbox.
+
+- ``ReplyInbox`` reads this instance's own reply stream and hands each message
+  to whoever waits on its correlation id (call id, request id, message id).
+- ``publish_retrying`` sends a request, waiting out a Redis outage.
+- ``tail`` follows a stream from an id (inboxes and the broadcast control streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from redis import exceptions as redis_errors
+
+from bus.log import kv
+from bus.protocol import MalformedMessage, Message, decode
+from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
+
+log = logging.getLogger("bus")
+
+TRIM_EVERY = 256  # replies read between two trims of an inbox stream
+
+
+class ReplyInbox:
+    """This instance's reply stream, routed to waiters by correlation id."""
+
+    def __init__(self, bus: Bus, instance_id: str, *, block_ms: int = 1000) -> None:
+        self.bus = bus
+        self.stream = bus.keys.reply(instance_id)
+        self.block_ms = block_ms
+        self._waiters: dict[str, Callable[[Message], None]] = {}  # correlation id -> who takes its replies
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._read_loop(), name=f"inbox:{self.stream}")
+
+    async def close(self) -> None:
+        # Let the blocking XREAD run out rather than cancel it: redis-py can
+        # leave a cancelled blocking read hanging on its connection.
+        self._closing = True
+        if self._task:
+            done, _ = await asyncio.wait({self._task}, timeout=self.block_ms / 1000 + 2)
+            if not done:
+                self._task.cancel()
+        with contextlib.suppress(redis_errors.RedisError, OSError):
+            await self.bus.redis.delete(self.stream)
+
+    @contextlib.asynccontextmanager
+    async def expect(self, correlation_id: str) -> AsyncIterator[asyncio.Queue[Message]]:
+        """Register interest before publishing, so no reply can slip past."""
+        queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._waiters[correlation_id] = queue.put_nowait
+        try:
+            yield queue
+        finally:
+            self._waiters.pop(correlation_id, None)
+
+    async def request(
+        self, stream: str, message: Message, correlation_id: str, *, timeout: float,
+        final: tuple[type, ...] = (), on_event: Callable[[Message], Awaitable[None]] | None = None,
+    ) -> Message:
+        """Publish and wait for the reply (the first one, or the first of a ``final`` type,
+        handing earlier ones such as ``tool:progress`` to ``on_event``); ``TimeoutError`` when none comes.
+
+        The hot path of every tool call: one future and one timer, no queue or task per call.
+        """
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Message] = loop.create_future()
+        events: list[asyncio.Task[None]] = []
+
+        def deliver(reply: Message) -> None:
+            if answer.done():
+                return  # a duplicate (at-least-once delivery): the first answer stands
+            if not final or isinstance(reply, final):
+                answer.set_result(reply)
+            elif on_event is not None:
+                events.append(loop.create_task(on_event(reply)))
+
+        def expire() -> None:
+            if not answer.done():
+                answer.set_exception(TimeoutError())
+
+        self._waiters[correlation_id] = deliver
+        timer = loop.call_later(timeout, expire)
+        try:
+            await publish_retrying(self.bus, stream, message, give_up=answer.done)
+            return await answer
+        finally:
+            timer.cancel()
+            self._waiters.pop(correlation_id, None)
+            if events:  # progress relayed before the answer, in order
+                await asyncio.gather(*events, return_exceptions=True)
+
+    async def _read_loop(self) -> None:
+        read = 0
+        # The stream is ours alone and new, so read it all.
+        async for entry_id, fields in tail(self.bus, self.stream, start="0-0", block_ms=self.block_ms,
+                                           closing=lambda: self._closing):
+            self._route(entry_id, fields)
+            read += 1
+            if read % TRIM_EVERY == 0:
+                # Delivered replies are not needed again; trimming now and then keeps
+                # the stream small without a round trip on every reply's path.
+                with contextlib.suppress(*CONNECTION_ERRORS):  # next time, then
+                    await self.bus.redis.xtrim(self.stream, minid=entry_id, approximate=True)
+
+    def _route(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        try:
+            message = decode(fields)
+        except MalformedMessage as exc:
+            log.error("ignored malformed reply %s reason=%r", kv(stream=self.stream, entry=entry_id), str(exc))
+            return
+        deliver = self._waiters.get(message.correlation_id or "")
+        if deliver is None:
+            log.debug("no one waits for %s", kv(type=message.type, correlation=message.correlation_id))
+            return
+        deliver(message)
+
+
+async def publish_retrying(bus: Bus, stream: str, message: Message,
+                           give_up: Callable[[], bool] = lambda: False) -> str | None:
+    """Publish, waiting out a Redis outage until ``give_up()`` (None then)."""
+    failures = 0
+    while not give_up():
+        try:
+            return await bus.publish(stream, message)
+        except CONNECTION_ERRORS as exc:
+            delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+            failures += 1
+            log.warning("Redis away while sending to %s, retrying in %.2fs: %s", stream, delay, exc)
+            await asyncio.sleep(delay)
+    return None
+
+
+async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
+               closing: Callable[[], bool]) -> AsyncIterator[tuple[str, dict[bytes, bytes]]]:
+    """Every entry added to ``stream`` after ``start``, reconnecting with backoff, until ``closing()``.
+
+    ``closing`` is checked between blocking reads: stopping lets the last XREAD
+    run out (at most ``block_ms``) instead of cancelling it mid-command.
+    """
+    last, failures = start, 0
+    while not closing():
+        try:
+            response = await bus.redis.xread({stream: last}, count=512, block=block_ms)
+            failures = 0
+        except CONNECTION_ERRORS as exc:
+            delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+            failures += 1
+            log.warning("%s unreachable, retrying in %.2fs: %s", stream, delay, exc)
+            await asyncio.sleep(delay)
+            continue
+        for _stream, entries in response or []:
+            for raw_id, fields in entries:
+                last = raw_id.decode()
+                yield last, fields
