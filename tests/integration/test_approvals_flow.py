@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,14 +10,6 @@ import pytest
 from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-
-
-@pytest.fixture
-def ws() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="pincer-approve-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

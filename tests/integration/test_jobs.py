@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,14 +11,6 @@ from bus.protocol import ErrorCode
 from bus.streams import Bus
 from tests.conftest import wait_until
 from tests.integration.test_sandbox import processes_matching
-
-
-@pytest.fixture
-def ws() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="pincer-jobs-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,6 @@ def tier(request: pytest.FixtureRequest) -> str:
     if request.param == "bwrap" and not shutil.which("bwrap"):
         pytest.fail("bubblewrap is not installed: .ci/run installs it (apt-get install bubblewrap)")
     return request.param
-
-
-@pytest.fixture
-def ws() -> Path:
-    """A workspace the sandbox uid can reach (pytest's own temp dirs are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="pincer-ws-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
