@@ -35,6 +35,7 @@ from bus.config import RedisSettings  # noqa: E402
 from bus.protocol import ToolExecute, ToolResult, now_ms  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
 from bus.replies import ReplyInbox  # noqa: E402
+from bus.service import run_loop  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 
 Row = dict[str, float | str]
@@ -62,7 +63,7 @@ def run_floor(url: str, workers: int, args: argparse.Namespace) -> Row:
     with processes([[sys.executable, str(ROOT / "bench" / "floor.py"), "worker", url, stream]] * workers,
                    os.environ.copy()):
         time.sleep(1.0)
-        r = asyncio.run(floor.measure(url, stream, sequential=args.sequential, total=args.total, in_flight=64))
+        r = run_loop(floor.measure(url, stream, sequential=args.sequential, total=args.total, in_flight=64))
     return {"system": "floor (bare redis-py)", "workers": workers, **r}
 
 
@@ -70,7 +71,7 @@ def run_pincer(url: str, tmp: str, workers: int, args: argparse.Namespace) -> Ro
     env = bench_env(url, tmp)
     with processes([[sys.executable, "-m", "gateway", "hands"]] * workers, env):
         asyncio.run(wait_for_workers(url, workers))
-        r = asyncio.run(measure(url, sequential=args.sequential, total=args.total, in_flight=64))
+        r = run_loop(measure(url, sequential=args.sequential, total=args.total, in_flight=64))
     asyncio.run(_forget(url))
     return {"system": "Pincer (Hands, no-op skill)", "workers": workers, **r}
 
@@ -135,7 +136,7 @@ def run_naps(url: str, tmp: str, workers: int, args: argparse.Namespace) -> Row:
     env = {**bench_env(url, tmp), "PINCER_HANDS__CONCURRENCY__GLOBAL": "100", "PINCER_HANDS__QUEUE__DEPTH": "0"}
     with processes([[sys.executable, "-m", "gateway", "hands"]] * workers, env):
         asyncio.run(wait_for_workers(url, workers))
-        rate = asyncio.run(_naps(url, total=args.naps, in_flight=400, seconds=0.05))
+        rate = run_loop(_naps(url, total=args.naps, in_flight=400, seconds=0.05))
     asyncio.run(_forget(url))
     return {"system": "Pincer nap 50 ms", "workers": workers, "calls_per_s": rate}
 
@@ -198,6 +199,8 @@ def main() -> None:
     parser.add_argument("--total", type=int, default=6400)
     parser.add_argument("--naps", type=int, default=2000)
     parser.add_argument("--no-write", action="store_true", help="print, do not touch bench/RESULTS.md")
+    parser.add_argument("--only", nargs="+", choices=["floor", "pincer", "celery", "naps"],
+                        default=["floor", "pincer", "celery", "naps"], help="measure only these (implies --no-write)")
     args = parser.parse_args()
     rows: list[Row] = []
     naps: list[Row] = []
@@ -205,16 +208,19 @@ def main() -> None:
         redis = EmbeddedRedis(Path(tmp))
         url = redis.start()
         try:
-            for workers in (1, 2):
-                rows.append(run_floor(url, workers, args))
-            for workers in (1, 2):
-                rows.append(run_pincer(url, tmp, workers, args))
-            for workers in (1, 2):
-                rows.append(run_celery(url, workers, args))
-            for workers in (1, 2, 4):
-                naps.append(run_naps(url, tmp, workers, args))
+            runs = {"floor": run_floor, "pincer": lambda url, workers, args: run_pincer(url, tmp, workers, args),
+                    "celery": run_celery}
+            for name, run in runs.items():
+                if name in args.only:
+                    rows += [run(url, workers, args) for workers in (1, 2)]
+            if "naps" in args.only:
+                naps += [run_naps(url, tmp, workers, args) for workers in (1, 2, 4)]
         finally:
             redis.stop()
+    if len(args.only) < 4:
+        for row in rows + naps:
+            print(row)
+        return
     section = write(rows, naps, ROOT / "bench" / "results.png")
     print(section)
     if not args.no_write:

@@ -14,14 +14,17 @@ import statistics
 import sys
 import time
 import uuid
+from pathlib import Path
 
-from redis.asyncio import Redis
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bus.redis_client import connect  # noqa: E402  (the same client as Pincer's: hiredis packing)
 
 GROUP = "floor"
 
 
 async def worker(url: str, stream: str) -> None:
-    redis = Redis.from_url(url)
+    redis = connect(url)
     try:
         await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
     except Exception:  # BUSYGROUP: another worker made it
@@ -43,7 +46,7 @@ class FloorClient:
     """Sends requests (all XADDs of one loop tick in one pipeline) and routes replies by id."""
 
     def __init__(self, url: str, stream: str) -> None:
-        self.redis, self.stream = Redis.from_url(url), stream
+        self.redis, self.stream = connect(url), stream
         self.reply_to = f"floor:reply:{uuid.uuid4().hex[:8]}"
         self.waiting: dict[bytes, asyncio.Future[None]] = {}
         self.pending: list[bytes] = []
@@ -114,4 +117,6 @@ async def measure(url: str, stream: str, *, sequential: int, total: int, in_flig
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:
-        asyncio.run(worker(sys.argv[2], sys.argv[3]))
+        import uvloop  # as every Pincer process runs
+
+        uvloop.run(worker(sys.argv[2], sys.argv[3]))

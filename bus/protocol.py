@@ -8,8 +8,8 @@ does not decode raises ``MalformedMessage`` with a reason a person can act on.
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Union
 
@@ -54,7 +54,8 @@ def now_ms() -> int:
 
 
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """128 random bits as 32 hex digits (a uuid4's strength, without building a UUID)."""
+    return os.urandom(16).hex()
 
 
 class _Message(BaseModel):

@@ -28,6 +28,7 @@ from bus.config import RedisSettings
 from bus.keys import Keys
 from bus.log import kv
 from bus.protocol import MalformedMessage, Message, decode, encode
+from bus.redis_client import connect
 
 log = logging.getLogger("bus")
 
@@ -41,11 +42,6 @@ Handler = Callable[[Message, str], Awaitable[Sequence[Reply]]]
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
-
-
-def connect(url: str) -> Redis:
-    """A Redis client for the bus; bytes in, bytes out."""
-    return Redis.from_url(url, decode_responses=False, health_check_interval=30)
 
 
 @dataclass

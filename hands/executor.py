@@ -49,6 +49,7 @@ log = logging.getLogger("hands.executor")
 
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 120.0
 PROGRESS_CATEGORIES = frozenset({Category.NETWORK, Category.CODE})
+NO_SLOT = contextlib.nullcontext()  # no pool-wide limit configured
 
 ProgressSink = Callable[[str, ToolProgress], Awaitable[Any]]
 """Sends a ``tool:progress`` to a stream (the call's ``reply_to``)."""
@@ -81,6 +82,7 @@ class Executor:
         self.memory, self.sandbox, self.jobs, self.progress = memory, sandbox, jobs, progress
         self.approvals = approvals
         self.pool = pool  # hands.pool_limits.PoolLimits: limits across every worker, when configured
+        self._admitted: set[tuple[str, str, str]] = set()
 
     async def execute(self, call: ToolExecute) -> ToolResult:
         state = _CallState(ctx=self._context(call), started=time.monotonic())
@@ -90,11 +92,13 @@ class Executor:
                 raise ToolFailure(ErrorCode.TIMEOUT,
                                   "the call's deadline passed before a worker could start it; it was not run")
             tool = self.registry.get(call.tool)
-            self._check_tool_policy(tool, call)
+            self._admit(tool, call)
             self.registry.validate(tool.name, call.args)
-            self._check_permissions(tool)
             check_memory(self.settings.memory_watermark)
-            async with self._reporting(tool, call, started):
+            if tool.category in PROGRESS_CATEGORIES:
+                async with self._reporting(tool, call, started):
+                    data = await self._with_retries(tool, call, state)
+            else:
                 data = await self._with_retries(tool, call, state)
             data, failures = _unbatch(tool, data)
             shaped, truncated = shape(data, self.settings.max_result_bytes)
@@ -123,6 +127,18 @@ class Executor:
         log.info("call not run %s", kv(call=call.call_id, session=call.session_id, tool=call.tool,
                                         code=failure.code))
         return self._result(call, state, error=failure.to_error())
+
+    def _admit(self, tool: ToolDefinition, call: ToolExecute) -> None:
+        """The tool policy and the permission policy; both depend only on settings fixed for the
+        worker's life, so an admitted (tool, agent, sender) is not checked again."""
+        key = (tool.name, call.agent_id, call.sender)
+        if key in self._admitted:
+            return
+        self._check_tool_policy(tool, call)
+        self._check_permissions(tool)
+        if len(self._admitted) >= 10_000:
+            self._admitted.clear()
+        self._admitted.add(key)
 
     def _check_tool_policy(self, tool: ToolDefinition, call: ToolExecute) -> None:
         decision = self.tool_policy.decide(tool, agent=call.agent_id, sender=call.sender)
@@ -174,13 +190,15 @@ class Executor:
             ) from None
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    def _pool_slot(self, gates: list[str]) -> Any:
-        return self.pool.slot(gates) if self.pool is not None else contextlib.nullcontext()
+    def _pool_slot(self, gates: tuple[tuple[str, int], ...], tool: ToolDefinition) -> Any:
+        if self.pool is None or not self.pool.limits:
+            return NO_SLOT
+        return self.pool.slot(list(dict.fromkeys([gate for gate, _ in gates] + [f"tool:{tool.name}"])))
 
     async def _attempt(self, tool: ToolDefinition, call: ToolExecute, ctx: ToolContext) -> Any:
         gates = self.limiter.gates(tool.category.value, tool.name, tool.max_concurrency)
         async with self.limiter.slot(tool.category.value, tool.name, tool.max_concurrency), \
-                self._pool_slot(list(dict.fromkeys([gate for gate, _ in gates] + [f"tool:{tool.name}"]))):
+                self._pool_slot(gates, tool):
             timeout = self._timeout(tool, call)
             try:
                 async with asyncio.timeout(timeout):
@@ -210,10 +228,6 @@ class Executor:
     @contextlib.asynccontextmanager
     async def _reporting(self, tool: ToolDefinition, call: ToolExecute, started: float) -> AsyncIterator[None]:
         """For network and code tools: ``started`` at once, then ``running`` every interval."""
-        if tool.category not in PROGRESS_CATEGORIES:
-            yield
-            return
-
         async def report(status: str) -> None:
             elapsed = int((time.monotonic() - started) * 1000)
             await self.progress(call.reply_to, ToolProgress(
@@ -235,13 +249,14 @@ class Executor:
 
     def _result(self, call: ToolExecute, state: _CallState, *, data: Any = None, error: ToolError | None = None,
                 truncated: bool = False, partial_failure: list[dict[str, Any]] | None = None) -> ToolResult:
-        metadata = ResultMetadata(
+        # Built from values this worker made, with their types: constructed, not validated again.
+        metadata = ResultMetadata.model_construct(
             tool_name=call.tool, duration_ms=int((time.monotonic() - state.started) * 1000),
             truncated=truncated, worker_id=self.worker_id, attempts=max(state.attempts, 1),
             sandbox=state.ctx.notes.get("sandbox"),
         )
-        return ToolResult(call_id=call.call_id, success=error is None, data=data, error=error,
-                          partial_failure=partial_failure, metadata=metadata)
+        return ToolResult.model_construct(call_id=call.call_id, success=error is None, data=data, error=error,
+                                          partial_failure=partial_failure, metadata=metadata)
 
 
 async def _run(tool: ToolDefinition, args: dict[str, Any], ctx: ToolContext) -> Any:

@@ -12,10 +12,8 @@ released in reverse order on every path, cancellation included.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +33,7 @@ class Limiter:
         self.concurrency, self.queue = concurrency, queue
         self._in_use: Counter[str] = Counter()
         self._waiters: list[_Waiter] = []
+        self._gates: dict[tuple[str, str, int | None], tuple[tuple[str, int], ...]] = {}
 
     @property
     def waiting(self) -> int:
@@ -42,23 +41,21 @@ class Limiter:
 
     def gates(self, category: str, tool: str, tool_limit: int | None) -> tuple[tuple[str, int], ...]:
         """The (gate, capacity) pairs a call passes, widest first."""
+        key = (category, tool, tool_limit)
+        if key not in self._gates:  # settings are fixed for the worker's life
+            self._gates[key] = self._make_gates(category, tool, tool_limit)
+        return self._gates[key]
+
+    def _make_gates(self, category: str, tool: str, tool_limit: int | None) -> tuple[tuple[str, int], ...]:
         short = category.split("_")[0]  # file_operation -> file
         gates = [("global", self.concurrency.global_), (f"category:{short}", getattr(self.concurrency, short))]
         if tool_limit is not None:
             gates.append((f"tool:{tool}", tool_limit))
         return tuple(gates)
 
-    @contextlib.asynccontextmanager
-    async def slot(self, category: str, tool: str, tool_limit: int | None) -> AsyncIterator[None]:
-        gates = self.gates(category, tool, tool_limit)
-        if self._free(gates):
-            self._take(gates)
-        else:
-            await self._wait(gates)
-        try:
-            yield
-        finally:
-            self._release(gates)
+    def slot(self, category: str, tool: str, tool_limit: int | None) -> _Slot:
+        """``async with limiter.slot(...)``: hold a slot at every gate the call passes."""
+        return _Slot(self, self.gates(category, tool, tool_limit))
 
     async def _wait(self, gates: tuple[tuple[str, int], ...]) -> None:
         if len(self._waiters) >= self.queue.depth:
@@ -100,6 +97,24 @@ class Limiter:
                 self._waiters.remove(waiter)
                 self._take(waiter.gates)
                 waiter.admitted.set_result(None)
+
+
+class _Slot:
+    """A held slot; a plain class rather than a generator context manager (every call passes here)."""
+
+    __slots__ = ("limiter", "gates")
+
+    def __init__(self, limiter: Limiter, gates: tuple[tuple[str, int], ...]) -> None:
+        self.limiter, self.gates = limiter, gates
+
+    async def __aenter__(self) -> None:
+        if self.limiter._free(self.gates):  # noqa: SLF001 - the slot is part of the limiter
+            self.limiter._take(self.gates)  # noqa: SLF001
+        else:
+            await self.limiter._wait(self.gates)  # noqa: SLF001
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.limiter._release(self.gates)  # noqa: SLF001
 
 
 def memory_used_share(meminfo: Path = Path("/proc/meminfo")) -> float:

@@ -1,0 +1,106 @@
+"""What one tool call costs, process by process: CPU µs, Redis commands and bytes per call.
+
+Runs the floor (bench/floor.py) and Pincer's Hands path (no-op skill) with one
+worker and 64 calls in flight on a private Redis, and reads each process's CPU
+time (/proc) and Redis' command counters around the measured calls. Throughput
+on a small machine is CPU per call summed over the client, the worker and
+redis-server, so this says where a change helps. Run: .venv/bin/python bench/cost_per_call.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from redis import Redis  # noqa: E402
+
+from bench import floor  # noqa: E402
+from bench.bus_roundtrip import bench_env, measure, wait_for_workers  # noqa: E402
+from bus.redis_server import EmbeddedRedis  # noqa: E402
+from bus.service import run_loop  # noqa: E402
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def counters(url: str) -> dict[str, float]:
+    with Redis.from_url(url) as redis:
+        stats = {name.removeprefix("cmdstat_"): float(v["calls"]) for name, v in redis.info("commandstats").items()}
+        net = redis.info("stats")
+        return {**stats, "bytes in": net["total_net_input_bytes"], "bytes out": net["total_net_output_bytes"],
+                "server pid": redis.info("server")["process_id"]}
+
+
+def cost(url: str, worker_pid: int, run: Callable[[int], Any], calls: int) -> dict[str, float]:
+    run(200)  # warm up
+    before, server = counters(url), None
+    server = int(before.pop("server pid"))
+    pids = {"worker": worker_pid, "client": os.getpid(), "redis-server": server}
+    cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
+    started = time.perf_counter()
+    run(calls)
+    elapsed = time.perf_counter() - started
+    after = counters(url)
+    after.pop("server pid")
+    row = {f"cpu µs {name}": (cpu_s(pid) - cpu_before[name]) / calls * 1e6 for name, pid in pids.items()}
+    row |= {k: (after[k] - before.get(k, 0)) / calls for k in after if after[k] != before.get(k, 0)}
+    return {"calls/s": calls / elapsed, **row}
+
+
+def floor_run(url: str) -> Callable[[int], Any]:
+    return lambda n: run_loop(floor.measure(url, "floor:cost", sequential=1, total=n, in_flight=64))
+
+
+def pincer_run(url: str) -> Callable[[int], Any]:
+    return lambda n: run_loop(measure(url, sequential=1, total=n, in_flight=64))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        redis = EmbeddedRedis(Path(tmp))
+        url = redis.start()
+        floor_worker = subprocess.Popen([sys.executable, str(ROOT / "bench" / "floor.py"), "worker", url, "floor:cost"],
+                                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pincer_worker = subprocess.Popen([sys.executable, "-m", "gateway", "hands"], env=bench_env(url, tmp), cwd=ROOT,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            run_loop(wait_for_workers(url, 1))
+            systems = {"floor": (floor_worker.pid, floor_run(url)), "pincer": (pincer_worker.pid, pincer_run(url))}
+            rows: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
+            for _ in range(args.repeat):  # interleaved: the VM's speed drifts, both see the same drift
+                for name, (pid, runner) in systems.items():
+                    rows[name].append(cost(url, pid, runner, args.calls))
+        finally:
+            for proc in (floor_worker, pincer_worker):
+                proc.terminate()
+                proc.wait()
+            redis.stop()
+    print(f"median of {args.repeat} interleaved runs of {args.calls:,} calls, 64 in flight, 1 worker")
+    keys = [k for k in rows["pincer"][0] if k.startswith(("cpu", "calls")) or
+            max(statistics.median(r.get(k, 0.0) for r in rows[name]) for name in rows) >= 0.01]
+    print(f"  {'':22} {'floor':>10} {'pincer':>10} {'ratio':>8}")
+    for key in keys:
+        floor_value, pincer_value = (statistics.median(r.get(key, 0.0) for r in rows[name]) for name in rows)
+        ratio = pincer_value / floor_value if floor_value else float("nan")
+        print(f"  {key:22} {floor_value:10.2f} {pincer_value:10.2f} {ratio:7.2f}×")
+
+
+if __name__ == "__main__":
+    main()
