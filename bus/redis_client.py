@@ -29,8 +29,12 @@ class HiredisPacking:
         elif b" " in head:
             args = (*head.split(), *args[1:])
         try:
+            return [_hiredis_pack(args)]
+        except TypeError:
+            pass
+        try:  # buffers as bytes; anything else (None, a dict) is the caller's mistake
             return [_hiredis_pack(tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a for a in args))]
-        except TypeError as exc:  # None, bool, ...: the same error redis-py's packer raises
+        except TypeError as exc:  # the same error redis-py's own packer raises
             raise DataError(str(exc)) from None
 
 

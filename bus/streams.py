@@ -50,6 +50,7 @@ class Bus:
     keys: Keys
     settings: RedisSettings
     batcher: Batcher = field(init=False)
+    _maxlens: dict[str, int | None] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.batcher = Batcher(self.redis)
@@ -85,6 +86,13 @@ class Bus:
 
     def _maxlen(self, stream: str) -> int | None:
         """None for request streams: they are trimmed by MINID below what is still needed (bus/reaper.py)."""
+        if stream not in self._maxlens:
+            if len(self._maxlens) > 10_000:  # reply streams come and go with instances
+                self._maxlens.clear()
+            self._maxlens[stream] = self._cap(stream)
+        return self._maxlens[stream]
+
+    def _cap(self, stream: str) -> int | None:
         if stream == self.keys.dead:
             return self.settings.dead_maxlen
         if stream in (self.keys.hands_requests, self.keys.brain_inbox) or \

@@ -27,6 +27,8 @@ def shape(data: Any, limit: int) -> tuple[Any, bool]:
     The biggest text field of a result is cut first, so its structure survives;
     anything else that is too big becomes its own cut JSON text.
     """
+    if isinstance(data, str) and len(data) * 6 + 2 <= limit:
+        return data, False  # fits however it is escaped (6 bytes a character at most); no need to measure
     if size_of(data) <= limit:
         return data, False
     if isinstance(data, dict):
