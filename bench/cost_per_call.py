@@ -1,7 +1,9 @@
 """What one tool call costs, process by process: CPU µs, Redis commands and bytes per call.
 
-Runs the floor (bench/floor.py) and Pincer's Hands path (no-op skill) with one
-worker and 64 calls in flight on a private Redis, and reads each process's CPU
+Runs the floor (bench/floor.py), Pincer's transport alone (bench/echo_worker.py:
+the same consumer, models and batcher, no Hands lifecycle) and Pincer's Hands
+path (no-op skill), each with one worker and 64 calls in flight on a private
+Redis, interleaved, and reads each process's CPU
 time (/proc) and Redis' command counters around the measured calls. Throughput
 on a small machine is CPU per call summed over the client, the worker and
 redis-server, so this says where a change helps. Run: .venv/bin/python bench/cost_per_call.py
@@ -78,28 +80,40 @@ def main() -> None:
         url = redis.start()
         floor_worker = subprocess.Popen([sys.executable, str(ROOT / "bench" / "floor.py"), "worker", url, "floor:cost"],
                                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        pincer_worker = subprocess.Popen([sys.executable, "-m", "gateway", "hands"], env=bench_env(url, tmp), cwd=ROOT,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        echo_worker = subprocess.Popen([sys.executable, str(ROOT / "bench" / "echo_worker.py"), url], cwd=ROOT,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pincer_worker = None
         try:
+            time.sleep(1.0)
+            systems = {"floor": (floor_worker.pid, floor_run(url)), "transport": (echo_worker.pid, pincer_run(url))}
+            rows: dict[str, list[dict[str, float]]] = {name: [] for name in [*systems, "pincer"]}
+            for _ in range(args.repeat):  # interleaved with the floor: the VM's speed drifts
+                rows["floor"].append(cost(url, floor_worker.pid, floor_run(url), args.calls))
+                rows["transport"].append(cost(url, echo_worker.pid, pincer_run(url), args.calls))
+            echo_worker.terminate()  # it reads the same stream as the Hands worker: one at a time
+            echo_worker.wait()
+            pincer_worker = subprocess.Popen([sys.executable, "-m", "gateway", "hands"], env=bench_env(url, tmp),
+                                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             run_loop(wait_for_workers(url, 1))
             systems = {"floor": (floor_worker.pid, floor_run(url)), "pincer": (pincer_worker.pid, pincer_run(url))}
-            rows: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
             for _ in range(args.repeat):  # interleaved: the VM's speed drifts, both see the same drift
                 for name, (pid, runner) in systems.items():
                     rows[name].append(cost(url, pid, runner, args.calls))
         finally:
-            for proc in (floor_worker, pincer_worker):
-                proc.terminate()
-                proc.wait()
+            for proc in (floor_worker, echo_worker, pincer_worker):
+                if proc is not None and proc.poll() is None:
+                    proc.terminate()
+                    proc.wait()
             redis.stop()
-    print(f"median of {args.repeat} interleaved runs of {args.calls:,} calls, 64 in flight, 1 worker")
+    print(f"median of {args.repeat} runs of {args.calls:,} calls (the floor's: of {2 * args.repeat}, interleaved "
+          "with the others), 64 in flight, 1 worker")
     keys = [k for k in rows["pincer"][0] if k.startswith(("cpu", "calls")) or
             max(statistics.median(r.get(k, 0.0) for r in rows[name]) for name in rows) >= 0.01]
-    print(f"  {'':22} {'floor':>10} {'pincer':>10} {'ratio':>8}")
+    print(f"  {'':20} {'floor':>9} {'transport':>9} {'pincer':>9} {'t/floor':>8} {'p/floor':>8}")
     for key in keys:
-        floor_value, pincer_value = (statistics.median(r.get(key, 0.0) for r in rows[name]) for name in rows)
-        ratio = pincer_value / floor_value if floor_value else float("nan")
-        print(f"  {key:22} {floor_value:10.2f} {pincer_value:10.2f} {ratio:7.2f}×")
+        floor_value, transport, pincer = (statistics.median(r.get(key, 0.0) for r in rows[name]) for name in rows)
+        ratios = [f"{v / floor_value:7.2f}×" if floor_value else "      -" for v in (transport, pincer)]
+        print(f"  {key:20} {floor_value:9.2f} {transport:9.2f} {pincer:9.2f} {ratios[0]} {ratios[1]}")
 
 
 if __name__ == "__main__":

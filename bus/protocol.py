@@ -309,7 +309,8 @@ def encode(message: _Message, *, message_id: str | None = None) -> dict[bytes, b
         b"id": (message_id or new_id()).encode(),
         b"data": msgpack.packb(data, use_bin_type=True),
     }
-    reply_to = getattr(message, "reply_to", None)
+    # A model's fields live in its __dict__; getattr on a model without the field is ~5 µs (pydantic raises).
+    reply_to = message.__dict__.get("reply_to")
     if reply_to:
         fields[b"reply_to"] = reply_to.encode()
     return fields
