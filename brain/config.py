@@ -47,6 +47,8 @@ class BrainSettings(Section):
     llm_timeout_s: float = Field(default=120.0, gt=0)
     llm_retries: int = Field(default=2, ge=0, le=10)
     max_turns: int = Field(default=16, ge=1, le=1000)
+    # Messages a Brain holds, besides its turns, while they wait for their session's earlier turn.
+    max_waiting: int = Field(default=64, ge=0, le=10_000)
     # What the model reads: its window (None: litellm's figure for the model, else 32k tokens)
     # and the most one tool result may take of it (head and tail kept, the middle cut).
     context_window_tokens: int | None = Field(default=None, ge=1000)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,12 +70,14 @@ class SessionOrder:
         self._release = redis.register_script(RELEASE)
 
     @contextlib.asynccontextmanager
-    async def turn(self, message: ChatMessage) -> AsyncIterator[Lease]:
-        """Hold the session for this message's turn (waiting for its earlier messages first)."""
+    async def turn(self, message: ChatMessage, *,
+                   on_wait: Callable[[], object] = lambda: None) -> AsyncIterator[Lease]:
+        """Hold the session for this message's turn (waiting for its earlier messages first;
+        ``on_wait`` is called once if it has to wait)."""
         owner = f"{self.instance_id}:{message.message_id}"
         sid, seq = message.session_id, message.seq or 0
         keys = [self.keys.session_done(sid), self.keys.session_lease(sid)]
-        await self._wait_for_turn(message, owner, keys, seq)
+        await self._wait_for_turn(message, owner, keys, seq, on_wait)
         stop, lease = asyncio.Event(), Lease(sid)
         renewing = asyncio.create_task(self._keep(lease, owner, stop))
         try:
@@ -84,12 +86,16 @@ class SessionOrder:
             await finish(renewing, stop, grace_s=5)
             await self._release(keys=keys, args=[owner, seq])
 
-    async def _wait_for_turn(self, message: ChatMessage, owner: str, keys: list[str], seq: int) -> None:
-        started, delay, warned = time.monotonic(), 0.005, False
+    async def _wait_for_turn(self, message: ChatMessage, owner: str, keys: list[str], seq: int,
+                             on_wait: Callable[[], object]) -> None:
+        started, delay, warned, waiting = time.monotonic(), 0.005, False, False
         while True:
             got = await self._acquire(keys=keys, args=[seq, owner, self.lease_ms])
             if got == 1:
                 return
+            if not waiting:
+                waiting = True
+                on_wait()
             waited = time.monotonic() - started
             if got == -1 and waited > self.wait_s:
                 # The earlier message never finished (lost before it reached a Brain?): go on, still one at a time.

@@ -55,8 +55,11 @@ class BrainWorker:
         self.control = BroadcastReader(bus, bus.keys.brain_control, self._on_control)
         self._running: dict[str, asyncio.Task[Any]] = {}  # session id -> the task running its turn
         self._cancels: dict[str, str] = {}  # session id -> who cancelled its running turn
+        # A message waiting for its session's earlier turn gives its turn slot away meanwhile (up to
+        # max_waiting of them), so one busy session cannot keep other sessions' messages unread.
         self.consumer = GroupConsumer(bus, streams=[bus.keys.brain_inbox], group=BRAIN_GROUP,
-                                      consumer=instance_id, handler=self.handle, concurrency=settings.max_turns)
+                                      consumer=instance_id, handler=self.handle, concurrency=settings.max_turns,
+                                      aside=settings.max_waiting)
         # A turn whose Brain died is taken over (and resumed from its transcript) by another Brain.
         self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
 
@@ -67,7 +70,8 @@ class BrainWorker:
         if not isinstance(message, ChatMessage):
             log.warning("ignored %s: not supported by this Brain yet", message.type)
             return []
-        async with self._sessions.turn(message) as lease:
+        async with self._sessions.turn(message, on_wait=self.consumer.set_aside) as lease:
+            await self.consumer.take_back()  # a turn slot again, if it gave its own away while waiting
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
             agent = self.settings.for_agent(message.agent_id)
             if agent is None:

@@ -37,6 +37,8 @@ Reply = tuple[str, Message]
 # How many times the entry being handled has been delivered (2+ means another
 # consumer, or an earlier life of this one, took it and never acknowledged it).
 delivery: ContextVar[int] = ContextVar("delivery", default=1)
+# Whether the entry being handled has given its slot away while it waits (GroupConsumer.set_aside).
+_aside: ContextVar[bool] = ContextVar("aside", default=False)
 Handler = Callable[[Message, str], Awaitable[Sequence[Reply]]]
 """Handles one message (with the stream it came from); returns (stream, message) replies."""
 
@@ -119,9 +121,11 @@ class GroupConsumer:
         concurrency: int = 10,
         batch: int = 16,
         block_ms: int = 1000,
+        aside: int = 0,
     ) -> None:
         self.bus, self.streams, self.group, self.consumer = bus, list(streams), group, consumer
         self.handler = handler
+        self.aside_limit, self._aside_count = aside, 0
         # Entries per read. 16 beat 32 for Hands in bench/cost_per_call.py (0.37-0.39x the floor's
         # calls/s against 0.32-0.33x, 64 in flight): smaller batches keep the client and the worker
         # busy at the same time instead of taking turns; 8 costs more per call again.
@@ -188,6 +192,25 @@ class GroupConsumer:
                     handed += len(ids)
         return handed
 
+    def set_aside(self) -> bool:
+        """Called by a handler about to wait for something other than its own work (its session's
+        earlier turn): its slot goes to the next entry meanwhile, for up to ``aside`` entries at
+        once. Returns whether it did; the handler calls ``take_back`` before it does its work."""
+        if _aside.get() or self._aside_count >= self.aside_limit:
+            return False
+        self._aside_count += 1
+        _aside.set(True)
+        self._slots.release()
+        return True
+
+    async def take_back(self) -> None:
+        """Wait for a slot again after ``set_aside`` (nothing to do if the handler kept its slot)."""
+        if not _aside.get():
+            return
+        await self._slots.acquire()
+        self._aside_count -= 1
+        _aside.set(False)
+
     async def _read_once(self, cursor: dict[str, str], stop: asyncio.Event) -> dict[str, str]:
         await self._slots.acquire()  # read only when there is room to run what we read
         free = 1 + _available(self._slots)
@@ -245,7 +268,10 @@ class GroupConsumer:
             await self._reply_and_ack(stream, entry_id, replies)
         finally:
             self.holding.get(stream, set()).discard(entry_id)
-            self._slots.release()
+            if _aside.get():  # its slot was given away and never taken back
+                self._aside_count -= 1
+            else:
+                self._slots.release()
 
     async def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply]) -> None:
         def build(pipe: Pipeline) -> None:

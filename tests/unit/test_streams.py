@@ -182,3 +182,35 @@ async def test_streams_are_capped(fake_bus: Bus) -> None:
     for n in range(400):
         await fake_bus.publish(stream, ChatCancel(session_id=str(n)))
     assert await fake_bus.redis.xlen(stream) <= 200  # MAXLEN ~ 100: trimmed in whole nodes, never unbounded
+
+
+async def test_entries_set_aside_free_their_slot_up_to_the_limit_and_always_return_it(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    for n in range(4):
+        await fake_bus.publish(stream, _execute(n))
+    gate, started, aside = asyncio.Event(), [], []
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=None, concurrency=1,
+                             aside=2, block_ms=50)
+
+    async def handler(message, _stream):
+        started.append(message.call_id)
+        aside.append(consumer.set_aside())  # as if it had to wait for something else
+        await gate.wait()
+        if message.call_id == "c1":
+            raise RuntimeError("fails while set aside")  # its slot must still come back
+        await consumer.take_back()
+        return []
+
+    consumer.handler = handler
+    stop, task = await _run(consumer)
+    # One slot, two set asides: three entries start; the third keeps its slot, so the fourth waits.
+    await async_wait_until(lambda: len(started) == 3, what="three entries started")
+    await asyncio.sleep(0.2)
+    assert started == ["c0", "c1", "c2"] and aside == [True, True, False]
+    gate.set()
+    await async_wait_until(lambda: len(started) == 4 and consumer.in_flight == 0, what="all handled")
+    stop.set()
+    await task
+    assert consumer._aside_count == 0 and consumer._slots._value == 1  # noqa: SLF001 - no slot lost or gained
+    assert [f[b"dead:reason"] for _, f in await fake_bus.redis.xrange(fake_bus.keys.dead)] == [
+        b"handler crashed: RuntimeError: fails while set aside"]
