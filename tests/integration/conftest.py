@@ -1,4 +1,5 @@
-"""Fixtures for integration tests: in-process Hands workers on the real Redis, and a tool caller."""
+"""Fixtures for integration tests: in-process Hands workers on the real Redis, a tool caller, and a Brain
+with a fake LLM (``pool``) chatted with through its inbox (``chat``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from brain.config import BrainSettings
+from brain.worker import BrainWorker
 from bus.presence import alive
-from bus.protocol import ToolExecute, ToolResult, now_ms
+from bus.protocol import ChatError, ChatMessage, ChatReply, Message, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from hands.config import HandsSettings
@@ -106,3 +109,52 @@ def gated(name: str, gate: asyncio.Event, *, category: Category = Category.SKILL
                           category=category, max_concurrency=limit, retry=RetryPolicy(retries=0))
 
 
+@pytest.fixture
+async def pool(bus: Bus, tmp_path: Path):
+    """Start a Brain (with the given fake LLM and settings) and optionally a Hands worker."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "a.txt").write_text("alpha")
+    tasks: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+
+    async def start(llm, *, hands: bool = True, tools: list[ToolDefinition] = (),
+                    **settings: Any) -> dict[str, asyncio.Event]:
+        defaults = {"tools_list_timeout_s": 1.0, "tool_deadline_s": 2.0}
+        brain = BrainWorker(bus, BrainSettings(**{**defaults, **settings}), instance_id="brain-t", llm=llm,
+                            heartbeat_s=0.5)
+        workers = [brain]
+        if hands:
+            hands_worker = HandsWorker(bus, HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS],
+                                                          progress_interval_s=0.1),
+                                       worker_id="hands-t", heartbeat_s=0.5)
+            for tool in tools:
+                hands_worker.registry.register(tool)
+            workers.append(hands_worker)
+        stops = {}
+        for worker in workers:
+            stop = stops[type(worker).__name__] = asyncio.Event()
+            tasks.append((stop, asyncio.create_task(worker.run(stop))))
+        return stops
+
+    yield start
+    for stop, _ in tasks:
+        stop.set()
+    await asyncio.gather(*(task for _, task in tasks))
+
+
+@pytest.fixture
+async def chat(bus: Bus):
+    inbox = ReplyInbox(bus, "gateway-t", block_ms=100)
+    await inbox.start()
+
+    async def send(text: str, session_id: str = "s1", agent_id: str = "main", **fields: Any) -> list[Message]:
+        message = ChatMessage(session_id=session_id, text=text, reply_to=inbox.stream, agent_id=agent_id, **fields)
+        events: list[Message] = []
+        async with inbox.expect(message.message_id) as queue:
+            await bus.publish(bus.keys.brain_inbox, message)
+            async with asyncio.timeout(20):
+                while not isinstance(event := await queue.get(), (ChatReply, ChatError)):
+                    events.append(event)
+        return [*events, event]
+
+    yield send
+    await inbox.close()

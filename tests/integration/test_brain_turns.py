@@ -5,15 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from brain.config import BrainSettings
-from brain.llm import Completion, LLMError, ToolCall
-from brain.worker import BrainWorker
+from brain.llm import Completion, LLMError
 from bus.presence import alive
 from bus.protocol import (
     ChatError,
@@ -21,92 +15,14 @@ from bus.protocol import (
     ChatReply,
     ChatTool,
     ErrorCode,
-    Message,
-    ToolSpec,
 )
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from hands.config import HandsSettings
 from hands.registry import Category, ToolDefinition
-from hands.worker import HandsWorker
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore, TranscriptEntry
-from tests.conftest import SHIPPED_SKILLS, TOOL_NAMES, async_wait_until
-
-
-class FakeLLM:
-    """Answers with whatever ``script(messages)`` returns; keeps every conversation it saw."""
-
-    def __init__(self, script: Callable[[list[dict[str, Any]]], Completion]) -> None:
-        self.script, self.seen = script, []
-
-    async def complete(self, messages, tools: list[ToolSpec], on_text) -> Completion:
-        self.seen.append([dict(m) for m in messages])
-        done = self.script(messages)
-        if done.text:
-            await on_text(done.text)
-        return done
-
-
-def call(name: str, args: Any, n: int = 0) -> ToolCall:
-    return ToolCall(id=f"call_{n}", name=name, arguments=args if isinstance(args, str) else json.dumps(args))
-
-
-def read_then_answer(messages):
-    if messages[-1]["role"] == "tool":
-        return Completion(text=f"file says {messages[-1]['content']}", model="fake")
-    return Completion(tool_calls=[call("read_file", {"path": "a.txt"})], model="fake")
-
-
-@pytest.fixture
-async def pool(bus: Bus, tmp_path: Path):
-    """Start a Brain (with the given fake LLM and settings) and optionally a Hands worker."""
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "ws" / "a.txt").write_text("alpha")
-    tasks: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
-
-    async def start(llm, *, hands: bool = True, tools: list[ToolDefinition] = (),
-                    **settings: Any) -> dict[str, asyncio.Event]:
-        defaults = {"tools_list_timeout_s": 1.0, "tool_deadline_s": 2.0}
-        brain = BrainWorker(bus, BrainSettings(**{**defaults, **settings}), instance_id="brain-t", llm=llm,
-                            heartbeat_s=0.5)
-        workers = [brain]
-        if hands:
-            hands_worker = HandsWorker(bus, HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS],
-                                                          progress_interval_s=0.1),
-                                       worker_id="hands-t", heartbeat_s=0.5)
-            for tool in tools:
-                hands_worker.registry.register(tool)
-            workers.append(hands_worker)
-        stops = {}
-        for worker in workers:
-            stop = stops[type(worker).__name__] = asyncio.Event()
-            tasks.append((stop, asyncio.create_task(worker.run(stop))))
-        return stops
-
-    yield start
-    for stop, _ in tasks:
-        stop.set()
-    await asyncio.gather(*(task for _, task in tasks))
-
-
-@pytest.fixture
-async def chat(bus: Bus):
-    inbox = ReplyInbox(bus, "gateway-t", block_ms=100)
-    await inbox.start()
-
-    async def send(text: str, session_id: str = "s1", agent_id: str = "main", **fields: Any) -> list[Message]:
-        message = ChatMessage(session_id=session_id, text=text, reply_to=inbox.stream, agent_id=agent_id, **fields)
-        events: list[Message] = []
-        async with inbox.expect(message.message_id) as queue:
-            await bus.publish(bus.keys.brain_inbox, message)
-            async with asyncio.timeout(20):
-                while not isinstance(event := await queue.get(), (ChatReply, ChatError)):
-                    events.append(event)
-        return [*events, event]
-
-    yield send
-    await inbox.close()
+from tests.conftest import TOOL_NAMES, async_wait_until
+from tests.integration.brain_fakes import FakeLLM, call, read_then_answer
 
 
 async def test_tool_turn_is_answered_and_the_transcript_kept(bus: Bus, pool, chat) -> None:
@@ -140,15 +56,6 @@ async def test_invented_tools_and_bad_json_are_answered_without_hands(bus: Bus, 
     assert reply.text.count("INVALID_ARGUMENTS") == 2
     sent = await bus.redis.xrange(bus.keys.hands_requests)
     assert all(fields[b"type"] == b"tools:list" for _, fields in sent)  # none of them reached Hands
-
-
-async def test_iteration_budget_ends_the_turn_with_a_reason(pool, chat) -> None:
-    llm = FakeLLM(lambda _m: Completion(tool_calls=[call("list_directory", {})]))
-    await pool(llm, max_iterations=3)
-    final = (await chat("loop forever"))[-1]
-    assert isinstance(final, ChatError) and final.code is ErrorCode.BUDGET_EXHAUSTED
-    assert "brain.max_iterations" in final.message and "Done so far: 3 model call(s), 3 tool call(s)" in \
-        final.message and len(llm.seen) == 3
 
 
 async def test_no_hands_worker_ends_with_a_clear_error(pool, chat) -> None:
@@ -264,65 +171,6 @@ async def test_cancel_stops_the_turn_and_its_tool_calls(bus: Bus, pool, chat) ->
     entries = await SessionStore(bus.redis, bus.keys).load("stop-me")
     assert [e.role for e in entries] == ["user", "assistant", "tool", "assistant"]
     assert "CANCELLED" in entries[2].content and entries[3].metadata["stopped"] == "CANCELLED"
-
-
-async def test_tool_call_and_token_budgets(bus: Bus, pool, chat) -> None:
-    def greedy(_messages):
-        return Completion(tool_calls=[call("list_directory", {}, n) for n in range(3)], usage={"total_tokens": 400})
-
-    await pool(FakeLLM(greedy), max_tool_calls=5, max_tokens=1000)
-    final = (await chat("do a lot", session_id="budget"))[-1]
-    assert final.code is ErrorCode.BUDGET_EXHAUSTED and "brain.max_tool_calls = 5" in final.message
-    assert "Done so far: 2 model call(s), 3 tool call(s) (list_directory), 800 tokens" in final.message
-    entries = await SessionStore(bus.redis, bus.keys).load("budget")
-    assert [e.role for e in entries][-4:] == ["tool", "tool", "tool", "assistant"]  # every call closed
-    assert all("CANCELLED" not in e.content or e.metadata.get("cancelled") for e in entries if e.role == "tool")
-
-
-async def test_wall_time_budget_stops_a_slow_tool(pool, chat) -> None:
-    stopped = asyncio.Event()
-
-    async def slow(_args, _ctx):
-        try:
-            await asyncio.sleep(60)
-        finally:
-            stopped.set()
-
-    tool = ToolDefinition(name="slow", description="", parameters={"type": "object"}, handler=slow,
-                          category=Category.SKILL)
-    await pool(FakeLLM(lambda _m: Completion(tool_calls=[call("slow", {})])), tools=[tool], max_turn_s=1.5)
-    final = (await chat("be slow", session_id="wall"))[-1]
-    assert final.code is ErrorCode.BUDGET_EXHAUSTED and "brain.max_turn_s = 1.5s" in final.message
-    await asyncio.wait_for(stopped.wait(), 10)  # the tool call was stopped in Hands too
-
-
-async def test_a_looping_model_is_warned_then_stopped(pool, chat) -> None:
-    llm = FakeLLM(lambda _m: Completion(tool_calls=[call("list_directory", {})]))
-    await pool(llm)
-    final = (await chat("look again", session_id="loop"))[-1]
-    assert final.code is ErrorCode.LOOP_DETECTED and "same arguments 5 times" in final.message
-    warned = [m for m in llm.seen[3] if m["role"] == "tool"][-1]["content"]  # the 4th model call read the warning
-    assert "[Pincer: you have called list_directory with the same arguments 3 times" in warned
-    assert len(llm.seen) == 5
-
-
-async def test_agents_have_their_own_instructions_and_budgets(pool, chat) -> None:
-    from brain.config import AgentSettings
-
-    llm = FakeLLM(lambda m: Completion(tool_calls=[call("list_directory", {})]) if len(m) < 3 else
-                  Completion(text="done"))
-    await pool(llm, agents={"terse": AgentSettings(instructions="Be terse.", max_iterations=1)})
-    main = (await chat("hi", session_id="m"))[-1]
-    assert main.text == "done" and llm.seen[0][0]["content"].startswith("You are Pincer")
-    terse = (await chat_as(chat, "hi", "terse"))[-1]
-    assert terse.code is ErrorCode.BUDGET_EXHAUSTED and "brain.max_iterations" in terse.message
-    assert llm.seen[-1][0]["content"].startswith("Be terse.\n\nSkills you can use")
-    unknown = (await chat_as(chat, "hi", "ghost"))[-1]
-    assert unknown.code is ErrorCode.INVALID_ARGUMENTS and "agents: main, terse" in unknown.message
-
-
-async def chat_as(chat, text: str, agent: str):
-    return await chat(text, session_id=f"agent-{agent}", agent_id=agent)
 
 
 def stamped(name: str, after: tuple[str, ...] = ()) -> ToolDefinition:
