@@ -1,9 +1,10 @@
 """What one tool call costs, process by process: CPU µs, Redis commands and bytes per call.
 
-Runs the floor (bench/floor.py), Pincer's transport alone (bench/echo_worker.py:
-the same consumer, models and batcher, no Hands lifecycle) and Pincer's Hands
-path (no-op skill), each with one worker and 64 calls in flight on a private
-Redis, interleaved, and reads each process's CPU
+Runs the floor (bench/floor.py), an inline echo (bench/echo_worker.py --inline:
+Pincer's models, no task or future per call), Pincer's transport alone
+(bench/echo_worker.py: the same consumer, models and batcher as Hands, no
+lifecycle) and Pincer's Hands path (no-op skill), each with one worker and 64
+calls in flight on a private Redis, interleaved with the floor, and reads each process's CPU
 time (/proc) and Redis' command counters around the measured calls. Throughput
 on a small machine is CPU per call summed over the client, the worker and
 redis-server, so this says where a change helps. Run: .venv/bin/python bench/cost_per_call.py
@@ -75,45 +76,45 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
+    quiet = {"cwd": ROOT, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    echo = [sys.executable, str(ROOT / "bench" / "echo_worker.py")]
+    columns = {"inline echo": [*echo, "{url}", "--inline"], "transport": [*echo, "{url}"],
+               "pincer": [sys.executable, "-m", "gateway", "hands"]}
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in ["floor", *columns]}
     with tempfile.TemporaryDirectory() as tmp:
         redis = EmbeddedRedis(Path(tmp))
         url = redis.start()
-        floor_worker = subprocess.Popen([sys.executable, str(ROOT / "bench" / "floor.py"), "worker", url, "floor:cost"],
-                                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        echo_worker = subprocess.Popen([sys.executable, str(ROOT / "bench" / "echo_worker.py"), url], cwd=ROOT,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        pincer_worker = None
+        floor_worker = subprocess.Popen([sys.executable, str(ROOT / "bench" / "floor.py"), "worker", url,
+                                         "floor:cost"], **quiet)
         try:
             time.sleep(1.0)
-            systems = {"floor": (floor_worker.pid, floor_run(url)), "transport": (echo_worker.pid, pincer_run(url))}
-            rows: dict[str, list[dict[str, float]]] = {name: [] for name in [*systems, "pincer"]}
-            for _ in range(args.repeat):  # interleaved with the floor: the VM's speed drifts
-                rows["floor"].append(cost(url, floor_worker.pid, floor_run(url), args.calls))
-                rows["transport"].append(cost(url, echo_worker.pid, pincer_run(url), args.calls))
-            echo_worker.terminate()  # it reads the same stream as the Hands worker: one at a time
-            echo_worker.wait()
-            pincer_worker = subprocess.Popen([sys.executable, "-m", "gateway", "hands"], env=bench_env(url, tmp),
-                                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            run_loop(wait_for_workers(url, 1))
-            systems = {"floor": (floor_worker.pid, floor_run(url)), "pincer": (pincer_worker.pid, pincer_run(url))}
-            for _ in range(args.repeat):  # interleaved: the VM's speed drifts, both see the same drift
-                for name, (pid, runner) in systems.items():
-                    rows[name].append(cost(url, pid, runner, args.calls))
+            for name, command in columns.items():  # one at a time: they read the same request stream
+                worker = subprocess.Popen([part.format(url=url) for part in command], env=bench_env(url, tmp),
+                                          **quiet)
+                try:
+                    if name == "pincer":
+                        run_loop(wait_for_workers(url, 1))
+                    else:
+                        time.sleep(1.0)
+                    for _ in range(args.repeat):  # interleaved with the floor: the VM's speed drifts
+                        rows["floor"].append(cost(url, floor_worker.pid, floor_run(url), args.calls))
+                        rows[name].append(cost(url, worker.pid, pincer_run(url), args.calls))
+                finally:
+                    worker.terminate()
+                    worker.wait()
         finally:
-            for proc in (floor_worker, echo_worker, pincer_worker):
-                if proc is not None and proc.poll() is None:
-                    proc.terminate()
-                    proc.wait()
+            floor_worker.terminate()
+            floor_worker.wait()
             redis.stop()
-    print(f"median of {args.repeat} runs of {args.calls:,} calls (the floor's: of {2 * args.repeat}, interleaved "
+    print(f"median of {args.repeat} runs of {args.calls:,} calls each (the floor's: of all its runs, interleaved "
           "with the others), 64 in flight, 1 worker")
     keys = [k for k in rows["pincer"][0] if k.startswith(("cpu", "calls")) or
             max(statistics.median(r.get(k, 0.0) for r in rows[name]) for name in rows) >= 0.01]
-    print(f"  {'':20} {'floor':>9} {'transport':>9} {'pincer':>9} {'t/floor':>8} {'p/floor':>8}")
+    print(f"  {'':20}" + "".join(f"{name:>13}" for name in rows) + "  (× floor)")
     for key in keys:
-        floor_value, transport, pincer = (statistics.median(r.get(key, 0.0) for r in rows[name]) for name in rows)
-        ratios = [f"{v / floor_value:7.2f}×" if floor_value else "      -" for v in (transport, pincer)]
-        print(f"  {key:20} {floor_value:9.2f} {transport:9.2f} {pincer:9.2f} {ratios[0]} {ratios[1]}")
+        values = [statistics.median(r.get(key, 0.0) for r in rows[name]) for name in rows]
+        ratios = " ".join(f"{v / values[0]:.2f}×" if values[0] else "-" for v in values[1:])
+        print(f"  {key:20}" + "".join(f"{v:13.2f}" for v in values) + f"  ({ratios})")
 
 
 if __name__ == "__main__":
