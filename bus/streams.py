@@ -139,6 +139,11 @@ class GroupConsumer:
     def in_flight(self) -> int:
         return len(self._tasks)
 
+    @property
+    def waiting(self) -> int:
+        """Entries held without a slot while they wait for something else (``set_aside``)."""
+        return self._aside_count
+
     async def run(self, stop: asyncio.Event) -> None:
         """Read and dispatch until ``stop`` is set, then wait for in-flight work."""
         for stream in self.streams:

@@ -54,11 +54,13 @@ async def show_status(config: Config, *, as_json: bool) -> int:
                         w.get("running", ""), w.get("queued", ""), w.get("capacity", ""), w.get("sandbox", ""),
                         f"{w['last_heartbeat_s']}s ago")
     console.print(workers if found["instances"]["hands"] else "[yellow]no Hands worker alive[/]")
-    others = Table("role", "instance", "host", "pid", "version", "in flight", "heartbeat", title="Brains and Gateways")
+    others = Table("role", "instance", "host", "pid", "version", "in flight", "waiting", "capacity", "heartbeat",
+                   title="Brains and Gateways")
     for role in ("brain", "gateway"):
         for inst in found["instances"][role]:
             others.add_row(role, inst["id"], inst.get("host", ""), inst.get("pid", ""), inst.get("version", ""),
-                           inst.get("in_flight", ""), f"{inst['last_heartbeat_s']}s ago")
+                           inst.get("in_flight", ""), inst.get("waiting", ""), inst.get("capacity", ""),
+                           f"{inst['last_heartbeat_s']}s ago")
     console.print(others)
     queues = Table("stream", "length", "group", "consumers", "pending", "undelivered", "oldest pending",
                    title="Streams")

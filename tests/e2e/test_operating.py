@@ -40,7 +40,9 @@ async def test_status_shows_workers_queues_and_dead_letters(bus: Bus, processes:
     hands = found["instances"]["hands"]
     assert sorted(int(w["capacity"]) for w in hands) == [4, 5]
     assert all(w["pid"].isdigit() and w["host"] and w["version"] and int(w["tools"]) > 10 for w in hands)
-    assert [b["id"] for b in found["instances"]["brain"]] and found["instances"]["gateway"] == []
+    brains = found["instances"]["brain"]
+    assert [(b["in_flight"], b["waiting"], b["capacity"]) for b in brains] == [("0", "0", "16")]
+    assert found["instances"]["gateway"] == []
     requests = next(s for s in found["streams"] if s["stream"] == "hands:requests")
     assert requests["consumers"] >= 2 and requests["pending"] == 0 and requests["undelivered"] == 0
 

@@ -55,13 +55,14 @@ async def test_a_backlog_in_one_session_does_not_block_another_session(bus: Bus,
         await send("b", 1)
         reply = await asyncio.wait_for(replies["b1"], 10)  # answered while a1 still runs
         assert reply.text == "re b1" and not replies["a1"].done()
+        assert brain.consumer.waiting == 4  # a2..a5 wait for a1 without a turn slot
         llm.gate.set()
         answers = await asyncio.wait_for(asyncio.gather(*(replies[f"a{n}"] for n in range(1, 6))), 20)
         assert [a.text for a in answers] == [f"re a{n}" for n in range(1, 6)]
         assert [t for t in llm.order if t.startswith("a")] == [f"a{n}" for n in range(1, 6)]  # still in order
         # Every slot came back: none lost, none gained.
         await async_wait_until(lambda: brain.consumer.in_flight == 0, what="the turns' tasks to end")
-        assert brain.consumer._aside_count == 0 and brain.consumer._slots._value == 2  # noqa: SLF001
+        assert brain.consumer.waiting == 0 and brain.consumer._slots._value == 2  # noqa: SLF001
     finally:
         llm.gate.set()  # a failed assertion must not leave a1's turn running for ever
         stop.set()

@@ -211,6 +211,6 @@ async def test_entries_set_aside_free_their_slot_up_to_the_limit_and_always_retu
     await async_wait_until(lambda: len(started) == 4 and consumer.in_flight == 0, what="all handled")
     stop.set()
     await task
-    assert consumer._aside_count == 0 and consumer._slots._value == 1  # noqa: SLF001 - no slot lost or gained
+    assert consumer.waiting == 0 and consumer._slots._value == 1  # noqa: SLF001 - no slot lost or gained
     assert [f[b"dead:reason"] for _, f in await fake_bus.redis.xrange(fake_bus.keys.dead)] == [
         b"handler crashed: RuntimeError: fails while set aside"]
