@@ -43,21 +43,20 @@ def counters(url: str) -> dict[str, float]:
     with Redis.from_url(url) as redis:
         stats = {name.removeprefix("cmdstat_"): float(v["calls"]) for name, v in redis.info("commandstats").items()}
         net = redis.info("stats")
-        return {**stats, "bytes in": net["total_net_input_bytes"], "bytes out": net["total_net_output_bytes"],
-                "server pid": redis.info("server")["process_id"]}
+        return {**stats, "bytes in": net["total_net_input_bytes"], "bytes out": net["total_net_output_bytes"]}
 
 
-def cost(url: str, worker_pid: int, run: Callable[[int], Any], calls: int) -> dict[str, float]:
+def cost(redis: EmbeddedRedis, worker_pid: int, run: Callable[[int], Any], calls: int) -> dict[str, float]:
     run(200)  # warm up
-    before, server = counters(url), None
-    server = int(before.pop("server pid"))
-    pids = {"worker": worker_pid, "client": os.getpid(), "redis-server": server}
+    url = redis.url
+    before = counters(url)
+    assert redis.process is not None, "start the server first"
+    pids = {"worker": worker_pid, "client": os.getpid(), "redis-server": redis.process.pid}
     cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
     started = time.perf_counter()
     run(calls)
     elapsed = time.perf_counter() - started
     after = counters(url)
-    after.pop("server pid")
     row = {f"cpu µs {name}": (cpu_s(pid) - cpu_before[name]) / calls * 1e6 for name, pid in pids.items()}
     row |= {k: (after[k] - before.get(k, 0)) / calls for k in after if after[k] != before.get(k, 0)}
     return {"calls/s": calls / elapsed, **row}
@@ -97,8 +96,8 @@ def main() -> None:
                     else:
                         time.sleep(1.0)
                     for _ in range(args.repeat):  # interleaved with the floor: the VM's speed drifts
-                        rows["floor"].append(cost(url, floor_worker.pid, floor_run(url), args.calls))
-                        rows[name].append(cost(url, worker.pid, pincer_run(url), args.calls))
+                        rows["floor"].append(cost(redis, floor_worker.pid, floor_run(url), args.calls))
+                        rows[name].append(cost(redis, worker.pid, pincer_run(url), args.calls))
                 finally:
                     worker.terminate()
                     worker.wait()

@@ -7,9 +7,8 @@ import asyncio
 from brain.llm import Completion
 from bus.protocol import ChatError, ErrorCode
 from bus.streams import Bus
-from hands.registry import Category, ToolDefinition
 from memory.sessions import SessionStore
-from tests.integration.brain_fakes import FakeLLM, call
+from tests.integration.brain_fakes import Endless, FakeLLM, call
 
 
 async def test_iteration_budget_ends_the_turn_with_a_reason(pool, chat) -> None:
@@ -34,20 +33,11 @@ async def test_tool_call_and_token_budgets(bus: Bus, pool, chat) -> None:
 
 
 async def test_wall_time_budget_stops_a_slow_tool(pool, chat) -> None:
-    stopped = asyncio.Event()
-
-    async def slow(_args, _ctx):
-        try:
-            await asyncio.sleep(60)
-        finally:
-            stopped.set()
-
-    tool = ToolDefinition(name="slow", description="", parameters={"type": "object"}, handler=slow,
-                          category=Category.SKILL)
-    await pool(FakeLLM(lambda _m: Completion(tool_calls=[call("slow", {})])), tools=[tool], max_turn_s=1.5)
+    slow = Endless("slow")
+    await pool(slow.llm, tools=[slow.tool], max_turn_s=1.5)
     final = (await chat("be slow", session_id="wall"))[-1]
     assert final.code is ErrorCode.BUDGET_EXHAUSTED and "brain.max_turn_s = 1.5s" in final.message
-    await asyncio.wait_for(stopped.wait(), 10)  # the tool call was stopped in Hands too
+    await asyncio.wait_for(slow.stopped.wait(), 10)  # the tool call was stopped in Hands too
 
 
 async def test_a_looping_model_is_warned_then_stopped(pool, chat) -> None:

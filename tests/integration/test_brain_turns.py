@@ -22,7 +22,7 @@ from hands.registry import Category, ToolDefinition
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore, TranscriptEntry
 from tests.conftest import TOOL_NAMES, async_wait_until
-from tests.integration.brain_fakes import FakeLLM, call, read_then_answer
+from tests.integration.brain_fakes import Endless, FakeLLM, call, read_then_answer
 
 
 async def test_tool_turn_is_answered_and_the_transcript_kept(bus: Bus, pool, chat) -> None:
@@ -148,26 +148,16 @@ async def test_tool_progress_reaches_the_person_as_chat_tool_events(pool, chat) 
 async def test_cancel_stops_the_turn_and_its_tool_calls(bus: Bus, pool, chat) -> None:
     from bus.protocol import ChatCancel
 
-    started, stopped = asyncio.Event(), asyncio.Event()
-
-    async def forever(_args, _ctx):
-        started.set()
-        try:
-            await asyncio.sleep(3600)
-        finally:
-            stopped.set()
-
-    tool = ToolDefinition(name="forever", description="", parameters={"type": "object"}, handler=forever,
-                          category=Category.SKILL)
-    await pool(FakeLLM(lambda _m: Completion(tool_calls=[call("forever", {})])), tools=[tool])
+    forever = Endless("forever")
+    await pool(forever.llm, tools=[forever.tool])
     turn = asyncio.create_task(chat("run forever", session_id="stop-me"))
-    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.wait_for(forever.started.wait(), 10)
     await bus.publish(bus.keys.brain_inbox, ChatCancel(session_id="stop-me", by="tester"))  # DESIGN's path
     events = await asyncio.wait_for(turn, 10)
     final = events[-1]
     assert isinstance(final, ChatError) and final.code is ErrorCode.CANCELLED
     assert "cancelled by tester" in final.message and "1 tool call(s) stopped" in final.message
-    await asyncio.wait_for(stopped.wait(), 10)  # the call itself was stopped in Hands
+    await asyncio.wait_for(forever.stopped.wait(), 10)  # the call itself was stopped in Hands
     entries = await SessionStore(bus.redis, bus.keys).load("stop-me")
     assert [e.role for e in entries] == ["user", "assistant", "tool", "assistant"]
     assert "CANCELLED" in entries[2].content and entries[3].metadata["stopped"] == "CANCELLED"
