@@ -2,7 +2,9 @@
 
 On this machine kind a loopback socket send costs ~130 µs, so a worker that
 answers ten calls with ten pipelines pays ten times what one pipeline costs.
-Callers still write ``await batcher.run(build)`` and get their own results.
+Callers write ``await batcher.run(build)`` and get their own results, or
+``batcher.send(build, done=...)`` to be told by a callback, without a future
+or a task switch per write (the hot path of every tool call, on both sides).
 """
 
 from __future__ import annotations
@@ -19,12 +21,19 @@ log = logging.getLogger("bus.batching")
 
 Build = Callable[[Pipeline], object]
 Ack = tuple[str, str, str]  # stream, group, entry id
+Done = Callable[[list[Any] | Exception], None]
+"""Told a write's outcome: its commands' results, or the error that failed it."""
+
+
+def _log_failure(outcome: list[Any] | Exception) -> None:
+    if isinstance(outcome, Exception):
+        log.warning("a write sent without waiting failed: %s", outcome)
 
 
 class Batcher:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._queue: list[tuple[Build, asyncio.Future[list[Any]], Ack | None]] = []
+        self._queue: list[tuple[Build, asyncio.Future[list[Any]] | Done, Ack | None]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     async def run(self, build: Build, *, ack: Ack | None = None) -> list[Any]:
@@ -35,21 +44,20 @@ class Batcher:
         reply in it), instead of one command each.
         """
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._queue.append((build, future, ack))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
+        self._enqueue(build, future, ack)
         return await future
 
-    def send(self, build: Build) -> None:
-        """Queue commands without waiting for them (events nobody must wait for); a failure is logged.
+    def send(self, build: Build, *, ack: Ack | None = None, done: Done = _log_failure) -> None:
+        """Queue commands without waiting; ``done`` hears the outcome (by default a failure is logged).
 
         They still go out in order with everything queued before and after them.
         """
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_log_failure)
-        self._queue.append((build, future, None))
+        self._enqueue(build, done, ack)
+
+    def _enqueue(self, build: Build, target: asyncio.Future[list[Any]] | Done, ack: Ack | None) -> None:
+        self._queue.append((build, target, ack))
         if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
         # A new task runs after everything already scheduled in this tick, so the
@@ -58,7 +66,7 @@ class Batcher:
             batch, self._queue = self._queue, []
             await self._execute(batch)
 
-    async def _execute(self, batch: list[tuple[Build, asyncio.Future[list[Any]], Ack | None]]) -> None:
+    async def _execute(self, batch: list[tuple[Build, asyncio.Future[list[Any]] | Done, Ack | None]]) -> None:
         pipe = self.redis.pipeline(transaction=False)
         sizes = []
         acks: dict[tuple[str, str], list[str]] = {}
@@ -73,26 +81,29 @@ class Batcher:
         try:
             results = await pipe.execute(raise_on_error=False)
         except BaseException as exc:  # connection lost: every caller hears it
-            for _, future, _ack in batch:
-                if not future.done():
-                    future.set_exception(exc if isinstance(exc, Exception) else ConnectionError("cancelled"))
+            error = exc if isinstance(exc, Exception) else ConnectionError("cancelled")
+            for _, target, _ack in batch:
+                _settle(target, error)
             if not isinstance(exc, Exception):
                 raise
             return
         ack_results = dict(zip(acks, results[sum(sizes):]))
         start = 0
-        for (_, future, ack), size in zip(batch, sizes):
+        for (_, target, ack), size in zip(batch, sizes):
             mine, start = results[start : start + size], start + size
-            if future.done():
-                continue
             acked = ack_results.get(ack[:2]) if ack is not None else None
             error = next((r for r in [*mine, acked] if isinstance(r, Exception)), None)
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(mine)
+            _settle(target, mine if error is None else error)
 
 
-def _log_failure(future: asyncio.Future[list[Any]]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("a write sent without waiting failed: %s", future.exception())
+def _settle(target: asyncio.Future[list[Any]] | Done, outcome: list[Any] | Exception) -> None:
+    if not isinstance(target, asyncio.Future):
+        try:
+            target(outcome)
+        except Exception:  # one caller's bug must not keep the others from their outcome
+            log.exception("a write's callback failed")
+    elif not target.done():
+        if isinstance(outcome, Exception):
+            target.set_exception(outcome)
+        else:
+            target.set_result(outcome)

@@ -295,6 +295,10 @@ Message = Annotated[
 ]
 _MESSAGE = TypeAdapter(Message)
 MESSAGE_TYPES: frozenset[str] = frozenset(_MESSAGE.json_schema()["discriminator"]["mapping"])
+# Each type's own pydantic-core validator: picking it by the entry's ``type`` field is
+# ~1.5 µs cheaper per message than the union adapter's discriminator and Python wrapper.
+_VALIDATORS = {model.model_fields["type"].default: model.__pydantic_validator__
+               for model in Message.__origin__.__args__}  # type: ignore[attr-defined]
 
 
 class MalformedMessage(ValueError):
@@ -303,7 +307,9 @@ class MalformedMessage(ValueError):
 
 def encode(message: _Message, *, message_id: str | None = None) -> dict[bytes, bytes]:
     """The stream-entry fields for a message."""
-    data = message.model_dump(mode="json", exclude={"type"}, exclude_none=True)
+    # pydantic-core's serializer itself: model_dump's Python wrapper doubles the cost (~2 µs a message).
+    data = message.__pydantic_serializer__.to_python(message, mode="json", exclude_none=True)
+    del data["type"]  # it travels as its own field
     fields = {
         b"type": message.type.encode(),  # type: ignore[attr-defined]
         b"id": (message_id or new_id()).encode(),
@@ -325,7 +331,8 @@ def decode(fields: dict[bytes, bytes]) -> Message:
         raise MalformedMessage(f"entry has no {missing.args[0].decode()!r} field") from None
     except UnicodeDecodeError:
         raise MalformedMessage("field 'type' is not UTF-8 text") from None
-    if kind not in MESSAGE_TYPES:
+    validator = _VALIDATORS.get(kind)
+    if validator is None:
         raise MalformedMessage(f"unknown message type {kind!r}")
     try:
         data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
@@ -334,13 +341,13 @@ def decode(fields: dict[bytes, bytes]) -> Message:
     if not isinstance(data, dict):
         raise MalformedMessage(f"field 'data' must be a map, got {type(data).__name__}")
     try:
-        return _MESSAGE.validate_python({**data, "type": kind})
+        return validator.validate_python({**data, "type": kind})  # type: ignore[no-any-return]
     except ValidationError as exc:
         raise MalformedMessage(f"{kind}: {_describe(exc)}") from None
 
 
 def _describe(exc: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc'][1:] if p != 'type') or '(root)'}: {err['msg']}"
+        f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
         for err in exc.errors()
     )

@@ -2,7 +2,6 @@
 
 - ``ReplyInbox`` reads this instance's own reply stream and hands each message
   to whoever waits on its correlation id (call id, request id, message id).
-- ``publish_retrying`` sends a request, waiting out a Redis outage.
 - ``tail`` follows a stream from an id (inboxes and the broadcast control streams).
 """
 
@@ -12,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from redis import exceptions as redis_errors
 
@@ -22,6 +22,7 @@ from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
 log = logging.getLogger("bus")
 
 TRIM_EVERY = 256  # replies read between two trims of an inbox stream
+WAKE = {b"wake": b"closing"}  # added by close(): ends the inbox's blocking read at once
 
 
 class ReplyInbox:
@@ -43,6 +44,8 @@ class ReplyInbox:
         # leave a cancelled blocking read hanging on its connection.
         self._closing = True
         if self._task:
+            with contextlib.suppress(redis_errors.RedisError, OSError):  # wake the read now, not after its block
+                await self.bus.redis.xadd(self.stream, WAKE)
             done, _ = await asyncio.wait({self._task}, timeout=self.block_ms / 1000 + 2)
             if not done:
                 self._task.cancel()
@@ -66,7 +69,8 @@ class ReplyInbox:
         """Publish and wait for the reply (the first one, or the first of a ``final`` type,
         handing earlier ones such as ``tool:progress`` to ``on_event``); ``TimeoutError`` when none comes.
 
-        The hot path of every tool call: one future and one timer, no queue or task per call.
+        The hot path of every tool call: one future and one timer, no queue or task per call; the
+        request rides the next pipeline and a failed send is retried by its callback while Redis is away.
         """
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Message] = loop.create_future()
@@ -86,8 +90,8 @@ class ReplyInbox:
 
         self._waiters[correlation_id] = deliver
         timer = loop.call_later(timeout, expire)
+        self._send(stream, message, answer)
         try:
-            await publish_retrying(self.bus, stream, message, give_up=answer.done)
             return await answer
         finally:
             timer.cancel()
@@ -95,11 +99,27 @@ class ReplyInbox:
             if events:  # progress relayed before the answer, in order
                 await asyncio.gather(*events, return_exceptions=True)
 
+    def _send(self, stream: str, message: Message, answer: asyncio.Future[Message], failures: int = 0) -> None:
+        """Queue a request; while Redis is away, queue it again with backoff until ``answer`` is done."""
+        def sent(outcome: list[Any] | Exception) -> None:
+            if not isinstance(outcome, Exception) or answer.done():
+                return
+            if not isinstance(outcome, CONNECTION_ERRORS):
+                answer.set_exception(outcome)  # Redis refused it: the caller hears why
+                return
+            delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+            log.warning("Redis away while sending to %s, retrying in %.2fs: %s", stream, delay, outcome)
+            asyncio.get_running_loop().call_later(delay, self._send, stream, message, answer, failures + 1)
+
+        self.bus.batcher.send(lambda pipe: self.bus.add(pipe, stream, message), done=sent)
+
     async def _read_loop(self) -> None:
         read = 0
         # The stream is ours alone and new, so read it all.
         async for entry_id, fields in tail(self.bus, self.stream, start="0-0", block_ms=self.block_ms,
                                            closing=lambda: self._closing):
+            if self._closing:
+                return
             self._route(entry_id, fields)
             read += 1
             if read % TRIM_EVERY == 0:
@@ -119,21 +139,6 @@ class ReplyInbox:
             log.debug("no one waits for %s", kv(type=message.type, correlation=message.correlation_id))
             return
         deliver(message)
-
-
-async def publish_retrying(bus: Bus, stream: str, message: Message,
-                           give_up: Callable[[], bool] = lambda: False) -> str | None:
-    """Publish, waiting out a Redis outage until ``give_up()`` (None then)."""
-    failures = 0
-    while not give_up():
-        try:
-            return await bus.publish(stream, message)
-        except CONNECTION_ERRORS as exc:
-            delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
-            failures += 1
-            log.warning("Redis away while sending to %s, retrying in %.2fs: %s", stream, delay, exc)
-            await asyncio.sleep(delay)
-    return None
 
 
 async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,

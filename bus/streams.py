@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
@@ -43,6 +44,7 @@ Handler = Callable[[Message, str], Awaitable[Sequence[Reply]]]
 """Handles one message (with the stream it came from); returns (stream, message) replies."""
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
+WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # ~8 s for a reply, then the reaper's turn
 CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 
@@ -134,10 +136,13 @@ class GroupConsumer:
         self._tasks: set[asyncio.Task[None]] = set()
         self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
         self.stopping = False  # set on stop: read nothing more, take nothing over
+        self._writing = 0  # entries handled whose replies and ack are not yet in Redis
+        self._all_written: asyncio.Future[None] | None = None  # drain waits on it
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        """Entries being handled or answered."""
+        return len(self._tasks) + self._writing
 
     @property
     def waiting(self) -> int:
@@ -171,9 +176,15 @@ class GroupConsumer:
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Wait for what is running; past ``timeout_s``, hand the rest back and stop it."""
-        if not self._tasks:
-            return
-        _done, running = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        started = asyncio.get_running_loop().time()
+        running: set[asyncio.Task[None]] = set()
+        if self._tasks:
+            _done, running = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        if self._writing and not running:  # answers still on their way to Redis
+            self._all_written = asyncio.get_running_loop().create_future()
+            left = None if timeout_s is None else max(0.0, timeout_s - (asyncio.get_running_loop().time() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._all_written), left)
         if not running:
             return
         handed = await self.hand_back()
@@ -251,11 +262,10 @@ class GroupConsumer:
         await self._slots.acquire()
         self.holding.setdefault(stream, set()).add(entry_id)
         delivery.set(times)  # the task copies the context: its handler sees this count
-        task = asyncio.create_task(self._handle(stream, entry_id, fields, message))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.add(asyncio.create_task(self._handle(stream, entry_id, fields, message)))
 
     async def _handle(self, stream: str, entry_id: str, fields: dict[bytes, bytes], message: Message) -> None:
+        answered = False
         try:
             try:
                 replies = await self.handler(message, stream)
@@ -270,31 +280,48 @@ class GroupConsumer:
                     self.bus, stream, self.group, entry_id, fields, f"handler crashed: {type(exc).__name__}: {exc}"
                 )
                 return
-            await self._reply_and_ack(stream, entry_id, replies)
+            # The task ends here; the entry stays held (and its slot taken) until the reply is written.
+            self._reply_and_ack(stream, entry_id, replies, _aside.get())
+            answered = True
         finally:
-            self.holding.get(stream, set()).discard(entry_id)
-            if _aside.get():  # its slot was given away and never taken back
-                self._aside_count -= 1
-            else:
-                self._slots.release()
+            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            if not answered:
+                self._release(stream, entry_id, _aside.get())
 
-    async def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply]) -> None:
+    def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply], aside: bool,
+                       attempt: int = 0) -> None:
+        """Queue the replies and the ack on the next pipeline (the ack after the replies: a crash
+        between means redelivery), and release the entry once Redis has them; a write that
+        fails while Redis is away is tried again with backoff, no task waiting on it."""
         def build(pipe: Pipeline) -> None:
             for target, reply in replies:
                 self.bus.add(pipe, target, reply)
 
-        for attempt, delay in enumerate((*RECONNECT_DELAYS, 2.0, 2.0, 2.0, None)):
-            try:
-                # The ack follows the reply in the same pipeline: a crash between means redelivery.
-                await self.bus.batcher.run(build, ack=(stream, self.group, entry_id))
-                return
-            except CONNECTION_ERRORS as exc:
-                if delay is None:  # still pending: the reaper hands it out again once Redis is back
-                    log.error("reply lost with Redis away %s: %s", kv(stream=stream, entry=entry_id), exc)
-                    return
+        def done(outcome: list[Any] | Exception) -> None:
+            if isinstance(outcome, CONNECTION_ERRORS) and attempt < len(WRITE_RETRY_DELAYS):
                 if attempt == 0:
                     log.warning("Redis away while answering %s; retrying", kv(stream=stream, entry=entry_id))
-                await asyncio.sleep(delay)
+                asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[attempt], self._reply_and_ack, stream,
+                                                      entry_id, replies, aside, attempt + 1)
+                return
+            self._writing -= 1
+            if isinstance(outcome, Exception):  # still pending: the reaper hands it out again
+                log.error("reply not written %s: %s", kv(stream=stream, entry=entry_id), outcome)
+            self._release(stream, entry_id, aside)
+            if not self._writing and self._all_written is not None and not self._all_written.done():
+                self._all_written.set_result(None)
+
+        if attempt == 0:
+            self._writing += 1
+        self.bus.batcher.send(build, ack=(stream, self.group, entry_id), done=done)
+
+    def _release(self, stream: str, entry_id: str, aside: bool) -> None:
+        """The entry is answered (or left to the reaper): its slot goes to the next one."""
+        self.holding.get(stream, set()).discard(entry_id)
+        if aside:  # its slot was given away and never taken back
+            self._aside_count -= 1
+        else:
+            self._slots.release()
 
 
 async def dead_letter(

@@ -42,6 +42,7 @@ from hands.registry import (
     ToolRegistry,
 )
 from hands.shaping import Batch, shape
+from hands.timeouts import time_limit
 from hands.toolpolicy import ToolPolicy
 from hands.workspace import Workspace
 
@@ -201,7 +202,7 @@ class Executor:
                 self._pool_slot(gates, tool):
             timeout = self._timeout(tool, call)
             try:
-                async with asyncio.timeout(timeout):
+                with time_limit(timeout):
                     return await _run(tool, call.args, ctx)
             except TimeoutError:
                 raise ToolFailure(ErrorCode.TIMEOUT, f"{tool.name} did not finish within its {timeout:g}s limit",
@@ -214,16 +215,20 @@ class Executor:
         return max(MIN_TIMEOUT_S, min(wanted, MAX_TIMEOUT_S, left))
 
     def _context(self, call: ToolExecute) -> ToolContext:
-        started = time.monotonic()
-
-        async def progress(message: str) -> None:
-            await self.progress(call.reply_to, ToolProgress(call_id=call.call_id, status="output", message=message,
-                                                           elapsed_ms=int((time.monotonic() - started) * 1000)))
-
         return ToolContext(call_id=call.call_id, session_id=call.session_id, agent_id=call.agent_id,
                            worker_id=self.worker_id, settings=self.settings, workspace=self.workspace,
                            memory=self.memory, sandbox=self.sandbox, policy=self.policy, jobs=self.jobs,
-                           approvals=self.approvals, call=call, progress=progress)
+                           approvals=self.approvals, call=call, send_progress=self._progress_sender(call))
+
+    def _progress_sender(self, call: ToolExecute) -> Callable[[str], Awaitable[Any]]:
+        started = time.monotonic()
+
+        def send(message: str) -> Awaitable[Any]:  # a closure only: most calls never report
+            return self.progress(call.reply_to, ToolProgress(
+                call_id=call.call_id, status="output", message=message,
+                elapsed_ms=int((time.monotonic() - started) * 1000)))
+
+        return send
 
     @contextlib.asynccontextmanager
     async def _reporting(self, tool: ToolDefinition, call: ToolExecute, started: float) -> AsyncIterator[None]:
