@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import random
 import time
@@ -23,7 +22,6 @@ from tenacity import (
 from bus.log import kv
 from bus.protocol import (
     ErrorCode,
-    ResultMetadata,
     ToolError,
     ToolExecute,
     ToolProgress,
@@ -50,7 +48,6 @@ log = logging.getLogger("hands.executor")
 
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 120.0
 PROGRESS_CATEGORIES = frozenset({Category.NETWORK, Category.CODE})
-NO_SLOT = contextlib.nullcontext()  # no pool-wide limit configured
 
 ProgressSink = Callable[[str, ToolProgress], Awaitable[Any]]
 """Sends a ``tool:progress`` to a stream (the call's ``reply_to``)."""
@@ -192,21 +189,31 @@ class Executor:
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     def _pool_slot(self, gates: tuple[tuple[str, int], ...], tool: ToolDefinition) -> Any:
-        if self.pool is None or not self.pool.limits:
-            return NO_SLOT
         return self.pool.slot(list(dict.fromkeys([gate for gate, _ in gates] + [f"tool:{tool.name}"])))
 
     async def _attempt(self, tool: ToolDefinition, call: ToolExecute, ctx: ToolContext) -> Any:
-        gates = self.limiter.gates(tool.category.value, tool.name, tool.max_concurrency)
-        async with self.limiter.slot(tool.category.value, tool.name, tool.max_concurrency), \
-                self._pool_slot(gates, tool):
-            timeout = self._timeout(tool, call)
-            try:
-                with time_limit(timeout):
-                    return await _run(tool, call.args, ctx)
-            except TimeoutError:
-                raise ToolFailure(ErrorCode.TIMEOUT, f"{tool.name} did not finish within its {timeout:g}s limit",
-                                  suggestions=["ask for less work per call"]) from None
+        limiter = self.limiter
+        gates = limiter.gates(tool.category.value, tool.name, tool.max_concurrency)
+        if not limiter.take_if_free(gates):  # the common case needs no await: most calls find a slot
+            await limiter.wait(gates)
+        try:
+            if self.pool is not None and self.pool.limits:
+                async with self._pool_slot(gates, tool):
+                    return await self._timed(tool, call, ctx)
+            return await self._timed(tool, call, ctx)
+        finally:
+            limiter.release(gates)
+
+    async def _timed(self, tool: ToolDefinition, call: ToolExecute, ctx: ToolContext) -> Any:
+        timeout = self._timeout(tool, call)
+        try:
+            with time_limit(timeout):
+                if self.registry.is_async(tool.name):
+                    return await tool.handler(call.args, ctx)
+                return await asyncio.to_thread(tool.handler, call.args, ctx)  # keep the loop free
+        except TimeoutError:
+            raise ToolFailure(ErrorCode.TIMEOUT, f"{tool.name} did not finish within its {timeout:g}s limit",
+                              suggestions=["ask for less work per call"]) from None
 
     def _timeout(self, tool: ToolDefinition, call: ToolExecute) -> float:
         short = tool.category.value.split("_")[0]
@@ -254,20 +261,18 @@ class Executor:
 
     def _result(self, call: ToolExecute, state: _CallState, *, data: Any = None, error: ToolError | None = None,
                 truncated: bool = False, partial_failure: list[dict[str, Any]] | None = None) -> ToolResult:
-        # Plain constructors: pydantic's model_construct is slower (it inspects default factories per call).
-        metadata = ResultMetadata(
-            tool_name=call.tool, duration_ms=int((time.monotonic() - state.started) * 1000),
-            truncated=truncated, worker_id=self.worker_id, attempts=max(state.attempts, 1),
-            sandbox=state.ctx.notes.get("sandbox"),
-        )
-        return ToolResult(call_id=call.call_id, success=error is None, data=data, error=error,
-                          partial_failure=partial_failure, metadata=metadata)
+        # Validated from a dict by pydantic-core itself: half the cost of the two constructors' Python
+        # wrappers (~2.5 µs a call); model_construct is slower still (it inspects default factories).
+        return _validate_result({
+            "call_id": call.call_id, "success": error is None, "data": data, "error": error,
+            "partial_failure": partial_failure,
+            "metadata": {"tool_name": call.tool, "duration_ms": int((time.monotonic() - state.started) * 1000),
+                         "timestamp": now_ms(), "truncated": truncated, "worker_id": self.worker_id,
+                         "attempts": max(state.attempts, 1), "sandbox": state.ctx.notes.get("sandbox")},
+        })
 
 
-async def _run(tool: ToolDefinition, args: dict[str, Any], ctx: ToolContext) -> Any:
-    if inspect.iscoroutinefunction(tool.handler):
-        return await tool.handler(args, ctx)
-    return await asyncio.to_thread(tool.handler, args, ctx)  # keep the loop free
+_validate_result: Callable[[dict[str, Any]], ToolResult] = ToolResult.__pydantic_validator__.validate_python
 
 
 def _first_wait(policy: RetryPolicy) -> float:

@@ -57,7 +57,17 @@ class Limiter:
         """``async with limiter.slot(...)``: hold a slot at every gate the call passes."""
         return _Slot(self, self.gates(category, tool, tool_limit))
 
-    async def _wait(self, gates: tuple[tuple[str, int], ...]) -> None:
+    def take_if_free(self, gates: tuple[tuple[str, int], ...]) -> bool:
+        """Take a slot at every gate now if each has one (no await: the common case); else False."""
+        in_use = self._in_use
+        for gate, capacity in gates:
+            if in_use[gate] >= capacity:
+                return False
+        self._take(gates)
+        return True
+
+    async def wait(self, gates: tuple[tuple[str, int], ...]) -> None:
+        """Queue for a slot at every gate (``QUEUE_FULL``, ``QUEUE_TIMEOUT``); ``release`` it after."""
         if len(self._waiters) >= self.queue.depth:
             raise ToolFailure(
                 ErrorCode.QUEUE_FULL,
@@ -70,7 +80,7 @@ class Limiter:
             await asyncio.wait_for(asyncio.shield(waiter.admitted), self.queue.wait_s)
         except (TimeoutError, asyncio.CancelledError) as exc:
             if waiter.admitted.done():  # admitted in the same instant: give the slots back
-                self._release(gates)
+                self.release(gates)
             else:
                 waiter.admitted.cancel()
                 self._waiters.remove(waiter)
@@ -89,9 +99,11 @@ class Limiter:
         for gate, _ in gates:
             self._in_use[gate] += 1
 
-    def _release(self, gates: tuple[tuple[str, int], ...]) -> None:
+    def release(self, gates: tuple[tuple[str, int], ...]) -> None:
         for gate, _ in reversed(gates):
             self._in_use[gate] -= 1
+        if not self._waiters:
+            return
         for waiter in list(self._waiters):  # admit, oldest first, whoever now fits
             if self._free(waiter.gates):
                 self._waiters.remove(waiter)
@@ -100,7 +112,7 @@ class Limiter:
 
 
 class _Slot:
-    """A held slot; a plain class rather than a generator context manager (every call passes here)."""
+    """A held slot; a plain class rather than a generator context manager."""
 
     __slots__ = ("limiter", "gates")
 
@@ -108,13 +120,11 @@ class _Slot:
         self.limiter, self.gates = limiter, gates
 
     async def __aenter__(self) -> None:
-        if self.limiter._free(self.gates):  # noqa: SLF001 - the slot is part of the limiter
-            self.limiter._take(self.gates)  # noqa: SLF001
-        else:
-            await self.limiter._wait(self.gates)  # noqa: SLF001
+        if not self.limiter.take_if_free(self.gates):
+            await self.limiter.wait(self.gates)
 
     async def __aexit__(self, *_exc: object) -> None:
-        self.limiter._release(self.gates)  # noqa: SLF001
+        self.limiter.release(self.gates)
 
 
 def memory_used_share(meminfo: Path = Path("/proc/meminfo")) -> float:

@@ -88,7 +88,7 @@ class HandsWorker:
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         match message:
             case ToolExecute():
-                owner = await self._job_owner(message)
+                owner = await self._job_owner(message) if message.tool == "process" else None
                 if owner is not None:  # the job runs elsewhere: its owner answers
                     await self.bus.publish(self.bus.keys.hands_worker(owner), message)
                     return []
@@ -163,7 +163,7 @@ class HandsWorker:
 
     async def _job_owner(self, call: ToolExecute) -> str | None:
         """The live worker that owns the job a ``process`` call names, when it is not this one."""
-        job_id = call.args.get("job_id") if call.tool == "process" else None
+        job_id = call.args.get("job_id")
         if not isinstance(job_id, str) or job_id in self.jobs.jobs:
             return None
         owner = await self.jobs.owner(job_id)
