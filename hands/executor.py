@@ -81,6 +81,7 @@ class Executor:
         self.approvals = approvals
         self.pool = pool  # hands.pool_limits.PoolLimits: limits across every worker, when configured
         self._admitted: set[tuple[str, str, str]] = set()
+        self._wanted: dict[str, float] = {}  # tool name -> its time limit before the call's deadline
 
     async def execute(self, call: ToolExecute) -> ToolResult:
         state = _CallState(ctx=self._context(call), started=time.monotonic())
@@ -193,7 +194,7 @@ class Executor:
 
     async def _attempt(self, tool: ToolDefinition, call: ToolExecute, ctx: ToolContext) -> Any:
         limiter = self.limiter
-        gates = limiter.gates(tool.category.value, tool.name, tool.max_concurrency)
+        gates = limiter.gates(tool.category, tool.name, tool.max_concurrency)  # a StrEnum: .value costs ~1 µs
         if not limiter.take_if_free(gates):  # the common case needs no await: most calls find a slot
             await limiter.wait(gates)
         try:
@@ -216,8 +217,10 @@ class Executor:
                               suggestions=["ask for less work per call"]) from None
 
     def _timeout(self, tool: ToolDefinition, call: ToolExecute) -> float:
-        short = tool.category.value.split("_")[0]
-        wanted = tool.timeout_s or getattr(self.settings.timeouts, short)
+        wanted = self._wanted.get(tool.name)
+        if wanted is None:  # settings are fixed for the worker's life
+            wanted = self._wanted[tool.name] = tool.timeout_s or getattr(self.settings.timeouts,
+                                                                         tool.category.split("_")[0])
         left = (call.deadline - now_ms()) / 1000
         return max(MIN_TIMEOUT_S, min(wanted, MAX_TIMEOUT_S, left))
 

@@ -198,6 +198,9 @@ class ToolRegistry:
             )
         return tool
 
+    def idempotent(self, name: str) -> bool:
+        return self._tools[name].idempotent
+
     def is_async(self, name: str) -> bool:
         return self._async[name]
 

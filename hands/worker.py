@@ -111,7 +111,7 @@ class HandsWorker:
         """Run a call, unless (or until) a ``tool:cancel`` for it arrives."""
         if call.call_id in self._cancelled:
             return self.executor.cancelled(call, self._cancelled[call.call_id])
-        once = call.tool in self.registry and not self.registry.get(call.tool).idempotent
+        once = call.tool in self.registry and not self.registry.idempotent(call.tool)
         if once:
             earlier = await self.calls.claim(call)
             if isinstance(earlier, ToolResult):
