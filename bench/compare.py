@@ -4,6 +4,8 @@ Measures, with the same client shape for each (sequential p50/p99, then
 throughput with 64 calls in flight):
 - floor: a bare redis-py round trip (bench/floor.py), 1 and 2 worker processes;
 - Pincer: `tool:execute` of the no-op skill through `pincer hands` processes, 1 and 2;
+  the floor and Pincer run side by side and are measured in alternating rounds (medians of
+  ``--rounds``), as this VM's speed drifts ±20% within minutes;
 - Celery 5 (Redis broker and result backend, solo pool): `.delay().get()`, 1 and 2 workers;
 - I/O-bound scaling: Pincer's `nap` skill (50 ms asleep) with 1, 2 and 4 workers.
 Writes a section to bench/RESULTS.md and the chart bench/results.png.
@@ -58,22 +60,27 @@ def processes(commands: list[list[str]], env: dict[str, str]) -> Iterator[None]:
                 proc.wait()
 
 
-def run_floor(url: str, workers: int, args: argparse.Namespace) -> Row:
+def run_floor_and_pincer(url: str, tmp: str, workers: int, args: argparse.Namespace) -> list[Row]:
+    """The floor and Pincer with ``workers`` each, measured in alternating rounds (medians reported):
+    this VM's speed drifts ±20% within minutes, so back-to-back runs would compare two machines."""
     stream = f"floor:req:{workers}"
-    with processes([[sys.executable, str(ROOT / "bench" / "floor.py"), "worker", url, stream]] * workers,
-                   os.environ.copy()):
-        time.sleep(1.0)
-        r = run_loop(floor.measure(url, stream, sequential=args.sequential, total=args.total, in_flight=64))
-    return {"system": "floor (bare redis-py)", "workers": workers, **r}
-
-
-def run_pincer(url: str, tmp: str, workers: int, args: argparse.Namespace) -> Row:
-    env = bench_env(url, tmp)
-    with processes([[sys.executable, "-m", "gateway", "hands"]] * workers, env):
+    floor_worker = [sys.executable, str(ROOT / "bench" / "floor.py"), "worker", url, stream]
+    with processes([floor_worker] * workers, os.environ.copy()), \
+            processes([[sys.executable, "-m", "gateway", "hands"]] * workers, bench_env(url, tmp)):
         asyncio.run(wait_for_workers(url, workers))
-        r = run_loop(measure(url, sequential=args.sequential, total=args.total, in_flight=64))
+        sequential = max(args.sequential // args.rounds, 100)
+        floors, pincers = [], []
+        for _ in range(args.rounds):
+            floors.append(run_loop(floor.measure(url, stream, sequential=sequential, total=args.total,
+                                                 in_flight=64)))
+            pincers.append(run_loop(measure(url, sequential=sequential, total=args.total, in_flight=64)))
     asyncio.run(_forget(url))
-    return {"system": "Pincer (Hands, no-op skill)", "workers": workers, **r}
+    return [{"system": "floor (bare redis-py)", "workers": workers, **_medians(floors)},
+            {"system": "Pincer (Hands, no-op skill)", "workers": workers, **_medians(pincers)}]
+
+
+def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
 def run_celery(url: str, workers: int, args: argparse.Namespace) -> Row:
@@ -199,8 +206,10 @@ def main() -> None:
     parser.add_argument("--total", type=int, default=6400)
     parser.add_argument("--naps", type=int, default=2000)
     parser.add_argument("--no-write", action="store_true", help="print, do not touch bench/RESULTS.md")
-    parser.add_argument("--only", nargs="+", choices=["floor", "pincer", "celery", "naps"],
-                        default=["floor", "pincer", "celery", "naps"], help="measure only these (implies --no-write)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating floor/Pincer rounds (medians)")
+    parser.add_argument("--only", nargs="+", choices=["pincer", "celery", "naps"],
+                        default=["pincer", "celery", "naps"],
+                        help="measure only these (implies --no-write); pincer comes with its floor")
     args = parser.parse_args()
     rows: list[Row] = []
     naps: list[Row] = []
@@ -208,16 +217,16 @@ def main() -> None:
         redis = EmbeddedRedis(Path(tmp))
         url = redis.start()
         try:
-            runs = {"floor": run_floor, "pincer": lambda url, workers, args: run_pincer(url, tmp, workers, args),
-                    "celery": run_celery}
-            for name, run in runs.items():
-                if name in args.only:
-                    rows += [run(url, workers, args) for workers in (1, 2)]
+            if "pincer" in args.only:
+                pairs = [run_floor_and_pincer(url, tmp, workers, args) for workers in (1, 2)]
+                rows += [pair[0] for pair in pairs] + [pair[1] for pair in pairs]
+            if "celery" in args.only:
+                rows += [run_celery(url, workers, args) for workers in (1, 2)]
             if "naps" in args.only:
                 naps += [run_naps(url, tmp, workers, args) for workers in (1, 2, 4)]
         finally:
             redis.stop()
-    if len(args.only) < 4:
+    if len(args.only) < 3:
         for row in rows + naps:
             print(row)
         return

@@ -214,3 +214,102 @@ async def test_entries_set_aside_free_their_slot_up_to_the_limit_and_always_retu
     assert consumer.waiting == 0 and consumer._slots._value == 1  # noqa: SLF001 - no slot lost or gained
     assert [f[b"dead:reason"] for _, f in await fake_bus.redis.xrange(fake_bus.keys.dead)] == [
         b"handler crashed: RuntimeError: fails while set aside"]
+
+
+def _flaky_pipelines(bus: Bus, failures: int) -> list[int]:
+    """The next ``failures`` pipelines fail as if Redis were away; returns the count of attempts."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    attempts: list[int] = []
+    original = bus.redis.pipeline
+
+    def pipeline(*args, **kwargs):
+        pipe = original(*args, **kwargs)
+        execute = pipe.execute
+
+        async def flaky(*a, **k):
+            attempts.append(len(pipe.command_stack))
+            if len(attempts) <= failures:
+                raise RedisConnectionError("Redis away (test)")
+            return await execute(*a, **k)
+
+        pipe.execute = flaky
+        return pipe
+
+    bus.redis.pipeline = pipeline
+    return attempts
+
+
+async def test_a_reply_written_while_redis_is_away_is_retried_and_its_entry_held_until_then(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    await fake_bus.publish(stream, _execute(1))
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", concurrency=1, block_ms=50,
+                             handler=lambda m, _s: _answer(m))
+    attempts = _flaky_pipelines(fake_bus, failures=2)
+    stop, task = await _run(consumer)
+    await async_wait_until(lambda: len(attempts) >= 1, what="the first write")
+    assert consumer.in_flight == 1 and consumer.holding[stream] == {consumer_entry(consumer, stream)}
+    await async_wait_until(lambda: len(attempts) == 3, what="two retries after failures")
+    await async_wait_until(lambda: _pending(fake_bus, stream), what="the ack after the reply")
+    await async_wait_until(lambda: consumer.in_flight == 0, what="the entry released")
+    stop.set()
+    await task
+    replies = await fake_bus.redis.xrange("u:reply:b")
+    assert [decode(f).session_id for _, f in replies] == ["c1"]  # written once, when Redis answered
+    assert consumer._slots._value == 1  # noqa: SLF001 - its slot came back exactly once
+
+
+def consumer_entry(consumer: GroupConsumer, stream: str) -> str:
+    (entry,) = consumer.holding[stream]
+    return entry
+
+
+async def _answer(message):
+    return [("u:reply:b", ChatCancel(session_id=message.call_id))]
+
+
+async def test_drain_waits_for_replies_still_on_their_way(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    await fake_bus.publish(stream, _execute(1))
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", block_ms=50,
+                             handler=lambda m, _s: _answer(m))
+    attempts = _flaky_pipelines(fake_bus, failures=1)  # the reply's first write fails: retried 0.1 s later
+    stop, task = await _run(consumer)
+    await async_wait_until(lambda: len(attempts) == 1, what="the first, failed write")
+    stop.set()  # the handler is done; its reply is not in Redis yet
+    await task
+    assert consumer.in_flight == 0 and len(attempts) == 2
+    assert await _pending(fake_bus, stream)
+
+
+async def test_a_request_sent_while_redis_is_away_goes_out_once_it_is_back(fake_bus: Bus) -> None:
+    inbox = ReplyInbox(fake_bus, "brain-1", block_ms=50)
+    await inbox.start()
+    try:
+        attempts = _flaky_pipelines(fake_bus, failures=2)
+        request = ToolsList(reply_to=inbox.stream)
+
+        async def answer():
+            await async_wait_until(lambda: len(attempts) >= 3, what="the request sent on the third try")
+            await fake_bus.publish(inbox.stream, ToolsAvailable(request_id=request.request_id, tools=[], digest="d"))
+
+        answering = asyncio.create_task(answer())
+        reply = await inbox.request(fake_bus.keys.hands_requests, request, request.request_id, timeout=5)
+        await answering
+        assert reply.digest == "d"
+        assert [decode(f) for _, f in await fake_bus.redis.xrange(fake_bus.keys.hands_requests)] == [request]
+    finally:
+        await inbox.close()
+
+
+async def test_a_request_redis_refuses_fails_at_once_with_the_reason(fake_bus: Bus) -> None:
+    from redis.exceptions import ResponseError
+
+    inbox = ReplyInbox(fake_bus, "brain-1", block_ms=50)
+    await inbox.start()
+    try:
+        await fake_bus.redis.set("u:not-a-stream", "x")
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await inbox.request("u:not-a-stream", ToolsList(reply_to=inbox.stream), "r", timeout=5)
+    finally:
+        await inbox.close()
