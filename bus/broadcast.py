@@ -39,14 +39,15 @@ class BroadcastReader:
                 self._task.cancel()
 
     async def _loop(self, last: str) -> None:
-        async for entry_id, fields in tail(self.bus, self.stream, start=last, block_ms=self.block_ms,
-                                           closing=lambda: self._closing):
-            try:
-                message = decode(fields)
-            except MalformedMessage as exc:
-                log.error("ignored malformed control entry %s: %s", entry_id, exc)
-                continue
-            try:
-                await self.handler(message)
-            except Exception:  # one bad control message must not stop the reader
-                log.exception("control handler failed for %s", message.type)
+        async for entries in tail(self.bus, self.stream, start=last, block_ms=self.block_ms,
+                                  closing=lambda: self._closing):
+            for entry_id, fields in entries:
+                try:
+                    message = decode(fields)
+                except MalformedMessage as exc:
+                    log.error("ignored malformed control entry %s: %s", entry_id.decode(), exc)
+                    continue
+                try:
+                    await self.handler(message)
+                except Exception:  # one bad control message must not stop the reader
+                    log.exception("control handler failed for %s", message.type)

@@ -341,7 +341,8 @@ def decode(fields: dict[bytes, bytes]) -> Message:
     if not isinstance(data, dict):
         raise MalformedMessage(f"field 'data' must be a map, got {type(data).__name__}")
     try:
-        return validator.validate_python({**data, "type": kind})  # type: ignore[no-any-return]
+        data["type"] = kind  # a fresh dict from msgpack: no copy needed
+        return validator.validate_python(data)  # type: ignore[no-any-return]
     except ValidationError as exc:
         raise MalformedMessage(f"{kind}: {_describe(exc)}") from None
 

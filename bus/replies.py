@@ -116,23 +116,26 @@ class ReplyInbox:
     async def _read_loop(self) -> None:
         read = 0
         # The stream is ours alone and new, so read it all.
-        async for entry_id, fields in tail(self.bus, self.stream, start="0-0", block_ms=self.block_ms,
-                                           closing=lambda: self._closing):
+        async for entries in tail(self.bus, self.stream, start="0-0", block_ms=self.block_ms,
+                                  closing=lambda: self._closing):
             if self._closing:
                 return
-            self._route(entry_id, fields)
-            read += 1
-            if read % TRIM_EVERY == 0:
+            for entry_id, fields in entries:
+                self._route(entry_id, fields)
+            read += len(entries)
+            if read >= TRIM_EVERY:
                 # Delivered replies are not needed again; trimming now and then keeps
                 # the stream small without a round trip on every reply's path.
+                read = 0
                 with contextlib.suppress(*CONNECTION_ERRORS):  # next time, then
-                    await self.bus.redis.xtrim(self.stream, minid=entry_id, approximate=True)
+                    await self.bus.redis.xtrim(self.stream, minid=entries[-1][0], approximate=True)
 
-    def _route(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    def _route(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         try:
             message = decode(fields)
         except MalformedMessage as exc:
-            log.error("ignored malformed reply %s reason=%r", kv(stream=self.stream, entry=entry_id), str(exc))
+            log.error("ignored malformed reply %s reason=%r", kv(stream=self.stream, entry=entry_id.decode()),
+                      str(exc))
             return
         deliver = self._waiters.get(message.correlation_id or "")
         if deliver is None:
@@ -142,8 +145,9 @@ class ReplyInbox:
 
 
 async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
-               closing: Callable[[], bool]) -> AsyncIterator[tuple[str, dict[bytes, bytes]]]:
-    """Every entry added to ``stream`` after ``start``, reconnecting with backoff, until ``closing()``.
+               closing: Callable[[], bool]) -> AsyncIterator[list[tuple[bytes, dict[bytes, bytes]]]]:
+    """Every entry added to ``stream`` after ``start``, as (id, fields) in the batches each XREAD
+    returns (a step of the generator per read, not per entry), reconnecting with backoff, until ``closing()``.
 
     ``closing`` is checked between blocking reads: stopping lets the last XREAD
     run out (at most ``block_ms``) instead of cancelling it mid-command.
@@ -160,6 +164,6 @@ async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
             await asyncio.sleep(delay)
             continue
         for _stream, entries in response or []:
-            for raw_id, fields in entries:
-                last = raw_id.decode()
-                yield last, fields
+            if entries:
+                last = entries[-1][0].decode()
+                yield entries
