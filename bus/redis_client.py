@@ -25,9 +25,7 @@ class HiredisPacking:
     def pack_command(self, *args: Any) -> list[bytes]:
         head = args[0]
         # A command name with spaces ("CLIENT SETNAME") goes out as separate words.
-        if isinstance(head, str):
-            args = (*head.encode().split(), *args[1:])
-        elif b" " in head:
+        if (" " if isinstance(head, str) else b" ") in head:
             args = (*head.split(), *args[1:])
         try:
             return [_hiredis_pack(args)]
