@@ -313,3 +313,11 @@ async def test_a_request_redis_refuses_fails_at_once_with_the_reason(fake_bus: B
             await inbox.request("u:not-a-stream", ToolsList(reply_to=inbox.stream), "r", timeout=5)
     finally:
         await inbox.close()
+
+
+async def test_closing_an_inbox_wakes_its_blocking_read_instead_of_waiting_it_out(fake_bus: Bus) -> None:
+    inbox = ReplyInbox(fake_bus, "brain-1", block_ms=30_000)
+    await inbox.start()
+    await asyncio.sleep(0.05)  # its XREAD is blocked now
+    await asyncio.wait_for(inbox.close(), timeout=10)  # without the wake-up entry: the whole 30 s block
+    assert not await fake_bus.redis.exists(inbox.stream)
