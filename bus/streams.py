@@ -44,7 +44,7 @@ Handler = Callable[[Message, str], Awaitable[Sequence[Reply]]]
 """Handles one message (with the stream it came from); returns (stream, message) replies."""
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
-WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # ~8 s for a reply, then the reaper's turn
+WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # ~10 s for a reply, then the reaper's turn
 CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 
@@ -313,7 +313,7 @@ class GroupConsumer:
                                                       entry_id, replies, aside, attempt + 1)
                 return
             self._writing -= 1
-            if isinstance(outcome, Exception):  # still pending: the reaper hands it out again
+            if isinstance(outcome, Exception):  # unacked entries stay pending: the reaper hands them out again
                 log.error("reply not written %s: %s", kv(stream=stream, entry=entry_id), outcome)
             self._release(stream, entry_id, aside)
             if not self._writing and self._all_written is not None and not self._all_written.done():

@@ -49,7 +49,7 @@ class RetryPolicy(BaseModel):
     max_s: float = Field(default=10.0, ge=0)
 
 
-ProgressSink = Callable[[str], Awaitable[None]]
+SendProgress = Callable[[str], Awaitable[Any]]
 """Sends one ``tool:progress`` "output" message for the call (the executor's, per worker)."""
 
 
@@ -69,7 +69,7 @@ class ToolContext:
     jobs: Any = None  # hands.jobs.JobManager, for commands that outlive their call
     approvals: Any = None  # hands.approvals.ApprovalGate, for commands that may need a person's yes
     call: Any = None  # the tool:execute being served
-    send_progress: ProgressSink | None = None
+    send_progress: SendProgress | None = None
     notes: dict[str, Any] = field(default_factory=dict)  # e.g. {"sandbox": "bwrap"}, copied into the metadata
 
     async def progress(self, message: str) -> None:
