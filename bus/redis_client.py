@@ -50,6 +50,7 @@ def connect(url: str) -> Redis:
     this machine kind. What the timeout guarded against is handled where it matters instead:
     a dead peer by TCP keepalive (above), a slow or stuck Redis by every caller's own deadline
     (a tool call's timer, the blocking reads' short blocks), and connecting still times out.
+    A ``?socket_timeout=N`` in the URL still applies, for whoever wants one anyway.
     """
     tcp = {"socket_keepalive": True, "socket_keepalive_options": KEEPALIVE} if url.startswith("redis") else {}
     redis = Redis.from_url(url, decode_responses=False, health_check_interval=30, socket_timeout=None,

@@ -36,3 +36,18 @@ def test_bad_arguments_raise_redis_py_data_error():
 def test_unix_socket_urls_keep_their_connection_kind():
     pool = connect("unix:///tmp/redis.sock").connection_pool
     assert pool.connection_class.__name__ == "HiredisUnixDomainSocketConnection"
+
+
+def test_no_socket_timeout_but_keepalive_on_tcp_and_a_connect_timeout_everywhere():
+    import socket
+
+    tcp = connect("redis://127.0.0.1:6379/0").connection_pool.make_connection()
+    assert tcp.socket_timeout is None and tcp.socket_connect_timeout == 5
+    assert tcp.socket_keepalive and tcp.socket_keepalive_options.get(socket.TCP_KEEPIDLE) == 10
+    unix = connect("unix:///tmp/redis.sock").connection_pool.make_connection()
+    assert unix.socket_timeout is None and unix.socket_connect_timeout == 5
+
+
+def test_a_socket_timeout_asked_for_in_the_url_is_honoured():
+    conn = connect("redis://127.0.0.1:6379/0?socket_timeout=3").connection_pool.make_connection()
+    assert conn.socket_timeout == 3
