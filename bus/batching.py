@@ -20,42 +20,51 @@ from redis.asyncio.client import Pipeline
 log = logging.getLogger("bus.batching")
 
 Build = Callable[[Pipeline], object]
-Ack = tuple[str, str, str]  # stream, group, entry id
 Done = Callable[[list[Any] | Exception], None]
-"""Told a write's outcome: its commands' results, or the error that failed it."""
+"""Told a write's outcome: its commands' results (a refused command's error among them), or the
+error that failed the whole pipeline (Redis away)."""
+
+
+def failure(outcome: list[Any] | Exception) -> Exception | None:
+    """What failed a write, if anything: the pipeline's error, else its first refused command's."""
+    if isinstance(outcome, Exception):
+        return outcome
+    return next((r for r in outcome if isinstance(r, Exception)), None)
 
 
 def _log_failure(outcome: list[Any] | Exception) -> None:
-    if isinstance(outcome, Exception):
-        log.warning("a write sent without waiting failed: %s", outcome)
+    error = failure(outcome)
+    if error is not None:
+        log.warning("a write sent without waiting failed: %s", error)
 
 
 class Batcher:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._queue: list[tuple[Build, asyncio.Future[list[Any]] | Done, Ack | None]] = []
+        self._queue: list[tuple[Build, asyncio.Future[list[Any]] | Done]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def run(self, build: Build, *, ack: Ack | None = None) -> list[Any]:
-        """Queue the commands ``build`` adds to a pipeline; return their results.
+    @property
+    def last_queued(self) -> Build | None:
+        """The build queued last and not yet taken by a flush: one may still add to it (it is
+        called when the pipeline is made), knowing nothing else was queued after it."""
+        return self._queue[-1][0] if self._queue else None
 
-        ``ack``: an entry to acknowledge after those commands. The acks of a batch go
-        out as one XACK per stream and group, at the end of the pipeline (after every
-        reply in it), instead of one command each.
-        """
+    async def run(self, build: Build) -> list[Any]:
+        """Queue the commands ``build`` adds to a pipeline; return their results."""
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._enqueue(build, future, ack)
+        self._enqueue(build, future)
         return await future
 
-    def send(self, build: Build, *, ack: Ack | None = None, done: Done = _log_failure) -> None:
+    def send(self, build: Build, *, done: Done = _log_failure) -> None:
         """Queue commands without waiting; ``done`` hears the outcome (by default a failure is logged).
 
         They still go out in order with everything queued before and after them.
         """
-        self._enqueue(build, done, ack)
+        self._enqueue(build, done)
 
-    def _enqueue(self, build: Build, target: asyncio.Future[list[Any]] | Done, ack: Ack | None) -> None:
-        self._queue.append((build, target, ack))
+    def _enqueue(self, build: Build, target: asyncio.Future[list[Any]] | Done) -> None:
+        self._queue.append((build, target))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
@@ -66,37 +75,31 @@ class Batcher:
             batch, self._queue = self._queue, []
             await self._execute(batch)
 
-    async def _execute(self, batch: list[tuple[Build, asyncio.Future[list[Any]] | Done, Ack | None]]) -> None:
+    async def _execute(self, batch: list[tuple[Build, asyncio.Future[list[Any]] | Done]]) -> None:
         pipe = self.redis.pipeline(transaction=False)
         sizes = []
-        acks: dict[tuple[str, str], list[str]] = {}
-        for build, _, ack in batch:
-            before = len(pipe.command_stack)
+        stack = pipe.command_stack
+        for build, _ in batch:
+            before = len(stack)
             build(pipe)
-            sizes.append(len(pipe.command_stack) - before)
-            if ack is not None:
-                acks.setdefault(ack[:2], []).append(ack[2])
-        for (stream, group), ids in acks.items():
-            pipe.xack(stream, group, *ids)
+            sizes.append(len(stack) - before)
         try:
             results = await pipe.execute(raise_on_error=False)
         except BaseException as exc:  # connection lost: every caller hears it
             error = exc if isinstance(exc, Exception) else ConnectionError("cancelled")
-            for _, target, _ack in batch:
+            for _, target in batch:
                 _settle(target, error)
             if not isinstance(exc, Exception):
                 raise
             return
-        ack_results = dict(zip(acks, results[sum(sizes):]))
         start = 0
-        for (_, target, ack), size in zip(batch, sizes):
+        for (_, target), size in zip(batch, sizes):
             mine, start = results[start : start + size], start + size
-            acked = ack_results.get(ack[:2]) if ack is not None else None
-            error = next((r for r in [*mine, acked] if isinstance(r, Exception)), None)
-            _settle(target, mine if error is None else error)
+            _settle(target, (failure(mine) or mine) if isinstance(target, asyncio.Future) else mine)
 
 
 def _settle(target: asyncio.Future[list[Any]] | Done, outcome: list[Any] | Exception) -> None:
+    """A callback gets its commands' results, errors among them; a future its results or first error."""
     if not isinstance(target, asyncio.Future):
         try:
             target(outcome)

@@ -15,6 +15,7 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
+from bus.batching import failure
 from bus.log import kv
 from bus.protocol import MalformedMessage, Message, decode
 from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
@@ -102,13 +103,14 @@ class ReplyInbox:
     def _send(self, stream: str, message: Message, answer: asyncio.Future[Message], failures: int = 0) -> None:
         """Queue a request; while Redis is away, queue it again with backoff until ``answer`` is done."""
         def sent(outcome: list[Any] | Exception) -> None:
-            if not isinstance(outcome, Exception) or answer.done():
+            error = failure(outcome)
+            if error is None or answer.done():
                 return
-            if not isinstance(outcome, CONNECTION_ERRORS):
-                answer.set_exception(outcome)  # Redis refused it: the caller hears why
+            if not isinstance(error, CONNECTION_ERRORS):
+                answer.set_exception(error)  # Redis refused it: the caller hears why
                 return
             delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
-            log.warning("Redis away while sending to %s, retrying in %.2fs: %s", stream, delay, outcome)
+            log.warning("Redis away while sending to %s, retrying in %.2fs: %s", stream, delay, error)
             asyncio.get_running_loop().call_later(delay, self._send, stream, message, answer, failures + 1)
 
         self.bus.batcher.send(lambda pipe: self.bus.add(pipe, stream, message), done=sent)

@@ -137,6 +137,7 @@ class GroupConsumer:
         self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
         self.stopping = False  # set on stop: read nothing more, take nothing over
         self._writing = 0  # entries handled whose replies and ack are not yet in Redis
+        self._answers: _Answers | None = None  # the round of answers still open to more
         self._all_written: asyncio.Future[None] | None = None  # drain waits on it
 
     @property
@@ -296,32 +297,35 @@ class GroupConsumer:
             if not answered:
                 self._release(stream, entry_id, _aside.get())
 
-    def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply], aside: bool,
-                       attempt: int = 0) -> None:
-        """Queue the replies and the ack on the next pipeline (the ack after the replies: a crash
-        between means redelivery), and release the entry once Redis has them; a write that
-        fails while Redis is away is tried again with backoff, no task waiting on it."""
-        def build(pipe: Pipeline) -> None:
-            for target, reply in replies:
-                self.bus.add(pipe, target, reply)
+    def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply], aside: bool) -> None:
+        """Queue the replies and the ack for the next pipeline; the entry stays held (its slot
+        taken) until Redis has them. Entries answered in one round share one write (``_Answers``)
+        as long as nothing else was queued after it, so nothing overtakes what was sent before."""
+        self._writing += 1
+        answers = self._answers
+        if answers is None or self.bus.batcher.last_queued is not answers:
+            answers = self._answers = _Answers(self)
+            answers.send()
+        answers.entries.append((stream, entry_id, replies, aside))
 
-        def done(outcome: list[Any] | Exception) -> None:
-            if isinstance(outcome, CONNECTION_ERRORS) and attempt < len(WRITE_RETRY_DELAYS):
-                if attempt == 0:
-                    log.warning("Redis away while answering %s; retrying", kv(stream=stream, entry=entry_id))
-                asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[attempt], self._reply_and_ack, stream,
-                                                      entry_id, replies, aside, attempt + 1)
-                return
+    def _written(self, answers: _Answers, outcome: list[Any] | Exception) -> None:
+        """A round's write came back: release its entries, or try again while Redis is away."""
+        if isinstance(outcome, CONNECTION_ERRORS) and answers.attempt < len(WRITE_RETRY_DELAYS):
+            if answers.attempt == 0:
+                log.warning("Redis away while answering %d entr%s; retrying", len(answers.entries),
+                            "y" if len(answers.entries) == 1 else "ies")
+            again = _Answers(self, answers.attempt + 1, answers.entries)
+            asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[answers.attempt], again.send)
+            return
+        errors = answers.errors(outcome)
+        for stream, entry_id, _replies, aside in answers.entries:
+            error = errors.get(entry_id)
+            if error is not None:  # unacked entries stay pending: the reaper hands them out again
+                log.error("reply not written %s: %s", kv(stream=stream, entry=entry_id), error)
             self._writing -= 1
-            if isinstance(outcome, Exception):  # unacked entries stay pending: the reaper hands them out again
-                log.error("reply not written %s: %s", kv(stream=stream, entry=entry_id), outcome)
             self._release(stream, entry_id, aside)
-            if not self._writing and self._all_written is not None and not self._all_written.done():
-                self._all_written.set_result(None)
-
-        if attempt == 0:
-            self._writing += 1
-        self.bus.batcher.send(build, ack=(stream, self.group, entry_id), done=done)
+        if not self._writing and self._all_written is not None and not self._all_written.done():
+            self._all_written.set_result(None)
 
     def _release(self, stream: str, entry_id: str, aside: bool) -> None:
         """The entry is answered (or left to the reaper): its slot goes to the next one."""
@@ -330,6 +334,48 @@ class GroupConsumer:
             self._aside_count -= 1
         else:
             self._slots.release()
+
+
+class _Answers:
+    """One round of answered entries, written as one batcher item: every reply, then one XACK per
+    stream after them (a crash between means redelivery, never a lost answer)."""
+
+    __slots__ = ("consumer", "attempt", "entries")
+
+    def __init__(self, consumer: GroupConsumer, attempt: int = 0,
+                 entries: list[tuple[str, str, Sequence[Reply], bool]] | None = None) -> None:
+        self.consumer, self.attempt = consumer, attempt
+        self.entries = entries if entries is not None else []  # (stream, entry id, replies, set aside)
+
+    def __call__(self, pipe: Pipeline) -> None:
+        bus, acks = self.consumer.bus, {}
+        for stream, entry_id, replies, _aside in self.entries:
+            for target, reply in replies:
+                bus.add(pipe, target, reply)
+            acks.setdefault(stream, []).append(entry_id)
+        for stream, ids in acks.items():
+            pipe.xack(stream, self.consumer.group, *ids)
+
+    def send(self) -> None:
+        self.consumer.bus.batcher.send(self, done=self.written)
+
+    def written(self, outcome: list[Any] | Exception) -> None:
+        self.consumer._written(self, outcome)  # noqa: SLF001 - the consumer's own callback
+
+    def errors(self, outcome: list[Any] | Exception) -> dict[str, Exception]:
+        """Entry id -> what kept its reply or ack out of Redis, from the write's results."""
+        if isinstance(outcome, Exception):
+            return {entry_id: outcome for _, entry_id, _, _ in self.entries}
+        errors, results = {}, iter(outcome)
+        for _, entry_id, replies, _ in self.entries:
+            error = next((r for r in [next(results) for _ in replies] if isinstance(r, Exception)), None)
+            if error is not None:
+                errors[entry_id] = error
+        streams = list(dict.fromkeys(stream for stream, _, _, _ in self.entries))
+        for stream, acked in zip(streams, results):
+            if isinstance(acked, Exception):
+                errors.update({e: acked for s, e, _, _ in self.entries if s == stream and e not in errors})
+        return errors
 
 
 async def dead_letter(

@@ -60,31 +60,21 @@ async def test_an_unreachable_server_fails_every_waiting_caller() -> None:
     await redis.aclose()
 
 
-async def test_acks_of_one_batch_go_out_as_one_xack_after_every_reply() -> None:
+async def test_a_callback_hears_every_result_refusals_included_and_last_queued_follows_the_queue() -> None:
     redis = fakeredis.FakeAsyncRedis()
-    await redis.xgroup_create("requests", "g", id="0", mkstream=True)
-    ids = [await redis.xadd("requests", {"n": n}) for n in range(20)]
-    await redis.xreadgroup("g", "c", {"requests": ">"})
+    await redis.set("text", "x")
     batcher = Batcher(redis)
-    stacks: list[list[str]] = []
-    original = redis.pipeline
+    heard: list = []
 
-    def recording_pipeline(*args, **kwargs):
-        pipe = original(*args, **kwargs)
-        execute = pipe.execute
+    def build(p) -> None:
+        p.incr("n")
+        p.lpush("text", 1)  # refused: wrong type
 
-        async def recorded(*a, **k):
-            stacks.append([command[0][0] for command in pipe.command_stack])
-            return await execute(*a, **k)
-
-        pipe.execute = recorded
-        return pipe
-
-    redis.pipeline = recording_pipeline
-    await asyncio.gather(*(batcher.run(lambda p, n=n: p.xadd("replies", {"n": n}), ack=("requests", "g", i.decode()))
-                           for n, i in enumerate(ids)))
-    assert stacks == [["XADD"] * 20 + ["XACK"]]  # one ack for the batch, after the replies
-    assert (await redis.xpending("requests", "g"))["pending"] == 0
+    batcher.send(build, done=heard.append)
+    assert batcher.last_queued is build  # still open: whoever queued it may add to it
+    assert await batcher.run(lambda p: p.get("n")) == [b"1"]
+    assert batcher.last_queued is None  # taken by the flush
+    assert heard[0][0] == 1 and isinstance(heard[0][1], ResponseError)
     await redis.aclose()
 
 

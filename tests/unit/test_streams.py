@@ -52,10 +52,12 @@ async def _consume_until(bus: Bus, stream: str, handler, done, what: str) -> Non
     """Run one consumer until ``done()`` holds and nothing is pending, then stop it."""
     stop, task = await _run(GroupConsumer(bus, streams=[stream], group="g", consumer="w1", handler=handler,
                                           block_ms=50))
-    await async_wait_until(done, what=what)
-    await async_wait_until(lambda: _pending(bus, stream), what="everything acked")
-    stop.set()
-    await task
+    try:
+        await async_wait_until(done, what=what)
+        await async_wait_until(lambda: _pending(bus, stream), what="everything acked")
+    finally:  # also when the wait fails: a consumer left running would hang the test's teardown
+        stop.set()
+        await task
 
 
 async def test_group_delivers_each_entry_once_acks_after_replying(fake_bus: Bus) -> None:
@@ -321,3 +323,55 @@ async def test_closing_an_inbox_wakes_its_blocking_read_instead_of_waiting_it_ou
     await asyncio.sleep(0.05)  # its XREAD is blocked now
     await asyncio.wait_for(inbox.close(), timeout=10)  # without the wake-up entry: the whole 30 s block
     assert not await fake_bus.redis.exists(inbox.stream)
+
+
+def _recorded_pipelines(bus: Bus) -> list[list[str]]:
+    stacks: list[list[str]] = []
+    original = bus.redis.pipeline
+
+    def pipeline(*args, **kwargs):
+        pipe = original(*args, **kwargs)
+        execute = pipe.execute
+
+        async def recorded(*a, **k):
+            stacks.append([command[0][0] for command in pipe.command_stack])
+            return await execute(*a, **k)
+
+        pipe.execute = recorded
+        return pipe
+
+    bus.redis.pipeline = pipeline
+    return stacks
+
+
+async def test_a_rounds_answers_go_out_in_one_write_replies_first_then_one_ack(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    for n in range(10):  # as many as the consumer's 10 slots: one read
+        await fake_bus.publish(stream, _execute(n))
+    stacks = _recorded_pipelines(fake_bus)
+    await _consume_until(fake_bus, stream, lambda m, _s: _answer(m), lambda: len(stacks) >= 1, "the answers")
+    assert stacks[0] == ["XADD"] * 10 + ["XACK"], stacks  # read together, answered together, acked after the replies
+    assert len(await fake_bus.redis.xrange("u:reply:b")) == 10
+
+
+async def test_what_a_handler_sent_before_answering_is_never_overtaken_by_its_answer(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    for n in range(10):
+        await fake_bus.publish(stream, _execute(n))
+
+    seen: list[str] = []
+
+    async def handler(message, _stream):
+        seen.append(message.call_id)
+        fake_bus.send("u:reply:b", ChatCancel(session_id=f"progress {message.call_id}"))
+        return [("u:reply:b", ChatCancel(session_id=f"result {message.call_id}"))]
+
+    await _consume_until(fake_bus, stream, handler, lambda: len(seen) == 10, "every call handled")
+    await async_wait_until(lambda: _stream_length(fake_bus, "u:reply:b", 20), what="every event and answer")
+    order = [decode(f).session_id for _, f in await fake_bus.redis.xrange("u:reply:b")]
+    for n in range(10):
+        assert order.index(f"progress c{n}") < order.index(f"result c{n}"), order
+
+
+async def _stream_length(bus: Bus, stream: str, n: int) -> bool:
+    return await bus.redis.xlen(stream) == n
