@@ -19,8 +19,9 @@ from typing import Any
 
 from bus.keys import Keys
 from bus.log import kv
+from bus.loops import every, finish
 from bus.protocol import ChatMessage
-from bus.streams import HandedOver, every, finish
+from bus.streams import HandedOver
 
 log = logging.getLogger("brain.session_order")
 

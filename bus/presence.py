@@ -20,7 +20,8 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
-from bus.streams import Bus, every, finish
+from bus.loops import every, finish
+from bus.streams import Bus
 
 log = logging.getLogger("bus.presence")
 

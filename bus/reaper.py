@@ -30,9 +30,10 @@ from redis import exceptions as redis_errors
 
 from bus.config import RedisSettings
 from bus.log import kv
+from bus.loops import every, finish
 from bus.presence import alive
 from bus.protocol import MalformedMessage, Message, decode
-from bus.streams import Bus, GroupConsumer, Reply, dead_letter, every, finish
+from bus.streams import Bus, GroupConsumer, Reply, dead_letter
 
 log = logging.getLogger("bus.reaper")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +28,7 @@ from bus.batching import Batcher
 from bus.config import RedisSettings
 from bus.keys import Keys
 from bus.log import kv
+from bus.loops import sleep_or_stop
 from bus.protocol import MalformedMessage, Message, decode, encode
 from bus.redis_client import connect
 
@@ -165,7 +166,7 @@ class GroupConsumer:
                 delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
                 failures += 1
                 log.warning("redis unreachable, retrying in %.2fs: %s", delay, exc)
-                await _sleep_or_stop(stop, delay)
+                await sleep_or_stop(stop, delay)
             except redis_errors.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
@@ -394,35 +395,5 @@ async def dead_letter(
     await bus.batcher.run(build)
 
 
-async def every(interval_s: float, stop: asyncio.Event) -> AsyncIterator[None]:
-    """Tick every ``interval_s`` until ``stop`` is set.
-
-    Background loops stop through this rather than by being cancelled: a task
-    cancelled in the middle of a redis-py command can hang on its connection
-    (seen in this project with XREAD and XAUTOCLAIM).
-    """
-    while True:
-        try:
-            await asyncio.wait_for(stop.wait(), interval_s)
-            return
-        except TimeoutError:
-            yield
-
-
-async def finish(task: asyncio.Task[None] | None, stop: asyncio.Event, *, grace_s: float) -> None:
-    """Ask a loop to stop and wait for it; cancel it only if it does not stop within ``grace_s``."""
-    stop.set()
-    if task is None:
-        return
-    done, _ = await asyncio.wait({task}, timeout=grace_s)
-    if not done:
-        task.cancel()
-
-
 def _available(semaphore: asyncio.Semaphore) -> int:
     return semaphore._value  # noqa: SLF001 - asyncio offers no public read of free slots
-
-
-async def _sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=delay)

@@ -18,8 +18,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from bus.loops import every, finish
 from bus.protocol import ErrorCode, new_id
-from bus.streams import Bus, every, finish
+from bus.streams import Bus
 from hands.errors import ToolFailure
 
 log = logging.getLogger("hands.pool_limits")

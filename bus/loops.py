@@ -1,0 +1,38 @@
+"""Background loops that stop on an event rather than by being cancelled.
+
+A task cancelled in the middle of a redis-py command can hang on its
+connection (seen in this project with XREAD and XAUTOCLAIM), so periodic
+loops tick through ``every`` and are stopped with ``finish``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+
+async def every(interval_s: float, stop: asyncio.Event) -> AsyncIterator[None]:
+    """Tick every ``interval_s`` until ``stop`` is set."""
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+            return
+        except TimeoutError:
+            yield
+
+
+async def finish(task: asyncio.Task[None] | None, stop: asyncio.Event, *, grace_s: float) -> None:
+    """Ask a loop to stop and wait for it; cancel it only if it does not stop within ``grace_s``."""
+    stop.set()
+    if task is None:
+        return
+    done, _ = await asyncio.wait({task}, timeout=grace_s)
+    if not done:
+        task.cancel()
+
+
+async def sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
+    """Wait ``delay`` seconds, or less if ``stop`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=delay)
