@@ -68,7 +68,7 @@ def run_floor_and_pincer(url: str, tmp: str, workers: int, args: argparse.Namesp
     with processes([floor_worker] * workers, os.environ.copy()), \
             processes([[sys.executable, "-m", "gateway", "hands"]] * workers, bench_env(url, tmp)):
         asyncio.run(wait_for_workers(url, workers))
-        sequential = max(args.sequential // args.rounds, 100)
+        sequential = max(args.sequential // 2, 100)  # per round: the floor's p50 is the noisiest figure
         floors, pincers = [], []
         for _ in range(args.rounds):
             floors.append(run_loop(floor.measure(url, stream, sequential=sequential, total=args.total,
