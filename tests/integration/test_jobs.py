@@ -37,7 +37,7 @@ async def test_a_slow_command_yields_a_job_that_can_be_polled_to_its_end(jobs, c
 
 
 async def test_every_call_about_a_job_reaches_its_owner(jobs, call) -> None:
-    started = await call("exec", {"command": "sleep 30", "background": True})
+    started = await call("exec", {"command": "sleep 30.75", "background": True})  # a duration no other process has
     owner = started.metadata.worker_id
     answers = await asyncio.gather(*(call("process", {"action": "poll", "job_id": started.data["job_id"]})
                                      for _ in range(12)))
@@ -45,7 +45,7 @@ async def test_every_call_about_a_job_reaches_its_owner(jobs, call) -> None:
     assert all(a.data["status"] == "running" for a in answers)
     killed = await call("process", {"action": "kill", "job_id": started.data["job_id"]})
     assert killed.data["status"] == "killed" and killed.metadata.worker_id == owner
-    wait_until(lambda: not processes_matching("sleep 30"), timeout=10, what="the job's process gone")
+    wait_until(lambda: not processes_matching("sleep 30.75"), timeout=10, what="the job's process gone")
 
 
 async def test_write_to_a_background_job(jobs, call) -> None:
