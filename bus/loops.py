@@ -36,3 +36,14 @@ async def sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
     """Wait ``delay`` seconds, or less if ``stop`` is set meanwhile."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=delay)
+
+
+async def let_started_work_run() -> None:
+    """Two turns of the loop: tasks just started run, then the batcher's flush they queued sends.
+
+    Readers call this after handing out what they read and before their next read, whose
+    write would otherwise go out first and sit on the path of every reply or request those
+    tasks send (measured: sequential p50 ~0.9 ms instead of ~1.05, throughput no worse).
+    """
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)

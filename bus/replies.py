@@ -17,6 +17,7 @@ from redis import exceptions as redis_errors
 
 from bus.batching import failure
 from bus.log import kv
+from bus.loops import let_started_work_run
 from bus.protocol import MalformedMessage, Message, decode
 from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
 
@@ -124,10 +125,7 @@ class ReplyInbox:
                 return
             for entry_id, fields in entries:
                 self._route(entry_id, fields)
-            # Let the callers just answered run, and what they send next go out, before the next
-            # read does (as GroupConsumer does after a read): the read's write is not in their way.
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
+            await let_started_work_run()  # the callers just answered send before our next read does
             read += len(entries)
             if read >= TRIM_EVERY:
                 # Delivered replies are not needed again; trimming now and then keeps

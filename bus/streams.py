@@ -28,7 +28,7 @@ from bus.batching import Batcher
 from bus.config import RedisSettings
 from bus.keys import Keys
 from bus.log import kv
-from bus.loops import sleep_or_stop
+from bus.loops import let_started_work_run, sleep_or_stop
 from bus.protocol import MalformedMessage, Message, decode, encode
 from bus.redis_client import connect
 
@@ -252,11 +252,7 @@ class GroupConsumer:
                 await self.dispatch(stream, raw_id.decode(), fields, times=1 if cursor[stream] == ">" else 2)
         if not response:
             return dict.fromkeys(cursor, ">")
-        # Let what was just read run (its task) and its replies go out (the batcher's flush) before
-        # the next read does: the replies of handlers that finish at once leave one write earlier.
-        # Measured: sequential p50 0.90-0.95 ms instead of 1.03-1.10, throughput no worse.
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await let_started_work_run()  # their replies go out before our next read does
         return cursor
 
     async def dispatch(self, stream: str, entry_id: str, fields: dict[bytes, bytes], *, times: int = 1) -> None:
