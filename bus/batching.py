@@ -63,10 +63,19 @@ class Batcher:
         """
         self._enqueue(build, done)
 
-    def _enqueue(self, build: Build, target: asyncio.Future[list[Any]] | Done) -> None:
-        self._queue.append((build, target))
+    def flush_after_ready_work(self) -> None:
+        """Start the next flush now, behind the tasks already scheduled: what they queue when they
+        run (in this same loop turn) rides its pipeline, a turn sooner than a flush they start.
+
+        Readers call it after waking the tasks a read is for (a worker's handlers, a Brain's
+        callers); if none of them sends anything, the flush finds nothing and ends.
+        """
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    def _enqueue(self, build: Build, target: asyncio.Future[list[Any]] | Done) -> None:
+        self._queue.append((build, target))
+        self.flush_after_ready_work()
 
     async def _flush(self) -> None:
         # A new task runs after everything already scheduled in this tick, so the

@@ -8,6 +8,7 @@ starts and acts on what concerns it. Entries are small and capped (MAXLEN ~).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -39,15 +40,16 @@ class BroadcastReader:
                 self._task.cancel()
 
     async def _loop(self, last: str) -> None:
-        async for entries in tail(self.bus, self.stream, start=last, block_ms=self.block_ms,
-                                  closing=lambda: self._closing):
-            for entry_id, fields in entries:
-                try:
-                    message = decode(fields)
-                except MalformedMessage as exc:
-                    log.error("ignored malformed control entry %s: %s", entry_id.decode(), exc)
-                    continue
-                try:
-                    await self.handler(message)
-                except Exception:  # one bad control message must not stop the reader
-                    log.exception("control handler failed for %s", message.type)
+        async with contextlib.aclosing(tail(self.bus, self.stream, start=last, block_ms=self.block_ms,
+                                            closing=lambda: self._closing)) as entries_read:
+            async for entries in entries_read:
+                for entry_id, fields in entries:
+                    try:
+                        message = decode(fields)
+                    except MalformedMessage as exc:
+                        log.error("ignored malformed control entry %s: %s", entry_id.decode(), exc)
+                        continue
+                    try:
+                        await self.handler(message)
+                    except Exception:  # one bad control message must not stop the reader
+                        log.exception("control handler failed for %s", message.type)

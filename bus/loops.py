@@ -10,6 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bus.batching import Batcher
 
 
 async def every(interval_s: float, stop: asyncio.Event) -> AsyncIterator[None]:
@@ -38,12 +42,13 @@ async def sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
         await asyncio.wait_for(stop.wait(), timeout=delay)
 
 
-async def let_started_work_run() -> None:
-    """Two turns of the loop: tasks just started run, then the batcher's flush they queued sends.
+async def let_started_work_run(batcher: Batcher) -> None:
+    """Let the tasks a read just woke run, and send what they queue, before the reader's next read.
 
-    Readers call this after handing out what they read and before their next read, whose
-    write would otherwise go out first and sit on the path of every reply or request those
-    tasks send (measured: sequential p50 ~0.9 ms instead of ~1.05, throughput no worse).
+    The batcher's flush is started behind those tasks, so their replies or requests go out in
+    the same loop turn as they run; the reader resumes after it. Its next read's write would
+    otherwise go out first and sit on the path of every reply or request (measured: sequential
+    p50 ~0.9 ms instead of ~1.05 when this took effect, throughput no worse).
     """
-    await asyncio.sleep(0)
+    batcher.flush_after_ready_work()
     await asyncio.sleep(0)

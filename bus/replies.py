@@ -119,20 +119,21 @@ class ReplyInbox:
     async def _read_loop(self) -> None:
         read = 0
         # The stream is ours alone and new, so read it all.
-        async for entries in tail(self.bus, self.stream, start="0-0", block_ms=self.block_ms,
-                                  closing=lambda: self._closing):
-            if self._closing:
-                return
-            for entry_id, fields in entries:
-                self._route(entry_id, fields)
-            await let_started_work_run()  # the callers just answered send before our next read does
-            read += len(entries)
-            if read >= TRIM_EVERY:
-                # Delivered replies are not needed again; trimming now and then keeps
-                # the stream small without a round trip on every reply's path.
-                read = 0
-                with contextlib.suppress(*CONNECTION_ERRORS):  # next time, then
-                    await self.bus.redis.xtrim(self.stream, minid=entries[-1][0], approximate=True)
+        async with contextlib.aclosing(tail(self.bus, self.stream, start="0-0", block_ms=self.block_ms,
+                                            closing=lambda: self._closing)) as replies:
+            async for entries in replies:
+                if self._closing:
+                    return
+                for entry_id, fields in entries:
+                    self._route(entry_id, fields)
+                await let_started_work_run(self.bus.batcher)  # the callers just answered send before our next read
+                read += len(entries)
+                if read >= TRIM_EVERY:
+                    # Delivered replies are not needed again; trimming now and then keeps
+                    # the stream small without a round trip on every reply's path.
+                    read = 0
+                    with contextlib.suppress(*CONNECTION_ERRORS):  # next time, then
+                        await self.bus.redis.xtrim(self.stream, minid=entries[-1][0], approximate=True)
 
     def _route(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         try:
@@ -154,20 +155,26 @@ async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
     returns (a step of the generator per read, not per entry), reconnecting with backoff, until ``closing()``.
 
     ``closing`` is checked between blocking reads: stopping lets the last XREAD
-    run out (at most ``block_ms``) instead of cancelling it mid-command.
+    run out (at most ``block_ms``) instead of cancelling it mid-command. The reads hold one
+    connection (``Bus.reader``) until the generator is closed: iterate it inside ``aclosing``.
     """
     last, failures = start, 0
-    while not closing():
-        try:
-            response = await bus.redis.xread({stream: last}, count=512, block=block_ms)
-            failures = 0
-        except CONNECTION_ERRORS as exc:
-            delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
-            failures += 1
-            log.warning("%s unreachable, retrying in %.2fs: %s", stream, delay, exc)
-            await asyncio.sleep(delay)
-            continue
-        for _stream, entries in response or []:
-            if entries:
-                last = entries[-1][0].decode()
-                yield entries
+    reader = bus.reader()
+    try:
+        while not closing():
+            try:
+                response = await reader.xread({stream: last}, count=512, block=block_ms)
+                failures = 0
+            except CONNECTION_ERRORS as exc:
+                delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+                failures += 1
+                log.warning("%s unreachable, retrying in %.2fs: %s", stream, delay, exc)
+                await asyncio.sleep(delay)
+                continue
+            for _stream, entries in response or []:
+                if entries:
+                    last = entries[-1][0].decode()
+                    yield entries
+    finally:
+        with contextlib.suppress(redis_errors.RedisError, OSError):
+            await reader.aclose()
