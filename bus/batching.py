@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
@@ -43,6 +44,13 @@ class Batcher:
         self.redis = redis
         self._queue: list[tuple[Build, asyncio.Future[list[Any]] | Done]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._held: Redis | None = None  # one connection for writes of a single command
+
+    async def close(self) -> None:
+        """Give back the held connection (the flusher is done by now: nothing is queued)."""
+        if self._held is not None:
+            held, self._held = self._held, None
+            await held.aclose()
 
     @property
     def last_queued(self) -> Build | None:
@@ -93,7 +101,7 @@ class Batcher:
             build(pipe)
             sizes.append(len(stack) - before)
         try:
-            results = await pipe.execute(raise_on_error=False)
+            results = await self._write(pipe)
         except BaseException as exc:  # connection lost: every caller hears it
             error = exc if isinstance(exc, Exception) else ConnectionError("cancelled")
             for _, target in batch:
@@ -105,6 +113,25 @@ class Batcher:
         for (_, target), size in zip(batch, sizes):
             mine, start = results[start : start + size], start + size
             _settle(target, (failure(mine) or mine) if isinstance(target, asyncio.Future) else mine)
+
+
+    async def _write(self, pipe: Pipeline) -> list[Any]:
+        """Send what ``pipe`` holds and return each command's result (a refused one's error).
+
+        A lone command (a Brain's one tool call, a worker's one event) goes straight down a
+        held connection: redis-py 8's pipeline takes a pooled connection and gives it back
+        through ``asyncio.shield`` (a task and a loop turn) on every execute, ~2x the Python
+        work of the command itself on this machine kind. Batches still share one pipeline.
+        """
+        if len(pipe.command_stack) != 1 or pipe.scripts:
+            return await pipe.execute(raise_on_error=False)
+        ((args, options),) = pipe.command_stack
+        if self._held is None:
+            self._held = Redis(connection_pool=self.redis.connection_pool, single_connection_client=True)
+        try:
+            return [await self._held.execute_command(*args, **options)]
+        except redis_errors.ResponseError as refused:  # as a pipeline reports it: among the results
+            return [refused]
 
 
 def _settle(target: asyncio.Future[list[Any]] | Done, outcome: list[Any] | Exception) -> None:

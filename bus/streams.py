@@ -96,6 +96,7 @@ class Bus:
                 raise
 
     async def close(self) -> None:
+        await self.batcher.close()
         await self.redis.aclose()
 
     def _maxlen(self, stream: str) -> int | None:

@@ -13,25 +13,12 @@ from bus.batching import Batcher
 async def test_callers_in_one_tick_share_one_pipeline_and_get_their_own_results() -> None:
     redis = fakeredis.FakeAsyncRedis()
     batcher = Batcher(redis)
-    executed: list[int] = []
-    original = redis.pipeline
-
-    def counting_pipeline(*args, **kwargs):
-        pipe = original(*args, **kwargs)
-        execute = pipe.execute
-
-        async def counted(*a, **k):
-            executed.append(len(pipe.command_stack))
-            return await execute(*a, **k)
-
-        pipe.execute = counted
-        return pipe
-
-    redis.pipeline = counting_pipeline
+    executed = _counting_pipelines(redis)
     results = await asyncio.gather(*(batcher.run(lambda p, n=n: (p.set(f"k{n}", n), p.get(f"k{n}")))
                                      for n in range(50)))
     assert [r[1] for r in results] == [str(n).encode() for n in range(50)]
     assert executed == [100]  # 50 callers, 100 commands, one round trip
+    await batcher.close()
     await redis.aclose()
 
 
@@ -45,6 +32,7 @@ async def test_an_error_reaches_only_the_caller_whose_command_failed() -> None:
     assert results[0] == [1]
     assert isinstance(results[1], ResponseError)
     assert await batcher.run(lambda p: p.incr("n")) == [2]  # and the batcher keeps working
+    await batcher.close()
     await redis.aclose()
 
 
@@ -57,6 +45,7 @@ async def test_an_unreachable_server_fails_every_waiting_caller() -> None:
     results = await asyncio.gather(batcher.run(lambda p: p.incr("a")), batcher.run(lambda p: p.incr("b")),
                                    return_exceptions=True)
     assert all(isinstance(r, RedisConnectionError) for r in results)
+    await batcher.close()
     await redis.aclose()
 
 
@@ -75,6 +64,7 @@ async def test_a_callback_hears_every_result_refusals_included_and_last_queued_f
     assert await batcher.run(lambda p: p.get("n")) == [b"1"]
     assert batcher.last_queued is None  # taken by the flush
     assert heard[0][0] == 1 and isinstance(heard[0][1], ResponseError)
+    await batcher.close()
     await redis.aclose()
 
 
@@ -90,4 +80,73 @@ async def test_sent_writes_keep_their_order_with_awaited_ones_and_failures_are_l
     await batcher.run(lambda p: p.get("text"))
     await asyncio.sleep(0)
     assert "a write sent without waiting failed" in caplog.text
+    await batcher.close()
+    await redis.aclose()
+
+
+def _counting_pipelines(redis) -> list[int]:
+    """The number of commands of every pipeline executed on ``redis``."""
+    executed: list[int] = []
+    original = redis.pipeline
+
+    def counting_pipeline(*args, **kwargs):
+        pipe = original(*args, **kwargs)
+        execute = pipe.execute
+
+        async def counted(*a, **k):
+            executed.append(len(pipe.command_stack))
+            return await execute(*a, **k)
+
+        pipe.execute = counted
+        return pipe
+
+    redis.pipeline = counting_pipeline
+    return executed
+
+
+async def test_a_lone_command_goes_without_a_pipeline_and_its_caller_gets_its_result_or_refusal() -> None:
+    redis = fakeredis.FakeAsyncRedis()
+    await redis.set("text", "x")
+    batcher = Batcher(redis)
+    pipelines = _counting_pipelines(redis)
+    assert await batcher.run(lambda p: p.incr("n")) == [1]
+    try:
+        await batcher.run(lambda p: p.lpush("text", 1))  # wrong type
+        raise AssertionError("the refusal should reach its caller")
+    except ResponseError as refused:
+        assert "WRONGTYPE" in str(refused)
+    heard: list = []
+    batcher.send(lambda p: p.lpush("text", 1), done=heard.append)
+    assert await batcher.run(lambda p: p.incr("n")) == [2]  # after the refused one, in order
+    assert len(heard) == 1 and isinstance(heard[0][0], ResponseError)
+    assert pipelines == [2]  # only the refused send and the incr queued with it shared a pipeline
+    await batcher.close()
+    await redis.aclose()
+
+
+async def test_lone_and_batched_writes_keep_their_order() -> None:
+    redis = fakeredis.FakeAsyncRedis()
+    batcher = Batcher(redis)
+    batcher.send(lambda p: p.rpush("order", "a"))
+    await asyncio.sleep(0)  # its flush has taken it, alone
+    for x in "bc":
+        batcher.send(lambda p, x=x: p.rpush("order", x))
+    await batcher.run(lambda p: p.rpush("order", "d"))
+    assert await redis.lrange("order", 0, -1) == [b"a", b"b", b"c", b"d"]
+    await batcher.close()
+    await redis.aclose()
+
+
+async def test_an_unreachable_server_fails_a_lone_caller_too() -> None:
+    from redis.asyncio import Redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    redis = Redis.from_url("redis://127.0.0.1:9/0")
+    batcher = Batcher(redis)
+    try:
+        await batcher.run(lambda p: p.incr("a"))
+        raise AssertionError("the caller should hear that Redis is away")
+    except RedisConnectionError:
+        pass
+    await batcher.close()
     await redis.aclose()

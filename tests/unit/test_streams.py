@@ -218,27 +218,21 @@ async def test_entries_set_aside_free_their_slot_up_to_the_limit_and_always_retu
         b"handler crashed: RuntimeError: fails while set aside"]
 
 
-def _watched_pipelines(bus: Bus, failures: int = 0) -> list[list[str]]:
-    """Records the commands of every pipeline sent; the first ``failures`` fail as if Redis were away."""
+def _watched_writes(bus: Bus, failures: int = 0) -> list[list[str]]:
+    """Records the commands of every write the batcher sends (a pipeline, or a lone command on its
+    held connection); the first ``failures`` fail as if Redis were away."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     sent: list[list[str]] = []
-    original = bus.redis.pipeline
+    write = bus.batcher._write  # noqa: SLF001 - the one place every batched write goes through
 
-    def pipeline(*args, **kwargs):
-        pipe = original(*args, **kwargs)
-        execute = pipe.execute
+    async def watched(pipe):
+        sent.append([command[0][0] for command in pipe.command_stack])
+        if len(sent) <= failures:
+            raise RedisConnectionError("Redis away (test)")
+        return await write(pipe)
 
-        async def watched(*a, **k):
-            sent.append([command[0][0] for command in pipe.command_stack])
-            if len(sent) <= failures:
-                raise RedisConnectionError("Redis away (test)")
-            return await execute(*a, **k)
-
-        pipe.execute = watched
-        return pipe
-
-    bus.redis.pipeline = pipeline
+    bus.batcher._write = watched  # noqa: SLF001
     return sent
 
 
@@ -247,7 +241,7 @@ async def test_a_reply_written_while_redis_is_away_is_retried_and_its_entry_held
     await fake_bus.publish(stream, _execute(1))
     consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", concurrency=1, block_ms=50,
                              handler=lambda m, _s: _answer(m))
-    attempts = _watched_pipelines(fake_bus, failures=2)
+    attempts = _watched_writes(fake_bus, failures=2)
     stop, task = await _run(consumer)
     await async_wait_until(lambda: len(attempts) >= 1, what="the first write")
     assert consumer.in_flight == 1 and consumer.holding[stream] == {consumer_entry(consumer, stream)}
@@ -275,7 +269,7 @@ async def test_drain_waits_for_replies_still_on_their_way(fake_bus: Bus) -> None
     await fake_bus.publish(stream, _execute(1))
     consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", block_ms=50,
                              handler=lambda m, _s: _answer(m))
-    attempts = _watched_pipelines(fake_bus, failures=1)  # the reply's first write fails: retried 0.1 s later
+    attempts = _watched_writes(fake_bus, failures=1)  # the reply's first write fails: retried 0.1 s later
     stop, task = await _run(consumer)
     await async_wait_until(lambda: len(attempts) == 1, what="the first, failed write")
     stop.set()  # the handler is done; its reply is not in Redis yet
@@ -288,7 +282,7 @@ async def test_a_request_sent_while_redis_is_away_goes_out_once_it_is_back(fake_
     inbox = ReplyInbox(fake_bus, "brain-1", block_ms=50)
     await inbox.start()
     try:
-        attempts = _watched_pipelines(fake_bus, failures=2)
+        attempts = _watched_writes(fake_bus, failures=2)
         request = ToolsList(reply_to=inbox.stream)
 
         async def answer():
@@ -329,7 +323,7 @@ async def test_a_rounds_answers_go_out_in_one_write_replies_first_then_one_ack(f
     stream = fake_bus.keys.hands_requests
     for n in range(10):  # as many as the consumer's 10 slots: one read
         await fake_bus.publish(stream, _execute(n))
-    stacks = _watched_pipelines(fake_bus)
+    stacks = _watched_writes(fake_bus)
     await _consume_until(fake_bus, stream, lambda m, _s: _answer(m), lambda: len(stacks) >= 1, "the answers")
     assert stacks[0] == ["XADD"] * 10 + ["XACK"], stacks  # read together, answered together, acked after the replies
     assert len(await fake_bus.redis.xrange("u:reply:b")) == 10
