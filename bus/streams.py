@@ -312,9 +312,10 @@ class GroupConsumer:
                 self._release(stream, entry_id, _aside.get())
 
     def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply], aside: bool) -> None:
-        """Queue the replies and the ack for the next pipeline; the entry stays held (its slot
-        taken) until Redis has them. Entries answered in one round share one write (``_Answers``)
-        as long as nothing else was queued after it, so nothing overtakes what was sent before."""
+        """Queue the replies for the next write, and the ack once Redis has them; the entry stays
+        held (its slot taken) until then. Entries answered in one round share one write
+        (``_Answers``) as long as nothing else was queued after it, so nothing overtakes what was
+        sent before."""
         self._writing += 1
         answers = self._answers
         if answers is None or self.bus.batcher.last_queued is not answers:
@@ -323,21 +324,30 @@ class GroupConsumer:
         answers.entries.append((stream, entry_id, replies, aside))
 
     def _written(self, answers: _Answers, outcome: list[Any] | Exception) -> None:
-        """A round's write came back: release its entries, or try again while Redis is away."""
+        """A round's replies (or acks) came back: ack what was answered, release what was acked,
+        or try again while Redis is away."""
         if isinstance(outcome, CONNECTION_ERRORS) and answers.attempt < len(WRITE_RETRY_DELAYS):
             if answers.attempt == 0:
-                log.warning("Redis away while answering %d entr%s; retrying", len(answers.entries),
-                            "y" if len(answers.entries) == 1 else "ies")
-            again = _Answers(self, answers.attempt + 1, answers.entries)
+                log.warning("Redis away while %s %d entr%s; retrying", "acking" if answers.acking else "answering",
+                            len(answers.entries), "y" if len(answers.entries) == 1 else "ies")
+            again = _Answers(self, answers.attempt + 1, answers.entries, acking=answers.acking)
             asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[answers.attempt], again.send)
             return
         errors = answers.errors(outcome)
-        for stream, entry_id, _replies, aside in answers.entries:
+        answered = []
+        for entry in answers.entries:
+            stream, entry_id, _replies, aside = entry
             error = errors.get(entry_id)
+            if error is None and not answers.acking:
+                answered.append(entry)
+                continue
             if error is not None:  # unacked entries stay pending: the reaper hands them out again
-                log.error("reply not written %s: %s", kv(stream=stream, entry=entry_id), error)
+                log.error("%s not written %s: %s", "ack" if answers.acking else "reply",
+                          kv(stream=stream, entry=entry_id), error)
             self._writing -= 1
             self._release(stream, entry_id, aside)
+        if answered:  # replies are in Redis: now, and only now, their acks
+            _Answers(self, entries=answered, acking=True).send()
         if not self._writing and self._all_written is not None and not self._all_written.done():
             self._all_written.set_result(None)
 
@@ -351,24 +361,27 @@ class GroupConsumer:
 
 
 class _Answers:
-    """One round of answered entries, written as one batcher item: every reply, then one XACK per
-    stream after them (a crash between means redelivery, never a lost answer)."""
+    """One round of answered entries as one batcher item: first every reply, then (a new item,
+    sent once Redis has the replies) one XACK per stream. An ack never lands before its reply:
+    a crash in between means a redelivery, never a lost answer, and a reply Redis refuses
+    leaves its entry pending for the reaper."""
 
-    __slots__ = ("consumer", "attempt", "entries")
+    __slots__ = ("consumer", "attempt", "entries", "acking")
 
     def __init__(self, consumer: GroupConsumer, attempt: int = 0,
-                 entries: list[tuple[str, str, Sequence[Reply], bool]] | None = None) -> None:
-        self.consumer, self.attempt = consumer, attempt
+                 entries: list[tuple[str, str, Sequence[Reply], bool]] | None = None, *, acking: bool = False) -> None:
+        self.consumer, self.attempt, self.acking = consumer, attempt, acking
         self.entries = entries if entries is not None else []  # (stream, entry id, replies, set aside)
 
     def __call__(self, pipe: Pipeline) -> None:
-        bus, acks = self.consumer.bus, {}
-        for stream, entry_id, replies, _aside in self.entries:
+        if self.acking:
+            for stream, ids in self._ids_by_stream().items():
+                pipe.xack(stream, self.consumer.group, *ids)
+            return
+        bus = self.consumer.bus
+        for _stream, _entry_id, replies, _aside in self.entries:
             for target, reply in replies:
                 bus.add(pipe, target, reply)
-            acks.setdefault(stream, []).append(entry_id)
-        for stream, ids in acks.items():
-            pipe.xack(stream, self.consumer.group, *ids)
 
     def send(self) -> None:
         self.consumer.bus.batcher.send(self, done=self.written)
@@ -376,19 +389,26 @@ class _Answers:
     def written(self, outcome: list[Any] | Exception) -> None:
         self.consumer._written(self, outcome)  # noqa: SLF001 - the consumer's own callback
 
+    def _ids_by_stream(self) -> dict[str, list[str]]:
+        by_stream: dict[str, list[str]] = {}
+        for stream, entry_id, _replies, _aside in self.entries:
+            by_stream.setdefault(stream, []).append(entry_id)
+        return by_stream
+
     def errors(self, outcome: list[Any] | Exception) -> dict[str, Exception]:
-        """Entry id -> what kept its reply or ack out of Redis, from the write's results."""
+        """Entry id -> what kept its replies (or its ack) out of Redis, from the write's results."""
         if isinstance(outcome, Exception):
             return {entry_id: outcome for _, entry_id, _, _ in self.entries}
         errors, results = {}, iter(outcome)
+        if self.acking:
+            for ids, acked in zip(self._ids_by_stream().values(), results):
+                if isinstance(acked, Exception):
+                    errors.update(dict.fromkeys(ids, acked))
+            return errors
         for _, entry_id, replies, _ in self.entries:
             error = next((r for r in [next(results) for _ in replies] if isinstance(r, Exception)), None)
             if error is not None:
                 errors[entry_id] = error
-        streams = list(dict.fromkeys(stream for stream, _, _, _ in self.entries))
-        for stream, acked in zip(streams, results):
-            if isinstance(acked, Exception):
-                errors.update({e: acked for s, e, _, _ in self.entries if s == stream and e not in errors})
         return errors
 
 

@@ -51,6 +51,15 @@ async def async_wait_until(condition: Callable[[], Any], *, timeout: float = 20.
     raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
 
 
+async def nothing_pending(bus: Bus, stream: str, group: str) -> None:
+    """Every entry of ``stream`` acknowledged by ``group``. An ack follows its reply once Redis
+    has the reply, a round trip after the caller may have read it: wait for it, do not assume it."""
+    async def settled() -> bool:
+        return (await bus.redis.xpending(stream, group))["pending"] == 0
+
+    await async_wait_until(settled, timeout=10, what=f"nothing pending in {stream} for {group}")
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server on a free loopback port, for the whole test session."""

@@ -22,7 +22,7 @@ from bus.protocol import ToolExecute, ToolResult, now_ms
 from bus.redis_server import EmbeddedRedis
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from tests.conftest import SHIPPED_SKILLS, Processes, make_skill
+from tests.conftest import SHIPPED_SKILLS, Processes, make_skill, nothing_pending
 from tests.e2e.test_brains import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -107,7 +107,7 @@ async def test_2000_calls_survive_a_worker_killed_mid_run(bus: Bus, processes: P
     effects = side_effects(log)
     assert max(effects.values()) == 1  # a non-idempotent call's side effect happened at most once
     assert len(effects) >= 200 - len(lost)
-    assert (await bus.redis.xpending(bus.keys.hands_requests, "hands"))["pending"] == 0
+    await nothing_pending(bus, bus.keys.hands_requests, "hands")
 
 
 async def test_calls_end_and_the_pool_recovers_when_redis_restarts(processes: Processes, chaos_env: dict[str, str],
@@ -171,4 +171,4 @@ async def test_sigterm_drains_a_worker_and_leaves_nothing_pending(bus: Bus, proc
         await caller.inbox.close()
     assert all(isinstance(r, ToolResult) and r.success for r in caller.results.values())
     assert drained_in < 10  # it finished what it held rather than waiting for the drain timeout
-    assert (await bus.redis.xpending(bus.keys.hands_requests, "hands"))["pending"] == 0
+    await nothing_pending(bus, bus.keys.hands_requests, "hands")

@@ -12,7 +12,7 @@ from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from tests.conftest import Processes, make_skill
+from tests.conftest import Processes, make_skill, nothing_pending
 
 pytestmark = pytest.mark.e2e
 
@@ -61,7 +61,6 @@ async def test_a_call_survives_its_worker(bus: Bus, processes: Processes, takeov
             assert result.success and result.data == "done"
         else:
             assert result.error.code is ErrorCode.WORKER_LOST and "not run again" in result.error.message
-        pending = await bus.redis.xpending(bus.keys.hands_requests, "hands")
-        assert pending["pending"] == 0  # answered and acknowledged: nothing left behind
+        await nothing_pending(bus, bus.keys.hands_requests, "hands")  # answered and acknowledged
     finally:
         await inbox.close()

@@ -15,7 +15,7 @@ from bus.protocol import (
 )
 from bus.streams import Bus
 from hands.registry import Category, ToolDefinition
-from tests.conftest import TOOL_NAMES, async_wait_until
+from tests.conftest import TOOL_NAMES, async_wait_until, nothing_pending
 
 
 async def test_tools_list_answers_with_specs_and_digest(bus: Bus, engine, call) -> None:
@@ -38,8 +38,7 @@ async def test_execute_and_every_error_path(bus: Bus, engine, call) -> None:
     assert unknown.error.code is ErrorCode.TOOL_NOT_FOUND and "read_file" in unknown.error.message
     invalid = await call("write_file", {"path": "x"})
     assert invalid.error.code is ErrorCode.INVALID_ARGUMENTS and "'content' is a required property" in invalid.error.message
-    pending = await bus.redis.xpending(bus.keys.hands_requests, HANDS_GROUP)
-    assert pending["pending"] == 0
+    await nothing_pending(bus, bus.keys.hands_requests, HANDS_GROUP)
 
 
 async def test_garbage_on_the_request_stream_goes_to_dead_and_work_continues(bus: Bus, engine, call) -> None:

@@ -25,6 +25,7 @@ async def test_a_closed_inbox_gives_its_read_connection_back(bus: Bus) -> None:
     consumer = GroupConsumer(bus, streams=[bus.keys.hands_requests], group="hands", consumer="c1", handler=echo,
                              block_ms=200)
     running = asyncio.create_task(consumer.run(stop))
+    held = 0
     try:
         for round_ in range(12):
             inbox = ReplyInbox(bus, f"asker-{round_}", block_ms=200)
@@ -33,10 +34,14 @@ async def test_a_closed_inbox_gives_its_read_connection_back(bus: Bus) -> None:
             reply = await inbox.request(bus.keys.hands_requests, call, call.call_id, timeout=10)
             assert isinstance(reply, ToolResult) and reply.data == {"n": round_}
             await inbox.close()
-            # Only the consumer's reader holds a connection now; an inbox that kept its reader's
-            # would leave one more in use every round.
-            assert _in_use(bus) == 1, round_
+            # The consumer's reader and the batcher's lone-write connection stay taken; an inbox
+            # that kept its reader's would leave one more in use every round.
+            if round_ == 0:
+                held = _in_use(bus)
+            assert _in_use(bus) == held, round_
     finally:
         stop.set()
         await running
-    assert _in_use(bus) == 0  # the stopped consumer gave its reader's back too
+    assert _in_use(bus) == held - 1  # the stopped consumer gave its reader's back too
+    await bus.batcher.close()
+    assert _in_use(bus) == 0

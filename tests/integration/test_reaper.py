@@ -13,7 +13,7 @@ from bus.presence import Presence
 from bus.protocol import ChatMessage, ChatReply, Message, decode
 from bus.reaper import Reaper, trim_delivered
 from bus.streams import Bus, GroupConsumer, delivery
-from tests.conftest import async_wait_until
+from tests.conftest import async_wait_until, nothing_pending
 
 GROUP = "workers"
 
@@ -78,7 +78,7 @@ async def test_a_dead_consumers_entry_is_taken_over_and_the_consumer_forgotten(p
     try:
         await async_wait_until(lambda: live.seen, what="the orphan taken over")
         assert live.seen == [("orphan", 2)]  # handled as a redelivery
-        assert (await pool_bus.redis.xpending(stream, GROUP))["pending"] == 0
+        await nothing_pending(pool_bus, stream, GROUP)
 
         async def forgotten() -> bool:
             names = [c["name"] for c in await pool_bus.redis.xinfo_consumers(stream, GROUP)]
@@ -124,7 +124,7 @@ async def test_poison_entries_go_to_dead_after_max_deliveries_and_the_caller_hea
         assert len(dead) == 1 and b"delivered 3 times" in dead[0][1][b"dead:reason"]
         assert decode(dead[0][1]).message_id == poison.message_id  # kept whole, to retry
         assert live.seen == []  # never handed to the handler again
-        assert (await pool_bus.redis.xpending(stream, GROUP))["pending"] == 0
+        await nothing_pending(pool_bus, stream, GROUP)
         replies = await pool_bus.redis.xrange("pincer-test:replies")
         assert decode(replies[-1][1]).text == "gave up"
     finally:
