@@ -5,7 +5,9 @@ throughput with 64 calls in flight):
 - floor: a bare redis-py round trip (bench/floor.py), 1 and 2 worker processes;
 - Pincer: `tool:execute` of the no-op skill through `pincer hands` processes, 1 and 2;
   the floor and Pincer run side by side and are measured in alternating rounds (medians of
-  ``--rounds``), as this VM's speed drifts ±20% within minutes;
+  ``--rounds``), as this VM's speed drifts ±20% within minutes; Pincer's "vs floor" figures
+  are the medians of its per-round ratios to the floor with as many workers, so the drift
+  between rounds cancels out;
 - Celery 5 (Redis broker and result backend, solo pool): `.delay().get()`, 1 and 2 workers;
 - I/O-bound scaling: Pincer's `nap` skill (50 ms asleep) with 1, 2 and 4 workers.
 Writes a section to bench/RESULTS.md and the chart bench/results.png.
@@ -68,15 +70,18 @@ def run_floor_and_pincer(url: str, tmp: str, workers: int, args: argparse.Namesp
     with processes([floor_worker] * workers, os.environ.copy()), \
             processes([[sys.executable, "-m", "gateway", "hands"]] * workers, bench_env(url, tmp)):
         asyncio.run(wait_for_workers(url, workers))
-        sequential = max(args.sequential // 2, 100)  # per round: the floor's p50 is the noisiest figure
         floors, pincers = [], []
         for _ in range(args.rounds):
-            floors.append(run_loop(floor.measure(url, stream, sequential=sequential, total=args.total,
+            floors.append(run_loop(floor.measure(url, stream, sequential=args.sequential, total=args.total,
                                                  in_flight=64)))
-            pincers.append(run_loop(measure(url, sequential=sequential, total=args.total, in_flight=64)))
+            pincers.append(run_loop(measure(url, sequential=args.sequential, total=args.total, in_flight=64)))
     asyncio.run(_forget(url))
+    # Each round's Pincer figure against the floor's of the same round: the VM's drift cancels out.
+    same_round = {"p50_vs_floor": statistics.median(p["p50_ms"] / f["p50_ms"] for f, p in zip(floors, pincers)),
+                  "calls_vs_floor": statistics.median(p["calls_per_s"] / f["calls_per_s"]
+                                                      for f, p in zip(floors, pincers))}
     return [{"system": "floor (bare redis-py)", "workers": workers, **_medians(floors)},
-            {"system": "Pincer (Hands, no-op skill)", "workers": workers, **_medians(pincers)}]
+            {"system": "Pincer (Hands, no-op skill)", "workers": workers, **_medians(pincers), **same_round}]
 
 
 def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -101,7 +106,7 @@ def run_celery(url: str, workers: int, args: argparse.Namespace) -> Row:
         for _ in range(100):
             celery_app.noop.delay().get(timeout=10)
         latencies = []
-        for _ in range(min(args.sequential, 1000)):
+        for _ in range(1000):  # Celery is steady: one long run, no rounds
             started = time.perf_counter()
             celery_app.noop.delay().get(timeout=10)
             latencies.append(time.perf_counter() - started)
@@ -161,9 +166,12 @@ def write(rows: list[Row], naps: list[Row], out: Path) -> str:
              "| system | workers | sequential p50 | sequential p99 | calls/s, 64 in flight | p50 vs floor | "
              "calls/s vs floor |", "|---|---|---|---|---|---|---|"]
     for r in rows:
+        # Pincer: the median of its per-round ratios to the floor with as many workers (same rounds);
+        # the others: against the one-worker floor's medians.
+        p50_ratio = r.get("p50_vs_floor", r["p50_ms"] / floor_1["p50_ms"])
+        calls_ratio = r.get("calls_vs_floor", r["calls_per_s"] / floor_1["calls_per_s"])
         lines.append(f"| {r['system']} | {r['workers']} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | "
-                     f"{r['calls_per_s']:,.0f} | {r['p50_ms'] / floor_1['p50_ms']:.2f}× | "
-                     f"{r['calls_per_s'] / floor_1['calls_per_s']:.2f}× |")
+                     f"{r['calls_per_s']:,.0f} | {p50_ratio:.2f}× | {calls_ratio:.2f}× |")
     lines += ["", "| I/O-bound: nap 50 ms, 400 in flight | workers | calls/s |", "|---|---|---|"]
     lines += [f"| {r['system']} | {r['workers']} | {r['calls_per_s']:,.0f} |" for r in naps]
     _chart(rows, naps, out)
@@ -202,11 +210,11 @@ def _redis_version() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sequential", type=int, default=1000)
-    parser.add_argument("--total", type=int, default=6400)
+    parser.add_argument("--sequential", type=int, default=300, help="sequential calls per round")
+    parser.add_argument("--total", type=int, default=3200, help="calls with 64 in flight, per round")
     parser.add_argument("--naps", type=int, default=2000)
     parser.add_argument("--no-write", action="store_true", help="print, do not touch bench/RESULTS.md")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating floor/Pincer rounds (medians)")
+    parser.add_argument("--rounds", type=int, default=15, help="alternating floor/Pincer rounds (medians)")
     parser.add_argument("--only", nargs="+", choices=["pincer", "celery", "naps"],
                         default=["pincer", "celery", "naps"],
                         help="measure only these (implies --no-write); pincer comes with its floor")
