@@ -31,9 +31,10 @@ from redis import exceptions as redis_errors
 from bus.config import RedisSettings
 from bus.log import kv
 from bus.loops import every, finish
+from bus.outcomes import dead_letter
 from bus.presence import alive
 from bus.protocol import MalformedMessage, Message, decode
-from bus.streams import Bus, GroupConsumer, Reply, dead_letter
+from bus.streams import Bus, GroupConsumer, Reply
 
 log = logging.getLogger("bus.reaper")
 

@@ -3,9 +3,9 @@
 - ``Bus.publish`` appends one message to a stream (approximately capped).
 - ``GroupConsumer`` reads a consumer group (its own pending entries first, then
   new ones), runs a handler per message within a concurrency limit, and writes
-  the handler's replies and the XACK in one pipeline: reply before ack, so a
-  crash in between redelivers rather than loses. Garbage is acknowledged,
-  logged and copied to the ``dead`` stream; the loop keeps going.
+  the handler's replies, then the XACK once Redis has them, so a crash in
+  between redelivers rather than loses (``bus/outcomes.py``). Garbage is
+  acknowledged, logged and copied to the ``dead`` stream; the loop keeps going.
 Reading streams outside a group (a process's reply inbox, broadcasts) is in
 ``bus/replies.py``.
 """
@@ -29,6 +29,7 @@ from bus.config import RedisSettings
 from bus.keys import Keys
 from bus.log import kv
 from bus.loops import let_started_work_run, sleep_or_stop
+from bus.outcomes import Answers, dead_letter
 from bus.protocol import MalformedMessage, Message, decode, encode
 from bus.redis_client import connect
 
@@ -148,7 +149,7 @@ class GroupConsumer:
         self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
         self.stopping = False  # set on stop: read nothing more, take nothing over
         self._writing = 0  # entries handled whose replies and ack are not yet in Redis
-        self._answers: _Answers | None = None  # the round of answers still open to more
+        self._answers: Answers | None = None  # the round of answers still open to more
         self._all_written: asyncio.Future[None] | None = None  # drain waits on it
 
     @property
@@ -314,23 +315,23 @@ class GroupConsumer:
     def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply], aside: bool) -> None:
         """Queue the replies for the next write, and the ack once Redis has them; the entry stays
         held (its slot taken) until then. Entries answered in one round share one write
-        (``_Answers``) as long as nothing else was queued after it, so nothing overtakes what was
+        (``Answers``) as long as nothing else was queued after it, so nothing overtakes what was
         sent before."""
         self._writing += 1
         answers = self._answers
         if answers is None or self.bus.batcher.last_queued is not answers:
-            answers = self._answers = _Answers(self)
+            answers = self._answers = Answers(self)
             answers.send()
         answers.entries.append((stream, entry_id, replies, aside))
 
-    def _written(self, answers: _Answers, outcome: list[Any] | Exception) -> None:
+    def _written(self, answers: Answers, outcome: list[Any] | Exception) -> None:
         """A round's replies (or acks) came back: ack what was answered, release what was acked,
         or try again while Redis is away."""
         if isinstance(outcome, CONNECTION_ERRORS) and answers.attempt < len(WRITE_RETRY_DELAYS):
             if answers.attempt == 0:
                 log.warning("Redis away while %s %d entr%s; retrying", "acking" if answers.acking else "answering",
                             len(answers.entries), "y" if len(answers.entries) == 1 else "ies")
-            again = _Answers(self, answers.attempt + 1, answers.entries, acking=answers.acking)
+            again = Answers(self, answers.attempt + 1, answers.entries, acking=answers.acking)
             asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[answers.attempt], again.send)
             return
         errors = answers.errors(outcome)
@@ -347,7 +348,7 @@ class GroupConsumer:
             self._writing -= 1
             self._release(stream, entry_id, aside)
         if answered:  # replies are in Redis: now, and only now, their acks
-            _Answers(self, entries=answered, acking=True).send()
+            Answers(self, entries=answered, acking=True).send()
         if not self._writing and self._all_written is not None and not self._all_written.done():
             self._all_written.set_result(None)
 
@@ -358,74 +359,6 @@ class GroupConsumer:
             self._aside_count -= 1
         else:
             self._slots.release()
-
-
-class _Answers:
-    """One round of answered entries as one batcher item: first every reply, then (a new item,
-    sent once Redis has the replies) one XACK per stream. An ack never lands before its reply:
-    a crash in between means a redelivery, never a lost answer, and a reply Redis refuses
-    leaves its entry pending for the reaper."""
-
-    __slots__ = ("consumer", "attempt", "entries", "acking")
-
-    def __init__(self, consumer: GroupConsumer, attempt: int = 0,
-                 entries: list[tuple[str, str, Sequence[Reply], bool]] | None = None, *, acking: bool = False) -> None:
-        self.consumer, self.attempt, self.acking = consumer, attempt, acking
-        self.entries = entries if entries is not None else []  # (stream, entry id, replies, set aside)
-
-    def __call__(self, pipe: Pipeline) -> None:
-        if self.acking:
-            for stream, ids in self._ids_by_stream().items():
-                pipe.xack(stream, self.consumer.group, *ids)
-            return
-        bus = self.consumer.bus
-        for _stream, _entry_id, replies, _aside in self.entries:
-            for target, reply in replies:
-                bus.add(pipe, target, reply)
-
-    def send(self) -> None:
-        self.consumer.bus.batcher.send(self, done=self.written)
-
-    def written(self, outcome: list[Any] | Exception) -> None:
-        self.consumer._written(self, outcome)  # noqa: SLF001 - the consumer's own callback
-
-    def _ids_by_stream(self) -> dict[str, list[str]]:
-        by_stream: dict[str, list[str]] = {}
-        for stream, entry_id, _replies, _aside in self.entries:
-            by_stream.setdefault(stream, []).append(entry_id)
-        return by_stream
-
-    def errors(self, outcome: list[Any] | Exception) -> dict[str, Exception]:
-        """Entry id -> what kept its replies (or its ack) out of Redis, from the write's results."""
-        if isinstance(outcome, Exception):
-            return {entry_id: outcome for _, entry_id, _, _ in self.entries}
-        errors, results = {}, iter(outcome)
-        if self.acking:
-            for ids, acked in zip(self._ids_by_stream().values(), results):
-                if isinstance(acked, Exception):
-                    errors.update(dict.fromkeys(ids, acked))
-            return errors
-        for _, entry_id, replies, _ in self.entries:
-            error = next((r for r in [next(results) for _ in replies] if isinstance(r, Exception)), None)
-            if error is not None:
-                errors[entry_id] = error
-        return errors
-
-
-async def dead_letter(
-    bus: Bus, stream: str, group: str, entry_id: str, fields: dict[bytes, bytes], reason: str
-) -> None:
-    """Acknowledge an entry that cannot be handled and keep a copy in ``dead``."""
-    log.error("dead-lettered %s reason=%r", kv(stream=stream, entry=entry_id), reason)
-    copy = {b"dead:source": stream.encode(), b"dead:group": group.encode(), b"dead:entry": entry_id.encode(),
-            b"dead:reason": reason.encode()}
-    copy.update({k: v for k, v in fields.items() if not k.startswith(b"dead:")})
-
-    def build(pipe: Pipeline) -> None:
-        pipe.xadd(bus.keys.dead, copy, maxlen=bus.settings.dead_maxlen, approximate=True)
-        pipe.xack(stream, group, entry_id)
-
-    await bus.batcher.run(build)
 
 
 def _available(semaphore: asyncio.Semaphore) -> int:
