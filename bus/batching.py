@@ -46,8 +46,11 @@ class Batcher:
         self._flusher: asyncio.Task[None] | None = None
         self._held: Redis | None = None  # one connection for writes of a single command
 
-    async def close(self) -> None:
-        """Give back the held connection (the flusher is done by now: nothing is queued)."""
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is still queued (events sent without waiting, say), for up to ``timeout_s``,
+        then give back the held connection."""
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.wait({self._flusher}, timeout=timeout_s)
         if self._held is not None:
             held, self._held = self._held, None
             await held.aclose()

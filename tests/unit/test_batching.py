@@ -150,3 +150,13 @@ async def test_an_unreachable_server_fails_a_lone_caller_too() -> None:
         pass
     await batcher.close()
     await redis.aclose()
+
+
+async def test_closing_sends_what_is_still_queued_first() -> None:
+    redis = fakeredis.FakeAsyncRedis()
+    batcher = Batcher(redis)
+    batcher.send(lambda p: p.rpush("events", "last delta"))
+    batcher.send(lambda p: p.rpush("events", "reply"))
+    await batcher.close()
+    assert await redis.lrange("events", 0, -1) == [b"last delta", b"reply"]
+    await redis.aclose()
