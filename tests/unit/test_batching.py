@@ -5,35 +5,42 @@ from __future__ import annotations
 import asyncio
 
 import fakeredis
+import pytest
 from redis.exceptions import ResponseError
 
 from bus.batching import Batcher
 
 
-async def test_callers_in_one_tick_share_one_pipeline_and_get_their_own_results() -> None:
-    redis = fakeredis.FakeAsyncRedis()
-    batcher = Batcher(redis)
+@pytest.fixture
+async def redis():
+    client = fakeredis.FakeAsyncRedis()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def batcher(redis):
+    writes = Batcher(redis)
+    yield writes
+    await writes.close()
+
+
+async def test_callers_in_one_tick_share_one_pipeline_and_get_their_own_results(redis, batcher) -> None:
     executed = _counting_pipelines(redis)
     results = await asyncio.gather(*(batcher.run(lambda p, n=n: (p.set(f"k{n}", n), p.get(f"k{n}")))
                                      for n in range(50)))
     assert [r[1] for r in results] == [str(n).encode() for n in range(50)]
     assert executed == [100]  # 50 callers, 100 commands, one round trip
-    await batcher.close()
-    await redis.aclose()
 
 
-async def test_an_error_reaches_only_the_caller_whose_command_failed() -> None:
-    redis = fakeredis.FakeAsyncRedis()
+async def test_an_error_reaches_only_the_caller_whose_command_failed(redis, batcher) -> None:
     await redis.set("text", "x")
-    batcher = Batcher(redis)
     good = batcher.run(lambda p: p.incr("n"))
     bad = batcher.run(lambda p: p.lpush("text", 1))  # wrong type
     results = await asyncio.gather(good, bad, return_exceptions=True)
     assert results[0] == [1]
     assert isinstance(results[1], ResponseError)
     assert await batcher.run(lambda p: p.incr("n")) == [2]  # and the batcher keeps working
-    await batcher.close()
-    await redis.aclose()
 
 
 async def test_an_unreachable_server_fails_every_waiting_caller() -> None:
@@ -49,10 +56,8 @@ async def test_an_unreachable_server_fails_every_waiting_caller() -> None:
     await redis.aclose()
 
 
-async def test_a_callback_hears_every_result_refusals_included_and_last_queued_follows_the_queue() -> None:
-    redis = fakeredis.FakeAsyncRedis()
+async def test_a_callback_hears_every_result_refusals_included_and_last_queued_follows_the_queue(redis, batcher) -> None:
     await redis.set("text", "x")
-    batcher = Batcher(redis)
     heard: list = []
 
     def build(p) -> None:
@@ -64,13 +69,9 @@ async def test_a_callback_hears_every_result_refusals_included_and_last_queued_f
     assert await batcher.run(lambda p: p.get("n")) == [b"1"]
     assert batcher.last_queued is None  # taken by the flush
     assert heard[0][0] == 1 and isinstance(heard[0][1], ResponseError)
-    await batcher.close()
-    await redis.aclose()
 
 
-async def test_sent_writes_keep_their_order_with_awaited_ones_and_failures_are_logged(caplog) -> None:
-    redis = fakeredis.FakeAsyncRedis()
-    batcher = Batcher(redis)
+async def test_sent_writes_keep_their_order_with_awaited_ones_and_failures_are_logged(redis, batcher, caplog) -> None:
     for n in range(3):
         batcher.send(lambda p, n=n: p.rpush("order", f"event {n}"))
     await batcher.run(lambda p: p.rpush("order", "reply"))  # the awaited write goes after the events
@@ -80,8 +81,6 @@ async def test_sent_writes_keep_their_order_with_awaited_ones_and_failures_are_l
     await batcher.run(lambda p: p.get("text"))
     await asyncio.sleep(0)
     assert "a write sent without waiting failed" in caplog.text
-    await batcher.close()
-    await redis.aclose()
 
 
 def _counting_pipelines(redis) -> list[int]:
@@ -104,10 +103,8 @@ def _counting_pipelines(redis) -> list[int]:
     return executed
 
 
-async def test_a_lone_command_goes_without_a_pipeline_and_its_caller_gets_its_result_or_refusal() -> None:
-    redis = fakeredis.FakeAsyncRedis()
+async def test_a_lone_command_goes_without_a_pipeline_and_its_caller_gets_its_result_or_refusal(redis, batcher) -> None:
     await redis.set("text", "x")
-    batcher = Batcher(redis)
     pipelines = _counting_pipelines(redis)
     assert await batcher.run(lambda p: p.incr("n")) == [1]
     try:
@@ -120,21 +117,15 @@ async def test_a_lone_command_goes_without_a_pipeline_and_its_caller_gets_its_re
     assert await batcher.run(lambda p: p.incr("n")) == [2]  # after the refused one, in order
     assert len(heard) == 1 and isinstance(heard[0][0], ResponseError)
     assert pipelines == [2]  # only the refused send and the incr queued with it shared a pipeline
-    await batcher.close()
-    await redis.aclose()
 
 
-async def test_lone_and_batched_writes_keep_their_order() -> None:
-    redis = fakeredis.FakeAsyncRedis()
-    batcher = Batcher(redis)
+async def test_lone_and_batched_writes_keep_their_order(redis, batcher) -> None:
     batcher.send(lambda p: p.rpush("order", "a"))
     await asyncio.sleep(0)  # its flush has taken it, alone
     for x in "bc":
         batcher.send(lambda p, x=x: p.rpush("order", x))
     await batcher.run(lambda p: p.rpush("order", "d"))
     assert await redis.lrange("order", 0, -1) == [b"a", b"b", b"c", b"d"]
-    await batcher.close()
-    await redis.aclose()
 
 
 async def test_an_unreachable_server_fails_a_lone_caller_too() -> None:
@@ -152,11 +143,8 @@ async def test_an_unreachable_server_fails_a_lone_caller_too() -> None:
     await redis.aclose()
 
 
-async def test_closing_sends_what_is_still_queued_first() -> None:
-    redis = fakeredis.FakeAsyncRedis()
-    batcher = Batcher(redis)
+async def test_closing_sends_what_is_still_queued_first(redis, batcher) -> None:
     batcher.send(lambda p: p.rpush("events", "last delta"))
     batcher.send(lambda p: p.rpush("events", "reply"))
     await batcher.close()
     assert await redis.lrange("events", 0, -1) == [b"last delta", b"reply"]
-    await redis.aclose()
