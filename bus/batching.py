@@ -5,6 +5,7 @@ answers ten calls with ten pipelines pays ten times what one pipeline costs.
 Callers write ``await batcher.run(build)`` and get their own results, or
 ``batcher.send(build, done=...)`` to be told by a callback, without a future
 or a task switch per write (the hot path of every tool call, on both sides).
+A flush of a single command skips the pipeline and goes down a held connection.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+
+from bus.redis_client import held_connection
 
 log = logging.getLogger("bus.batching")
 
@@ -117,7 +120,6 @@ class Batcher:
             mine, start = results[start : start + size], start + size
             _settle(target, (failure(mine) or mine) if isinstance(target, asyncio.Future) else mine)
 
-
     async def _write(self, pipe: Pipeline) -> list[Any]:
         """Send what ``pipe`` holds and return each command's result (a refused one's error).
 
@@ -130,7 +132,7 @@ class Batcher:
             return await pipe.execute(raise_on_error=False)
         ((args, options),) = pipe.command_stack
         if self._held is None:
-            self._held = Redis(connection_pool=self.redis.connection_pool, single_connection_client=True)
+            self._held = held_connection(self.redis)
         try:
             return [await self._held.execute_command(*args, **options)]
         except redis_errors.ResponseError as refused:  # as a pipeline reports it: among the results

@@ -31,7 +31,7 @@ from bus.log import kv
 from bus.loops import let_started_work_run, sleep_or_stop
 from bus.outcomes import Answers, dead_letter
 from bus.protocol import MalformedMessage, Message, decode, encode
-from bus.redis_client import connect
+from bus.redis_client import connect, held_connection
 
 log = logging.getLogger("bus")
 
@@ -80,13 +80,9 @@ class Bus:
         pipe.xadd(stream, encode(message), maxlen=maxlen, approximate=maxlen is not None)
 
     def reader(self) -> Redis:
-        """A client holding one connection of the bus's pool, for one loop of blocking reads.
-
-        A command through the pool takes and returns a connection each time (~10 µs of redis-py
-        bookkeeping on this machine kind, twice per tool call on each side); a reader reads one
-        stream after another for its whole life, so it keeps its connection. ``aclose`` gives it back.
-        """
-        return Redis(connection_pool=self.redis.connection_pool, single_connection_client=True)
+        """A client keeping one connection of the bus's pool, for one loop of blocking reads
+        (``aclose`` gives it back)."""
+        return held_connection(self.redis)
 
     async def ensure_group(self, stream: str, group: str) -> None:
         """Create the group at id 0 so nothing published before any consumer started is lost."""

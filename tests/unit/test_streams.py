@@ -19,7 +19,7 @@ from bus.protocol import (
 )
 from bus.replies import ReplyInbox
 from bus.streams import Bus, GroupConsumer
-from tests.conftest import async_wait_until
+from tests.conftest import async_wait_until, nothing_pending
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ async def _consume_until(bus: Bus, stream: str, handler, done, what: str) -> Non
                                           block_ms=50))
     try:
         await async_wait_until(done, what=what)
-        await async_wait_until(lambda: _pending(bus, stream), what="everything acked")
+        await nothing_pending(bus, stream, "g")
     finally:  # also when the wait fails: a consumer left running would hang the test's teardown
         stop.set()
         await task
@@ -73,7 +73,7 @@ async def test_group_delivers_each_entry_once_acks_after_replying(fake_bus: Bus)
     stop, task = await _run(GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler,
                                           block_ms=50))
     await async_wait_until(lambda: len(seen) == 5, what="5 deliveries")
-    await async_wait_until(lambda: _pending(fake_bus, stream), what="acks")
+    await nothing_pending(fake_bus, stream, "g")
     stop.set()
     await task
     assert sorted(seen) == [f"c{n}" for n in range(5)]
@@ -81,7 +81,7 @@ async def test_group_delivers_each_entry_once_acks_after_replying(fake_bus: Bus)
     assert sorted(decode(f).session_id for _, f in replies) == sorted(seen)
 
 
-async def _pending(bus: Bus, stream: str) -> bool:
+async def _all_acked(bus: Bus, stream: str) -> bool:
     info = await bus.redis.xpending(stream, "g")
     return info["pending"] == 0
 
@@ -246,7 +246,7 @@ async def test_a_reply_written_while_redis_is_away_is_retried_and_its_entry_held
     await async_wait_until(lambda: len(attempts) >= 1, what="the first write")
     assert consumer.in_flight == 1 and consumer.holding[stream] == {consumer_entry(consumer, stream)}
     await async_wait_until(lambda: len(attempts) >= 3, what="two retries after failures")
-    await async_wait_until(lambda: _pending(fake_bus, stream), what="the ack after the reply")
+    await nothing_pending(fake_bus, stream, "g")  # the ack after the reply
     await async_wait_until(lambda: consumer.in_flight == 0, what="the entry released")
     assert attempts == [["XADD"]] * 3 + [["XACK"]]  # the ack went once the reply was in
     stop.set()
@@ -276,7 +276,7 @@ async def test_drain_waits_for_replies_still_on_their_way(fake_bus: Bus) -> None
     stop.set()  # the handler is done; its reply is not in Redis yet
     await task
     assert consumer.in_flight == 0 and attempts == [["XADD"], ["XADD"], ["XACK"]]
-    assert await _pending(fake_bus, stream)
+    assert await _all_acked(fake_bus, stream)
 
 
 async def test_a_request_sent_while_redis_is_away_goes_out_once_it_is_back(fake_bus: Bus) -> None:
@@ -341,7 +341,7 @@ async def test_a_reply_redis_refuses_leaves_its_entry_pending_for_the_reaper(fak
     await async_wait_until(lambda: consumer.in_flight == 0, what="the entry released")
     stop.set()
     await task
-    assert not await _pending(fake_bus, stream)  # never acknowledged: another delivery will answer it
+    assert not await _all_acked(fake_bus, stream)  # never acknowledged: another delivery will answer it
     assert consumer._slots._value == 1  # noqa: SLF001 - its slot came back
 
 
