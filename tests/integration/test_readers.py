@@ -1,10 +1,14 @@
-"""Blocking readers hold one connection each for their life and give it back when they stop."""
+"""Blocking readers hold one connection each for their life and give it back when they stop; the
+batcher holds one for its writes and replaces it when it breaks."""
 
 from __future__ import annotations
 
 import asyncio
 
-from bus.protocol import ToolExecute, ToolResult, now_ms
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from bus.protocol import ToolCancel, ToolExecute, ToolResult, decode, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus, GroupConsumer
 
@@ -34,7 +38,7 @@ async def test_a_closed_inbox_gives_its_read_connection_back(bus: Bus) -> None:
             reply = await inbox.request(bus.keys.hands_requests, call, call.call_id, timeout=10)
             assert isinstance(reply, ToolResult) and reply.data == {"n": round_}
             await inbox.close()
-            # The consumer's reader and the batcher's lone-write connection stay taken; an inbox
+            # The consumer's reader and the batcher's write connection stay taken; an inbox
             # that kept its reader's would leave one more in use every round.
             if round_ == 0:
                 held = _in_use(bus)
@@ -45,3 +49,17 @@ async def test_a_closed_inbox_gives_its_read_connection_back(bus: Bus) -> None:
     assert _in_use(bus) == held - 1  # the stopped consumer gave its reader's back too
     await bus.batcher.close()
     assert _in_use(bus) == 0
+
+
+async def test_the_batchers_writes_go_on_after_redis_drops_its_connection(bus: Bus) -> None:
+    await bus.publish("events", ToolCancel(call_id="a"))
+    assert _in_use(bus) == 1  # the batcher's
+    assert await bus.redis.client_kill_filter(_type="normal", skipme=True) >= 1
+    with pytest.raises(RedisConnectionError):  # its callers hear it, as a pipeline's would
+        await bus.publish("events", ToolCancel(call_id="lost"))
+    await asyncio.gather(bus.publish("events", ToolCancel(call_id="b")), bus.publish("events", ToolCancel(call_id="c")))
+    assert [decode(fields).call_id for _id, fields in await bus.redis.xrange("events")] == ["a", "b", "c"]
+    assert _in_use(bus) == 1
+    await bus.batcher.close()
+    assert _in_use(bus) == 0
+

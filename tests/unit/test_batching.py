@@ -25,8 +25,8 @@ async def batcher(redis):
     await writes.close()
 
 
-async def test_callers_in_one_tick_share_one_pipeline_and_get_their_own_results(redis, batcher) -> None:
-    executed = _counting_pipelines(redis)
+async def test_callers_in_one_tick_share_one_round_trip_and_get_their_own_results(redis, batcher) -> None:
+    executed = _counting_round_trips(redis)
     results = await asyncio.gather(*(batcher.run(lambda p, n=n: (p.set(f"k{n}", n), p.get(f"k{n}")))
                                      for n in range(50)))
     assert [r[1] for r in results] == [str(n).encode() for n in range(50)]
@@ -83,29 +83,30 @@ async def test_sent_writes_keep_their_order_with_awaited_ones_and_failures_are_l
     assert "a write sent without waiting failed" in caplog.text
 
 
-def _counting_pipelines(redis) -> list[int]:
-    """The number of commands of every pipeline executed on ``redis``."""
+def _counting_round_trips(redis) -> list[int]:
+    """The number of commands of every write sent on a connection of ``redis``'s pool."""
     executed: list[int] = []
-    original = redis.pipeline
+    pool = redis.connection_pool
+    take = pool.get_connection
 
-    def counting_pipeline(*args, **kwargs):
-        pipe = original(*args, **kwargs)
-        execute = pipe.execute
+    async def counting_connection(*args, **kwargs):
+        connection = await take(*args, **kwargs)
+        pack = connection.pack_commands
 
-        async def counted(*a, **k):
-            executed.append(len(pipe.command_stack))
-            return await execute(*a, **k)
+        def counted(commands):
+            executed.append(len(commands))
+            return pack(commands)
 
-        pipe.execute = counted
-        return pipe
+        connection.pack_commands = counted
+        return connection
 
-    redis.pipeline = counting_pipeline
+    pool.get_connection = counting_connection
     return executed
 
 
-async def test_a_lone_command_goes_without_a_pipeline_and_its_caller_gets_its_result_or_refusal(redis, batcher) -> None:
+async def test_lone_commands_go_alone_and_their_callers_get_their_result_or_refusal(redis, batcher) -> None:
     await redis.set("text", "x")
-    pipelines = _counting_pipelines(redis)
+    writes = _counting_round_trips(redis)
     assert await batcher.run(lambda p: p.incr("n")) == [1]
     try:
         await batcher.run(lambda p: p.lpush("text", 1))  # wrong type
@@ -116,7 +117,7 @@ async def test_a_lone_command_goes_without_a_pipeline_and_its_caller_gets_its_re
     batcher.send(lambda p: p.lpush("text", 1), done=heard.append)
     assert await batcher.run(lambda p: p.incr("n")) == [2]  # after the refused one, in order
     assert len(heard) == 1 and isinstance(heard[0][0], ResponseError)
-    assert pipelines == [2]  # only the refused send and the incr queued with it shared a pipeline
+    assert writes == [1, 1, 2]  # only the refused send and the incr queued with it shared a write
 
 
 async def test_lone_and_batched_writes_keep_their_order(redis, batcher) -> None:
