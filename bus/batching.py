@@ -5,7 +5,7 @@ answers ten calls with ten pipelines pays ten times what one pipeline costs.
 Callers write ``await batcher.run(build)`` and get their own results, or
 ``batcher.send(build, done=...)`` to be told by a callback, without a future
 or a task switch per write (the hot path of every tool call, on both sides).
-Every flush goes down one connection the batcher holds (see ``Batcher._write``).
+Every flush goes down one connection the batcher holds (``bus.redis_client.HeldConnection``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.asyncio.connection import AbstractConnection
+
+from bus.redis_client import HeldConnection
 
 log = logging.getLogger("bus.batching")
 
@@ -46,16 +46,14 @@ class Batcher:
         self.redis = redis
         self._queue: list[tuple[Build, asyncio.Future[list[Any]] | Done]] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._held: AbstractConnection | None = None  # taken from the pool at the first write
+        self._held = HeldConnection(redis)  # every write goes down it
 
     async def close(self, timeout_s: float = 5.0) -> None:
         """Send what is still queued (events sent without waiting, say), for up to ``timeout_s``,
         then give back the held connection."""
         if self._flusher is not None and not self._flusher.done():
             await asyncio.wait({self._flusher}, timeout=timeout_s)
-        if self._held is not None:
-            held, self._held = self._held, None
-            await self.redis.connection_pool.release(held)
+        await self._held.aclose()
 
     @property
     def last_queued(self) -> Build | None:
@@ -122,30 +120,11 @@ class Batcher:
     async def _write(self, pipe: Pipeline) -> list[Any]:
         """Send what ``pipe`` holds and return each command's result (a refused one's error).
 
-        The pipeline only collects the commands: they go down the connection this batcher holds,
-        packed in one write, and each reply is read and parsed by redis-py's own ``parse_response``.
-        redis-py 8's ``Pipeline.execute`` would take a pooled connection, scan the commands for
-        HIMPORT field sets and give the connection back through ``asyncio.shield`` (a task and a
-        loop turn) every time: ~7.7 µs per command in a batch of 16 on this machine kind against
-        ~4.6 this way, and twice the Python work for a lone command. A write on a broken
-        connection fails its callers, as a pipeline's would, and the next write connects afresh.
-        (Lua scripts cannot be queued: redis-py's asyncio ``Script`` call is a coroutine.)
+        The pipeline only collects the commands: they go down the batcher's held connection
+        (``HeldConnection``), not through ``Pipeline.execute``. (Lua scripts cannot be queued:
+        redis-py's asyncio ``Script`` call is a coroutine.)
         """
-        if self._held is None:
-            self._held = await self.redis.connection_pool.get_connection()
-        held, commands = self._held, pipe.command_stack
-        try:
-            await held.send_packed_command(held.pack_commands([args for args, _ in commands]))
-            results: list[Any] = []
-            for args, options in commands:
-                try:
-                    results.append(await self.redis.parse_response(held, args[0], **options))
-                except redis_errors.ResponseError as refused:  # as a pipeline reports it: among the results
-                    results.append(refused)
-            return results
-        except BaseException:  # replies may be left unread: the connection must not be used half-read
-            await held.disconnect(nowait=True)
-            raise
+        return await self._held.send(pipe.command_stack)
 
 
 def _settle(target: asyncio.Future[list[Any]] | Done, outcome: list[Any] | Exception) -> None:

@@ -163,7 +163,7 @@ async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
     try:
         while not closing():
             try:
-                response = await reader.xread({stream: last}, count=512, block=block_ms)
+                response = await reader.execute("XREAD", "COUNT", 512, "BLOCK", block_ms, "STREAMS", stream, last)
                 failures = 0
             except CONNECTION_ERRORS as exc:
                 delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]

@@ -31,7 +31,7 @@ from bus.log import kv
 from bus.loops import let_started_work_run, sleep_or_stop
 from bus.outcomes import Answers, dead_letter
 from bus.protocol import MalformedMessage, Message, decode, encode
-from bus.redis_client import connect, held_connection
+from bus.redis_client import HeldConnection, connect
 
 log = logging.getLogger("bus")
 
@@ -79,10 +79,9 @@ class Bus:
         maxlen = self._maxlen(stream)
         pipe.xadd(stream, encode(message), maxlen=maxlen, approximate=maxlen is not None)
 
-    def reader(self) -> Redis:
-        """A client keeping one connection of the bus's pool, for one loop of blocking reads
-        (``aclose`` gives it back)."""
-        return held_connection(self.redis)
+    def reader(self) -> HeldConnection:
+        """One connection of the bus's pool, for one loop of blocking reads (``aclose`` gives it back)."""
+        return HeldConnection(self.redis)
 
     async def ensure_group(self, stream: str, group: str) -> None:
         """Create the group at id 0 so nothing published before any consumer started is lost."""
@@ -172,7 +171,7 @@ class GroupConsumer:
         self.stopping = True
         await self.drain(self.bus.settings.drain_timeout_s)
 
-    async def _read_until(self, stop: asyncio.Event, reader: Redis, cursor: dict[str, str]) -> None:
+    async def _read_until(self, stop: asyncio.Event, reader: HeldConnection, cursor: dict[str, str]) -> None:
         failures = 0
         while not stop.is_set():
             try:
@@ -243,15 +242,14 @@ class GroupConsumer:
         self._aside_count -= 1
         _aside.set(False)
 
-    async def _read_once(self, reader: Redis, cursor: dict[str, str], stop: asyncio.Event) -> dict[str, str]:
+    async def _read_once(self, reader: HeldConnection, cursor: dict[str, str], stop: asyncio.Event) -> dict[str, str]:
         await self._slots.acquire()  # read only when there is room to run what we read
         free = 1 + _available(self._slots)
         self._slots.release()
         if stop.is_set():
             return cursor
-        response = await reader.xreadgroup(
-            self.group, self.consumer, cursor, count=min(self.batch, free), block=self.block_ms
-        )
+        response = await reader.execute("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", min(self.batch, free),
+                                        "BLOCK", self.block_ms, "STREAMS", *cursor, *cursor.values())
         for raw_stream, entries in response or []:
             stream = raw_stream.decode()
             if cursor[stream] != ">" and not entries:

@@ -19,14 +19,15 @@ def _in_use(bus: Bus) -> int:
                if "used" in attributes.values())
 
 
-async def test_a_closed_inbox_gives_its_read_connection_back(bus: Bus) -> None:
-    async def echo(message, _stream):
-        assert isinstance(message, ToolExecute)
-        return [(message.reply_to, ToolResult(call_id=message.call_id, success=True, data=message.args,
-                                              metadata={"tool_name": message.tool}))]
+async def _echo(message, _stream):
+    assert isinstance(message, ToolExecute)
+    return [(message.reply_to, ToolResult(call_id=message.call_id, success=True, data=message.args,
+                                          metadata={"tool_name": message.tool}))]
 
+
+async def test_a_closed_inbox_gives_its_read_connection_back(bus: Bus) -> None:
     stop = asyncio.Event()
-    consumer = GroupConsumer(bus, streams=[bus.keys.hands_requests], group="hands", consumer="c1", handler=echo,
+    consumer = GroupConsumer(bus, streams=[bus.keys.hands_requests], group="hands", consumer="c1", handler=_echo,
                              block_ms=200)
     running = asyncio.create_task(consumer.run(stop))
     held = 0
@@ -63,3 +64,27 @@ async def test_the_batchers_writes_go_on_after_redis_drops_its_connection(bus: B
     await bus.batcher.close()
     assert _in_use(bus) == 0
 
+
+
+async def test_a_consumer_whose_group_vanished_recreates_it_and_answers_again(bus: Bus) -> None:
+    stop = asyncio.Event()
+    consumer = GroupConsumer(bus, streams=[bus.keys.hands_requests], group="hands", consumer="c1", handler=_echo,
+                             block_ms=100)
+    running = asyncio.create_task(consumer.run(stop))
+    inbox = ReplyInbox(bus, "asker", block_ms=200)
+    await inbox.start()
+
+    async def ask(n: int) -> None:
+        call = ToolExecute(tool="echo", args={"n": n}, reply_to=inbox.stream, deadline=now_ms() + 10_000)
+        reply = await inbox.request(bus.keys.hands_requests, call, call.call_id, timeout=10)
+        assert isinstance(reply, ToolResult) and reply.data == {"n": n}
+
+    try:
+        await ask(1)
+        await bus.redis.xgroup_destroy(bus.keys.hands_requests, "hands")  # as a Redis without persistence restarts
+        await ask(2)  # the reader's NOGROUP refusal reached the consumer, which made the group again
+        assert [g["name"] for g in await bus.redis.xinfo_groups(bus.keys.hands_requests)] == [b"hands"]
+    finally:
+        await inbox.close()
+        stop.set()
+        await running
