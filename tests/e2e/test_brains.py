@@ -20,7 +20,7 @@ from bus.protocol import ChatError, ChatMessage, ChatReply, Message, decode
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from memory.sessions import SessionStore
-from tests.conftest import SHIPPED_SKILLS, Processes, make_skill, wait_until
+from tests.conftest import SHIPPED_SKILLS, Processes, async_wait_until, make_skill, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -138,8 +138,13 @@ async def test_a_brain_killed_mid_turn_is_finished_by_another_without_repeating_
     text = f"{stamp('stamp', 'quick', log)}\n{stamp('stamp_once', 'slow', log, 1.5)}"
     message = ChatMessage(session_id="killed", seq=1, text=text, reply_to=client.inbox.stream)
     answer = asyncio.create_task(client.collect([message], timeout=90))
-    await asyncio.to_thread(wait_until, lambda: [r for r in runs(log) if r["tag"] == "quick"],
-                            what="the quick call answered")
+    sessions = SessionStore(bus.redis, bus.keys)
+
+    async def quick_recorded() -> bool:  # its side effect alone is not enough: the Brain may not have its result yet
+        return any(e.role == "tool" for e in await sessions.load("killed"))
+
+    await async_wait_until(quick_recorded, what="the quick call's result in the transcript")
+    assert [r["tag"] for r in runs(log)] == ["quick"]
     processes.stop(first, signal.SIGKILL)  # the slow call is still running in Hands
     await bus.redis.zrem(bus.keys.alive("brain"), brain_a)
     processes.start("brain", name="brain-b")
@@ -147,7 +152,7 @@ async def test_a_brain_killed_mid_turn_is_finished_by_another_without_repeating_
     assert isinstance(final, ChatReply), final
     assert "RESULT stamp: quick" in final.text and "RESULT stamp_once: slow" in final.text
     assert sorted(r["tag"] for r in runs(log)) == ["quick", "slow"]  # each ran exactly once
-    transcript = await SessionStore(bus.redis, bus.keys).load("killed")
+    transcript = await sessions.load("killed")
     assert [e.role for e in transcript] == ["user", "assistant", "tool", "tool", "assistant"]
     assert await bus.redis.xpending(bus.keys.brain_inbox, "brain") == {
         "pending": 0, "min": None, "max": None, "consumers": []}
