@@ -135,7 +135,7 @@ async def test_a_brain_killed_mid_turn_is_finished_by_another_without_repeating_
     await wait_for(bus, "hands", 1)
     log = tmp_path / "runs.jsonl"
     # One response with a quick call and a slow call that must not run twice.
-    text = f"{stamp('stamp', 'quick', log)}\n{stamp('stamp_once', 'slow', log, 1.5)}"
+    text = f"{stamp('stamp', 'quick', log)}\n{stamp('stamp_once', 'slow', log, 3)}"
     message = ChatMessage(session_id="killed", seq=1, text=text, reply_to=client.inbox.stream)
     answer = asyncio.create_task(client.collect([message], timeout=90))
     sessions = SessionStore(bus.redis, bus.keys)
