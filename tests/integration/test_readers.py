@@ -88,3 +88,18 @@ async def test_a_consumer_whose_group_vanished_recreates_it_and_answers_again(bu
         await inbox.close()
         stop.set()
         await running
+
+
+async def test_a_read_cut_short_never_leaves_its_reply_for_the_next_command(bus: Bus) -> None:
+    reader = bus.reader()
+    waiting = asyncio.create_task(reader.execute("BLPOP", "queue", 5))
+    await asyncio.sleep(0.2)  # the BLPOP is blocking in Redis
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await bus.redis.lpush("queue", "item")
+    # Had the connection been kept, the BLPOP would have taken the item and its reply would
+    # now answer the PING.
+    assert await reader.execute("PING") is True  # redis-py's PING callback: PONG came back
+    assert await bus.redis.lrange("queue", 0, -1) == [b"item"]
+    await reader.aclose()
