@@ -56,8 +56,8 @@ def chaos_env(processes: Processes, pincer_env: dict[str, str], tmp_path: Path) 
 class Caller:
     """A Brain-like client: many calls in flight, one final result kept per call id."""
 
-    def __init__(self, bus: Bus) -> None:
-        self.bus, self.inbox = bus, ReplyInbox(bus, "chaos-brain", block_ms=200)
+    def __init__(self, bus: Bus, name: str = "chaos-brain") -> None:
+        self.bus, self.inbox = bus, ReplyInbox(bus, name, block_ms=200)
         self.results: dict[str, ToolResult | str] = {}
         self.sent = 0
 
@@ -134,7 +134,9 @@ async def test_calls_end_and_the_pool_recovers_when_redis_restarts(processes: Pr
         assert len(caller.results) == 2000
         assert outcomes["ok"] >= 1800, outcomes
         # The pool recovered without restarts: the same workers answer new calls at once.
-        fresh = Caller(bus)
+        # A new Brain has its own reply stream: an inbox trims what it has read, so two sharing one
+        # stream would delete each other's unread replies.
+        fresh = Caller(bus, "chaos-brain-2")
         await fresh.inbox.start()
         try:
             await asyncio.wait_for(asyncio.gather(*(fresh.call("nap", {"s": 0.01}, asyncio.Semaphore(20))

@@ -12,6 +12,7 @@ from bus.protocol import ErrorCode
 from bus.streams import Bus
 from hands.config import HandsSettings
 from hands.registry import Category, ToolDefinition
+from tests.conftest import async_wait_until
 
 
 def shared_tool(state: dict[str, Any]) -> ToolDefinition:
@@ -31,10 +32,17 @@ def shared_tool(state: dict[str, Any]) -> ToolDefinition:
                           category=Category.SKILL, parameters={"type": "object"})
 
 
-async def test_two_workers_never_run_more_than_the_pool_limit(engine, call) -> None:
+async def _both_reading(bus: Bus) -> bool:
+    """Two consumers blocked in XREADGROUP right now: both workers are waiting for calls."""
+    return sum(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in await bus.redis.client_list()) >= 2
+
+
+async def test_two_workers_never_run_more_than_the_pool_limit(bus: Bus, engine, call) -> None:
     state: dict[str, Any] = {"now": 0, "most": 0, "workers": set()}
     for _ in range(2):
         await engine(extra_tools=[shared_tool(state)], pool_limits={"tool:scarce": 2})
+    # A worker is alive (heartbeat) a moment before it reads: calls sent then all go to the other.
+    await async_wait_until(lambda: _both_reading(bus), what="both workers waiting for calls")
     results = await asyncio.gather(*(call("scarce") for _ in range(8)))
     assert all(r.success for r in results)
     assert state["most"] == 2  # each worker alone would have run 5 (its skill category limit)
