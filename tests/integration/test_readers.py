@@ -65,7 +65,6 @@ async def test_the_batchers_writes_go_on_after_redis_drops_its_connection(bus: B
     assert _in_use(bus) == 0
 
 
-
 async def test_a_consumer_whose_group_vanished_recreates_it_and_answers_again(bus: Bus) -> None:
     stop = asyncio.Event()
     consumer = GroupConsumer(bus, streams=[bus.keys.hands_requests], group="hands", consumer="c1", handler=_echo,
