@@ -120,7 +120,8 @@ async def test_poison_entries_go_to_dead_after_max_deliveries_and_the_caller_hea
     live = await Worker(pool_bus, stream, "live", on_poison=on_poison).start()
     try:
         await async_wait_until(lambda: answered, what="the poison answered")
-        dead = await pool_bus.redis.xrange(pool_bus.keys.dead)
+        # on_poison is asked first; its answer, then the dead letter, are written after it returns.
+        dead = await async_wait_until(lambda: pool_bus.redis.xrange(pool_bus.keys.dead), what="the poison in dead")
         assert len(dead) == 1 and b"delivered 3 times" in dead[0][1][b"dead:reason"]
         assert decode(dead[0][1]).message_id == poison.message_id  # kept whole, to retry
         assert live.seen == []  # never handed to the handler again
