@@ -102,3 +102,38 @@ async def test_a_read_cut_short_never_leaves_its_reply_for_the_next_command(bus:
     assert await reader.execute("PING") is True  # redis-py's PING callback: PONG came back
     assert await bus.redis.lrange("queue", 0, -1) == [b"item"]
     await reader.aclose()
+
+
+async def test_a_held_connection_gives_the_results_a_redis_py_pipeline_gives(bus: Bus, monkeypatch) -> None:
+    """Replies are read straight from the hiredis parser (with redis-py's callbacks), not through
+    ``Redis.parse_response``: the same results, refusals among them, as ``Pipeline.execute``."""
+    await bus.redis.delete("events", "once", "h")
+    await bus.redis.set("text", "x")
+
+    def build():
+        pipe = bus.redis.pipeline(transaction=False)
+        pipe.xadd("events", {b"k": b"v"}, id="1-1")
+        pipe.set("once", "v", nx=True)  # a callback: True, then None
+        pipe.hset("h", mapping={"a": "1"})
+        pipe.hgetall("h")  # a callback: pairs to a dict
+        pipe.xadd("text", {b"k": b"v"})  # refused: WRONGTYPE
+        pipe.xrange("events")  # a callback: (id, fields) pairs
+        pipe.xack("events", "nogroup", "1-1")
+        pipe.get("text")
+        return pipe
+
+    expected = await build().execute(raise_on_error=False)
+    await bus.redis.delete("events", "once", "h")
+    calls = []
+    slow = bus.redis.parse_response
+    monkeypatch.setattr(bus.redis, "parse_response", lambda *a, **kw: calls.append(a[1]) or slow(*a, **kw))
+    held = bus.reader()
+    try:
+        got = await held.send(build().command_stack)
+    finally:
+        await held.aclose()
+    assert [type(r) if isinstance(r, Exception) else r for r in got] == \
+           [type(r) if isinstance(r, Exception) else r for r in expected]
+    assert got[1] is True and got[3] == {b"a": b"1"} and "WRONGTYPE" in str(got[4])
+    # Commands without options skip redis-py's slower path (read commands carry cache keys and take it).
+    assert not {"XADD", "SET", "HSET", "XACK"} & set(calls)
