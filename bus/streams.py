@@ -140,7 +140,7 @@ class GroupConsumer:
         # ~2.5; 64 was no better; 16 had looked as good in calls/s, too noisy a measure to decide on.
         self.batch, self.block_ms = batch, block_ms
         self._slots = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}  # (stream, entry id) -> its handler's task
         self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
         self.stopping = False  # set on stop: read nothing more, take nothing over
         self._writing = 0  # entries handled whose replies and ack are not yet in Redis
@@ -194,7 +194,7 @@ class GroupConsumer:
         started = asyncio.get_running_loop().time()
         running: set[asyncio.Task[None]] = set()
         if self._tasks:
-            _done, running = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+            _done, running = await asyncio.wait(set(self._tasks.values()), timeout=timeout_s)
         if self._writing and not running:  # answers still on their way to Redis
             self._all_written = asyncio.get_running_loop().create_future()
             left = None if timeout_s is None else max(0.0, timeout_s - (asyncio.get_running_loop().time() - started))
@@ -280,7 +280,8 @@ class GroupConsumer:
             self._slots._value -= 1  # noqa: SLF001 - acquire() without its coroutine, on every message
         self.holding.setdefault(stream, set()).add(entry_id)
         delivery.set(times)  # the task copies the context: its handler sees this count
-        self._tasks.add(asyncio.get_running_loop().create_task(self._handle(stream, entry_id, fields, message)))
+        self._tasks[stream, entry_id] = asyncio.get_running_loop().create_task(
+            self._handle(stream, entry_id, fields, message))
 
     async def _handle(self, stream: str, entry_id: str, fields: dict[bytes, bytes], message: Message) -> None:
         answered = False
@@ -302,7 +303,7 @@ class GroupConsumer:
             self._reply_and_ack(stream, entry_id, replies, _aside.get())
             answered = True
         finally:
-            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._tasks.pop((stream, entry_id), None)  # by key: current_task() costs a getpid call on 3.11
             if not answered:
                 self._release(stream, entry_id, _aside.get())
 

@@ -25,7 +25,7 @@ class time_limit:  # noqa: N801 - used like a function: ``with time_limit(2.0): 
         if task is None:
             raise RuntimeError("time_limit must be used inside a task")
         self._task, self._cancelling = task, task.cancelling()
-        self._timer = asyncio.get_running_loop().call_later(self._seconds, self._expire)
+        self._timer = task.get_loop().call_later(self._seconds, self._expire)  # no second getpid call
         return self
 
     def _expire(self) -> None:

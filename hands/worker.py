@@ -59,6 +59,8 @@ class HandsWorker:
         self.control = BroadcastReader(bus, bus.keys.hands_control, self._on_control)
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
         self._cancelled: dict[str, str] = {}  # call id -> reason, also for calls not yet read
+        # Python 3.11 makes a getpid call to find the running loop; current_task(loop) does not.
+        self._loop: asyncio.AbstractEventLoop | None = None
         approvals = ApprovalGate(settings.exec, bus=bus, inbox=self.inbox)
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
@@ -118,7 +120,7 @@ class HandsWorker:
                 return earlier
             if earlier is not None:
                 return self.executor.unrun(call, earlier)
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)
         assert task is not None
         self._in_flight[call.call_id] = task
         try:
@@ -172,6 +174,7 @@ class HandsWorker:
         return owner
 
     async def run(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
         self.executor.workspace.ensure()
         await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
         await self.presence.start()
