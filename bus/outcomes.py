@@ -1,5 +1,5 @@
-"""What a consumer writes when it is done with an entry: a round of answers (the replies, then
-the acks once Redis has them) or a dead letter."""
+"""What a consumer writes when it is done with an entry: a round of answers (its replies and
+their acks in one transaction) or a dead letter."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
 
+from bus.batching import Build
 from bus.log import kv
 
 if TYPE_CHECKING:
@@ -16,29 +18,35 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bus")
 
+Entry = tuple[str, str, dict[bytes, bytes], Sequence["Reply"], bool]
+"""An answered entry: (stream, entry id, its fields, its replies, whether it was set aside)."""
+Key = tuple[str, str]  # (stream, entry id)
+
 
 class Answers:
-    """One round of answered entries as one batcher item: first every reply, then (a new item,
-    sent once Redis has the replies) one XACK per stream. An ack never lands before its reply:
-    a crash in between means a redelivery, never a lost answer, and a reply Redis refuses
-    leaves its entry pending for the reaper."""
+    """One round of answered entries as one batcher item: MULTI, every reply, one XACK per
+    stream, EXEC. Redis applies the round as a whole, so an ack never lands without the reply
+    written before it, and a crash cannot fall between them. A round Redis refuses while
+    queueing it (out of memory, an ACL, a read-only replica) is not applied at all: its entries
+    stay pending and the reaper hands them out again. A reply refused as it runs (WRONGTYPE:
+    its stream's key holds something else, so no answer can ever be read there) is acknowledged
+    with the round; the consumer copies its entry to ``dead`` with the reason."""
 
-    __slots__ = ("consumer", "attempt", "entries", "acking")
+    __slots__ = ("consumer", "attempt", "entries")
 
-    def __init__(self, consumer: GroupConsumer, attempt: int = 0,
-                 entries: list[tuple[str, str, Sequence[Reply], bool]] | None = None, *, acking: bool = False) -> None:
-        self.consumer, self.attempt, self.acking = consumer, attempt, acking
-        self.entries = entries if entries is not None else []  # (stream, entry id, replies, set aside)
+    def __init__(self, consumer: GroupConsumer, attempt: int = 0, entries: list[Entry] | None = None) -> None:
+        self.consumer, self.attempt = consumer, attempt
+        self.entries = entries if entries is not None else []
 
     def __call__(self, pipe: Pipeline) -> None:
-        if self.acking:
-            for stream, ids in self._ids_by_stream().items():
-                pipe.xack(stream, self.consumer.group, *ids)
-            return
         bus = self.consumer.bus
-        for _stream, _entry_id, replies, _aside in self.entries:
+        pipe.execute_command("MULTI")
+        for _stream, _entry_id, _fields, replies, _aside in self.entries:
             for target, reply in replies:
                 bus.add(pipe, target, reply)
+        for stream, ids in self._ids_by_stream().items():
+            pipe.xack(stream, self.consumer.group, *ids)
+        pipe.execute_command("EXEC")
 
     def send(self) -> None:
         self.consumer.bus.batcher.send(self, done=self.written)
@@ -48,38 +56,59 @@ class Answers:
 
     def _ids_by_stream(self) -> dict[str, list[str]]:
         by_stream: dict[str, list[str]] = {}
-        for stream, entry_id, _replies, _aside in self.entries:
+        for stream, entry_id, _fields, _replies, _aside in self.entries:
             by_stream.setdefault(stream, []).append(entry_id)
         return by_stream
 
-    def errors(self, outcome: list[Any] | Exception) -> dict[str, Exception]:
-        """Entry id -> what kept its replies (or its ack) out of Redis, from the write's results."""
+    def failures(self, outcome: list[Any] | Exception) -> tuple[dict[Key, Exception], dict[Key, Exception]]:
+        """From the write's results: (entries left pending, with why: the round was not applied,
+        or their ack was refused; entries acknowledged whose reply was refused, with why)."""
         if isinstance(outcome, Exception):
-            return {entry_id: outcome for _, entry_id, _, _ in self.entries}
-        errors, results = {}, iter(outcome)
-        if self.acking:
-            for ids, acked in zip(self._ids_by_stream().values(), results):
-                if isinstance(acked, Exception):
-                    errors.update(dict.fromkeys(ids, acked))
-            return errors
-        for _, entry_id, replies, _ in self.entries:
+            return {(stream, entry_id): outcome for stream, entry_id, *_ in self.entries}, {}
+        applied = outcome[-1]  # EXEC's: every command's result, or the refusal of the whole round
+        if not isinstance(applied, list):
+            cause = next((r for r in outcome[1:-1] if isinstance(r, Exception)), applied)
+            error = cause if isinstance(cause, Exception) else ResponseError(f"transaction not applied: {cause!r}")
+            return {(stream, entry_id): error for stream, entry_id, *_ in self.entries}, {}
+        results, refused = iter(applied), {}
+        for stream, entry_id, _fields, replies, _aside in self.entries:
             error = next((r for r in [next(results) for _ in replies] if isinstance(r, Exception)), None)
             if error is not None:
-                errors[entry_id] = error
-        return errors
+                refused[stream, entry_id] = error
+        pending: dict[Key, Exception] = {}
+        for (stream, ids), acked in zip(self._ids_by_stream().items(), results):
+            if isinstance(acked, Exception):
+                pending.update({(stream, entry_id): acked for entry_id in ids})
+        return pending, refused
 
 
-async def dead_letter(
-    bus: Bus, stream: str, group: str, entry_id: str, fields: dict[bytes, bytes], reason: str
-) -> None:
-    """Acknowledge an entry that cannot be handled and keep a copy in ``dead``."""
-    log.error("dead-lettered %s reason=%r", kv(stream=stream, entry=entry_id), reason)
+def dead_letter_build(bus: Bus, stream: str, group: str, entry_id: str, fields: dict[bytes, bytes],
+                      reason: str) -> Build:
+    """The write that copies an entry to ``dead`` with why, and acknowledges it, in one transaction
+    (refused while queued, say out of memory: neither happens, and it stays pending)."""
     copy = {b"dead:source": stream.encode(), b"dead:group": group.encode(), b"dead:entry": entry_id.encode(),
             b"dead:reason": reason.encode()}
     copy.update({k: v for k, v in fields.items() if not k.startswith(b"dead:")})
 
     def build(pipe: Pipeline) -> None:
+        pipe.execute_command("MULTI")
         pipe.xadd(bus.keys.dead, copy, maxlen=bus.settings.dead_maxlen, approximate=True)
         pipe.xack(stream, group, entry_id)
+        pipe.execute_command("EXEC")
 
-    await bus.batcher.run(build)
+    return build
+
+
+async def dead_letter(
+    bus: Bus, stream: str, group: str, entry_id: str, fields: dict[bytes, bytes], reason: str
+) -> None:
+    """Acknowledge an entry that cannot be handled and keep a copy in ``dead``; if Redis refuses
+    that, log it and leave the entry pending (its next delivery tries again)."""
+    log.error("dead-lettered %s reason=%r", kv(stream=stream, entry=entry_id), reason)
+    try:
+        results = await bus.batcher.run(dead_letter_build(bus, stream, group, entry_id, fields, reason))
+    except ResponseError as refused:  # the whole transaction, while queued
+        log.error("dead letter not written %s: %s", kv(stream=stream, entry=entry_id), refused)
+        return
+    if not isinstance(results[-1], list):
+        log.error("dead letter not written %s: %r", kv(stream=stream, entry=entry_id), results[-1])

@@ -96,7 +96,8 @@ class HeldConnection:
         self._callbacks: dict[str | bytes, Any] = {}  # command name -> redis-py's response callback, or None
 
     async def send(self, commands: Sequence[tuple[Sequence[Any], dict[str, Any]]]) -> list[Any]:
-        """Send (args, options) commands in one write; each one's result, a refused one's error among them.
+        """Send (args, options) commands in one write; each one's result, a refused one's error among them
+        (from a MULTI to its EXEC, the replies as Redis sends them: QUEUED, then EXEC's list of results).
 
         A broken connection fails the whole send (the bus's connections have no redis-py retries)
         and the next send connects afresh; a send cut short (cancelled mid-read) drops the
@@ -109,14 +110,23 @@ class HeldConnection:
             await connection.send_packed_command(connection.pack_commands([args for args, _ in commands]))
             fast = _hiredis_reader(connection)
             results: list[Any] = []
+            transaction = False
             for args, options in commands:
-                if fast is not None and not options:
-                    results.append(self._parsed(args[0], await fast()))
-                    continue
-                try:
-                    results.append(await self.redis.parse_response(connection, args[0], **options))
-                except ResponseError as refused:  # as a pipeline reports it: among the results
-                    results.append(refused)
+                command = args[0]
+                transaction = transaction or command == "MULTI"
+                if transaction:  # QUEUED, then EXEC's results: as Redis sends them, no callbacks
+                    transaction = command != "EXEC"
+                    try:
+                        results.append(await (fast() if fast is not None else connection.read_response()))
+                    except ResponseError as refused:
+                        results.append(refused)
+                elif fast is not None and not options:
+                    results.append(self._parsed(command, await fast()))
+                else:
+                    try:
+                        results.append(await self.redis.parse_response(connection, command, **options))
+                    except ResponseError as refused:  # as a pipeline reports it: among the results
+                        results.append(refused)
             return results
         except BaseException:
             await connection.disconnect(nowait=True)

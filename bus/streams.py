@@ -3,8 +3,8 @@
 - ``Bus.publish`` appends one message to a stream (approximately capped).
 - ``GroupConsumer`` reads a consumer group (its own pending entries first, then
   new ones), runs a handler per message within a concurrency limit, and writes
-  the handler's replies, then the XACK once Redis has them, so a crash in
-  between redelivers rather than loses (``bus/outcomes.py``). Garbage is
+  the handler's replies and the XACK in one transaction, so no ack lands
+  without its reply (``bus/outcomes.py``). Garbage is
   acknowledged, logged and copied to the ``dead`` stream; the loop keeps going.
 Reading streams outside a group (a process's reply inbox, broadcasts) is in
 ``bus/replies.py``.
@@ -29,7 +29,7 @@ from bus.config import RedisSettings
 from bus.keys import Keys
 from bus.log import kv
 from bus.loops import let_started_work_run, sleep_or_stop
-from bus.outcomes import Answers, dead_letter
+from bus.outcomes import Answers, dead_letter, dead_letter_build
 from bus.protocol import MalformedMessage, Message, decode, encode
 from bus.redis_client import HeldConnection, connect
 
@@ -300,50 +300,48 @@ class GroupConsumer:
                 )
                 return
             # The task ends here; the entry stays held (and its slot taken) until the reply is written.
-            self._reply_and_ack(stream, entry_id, replies, _aside.get())
+            self._reply_and_ack(stream, entry_id, fields, replies, _aside.get())
             answered = True
         finally:
             self._tasks.pop((stream, entry_id), None)  # by key: current_task() costs a getpid call on 3.11
             if not answered:
                 self._release(stream, entry_id, _aside.get())
 
-    def _reply_and_ack(self, stream: str, entry_id: str, replies: Sequence[Reply], aside: bool) -> None:
-        """Queue the replies for the next write, and the ack once Redis has them; the entry stays
-        held (its slot taken) until then. Entries answered in one round share one write
-        (``Answers``) as long as nothing else was queued after it, so nothing overtakes what was
-        sent before."""
+    def _reply_and_ack(self, stream: str, entry_id: str, fields: dict[bytes, bytes], replies: Sequence[Reply],
+                       aside: bool) -> None:
+        """Queue the replies and the ack for the next write (one transaction: ``Answers``); the
+        entry stays held (its slot taken) until Redis has them. Entries answered in one round
+        share one write as long as nothing else was queued after it, so nothing overtakes what
+        was sent before."""
         self._writing += 1
         answers = self._answers
         if answers is None or self.bus.batcher.last_queued is not answers:
             answers = self._answers = Answers(self)
             answers.send()
-        answers.entries.append((stream, entry_id, replies, aside))
+        answers.entries.append((stream, entry_id, fields, replies, aside))
 
     def _written(self, answers: Answers, outcome: list[Any] | Exception) -> None:
-        """A round's replies (or acks) came back: ack what was answered, release what was acked,
-        or try again while Redis is away."""
+        """A round came back from Redis: release its entries, or try again while Redis is away."""
         if isinstance(outcome, CONNECTION_ERRORS) and answers.attempt < len(WRITE_RETRY_DELAYS):
             if answers.attempt == 0:
-                log.warning("Redis away while %s %d entr%s; retrying", "acking" if answers.acking else "answering",
-                            len(answers.entries), "y" if len(answers.entries) == 1 else "ies")
-            again = Answers(self, answers.attempt + 1, answers.entries, acking=answers.acking)
+                log.warning("Redis away while answering %d entr%s; retrying", len(answers.entries),
+                            "y" if len(answers.entries) == 1 else "ies")
+            again = Answers(self, answers.attempt + 1, answers.entries)
             asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[answers.attempt], again.send)
             return
-        errors = answers.errors(outcome)
-        answered = []
-        for entry in answers.entries:
-            stream, entry_id, _replies, aside = entry
-            error = errors.get(entry_id)
-            if error is None and not answers.acking:
-                answered.append(entry)
-                continue
-            if error is not None:  # unacked entries stay pending: the reaper hands them out again
-                log.error("%s not written %s: %s", "ack" if answers.acking else "reply",
-                          kv(stream=stream, entry=entry_id), error)
+        pending, refused = answers.failures(outcome)
+        for stream, entry_id, fields, _replies, aside in answers.entries:
+            error = pending.get((stream, entry_id))
+            if error is not None:  # still pending: the reaper hands it out again
+                log.error("reply not written %s: %s", kv(stream=stream, entry=entry_id), error)
+            error = refused.get((stream, entry_id))
+            if error is not None:  # acknowledged with its round; no answer can reach its caller
+                self.bus.batcher.send(dead_letter_build(self.bus, stream, self.group, entry_id, fields,
+                                                        f"reply refused by Redis: {error}"))
+                log.error("reply refused %s: %s; the entry is copied to dead", kv(stream=stream, entry=entry_id),
+                          error)
             self._writing -= 1
             self._release(stream, entry_id, aside)
-        if answered:  # replies are in Redis: now, and only now, their acks
-            Answers(self, entries=answered, acking=True).send()
         if not self._writing and self._all_written is not None and not self._all_written.done():
             self._all_written.set_result(None)
 

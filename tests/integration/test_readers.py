@@ -134,6 +134,52 @@ async def test_a_held_connection_gives_the_results_a_redis_py_pipeline_gives(bus
         await held.aclose()
     assert [type(r) if isinstance(r, Exception) else r for r in got] == \
            [type(r) if isinstance(r, Exception) else r for r in expected]
+    # In a transaction, Redis's own replies: QUEUED for each command, then EXEC's results.
+    pipe = bus.redis.pipeline(transaction=False)
+    for command in (("MULTI",), ("SET", "twice", "v", "NX"), ("XADD", "text", "*", "k", "v"), ("EXEC",)):
+        pipe.execute_command(*command)
+    held = bus.reader()
+    try:
+        multi, set_queued, xadd_queued, applied = await held.send(pipe.command_stack)
+    finally:
+        await held.aclose()
+    assert (multi, set_queued, xadd_queued) == (b"OK", b"QUEUED", b"QUEUED")
+    assert applied[0] == b"OK" and "WRONGTYPE" in str(applied[1])
     assert got[1] is True and got[3] == {b"a": b"1"} and "WRONGTYPE" in str(got[4])
     # Commands without options skip redis-py's slower path (read commands carry cache keys and take it).
     assert not {"XADD", "SET", "HSET", "XACK"} & set(calls)
+
+
+async def test_a_round_redis_refuses_while_queueing_it_is_not_applied_and_stays_pending(bus: Bus, caplog) -> None:
+    """Out of memory (noeviction), Redis refuses the round's commands as they are queued: neither
+    the reply nor the ack lands (the ack would have, outside a transaction), so the entry stays
+    pending for the reaper instead of being acknowledged with its answer lost."""
+    stream = bus.keys.hands_requests
+    go = asyncio.Event()
+
+    async def answer_when_told(message, _stream):
+        await go.wait()
+        return [("answers", ToolCancel(call_id=message.call_id))]
+
+    stop = asyncio.Event()
+    consumer = GroupConsumer(bus, streams=[stream], group="hands", consumer="c1", handler=answer_when_told,
+                             block_ms=100)
+    running = asyncio.create_task(consumer.run(stop))
+    await bus.publish(stream, ToolCancel(call_id="c1"))
+    limits = await bus.redis.config_get("maxmemory*")
+    try:
+        while not consumer.in_flight:
+            await asyncio.sleep(0.01)
+        await bus.redis.config_set("maxmemory-policy", "noeviction")
+        await bus.redis.config_set("maxmemory", 1)
+        go.set()
+        while consumer.in_flight:
+            await asyncio.sleep(0.01)
+    finally:
+        await bus.redis.config_set("maxmemory", limits["maxmemory"])
+        await bus.redis.config_set("maxmemory-policy", limits["maxmemory-policy"])
+        stop.set()
+        await running
+    assert "reply not written" in caplog.text and "maxmemory" in caplog.text
+    assert await bus.redis.xlen("answers") == 0
+    assert (await bus.redis.xpending(stream, "hands"))["pending"] == 1

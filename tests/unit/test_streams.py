@@ -246,9 +246,9 @@ async def test_a_reply_written_while_redis_is_away_is_retried_and_its_entry_held
     await async_wait_until(lambda: len(attempts) >= 1, what="the first write")
     assert consumer.in_flight == 1 and consumer.holding[stream] == {consumer_entry(consumer, stream)}
     await async_wait_until(lambda: len(attempts) >= 3, what="two retries after failures")
-    await nothing_pending(fake_bus, stream, "g")  # the ack after the reply
+    await nothing_pending(fake_bus, stream, "g")  # acked with its reply, once Redis was back
     await async_wait_until(lambda: consumer.in_flight == 0, what="the entry released")
-    assert attempts == [["XADD"]] * 3 + [["XACK"]]  # the ack went once the reply was in
+    assert attempts == [["MULTI", "XADD", "XACK", "EXEC"]] * 3  # the reply and its ack together, every time
     stop.set()
     await task
     replies = await fake_bus.redis.xrange("u:reply:b")
@@ -275,7 +275,7 @@ async def test_drain_waits_for_replies_still_on_their_way(fake_bus: Bus) -> None
     await async_wait_until(lambda: len(attempts) == 1, what="the first, failed write")
     stop.set()  # the handler is done; its reply is not in Redis yet
     await task
-    assert consumer.in_flight == 0 and attempts == [["XADD"], ["XADD"], ["XACK"]]
+    assert consumer.in_flight == 0 and attempts == [["MULTI", "XADD", "XACK", "EXEC"]] * 2
     assert await _all_acked(fake_bus, stream)
 
 
@@ -320,29 +320,39 @@ async def test_closing_an_inbox_wakes_its_blocking_read_instead_of_waiting_it_ou
     assert not await fake_bus.redis.exists(inbox.stream)
 
 
-async def test_a_rounds_replies_go_out_in_one_write_then_one_ack_once_redis_has_them(fake_bus: Bus) -> None:
+async def test_a_rounds_replies_and_acks_go_out_in_one_transaction(fake_bus: Bus) -> None:
     stream = fake_bus.keys.hands_requests
     for n in range(10):  # as many as the consumer's 10 slots: one read
         await fake_bus.publish(stream, _execute(n))
     stacks = _watched_writes(fake_bus)
-    await _consume_until(fake_bus, stream, lambda m, _s: _answer(m), lambda: len(stacks) >= 2, "the answers")
-    assert stacks[:2] == [["XADD"] * 10, ["XACK"]], stacks  # read together, answered together, then acked
+    await _consume_until(fake_bus, stream, lambda m, _s: _answer(m), lambda: len(stacks) >= 1, "the answers")
+    assert stacks[0] == ["MULTI", *["XADD"] * 10, "XACK", "EXEC"], stacks  # read together, answered together
     assert len(await fake_bus.redis.xrange("u:reply:b")) == 10
 
 
-async def test_a_reply_redis_refuses_leaves_its_entry_pending_for_the_reaper(fake_bus: Bus, caplog) -> None:
+async def test_a_reply_refused_as_it_runs_is_acked_with_its_round_and_copied_to_dead(fake_bus: Bus, caplog) -> None:
     stream = fake_bus.keys.hands_requests
     await fake_bus.publish(stream, _execute(1))
-    await fake_bus.redis.set("u:reply:b", "not a stream")  # the reply's XADD is refused (WRONGTYPE)
-    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", concurrency=1, block_ms=50,
-                             handler=lambda m, _s: _answer(m))
+    await fake_bus.publish(stream, _execute(2))
+    await fake_bus.redis.set("u:reply:broken", "not a stream")  # c1's reply is refused (WRONGTYPE)
+
+    async def answer(message, _stream):
+        target = "u:reply:broken" if message.call_id == "c1" else "u:reply:b"
+        return [(target, ChatCancel(session_id=message.call_id))]
+
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", concurrency=2, block_ms=50,
+                             handler=answer)
     stop, task = await _run(consumer)
-    await async_wait_until(lambda: "reply not written" in caplog.text, what="the refusal logged")
-    await async_wait_until(lambda: consumer.in_flight == 0, what="the entry released")
+    await async_wait_until(lambda: _stream_length(fake_bus, fake_bus.keys.dead, 1), what="the dead copy")
+    await async_wait_until(lambda: consumer.in_flight == 0, what="both entries released")
     stop.set()
     await task
-    assert not await _all_acked(fake_bus, stream)  # never acknowledged: another delivery will answer it
-    assert consumer._slots._value == 1  # noqa: SLF001 - its slot came back
+    assert await _all_acked(fake_bus, stream)  # no delivery could ever answer c1: its reply stream is broken
+    [(_id, dead)] = await fake_bus.redis.xrange(fake_bus.keys.dead)
+    assert decode(dead).call_id == "c1" and b"WRONGTYPE" in dead[b"dead:reason"]
+    assert [decode(f).session_id for _, f in await fake_bus.redis.xrange("u:reply:b")] == ["c2"]
+    assert "reply refused" in caplog.text
+    assert consumer._slots._value == 2  # noqa: SLF001 - both slots came back
 
 
 async def test_what_a_handler_sent_before_answering_is_never_overtaken_by_its_answer(fake_bus: Bus) -> None:
