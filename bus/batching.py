@@ -5,7 +5,8 @@ answers ten calls with ten pipelines pays ten times what one pipeline costs.
 Callers write ``await batcher.run(build)`` and get their own results, or
 ``batcher.send(build, done=...)`` to be told by a callback, without a future
 or a task switch per write (the hot path of every tool call, on both sides).
-Every flush goes down one connection the batcher holds (``bus.redis_client.HeldConnection``).
+Every flush goes down one connection the batcher holds (``bus.redis_client.HeldConnection``),
+as one transaction when it has more than one command.
 """
 
 from __future__ import annotations
@@ -121,10 +122,19 @@ class Batcher:
         """Send what ``pipe`` holds and return each command's result (a refused one's error).
 
         The pipeline only collects the commands: they go down the batcher's held connection
-        (``HeldConnection``), not through ``Pipeline.execute``. (Lua scripts cannot be queued:
-        redis-py's asyncio ``Script`` call is a coroutine.)
+        (``HeldConnection``), not through ``Pipeline.execute``, and more than one go as one
+        MULTI/EXEC transaction. Redis wakes a reader blocked on a stream after every command
+        outside a transaction, so a burst of requests (or a round of replies) would reach a
+        worker (or a caller) a few at a time; in one transaction it arrives whole, and the
+        reader reads it in one go (measured: ~30 entries per worker read instead of ~22, CPU per
+        call over the three processes 66 against 70 µs). It also means a flush is applied whole
+        or not at all: a command Redis refuses while queueing (out of memory, an ACL, a read-only
+        replica) fails every caller of the flush, as a lost connection does, and a worker's
+        acks never land without the replies they follow (``bus.outcomes.Answers``). (Lua scripts
+        cannot be queued: redis-py's asyncio ``Script`` call is a coroutine.)
         """
-        return await self._held.send(pipe.command_stack)
+        stack = pipe.command_stack
+        return await self._held.send(stack, transaction=len(stack) > 1)
 
 
 def _settle(target: asyncio.Future[list[Any]] | Done, outcome: list[Any] | Exception) -> None:

@@ -1,5 +1,5 @@
 """What a consumer writes when it is done with an entry: a round of answers (its replies and
-their acks in one transaction) or a dead letter."""
+their acks, in the batcher's one transaction) or a dead letter."""
 
 from __future__ import annotations
 
@@ -24,13 +24,15 @@ Key = tuple[str, str]  # (stream, entry id)
 
 
 class Answers:
-    """One round of answered entries as one batcher item: MULTI, every reply, one XACK per
-    stream, EXEC. Redis applies the round as a whole, so an ack never lands without the reply
-    written before it, and a crash cannot fall between them. A round Redis refuses while
-    queueing it (out of memory, an ACL, a read-only replica) is not applied at all: its entries
-    stay pending and the reaper hands them out again. A reply refused as it runs (WRONGTYPE:
-    its stream's key holds something else, so no answer can ever be read there) is acknowledged
-    with the round; the consumer copies its entry to ``dead`` with the reason."""
+    """One round of answered entries as one batcher item: every reply, then one XACK per stream,
+    in the flush's transaction (a flush of more than one command is one, ``Batcher._write``;
+    a round has at least a reply and an ack, or only acks). Redis applies it as a whole, so an
+    ack never lands without the reply written before it, and a crash cannot fall between them.
+    A round Redis refuses while queueing it (out of memory, an ACL, a read-only replica) is not
+    applied at all: its entries stay pending and the reaper hands them out again. A reply
+    refused as it runs (WRONGTYPE: its stream's key holds something else, so no answer can ever
+    be read there) is acknowledged with its round; the consumer copies its entry to ``dead``
+    with the reason."""
 
     __slots__ = ("consumer", "attempt", "entries")
 
@@ -40,13 +42,11 @@ class Answers:
 
     def __call__(self, pipe: Pipeline) -> None:
         bus = self.consumer.bus
-        pipe.execute_command("MULTI")
         for _stream, _entry_id, _fields, replies, _aside in self.entries:
             for target, reply in replies:
                 bus.add(pipe, target, reply)
         for stream, ids in self._ids_by_stream().items():
             pipe.xack(stream, self.consumer.group, *ids)
-        pipe.execute_command("EXEC")
 
     def send(self) -> None:
         self.consumer.bus.batcher.send(self, done=self.written)
@@ -61,16 +61,11 @@ class Answers:
         return by_stream
 
     def failures(self, outcome: list[Any] | Exception) -> tuple[dict[Key, Exception], dict[Key, Exception]]:
-        """From the write's results: (entries left pending, with why: the round was not applied,
+        """From the write's outcome: (entries left pending, with why: the round was not applied,
         or their ack was refused; entries acknowledged whose reply was refused, with why)."""
         if isinstance(outcome, Exception):
             return {(stream, entry_id): outcome for stream, entry_id, *_ in self.entries}, {}
-        applied = outcome[-1]  # EXEC's: every command's result, or the refusal of the whole round
-        if not isinstance(applied, list):
-            cause = next((r for r in outcome[1:-1] if isinstance(r, Exception)), applied)
-            error = cause if isinstance(cause, Exception) else ResponseError(f"transaction not applied: {cause!r}")
-            return {(stream, entry_id): error for stream, entry_id, *_ in self.entries}, {}
-        results, refused = iter(applied), {}
+        results, refused = iter(outcome), {}
         for stream, entry_id, _fields, replies, _aside in self.entries:
             error = next((r for r in [next(results) for _ in replies] if isinstance(r, Exception)), None)
             if error is not None:
@@ -84,17 +79,15 @@ class Answers:
 
 def dead_letter_build(bus: Bus, stream: str, group: str, entry_id: str, fields: dict[bytes, bytes],
                       reason: str) -> Build:
-    """The write that copies an entry to ``dead`` with why, and acknowledges it, in one transaction
-    (refused while queued, say out of memory: neither happens, and it stays pending)."""
+    """The write that copies an entry to ``dead`` with why and acknowledges it (two commands: one
+    transaction, so when Redis refuses it, out of memory say, neither happens and it stays pending)."""
     copy = {b"dead:source": stream.encode(), b"dead:group": group.encode(), b"dead:entry": entry_id.encode(),
             b"dead:reason": reason.encode()}
     copy.update({k: v for k, v in fields.items() if not k.startswith(b"dead:")})
 
     def build(pipe: Pipeline) -> None:
-        pipe.execute_command("MULTI")
         pipe.xadd(bus.keys.dead, copy, maxlen=bus.settings.dead_maxlen, approximate=True)
         pipe.xack(stream, group, entry_id)
-        pipe.execute_command("EXEC")
 
     return build
 
@@ -106,9 +99,6 @@ async def dead_letter(
     that, log it and leave the entry pending (its next delivery tries again)."""
     log.error("dead-lettered %s reason=%r", kv(stream=stream, entry=entry_id), reason)
     try:
-        results = await bus.batcher.run(dead_letter_build(bus, stream, group, entry_id, fields, reason))
-    except ResponseError as refused:  # the whole transaction, while queued
+        await bus.batcher.run(dead_letter_build(bus, stream, group, entry_id, fields, reason))
+    except ResponseError as refused:
         log.error("dead letter not written %s: %s", kv(stream=stream, entry=entry_id), refused)
-        return
-    if not isinstance(results[-1], list):
-        log.error("dead letter not written %s: %r", kv(stream=stream, entry=entry_id), results[-1])

@@ -14,6 +14,7 @@ from typing import Any
 from redis._parsers import _AsyncHiredisParser
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
+from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.exceptions import DataError, ResponseError
 
 try:
@@ -66,6 +67,18 @@ def connect(url: str) -> Redis:
 
 
 _UNKNOWN = object()
+_PARSER_OPTIONS = frozenset({"keys", NEVER_DECODE, EMPTY_RESPONSE})
+
+
+def _raising_reader(connection: AbstractConnection) -> Callable[[], Awaitable[Any]]:
+    """The connection's own read, with a refusal returned rather than raised (as hiredis gives it)."""
+    async def read() -> Any:
+        try:
+            return await connection.read_response()
+        except ResponseError as refused:
+            return refused
+
+    return read
 
 
 def _hiredis_reader(connection: AbstractConnection) -> Callable[[], Awaitable[Any]] | None:
@@ -84,10 +97,11 @@ class HeldConnection:
     check, observability counters), and redis-py 8's ``Pipeline.execute`` also scans for HIMPORT
     field sets and gives its connection back through ``asyncio.shield`` (a task and a loop turn).
     A loop of blocking reads, or the batcher's writes, keep one instead and send on it directly:
-    commands packed in one write, each reply read by the connection's hiredis parser and given
-    redis-py's own response callback (``Redis.parse_response`` for commands with options). ~3.4 µs
-    per command in a batch of 16 against ~7.7 through a pipeline (~4.6 through ``parse_response``),
-    ~34 µs per XREAD against ~40 through a held client, on this machine kind. One user at a time: a consumer's reader, or the batcher's one flusher.
+    commands packed in one write, optionally as one MULTI/EXEC transaction, each reply read by
+    the connection's hiredis parser and given redis-py's own response callback. ~3.4 µs per
+    command in a batch of 16 against ~7.7 through a pipeline (~4.6 through ``Redis.parse_response``),
+    ~34 µs per XREAD against ~40 through a held client, on this machine kind. One user at a
+    time: a consumer's reader, or the batcher's one flusher.
     """
 
     def __init__(self, redis: Redis) -> None:
@@ -95,58 +109,59 @@ class HeldConnection:
         self._connection: AbstractConnection | None = None
         self._callbacks: dict[str | bytes, Any] = {}  # command name -> redis-py's response callback, or None
 
-    async def send(self, commands: Sequence[tuple[Sequence[Any], dict[str, Any]]]) -> list[Any]:
-        """Send (args, options) commands in one write; each one's result, a refused one's error among them
-        (from a MULTI to its EXEC, the replies as Redis sends them: QUEUED, then EXEC's list of results).
+    async def send(self, commands: Sequence[tuple[Sequence[Any], dict[str, Any]]], *,
+                   transaction: bool = False) -> list[Any]:
+        """Send (args, options) commands in one write; each one's result, a refused one's error
+        among them, as a redis-py pipeline gives them.
 
-        A broken connection fails the whole send (the bus's connections have no redis-py retries)
-        and the next send connects afresh; a send cut short (cancelled mid-read) drops the
-        connection rather than leave replies unread on it.
+        ``transaction``: wrapped in MULTI/EXEC, so Redis applies them as a whole (and a reader
+        blocked on their keys wakes once, for all of them). One refused while queued (out of
+        memory, an ACL, a read-only replica, a malformed command) means none is applied: that
+        refusal is raised. A broken connection fails the whole send (the bus's connections have
+        no redis-py retries) and the next send connects afresh; a send cut short (cancelled
+        mid-read) drops the connection rather than leave replies unread on it.
         """
         if self._connection is None:
             self._connection = await self.redis.connection_pool.get_connection()
         connection = self._connection
+        wire = [args for args, _ in commands]
+        if transaction:
+            wire = [("MULTI",), *wire, ("EXEC",)]
         try:
-            await connection.send_packed_command(connection.pack_commands([args for args, _ in commands]))
-            fast = _hiredis_reader(connection)
-            results: list[Any] = []
-            transaction = False
-            for args, options in commands:
-                command = args[0]
-                transaction = transaction or command == "MULTI"
-                if transaction:  # QUEUED, then EXEC's results: as Redis sends them, no callbacks
-                    transaction = command != "EXEC"
-                    try:
-                        results.append(await (fast() if fast is not None else connection.read_response()))
-                    except ResponseError as refused:
-                        results.append(refused)
-                elif fast is not None and not options:
-                    results.append(self._parsed(command, await fast()))
-                else:
-                    try:
-                        results.append(await self.redis.parse_response(connection, command, **options))
-                    except ResponseError as refused:  # as a pipeline reports it: among the results
-                        results.append(refused)
-            return results
+            await connection.send_packed_command(connection.pack_commands(wire))
+            read = _hiredis_reader(connection) or _raising_reader(connection)
+            replies = [await read() for _ in wire]
         except BaseException:
             await connection.disconnect(nowait=True)
             raise
+        if transaction:
+            applied = replies[-1]
+            if not isinstance(applied, list):  # EXECABORT: the refusal is among the QUEUED replies
+                raise next((r for r in replies if isinstance(r, ResponseError)),
+                           ResponseError(f"transaction not applied: {applied!r}"))
+            replies = applied
+        return [self._parsed(args[0], reply, options) for (args, options), reply in zip(commands, replies)]
 
-    def _parsed(self, command: str | bytes, reply: Any) -> Any:
-        """A reply read straight from the hiredis parser, as ``Redis.parse_response`` would give it.
+    def _parsed(self, command: str | bytes, reply: Any, options: dict[str, Any]) -> Any:
+        """A reply as ``Redis.parse_response`` (or a transaction pipeline) would give it: redis-py's
+        callback for the command, with the command's options; a refusal as it is.
 
-        The parser returns a refusal as a value and raises a lost connection itself; what
-        ``parse_response`` adds per reply (its connection's ``read_response`` layers, the
-        case-insensitive callback lookup) is ~1 µs of ~3.5 per command in a batch, on every
-        tool call's two XADDs. (Its health-check clock is not advanced this way: an idle-time
-        PING goes out every ``health_check_interval`` under load too, which costs nothing.)
+        Read straight from the hiredis parser, a reply skips ``parse_response``'s layers (its
+        connection's ``read_response``, the case-insensitive callback lookup): ~1 µs of ~3.5 per
+        command in a batch, on every tool call's two XADDs. (The connection's health-check clock
+        is not advanced this way: an idle-time PING goes out every ``health_check_interval``
+        under load too, which costs nothing.)
         """
         if isinstance(reply, ResponseError):
-            return reply
+            return options.get(EMPTY_RESPONSE, reply)
         callback = self._callbacks.get(command, _UNKNOWN)
         if callback is _UNKNOWN:
             callback = self._callbacks[command] = self.redis.response_callbacks.get(command)
-        return reply if callback is None else callback(reply)
+        if callback is None:
+            return reply
+        if options:  # the parser's own directives are not the callback's
+            return callback(reply, **{k: v for k, v in options.items() if k not in _PARSER_OPTIONS})
+        return callback(reply)
 
     async def execute(self, *args: Any) -> Any:
         """One command's result; a refusal is raised."""

@@ -39,6 +39,11 @@ class Limiter:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def room(self) -> int:
+        """Calls that could start now at the global gate (0 when the worker is full)."""
+        return max(0, self.concurrency.global_ - self._in_use["global"])
+
     def gates(self, category: str, tool: str, tool_limit: int | None) -> tuple[tuple[str, int], ...]:
         """The (gate, capacity) pairs a call passes, widest first."""
         key = (category, tool, tool_limit)

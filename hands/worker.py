@@ -68,8 +68,9 @@ class HandsWorker:
                                  progress=bus.publish)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s, details=self._details)
         self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s)
-        # Read as many as can run or wait in the limiter's queue, no more: what this worker
-        # cannot take stays in the stream for the others (QUEUE_FULL is for narrower gates).
+        # Hold as many as can run or wait in the limiter's queue, no more, and read at once no more
+        # than can start (``room``): what this worker cannot take stays in the stream for the
+        # others, and a burst goes to every worker with room (QUEUE_FULL is for narrower gates).
         running = settings.concurrency.global_
         self.consumer = GroupConsumer(
             bus,
@@ -78,6 +79,7 @@ class HandsWorker:
             consumer=worker_id,
             handler=self.handle,
             concurrency=running + settings.queue.depth,
+            room=lambda: self.executor.limiter.room,
         )
         self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
 

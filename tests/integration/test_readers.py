@@ -7,8 +7,10 @@ import asyncio
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from bus.protocol import ToolCancel, ToolExecute, ToolResult, decode, now_ms
+from bus.redis_client import _hiredis_reader
 from bus.replies import ReplyInbox
 from bus.streams import Bus, GroupConsumer
 
@@ -104,50 +106,54 @@ async def test_a_read_cut_short_never_leaves_its_reply_for_the_next_command(bus:
     await reader.aclose()
 
 
-async def test_a_held_connection_gives_the_results_a_redis_py_pipeline_gives(bus: Bus, monkeypatch) -> None:
-    """Replies are read straight from the hiredis parser (with redis-py's callbacks), not through
-    ``Redis.parse_response``: the same results, refusals among them, as ``Pipeline.execute``."""
-    await bus.redis.delete("events", "once", "h")
-    await bus.redis.set("text", "x")
+async def test_a_held_connection_gives_the_results_a_redis_py_pipeline_gives(bus: Bus) -> None:
+    """Replies are read straight from the hiredis parser and given redis-py's callbacks, not
+    through ``Redis.parse_response``: the same results, refusals among them, as ``Pipeline.execute``,
+    as a plain pipeline and as a transaction."""
 
-    def build():
-        pipe = bus.redis.pipeline(transaction=False)
+    def build(transaction: bool):
+        pipe = bus.redis.pipeline(transaction=transaction)
         pipe.xadd("events", {b"k": b"v"}, id="1-1")
         pipe.set("once", "v", nx=True)  # a callback: True, then None
+        pipe.set("once", "v", nx=True)
         pipe.hset("h", mapping={"a": "1"})
         pipe.hgetall("h")  # a callback: pairs to a dict
-        pipe.xadd("text", {b"k": b"v"})  # refused: WRONGTYPE
+        pipe.xadd("text", {b"k": b"v"})  # refused as it runs: WRONGTYPE
         pipe.xrange("events")  # a callback: (id, fields) pairs
         pipe.xack("events", "nogroup", "1-1")
-        pipe.get("text")
+        pipe.zrange("z", 0, -1, withscores=True)  # an option the callback takes
         return pipe
 
-    expected = await build().execute(raise_on_error=False)
-    await bus.redis.delete("events", "once", "h")
-    calls = []
-    slow = bus.redis.parse_response
-    monkeypatch.setattr(bus.redis, "parse_response", lambda *a, **kw: calls.append(a[1]) or slow(*a, **kw))
+    def shown(results):
+        return [type(r) if isinstance(r, Exception) else r for r in results]
+
+    for transaction in (False, True):
+        await bus.redis.delete("events", "once", "h", "z")
+        await bus.redis.set("text", "x")
+        await bus.redis.zadd("z", {"m": 1.5})
+        expected = await build(transaction).execute(raise_on_error=False)
+        await bus.redis.delete("events", "once", "h")
+        held = bus.reader()
+        try:
+            got = await held.send(build(transaction).command_stack, transaction=transaction)
+            assert _hiredis_reader(held._connection) is not None  # noqa: SLF001 - the fast path was taken
+        finally:
+            await held.aclose()
+        assert shown(got) == shown(expected), transaction
+        assert got[1] is True and got[2] is None and got[4] == {b"a": b"1"} and "WRONGTYPE" in str(got[5])
+        assert got[8] == [(b"m", 1.5)]
+
+
+async def test_a_transaction_redis_refuses_while_queueing_raises_and_applies_nothing(bus: Bus) -> None:
+    await bus.redis.delete("counter")
     held = bus.reader()
     try:
-        got = await held.send(build().command_stack)
+        with pytest.raises(ResponseError, match="wrong number of arguments"):
+            await held.send([(("INCR", "counter"), {}), (("GET",), {})], transaction=True)
+        assert await held.execute("PING") is True  # the connection stays usable
     finally:
         await held.aclose()
-    assert [type(r) if isinstance(r, Exception) else r for r in got] == \
-           [type(r) if isinstance(r, Exception) else r for r in expected]
-    # In a transaction, Redis's own replies: QUEUED for each command, then EXEC's results.
-    pipe = bus.redis.pipeline(transaction=False)
-    for command in (("MULTI",), ("SET", "twice", "v", "NX"), ("XADD", "text", "*", "k", "v"), ("EXEC",)):
-        pipe.execute_command(*command)
-    held = bus.reader()
-    try:
-        multi, set_queued, xadd_queued, applied = await held.send(pipe.command_stack)
-    finally:
-        await held.aclose()
-    assert (multi, set_queued, xadd_queued) == (b"OK", b"QUEUED", b"QUEUED")
-    assert applied[0] == b"OK" and "WRONGTYPE" in str(applied[1])
-    assert got[1] is True and got[3] == {b"a": b"1"} and "WRONGTYPE" in str(got[4])
-    # Commands without options skip redis-py's slower path (read commands carry cache keys and take it).
-    assert not {"XADD", "SET", "HSET", "XACK"} & set(calls)
+    assert await bus.redis.get("counter") is None
 
 
 async def test_a_round_redis_refuses_while_queueing_it_is_not_applied_and_stays_pending(bus: Bus, caplog) -> None:

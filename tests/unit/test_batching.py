@@ -30,7 +30,7 @@ async def test_callers_in_one_tick_share_one_round_trip_and_get_their_own_result
     results = await asyncio.gather(*(batcher.run(lambda p, n=n: (p.set(f"k{n}", n), p.get(f"k{n}")))
                                      for n in range(50)))
     assert [r[1] for r in results] == [str(n).encode() for n in range(50)]
-    assert executed == [100]  # 50 callers, 100 commands, one round trip
+    assert executed == [102]  # 50 callers, 100 commands, one round trip: one MULTI ... EXEC
 
 
 async def test_an_error_reaches_only_the_caller_whose_command_failed(redis, batcher) -> None:
@@ -117,7 +117,18 @@ async def test_lone_commands_go_alone_and_their_callers_get_their_result_or_refu
     batcher.send(lambda p: p.lpush("text", 1), done=heard.append)
     assert await batcher.run(lambda p: p.incr("n")) == [2]  # after the refused one, in order
     assert len(heard) == 1 and isinstance(heard[0][0], ResponseError)
-    assert writes == [1, 1, 2]  # only the refused send and the incr queued with it shared a write
+    assert writes == [1, 1, 4]  # only the refused send and the incr queued with it shared a write (a transaction)
+
+
+async def test_a_flush_redis_refuses_while_queueing_fails_every_caller_and_applies_nothing(redis, batcher) -> None:
+    heard: list = []
+    batcher.send(lambda p: p.incr("n"), done=heard.append)
+    malformed = batcher.run(lambda p: p.execute_command("GET"))  # no key: refused before anything runs
+    with pytest.raises(ResponseError, match="wrong number of arguments"):
+        await malformed
+    assert len(heard) == 1 and isinstance(heard[0], ResponseError)  # its neighbour hears it too
+    assert await redis.get("n") is None  # the transaction was not applied
+    assert await batcher.run(lambda p: p.incr("n")) == [1]  # and the batcher keeps working
 
 
 async def test_lone_and_batched_writes_keep_their_order(redis, batcher) -> None:
