@@ -5,7 +5,7 @@ Pincer's models, no task or future per call), Pincer's transport alone
 (bench/echo_worker.py: the same consumer, models and batcher as Hands, no
 lifecycle) and Pincer's Hands path (no-op skill), each with one worker and 64
 calls in flight on a private Redis, interleaved with the floor, and reads each process's CPU
-time (/proc) and Redis' command counters around the measured calls. Throughput
+time and write system calls (/proc) and Redis' command counters around the measured calls. Throughput
 on a small machine is CPU per call summed over the client, the worker and
 redis-server, so this says where a change helps. Run: .venv/bin/python bench/cost_per_call.py
 """
@@ -39,6 +39,13 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def writes(pid: int) -> int:
+    """The process's write system calls so far: each one a socket send that may wake a reader,
+    which on a small VM costs more than most of the Python around it (session 7)."""
+    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(io["syscw"])
+
+
 def counters(url: str) -> dict[str, float]:
     with Redis.from_url(url) as redis:
         stats = {name.removeprefix("cmdstat_"): float(v["calls"]) for name, v in redis.info("commandstats").items()}
@@ -53,9 +60,11 @@ def cost(redis: EmbeddedRedis, worker_pid: int, run: Callable[[int], Any], calls
     assert redis.process is not None, "start the server first"
     pids = {"worker": worker_pid, "client": os.getpid(), "redis-server": redis.process.pid}
     cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
+    writes_before = {name: writes(pid) for name, pid in pids.items()}
     measured = run(calls)  # its own calls/s: timed around the calls only, not the client's start and stop
     after = counters(url)
     row = {f"cpu µs {name}": (cpu_s(pid) - cpu_before[name]) / calls * 1e6 for name, pid in pids.items()}
+    row |= {f"writes {name}": (writes(pid) - writes_before[name]) / calls for name, pid in pids.items()}
     row |= {k: (after[k] - before.get(k, 0)) / calls for k in after if after[k] != before.get(k, 0)}
     return {"calls/s": measured["calls_per_s"], **row}
 
@@ -105,7 +114,7 @@ def main() -> None:
             redis.stop()
     print(f"median of {args.repeat} runs of {args.calls:,} calls each (the floor's: of all its runs, interleaved "
           "with the others), 64 in flight, 1 worker")
-    keys = [k for k in rows["pincer"][0] if k.startswith(("cpu", "calls")) or
+    keys = [k for k in rows["pincer"][0] if k.startswith(("cpu", "calls", "writes")) or
             max(statistics.median(r.get(k, 0.0) for r in rows[name]) for name in rows) >= 0.01]
     print(f"  {'':20}" + "".join(f"{name:>13}" for name in rows) + "  (× floor)")
     for key in keys:
