@@ -1,7 +1,7 @@
 """Pincer's transport without the Hands lifecycle: a worker that answers every call at once.
 
 Two forms, both with the request and reply models a Hands worker uses:
-- default: a GroupConsumer (a task per call, the batcher, ack after reply), as
+- default: a GroupConsumer (a task per call, the batcher, reply and ack in one transaction), as
   Hands runs it, but with no registry, validation, policy, limits, timeout or
   shaping;
 - ``--inline``: the read loop answers a batch itself in one pipeline (no task,

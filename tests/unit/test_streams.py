@@ -1,4 +1,4 @@
-"""The transport on fakeredis: group delivery, ack after reply, dead letters, request/reply."""
+"""The transport on fakeredis: group delivery, ack with its reply, dead letters, request/reply."""
 
 from __future__ import annotations
 
