@@ -1,5 +1,6 @@
-"""Blocking readers hold one connection each for their life and give it back when they stop; the
-batcher holds one for its writes and replaces it when it breaks."""
+"""Held connections: blocking readers hold one each for their life and give it back when they
+stop; the batcher holds one for its writes, replaces it when it breaks, and sends a flush of
+several commands as one transaction; replies come out as redis-py's pipelines give them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from bus.protocol import ToolCancel, ToolExecute, ToolResult, decode, now_ms
 from bus.redis_client import _hiredis_reader
 from bus.replies import ReplyInbox
 from bus.streams import Bus, GroupConsumer
+from tests.conftest import async_wait_until
 
 
 def _in_use(bus: Bus) -> int:
@@ -174,13 +176,11 @@ async def test_a_round_redis_refuses_while_queueing_it_is_not_applied_and_stays_
     await bus.publish(stream, ToolCancel(call_id="c1"))
     limits = await bus.redis.config_get("maxmemory*")
     try:
-        while not consumer.in_flight:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: consumer.in_flight, what="the call in its handler")
         await bus.redis.config_set("maxmemory-policy", "noeviction")
         await bus.redis.config_set("maxmemory", 1)
         go.set()
-        while consumer.in_flight:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: not consumer.in_flight, what="its round written or refused")
     finally:
         await bus.redis.config_set("maxmemory", limits["maxmemory"])
         await bus.redis.config_set("maxmemory-policy", limits["maxmemory-policy"])
