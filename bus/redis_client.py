@@ -107,6 +107,7 @@ class HeldConnection:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self._connection: AbstractConnection | None = None
+        self._read: Callable[[], Awaitable[Any]] | None = None  # set with the connection
         self._callbacks: dict[str | bytes, Any] = {}  # command name -> redis-py's response callback, or None
 
     async def send(self, commands: Sequence[tuple[Sequence[Any], dict[str, Any]]], *,
@@ -123,13 +124,15 @@ class HeldConnection:
         """
         if self._connection is None:
             self._connection = await self.redis.connection_pool.get_connection()
-        connection = self._connection
+            # How its replies are read is fixed for its life (its parser survives reconnects).
+            self._read = _hiredis_reader(self._connection) or _raising_reader(self._connection)
+        connection, read = self._connection, self._read
+        assert read is not None
         wire = [args for args, _ in commands]
         if transaction:
             wire = [("MULTI",), *wire, ("EXEC",)]
         try:
             await connection.send_packed_command(connection.pack_commands(wire))
-            read = _hiredis_reader(connection) or _raising_reader(connection)
             replies = [await read() for _ in wire]
         except BaseException:
             await connection.disconnect(nowait=True)
