@@ -9,8 +9,11 @@ from bus.protocol import SkillInfo
 MEMORY_NOTES_SHOWN = 30
 
 
-def system_prompt(instructions: str, skills: list[SkillInfo], memory: list[dict[str, Any]] | None = None) -> str:
+def system_prompt(instructions: str, skills: list[SkillInfo], memory: list[dict[str, Any]] | None = None,
+                  *, client: str | None = None) -> str:
     parts = [instructions]
+    if client:  # the client's own system message adds to the agent's instructions, never replaces them
+        parts.append(f"The client application adds these instructions:\n{client}")
     if skills:
         listed = "\n".join(f"- {skill.name}: {skill.description}" for skill in skills)
         parts.append(f"Skills you can use (read one with the read_skill tool before you follow it):\n{listed}")

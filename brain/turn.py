@@ -94,7 +94,8 @@ class Turn:
         except NoHandsAvailable as exc:
             return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
         notes = await deps.memory.list(msg.agent_id) if any(t.name == "memory_read" for t in tools) else []
-        messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, skills, notes)}]
+        messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, skills, notes,
+                                                                   client=msg.instructions)}]
         messages += [entry.to_llm() for entry in [*before, *turn]]
         try:
             async with asyncio.timeout(deps.settings.max_turn_s):

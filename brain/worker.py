@@ -50,7 +50,8 @@ class BrainWorker:
         self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s,
                                  details=lambda: {"in_flight": len(self._running), "capacity": settings.max_turns,
                                                   "waiting": self.consumer.waiting,
-                                                  "model": resolve_model(settings.model) or "(none)"})
+                                                  "model": resolve_model(settings.model) or "(none)",
+                                                  "agents": ",".join(settings.agent_ids())})
         self._sessions = SessionOrder(bus.redis, bus.keys, instance_id, lease_s=settings.session_lease_s,
                                       wait_s=settings.session_wait_s or settings.max_turn_s + 60)
         self.control = BroadcastReader(bus, bus.keys.brain_control, self._on_control)

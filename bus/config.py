@@ -32,13 +32,21 @@ SHORTCUTS: dict[str, tuple[str, ...]] = {
     "PINCER_WORKSPACE": ("hands", "workspace"),
     "PINCER_DATA_DIR": ("runtime", "data_dir"),
     "PINCER_GATEWAY_PORT": ("gateway", "port"),
+    "PINCER_GATEWAY_TOKEN": ("gateway", "token"),
 }
 
 M = TypeVar("M", bound=BaseModel)
 
 
+EX_CONFIG = 78  # sysexits.h: a service manager must not restart what only a person can fix
+
+
 class ConfigError(Exception):
-    """A configuration problem a person must fix before Pincer can start."""
+    """A configuration problem a person must fix before Pincer can start (exit status 78)."""
+
+
+class RedisUnreachable(Exception):
+    """Redis did not answer at start-up: worth retrying (exit status 1), unlike a bad configuration."""
 
 
 class Section(BaseModel):

@@ -103,3 +103,21 @@ class Keys:
     def sessions(self) -> str:
         """Sorted set of session ids, scored by last activity."""
         return f"{self.prefix}sessions"
+
+    def session_owner(self, session_id: str) -> str:
+        """Name of the Gateway token that started the session (only it, or an operator, may use it)."""
+        return f"{self.prefix}session:{{{session_id}}}:owner"
+
+    @property
+    def tokens(self) -> str:
+        """Hash of Gateway tokens: SHA-256 of the token -> its record (name, scope, agents); never the token."""
+        return f"{self.prefix}{{tokens}}:by-digest"
+
+    @property
+    def token_names(self) -> str:
+        """Hash of token name -> its digest: names are unique (same hash tag as ``tokens``)."""
+        return f"{self.prefix}{{tokens}}:by-name"
+
+    def message_rate(self, token_name: str) -> str:
+        """A token's message bucket (tokens left, last refill), shared by every Gateway of the pool."""
+        return f"{self.prefix}rate:{token_name}"

@@ -42,6 +42,14 @@ class ErrorCode(StrEnum):
     MODEL_ERROR = "MODEL_ERROR"
     BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
     LOOP_DETECTED = "LOOP_DETECTED"
+    # The Gateway's refusals (HTTP), before anything reaches the bus.
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    FORBIDDEN = "FORBIDDEN"
+    NOT_FOUND = "NOT_FOUND"
+    BAD_REQUEST = "BAD_REQUEST"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
+    UNSUPPORTED = "UNSUPPORTED"
 
 
 RETRYABLE = frozenset(
@@ -204,6 +212,9 @@ class ChatMessage(_Message):
     # The message's place in its session (1, 2, ...), given by the Gateway: Brains run a
     # session's messages in this order. None (a raw wire client): only never interleaved.
     seq: int | None = Field(default=None, ge=1)
+    # Text the client adds to the agent's instructions for this turn (an OpenAI client's
+    # system message): appended to them, never put in their place.
+    instructions: str | None = None
 
 
 class ChatCancel(_Message):

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bus.config import Config, ConfigError
+from bus.config import EX_CONFIG, Config, ConfigError, RedisUnreachable
 from bus.log import setup_logging
 from bus.streams import Bus
 
@@ -59,7 +59,10 @@ def run_service(role: str, config: Config, body: Body, *, instance_id: str | Non
         return run_loop(_serve(config, body))
     except ConfigError as exc:
         log.error("%s", exc)
-        return 2
+        return EX_CONFIG
+    except RedisUnreachable as exc:
+        log.error("%s", exc)
+        return 1
 
 
 async def _serve(config: Config, body: Body) -> int:
@@ -84,5 +87,5 @@ async def _wait_for_redis(bus: Bus, stop: asyncio.Event, *, attempts: int = 50) 
             return
         except Exception as exc:  # connection refused, auth, DNS: all mean "not yet"
             if stop.is_set() or attempt == attempts - 1:
-                raise ConfigError(f"cannot reach Redis: {exc}") from None
+                raise RedisUnreachable(f"cannot reach Redis: {exc}") from None
             await asyncio.sleep(0.2)

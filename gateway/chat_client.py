@@ -21,13 +21,18 @@ class ChatClient:
     session_id: str
     out: Console
     err: Console
+    token: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def send(self, text: str) -> str:
         """Send one message; stream the reply to ``out``; return the final text."""
         url = f"{self.base_url}/v1/sessions/{self.session_id}/messages"
         try:
             with httpx.Client(timeout=httpx.Timeout(10.0, read=None)) as client:
-                with connect_sse(client, "POST", url, json={"text": text}) as source:
+                with connect_sse(client, "POST", url, json={"text": text}, headers=self.headers) as source:
                     if source.response.status_code != 200:
                         source.response.read()
                         raise ChatFailed(_http_error(source.response))
@@ -43,7 +48,7 @@ class ChatClient:
     def cancel(self) -> None:
         """Ctrl-C during a turn: ask the Gateway to stop it (its tool calls stop too)."""
         try:
-            httpx.post(f"{self.base_url}/v1/sessions/{self.session_id}/cancel", timeout=5)
+            httpx.post(f"{self.base_url}/v1/sessions/{self.session_id}/cancel", headers=self.headers, timeout=5)
             self.err.print("\n(cancelled)", highlight=False)
         except httpx.HTTPError:
             self.err.print("\n(could not reach the Gateway to cancel)", highlight=False)
@@ -92,7 +97,7 @@ class ChatClient:
         decision = {"y": "allow-once", "yes": "allow-once", "a": "allow-always", "always": "allow-always"}.get(
             answer, "deny")
         response = httpx.post(f"{self.base_url}/v1/approvals/{request['approval_id']}",
-                              json={"decision": decision, "by": "pincer chat"}, timeout=10)
+                              json={"decision": decision}, headers=self.headers, timeout=10)
         if response.status_code != 200:
             self.err.print(f"  (not recorded: {_http_error(response)})", markup=False, highlight=False)
 
@@ -100,14 +105,17 @@ class ChatClient:
 def _http_error(response: httpx.Response) -> str:
     try:
         error = response.json()["error"]
-        return f"{error['code']}: {error['message']}"
+        text = f"{error['code']}: {error['message']}"
     except (ValueError, KeyError, TypeError):
-        return f"the Gateway answered HTTP {response.status_code}"
+        text = f"the Gateway answered HTTP {response.status_code}"
+    if response.status_code == 401:
+        text += " (give `pincer chat --token`, or set PINCER_TOKEN)"
+    return text
 
 
-def run_chat(base_url: str, session_id: str, message: str | None) -> int:
+def run_chat(base_url: str, session_id: str, message: str | None, *, token: str | None = None) -> int:
     out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
-    client = ChatClient(base_url.rstrip("/"), session_id, out, err)
+    client = ChatClient(base_url.rstrip("/"), session_id, out, err, token)
     if message is not None:
         try:
             client.send(message)

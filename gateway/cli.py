@@ -8,8 +8,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bus.config import Config, ConfigError, load_config
+from bus.config import EX_CONFIG, Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from gateway.config import GatewaySettings
 
 SECTIONS = {"redis", "runtime", "hands", "brain", "gateway"}
 
@@ -37,6 +41,18 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("-m", "--message", help="send one message, print the reply and exit")
     chat.add_argument("--session", default="main", help="session id (default: main)")
     chat.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
+    chat.add_argument("--token", help="Gateway token (default: $PINCER_TOKEN, gateway.token, or the one "
+                      "`pincer up` made in the data dir)")
+
+    token = sub.add_parser("token", help="Gateway tokens: create NAME | list | revoke NAME")
+    token.add_argument("action", choices=["create", "list", "revoke"])
+    token.add_argument("name", nargs="?", metavar="NAME", help="who the token is for (its sender name)")
+    token.add_argument("--scope", choices=["chat", "operator"], default="chat",
+                       help="chat: its own sessions only (default); operator: every session, approvals, ops")
+    token.add_argument("--agent", action="append", default=[], metavar="AGENT",
+                       help="an agent it may use (repeat; default: every agent)")
+    token.add_argument("--json", action="store_true", help="print JSON (list)")
+    token.add_argument("--redis", metavar="URL")
 
     skills = sub.add_parser("skills", help="list the skills this machine's Hands would load, and the refused ones")
     skills.add_argument("--json", action="store_true", help="print JSON")
@@ -75,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(args, config)
     except ConfigError as exc:
         print(f"pincer: error: {exc}", file=sys.stderr)
-        return 2
+        return EX_CONFIG
     except KeyboardInterrupt:
         return 130
 
@@ -115,8 +131,14 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             from gateway.chat_client import run_chat
             from gateway.config import GatewaySettings
 
-            url = args.url or config.section("gateway", GatewaySettings).url
-            return run_chat(url, args.session, args.message)
+            settings = config.section("gateway", GatewaySettings)
+            token = args.token or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
+            return run_chat(args.url or settings.url, args.session, args.message, token=token)
+        case "token":
+            from gateway.token_cli import manage_tokens
+
+            return asyncio.run(manage_tokens(config, args.action, args.name, scope=args.scope, agents=args.agent,
+                                             as_json=args.json))
         case "tools":
             return asyncio.run(_tools(config, as_json=args.json))
         case "status":
@@ -133,6 +155,13 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         case "policy":
             return _explain(config, args.tool, agent=args.agent, sender=args.sender)
     raise AssertionError(args.command)
+
+
+def chat_token(config: Config, settings: GatewaySettings) -> str | None:
+    """The configured owner token, else the one `pincer up` made in the data dir."""
+    from gateway.tokens import read_owner_token
+
+    return settings.static_token() or read_owner_token(Path(config.runtime.data_dir))
 
 
 def _up(args: argparse.Namespace, config: Config) -> int:

@@ -2,17 +2,75 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import ipaddress
+from typing import Literal
+
+from pydantic import Field, SecretStr
 
 from bus.config import Section
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+ANY_ADDRESS = ("0.0.0.0", "::", "")
+
+
+class LimitSettings(Section):
+    # Turns a token may have running at once (over every request kind), and of those, streamed ones.
+    open_turns_per_token: int = Field(default=8, ge=1)
+    open_streams_per_token: int = Field(default=8, ge=1)
+    # Messages a token may send per minute, shared by every Gateway of the pool (a bucket in Redis;
+    # a burst of up to `burst` messages may come at once).
+    messages_per_minute: int = Field(default=120, ge=1)
+    burst: int = Field(default=30, ge=1)
+    # Messages waiting for a Brain past which new ones are refused (503) rather than queued for ever.
+    max_inbox_backlog: int = Field(default=1000, ge=1)
+
+
+class OpenAISettings(Section):
+    # Take the session from the request's `user` field when no session header is sent.
+    session_from_user: bool = False
+    # A request with no session runs in a fresh one that expires this many seconds after its last turn.
+    ephemeral_ttl_s: int = Field(default=3600, ge=60)
+    # Tool calls shown to a person reading a plain chat client: one short line each, or nothing.
+    show_tools: Literal["inline", "none"] = "inline"
 
 
 class GatewaySettings(Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8780, ge=1, le=65535)
     turn_timeout_s: float = Field(default=600.0, gt=0)
+    # An operator token named `owner` (also PINCER_GATEWAY_TOKEN); more tokens: `pincer token create`.
+    token: SecretStr | None = None
+    # Host headers answered (besides localhost, 127.0.0.1, ::1 and `host`): names or globs, "*" for any.
+    allowed_hosts: list[str] = Field(default_factory=list)
+    # Origins (scheme://host[:port]) whose pages may call the API, besides the Gateway's own.
+    allowed_origins: list[str] = Field(default_factory=list)
+    # Answer CORS preflights for allowed_origins (off: browsers refuse cross-origin calls themselves).
+    cors: bool = False
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    openai: OpenAISettings = Field(default_factory=OpenAISettings)
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        host = "127.0.0.1" if self.host in ANY_ADDRESS else self.host
+        if ":" in host:
+            host = f"[{host}]"
         return f"http://{host}:{self.port}"
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether the Gateway listens only where nobody but this machine can reach it."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False  # a name that may resolve to anything
+
+    def hosts(self) -> list[str]:
+        """Host header values the Gateway answers (DNS rebinding points a foreign name at us)."""
+        own = [] if self.host in ANY_ADDRESS else [self.host]
+        return [*LOOPBACK_HOSTS, *own, *self.allowed_hosts]
+
+    def static_token(self) -> str | None:
+        return self.token.get_secret_value() if self.token else None

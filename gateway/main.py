@@ -8,7 +8,7 @@ import logging
 
 import uvicorn
 
-from bus.config import Config
+from bus.config import Config, ConfigError
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
 from gateway.app import Gateway
@@ -25,6 +25,11 @@ def main(config: Config, *, port: int | None = None) -> int:
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         gateway = Gateway(bus, settings, instance_id=instance_id, heartbeat_s=config.runtime.heartbeat_s)
+        if not settings.loopback_only and not await gateway.tokens.configured():
+            raise ConfigError(f"refusing to listen on {settings.host} with no token: anyone who reaches it could "
+                              "run commands as this agent. Create one with `pincer token create NAME` or set "
+                              "PINCER_GATEWAY_TOKEN, or keep gateway.host on 127.0.0.1")
+        log.info("gateway on %s answers hosts %s", settings.url, ", ".join(settings.hosts()))
         server = uvicorn.Server(uvicorn.Config(
             gateway.app(), host=settings.host, port=settings.port, log_config=None, access_log=False,
             lifespan="on", timeout_graceful_shutdown=5,

@@ -18,7 +18,7 @@ from gateway import ops
 
 
 @asynccontextmanager
-async def _bus(config: Config) -> AsyncIterator[Bus]:
+async def connected_bus(config: Config) -> AsyncIterator[Bus]:
     bus = Bus.from_settings(config.redis, redis_url(config))
     try:
         await bus.redis.ping()
@@ -39,7 +39,7 @@ def _fail(message: str) -> int:
 
 async def show_status(config: Config, *, as_json: bool) -> int:
     try:
-        async with _bus(config) as bus:
+        async with connected_bus(config) as bus:
             found = await ops.status(bus)
     except Exception as exc:  # redis-py's connection and auth errors
         return _fail(f"cannot reach Redis: {exc}")
@@ -81,7 +81,7 @@ async def manage_dead(config: Config, action: str, ids: list[str], *, every: boo
     if action == "show" and len(ids) != 1:
         return _fail("`pincer dead show` takes one entry id (from `pincer dead list`)")
     try:
-        async with _bus(config) as bus:
+        async with connected_bus(config) as bus:
             result: Any
             if action == "list":
                 result = await ops.dead_list(bus, limit=limit)

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import httpx
 
-from bus.config import Config
+from bus.config import Config, ConfigError
 from bus.proc import die_with_parent
 from bus.redis_server import EmbeddedRedis
 from gateway.config import GatewaySettings
+from gateway.tokens import TokenError, ensure_owner_token, owner_token_path
 
 STOP_GRACE_S = 10.0
 QUICK_EXIT_S = 5.0
@@ -37,6 +38,7 @@ def say(line: str) -> None:
 class Child:
     name: str
     argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's
     process: asyncio.subprocess.Process | None = None
     started: float = 0.0
     quick_exits: int = 0
@@ -63,7 +65,7 @@ class Supervisor:
         else:
             say("using the Redis at redis.url")
         module = [sys.executable, "-m", "gateway"]
-        children = [Child("gateway", [*module, "gateway"]), Child("brain", [*module, "brain"])]
+        children = [Child("gateway", [*module, "gateway"], self._gateway_env()), Child("brain", [*module, "brain"])]
         children += [Child(f"hands-{i}", [*module, "hands"]) for i in range(1, self.hands + 1)]
         try:
             for child in children:
@@ -86,9 +88,21 @@ class Supervisor:
         say("stopped")
         return 0
 
+    def _gateway_env(self) -> dict[str, str]:
+        """The owner token for the Gateway alone: made on first start, kept 0600 in the data dir."""
+        if self.gateway.token:
+            return {}
+        data_dir = Path(self.config.runtime.data_dir)
+        try:
+            token = ensure_owner_token(data_dir)
+        except TokenError as exc:
+            raise ConfigError(str(exc)) from None
+        say(f"owner token in {owner_token_path(data_dir)} (`pincer chat` uses it)")
+        return {"PINCER_GATEWAY_TOKEN": token}
+
     async def _start(self, child: Child, env: dict[str, str]) -> None:
         child.process = await asyncio.create_subprocess_exec(
-            *child.argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *child.argv, env={**env, **child.env}, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )
         child.started = time.monotonic()

@@ -30,9 +30,27 @@ class TranscriptEntry(BaseModel):
         return self.model_dump(include={"role", "content", "tool_calls", "tool_call_id", "name"}, exclude_none=True)
 
 
+# A session's first message makes its sender the owner; later messages are numbered only when
+# their sender owns it (or is an operator). A transcript older than owners belongs to operators.
+CLAIM_AND_NUMBER = """
+local owner = redis.call('get', KEYS[1])
+if not owner then
+  if redis.call('exists', KEYS[2]) == 1 then owner = '' else redis.call('set', KEYS[1], ARGV[1]); owner = ARGV[1] end
+end
+if owner ~= ARGV[1] and ARGV[2] ~= '1' then return -1 end
+local seq = redis.call('incr', KEYS[3])
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  for i = 1, 4 do if redis.call('exists', KEYS[i]) == 1 then redis.call('pexpire', KEYS[i], ttl) end end
+end
+return seq
+"""
+
+
 class SessionStore:
     def __init__(self, redis: Any, keys: Keys) -> None:
         self.redis, self.keys = redis, keys
+        self._claim = redis.register_script(CLAIM_AND_NUMBER)
 
     async def append(self, session_id: str, *entries: TranscriptEntry) -> None:
         if not entries:
@@ -48,6 +66,34 @@ class SessionStore:
         """Number the session's next message (1, 2, ...): the order its Brains keep."""
         return int(await self.redis.incr(self.keys.session_seq(session_id)))
 
+    async def claim_and_number(self, session_id: str, sender: str, *, operator: bool = False,
+                               ttl_s: int = 0) -> int | None:
+        """Number the sender's next message in the session, making them its owner if it is new;
+        None when the session belongs to someone else. ``ttl_s``: the session expires that long
+        after its last message."""
+        keys = [self.keys.session_owner(session_id), self.keys.transcript(session_id),
+                self.keys.session_seq(session_id), self.keys.session_done(session_id)]
+        seq = int(await self._claim(keys=keys, args=[sender, "1" if operator else "0", ttl_s * 1000]))
+        return None if seq < 0 else seq
+
+    async def owner(self, session_id: str) -> str | None:
+        """Who owns the session: a token name, "" for one from before owners, None when there is none."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.session_owner(session_id))
+            pipe.exists(self.keys.transcript(session_id))
+            owner, exists = await pipe.execute()
+        if owner is not None:
+            return owner.decode()
+        return "" if exists else None
+
+    async def expire(self, session_id: str, ttl_s: int) -> None:
+        """Let every key of the session lapse ``ttl_s`` from now (a session a client did not name)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in (self.keys.session_owner(session_id), self.keys.transcript(session_id),
+                        self.keys.session_seq(session_id), self.keys.session_done(session_id)):
+                pipe.expire(key, ttl_s)
+            await pipe.execute()
+
     async def load(self, session_id: str) -> list[TranscriptEntry]:
         raw = await self.redis.lrange(self.keys.transcript(session_id), 0, -1)
         return [TranscriptEntry.model_validate(msgpack.unpackb(item, raw=False)) for item in raw]
@@ -55,12 +101,23 @@ class SessionStore:
     async def exists(self, session_id: str) -> bool:
         return bool(await self.redis.exists(self.keys.transcript(session_id)))
 
-    async def list_sessions(self) -> list[str]:
-        return [s.decode() for s in await self.redis.zrevrange(self.keys.sessions, 0, -1)]
+    async def list_sessions(self, *, owner: str | None = None) -> list[str]:
+        """Sessions newest first; only ``owner``'s when given. Ids whose transcript lapsed are dropped."""
+        ids = [s.decode() for s in await self.redis.zrevrange(self.keys.sessions, 0, -1)]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in ids:
+                pipe.exists(self.keys.transcript(session_id))
+                pipe.get(self.keys.session_owner(session_id))
+            found = await pipe.execute()
+        gone = [i for n, i in enumerate(ids) if not found[2 * n]]
+        if gone:
+            await self.redis.zrem(self.keys.sessions, *gone)
+        return [i for n, i in enumerate(ids) if found[2 * n]
+                and (owner is None or (found[2 * n + 1] or b"").decode() == owner)]
 
     async def delete(self, session_id: str) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.delete(self.keys.transcript(session_id), self.keys.session_seq(session_id),
-                        self.keys.session_done(session_id))
+                        self.keys.session_done(session_id), self.keys.session_owner(session_id))
             pipe.zrem(self.keys.sessions, session_id)
             await pipe.execute()

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from bus.config import RedisSettings
@@ -22,6 +23,8 @@ from bus.streams import Bus
 from tests.scripted_llm import ScriptedLLM
 
 ROOT = Path(__file__).resolve().parent.parent
+# The Gateway's configured operator token (named "owner") in every test stack.
+OWNER_TOKEN = f"pcr_test-owner-{uuid.uuid4().hex}"
 SHIPPED_SKILLS = ROOT / "skills"
 # What a Hands worker offers with the shipped skills only.
 TOOL_NAMES = ["exec", "execute_python", "execute_shell", "list_directory", "memory_read", "memory_search", "memory_write",
@@ -171,12 +174,23 @@ def pincer_env(tmp_path: Path, redis_url: str, prefix: str, scripted_llm: Script
         "PINCER_HANDS__SKILL_DIRS": f'["{SHIPPED_SKILLS}"]',  # not the developer's own skills
         "PINCER_DATA_DIR": str(tmp_path / "data"),
         "PINCER_GATEWAY_PORT": str(free_port()),
+        "PINCER_GATEWAY_TOKEN": OWNER_TOKEN,
         "PINCER_RUNTIME__HEARTBEAT_S": "0.5",
         "PINCER_RUNTIME__LOG_LEVEL": "DEBUG",
         "PYTHONPATH": str(ROOT),
         "PYTHONUNBUFFERED": "1",
     })
     return env
+
+
+def gateway_url(env: dict[str, str]) -> str:
+    return f"http://127.0.0.1:{env['PINCER_GATEWAY_PORT']}"
+
+
+def gateway_client(env: dict[str, str], token: str | None = OWNER_TOKEN, timeout: float = 60) -> httpx.Client:
+    """An HTTP client of the test stack's Gateway, sending ``token`` (the owner's by default)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=gateway_url(env), headers=headers, timeout=timeout)
 
 
 @pytest.fixture

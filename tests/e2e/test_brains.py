@@ -20,7 +20,7 @@ from bus.protocol import ChatError, ChatMessage, ChatReply, Message, decode
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from memory.sessions import SessionStore
-from tests.conftest import SHIPPED_SKILLS, Processes, async_wait_until, make_skill, wait_until
+from tests.conftest import SHIPPED_SKILLS, Processes, async_wait_until, gateway_client, make_skill, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -184,8 +184,8 @@ async def test_the_gateway_numbers_a_sessions_messages(bus: Bus, processes: Proc
     url = f"http://127.0.0.1:{pincer_env['PINCER_GATEWAY_PORT']}"
     await asyncio.to_thread(wait_until, lambda: _healthy(url), timeout=60, what="the gateway with a brain and hands")
     for text in ("one", "two"):
-        response = await asyncio.to_thread(httpx.post, f"{url}/v1/sessions/numbered/messages", json={"text": text},
-                                           timeout=60)
+        response = await asyncio.to_thread(gateway_client(pincer_env).post, "/v1/sessions/numbered/messages",
+                                           json={"text": text})
         assert response.status_code == 200
     entries = await bus.redis.xrange(bus.keys.brain_inbox)
     assert [m.seq for _, fields in entries if isinstance(m := decode(fields), ChatMessage)] == [1, 2]

@@ -9,14 +9,10 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.conftest import TOOL_NAMES, Processes, wait_until
+from tests.conftest import TOOL_NAMES, Processes, gateway_client, gateway_url, wait_until
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
-
-
-def gateway_url(env: dict[str, str]) -> str:
-    return f"http://127.0.0.1:{env['PINCER_GATEWAY_PORT']}"
 
 
 def health(env: dict[str, str]) -> dict | None:
@@ -37,7 +33,8 @@ def start_stack(processes: Processes, *, hands: int = 2, brain: bool = True) -> 
 
 
 def send(env: dict[str, str], text: str, session: str = "e2e") -> httpx.Response:
-    return httpx.post(f"{gateway_url(env)}/v1/sessions/{session}/messages", json={"text": text}, timeout=60)
+    with gateway_client(env) as client:
+        return client.post(f"/v1/sessions/{session}/messages", json={"text": text})
 
 
 @pytest.fixture
@@ -61,7 +58,8 @@ def test_a_chat_turn_reads_a_file_through_hands(stack: dict[str, str], scripted_
     assert sorted(t["function"]["name"] for t in first["tools"]) == TOOL_NAMES
     assert "tidy-notes" in first["messages"][0]["content"]  # the instruction skill is offered in the prompt
 
-    transcript = httpx.get(f"{gateway_url(stack)}/v1/sessions/e2e", timeout=10).json()["entries"]
+    with gateway_client(stack) as client:
+        transcript = client.get("/v1/sessions/e2e").json()["entries"]
     assert [e["role"] for e in transcript] == ["user", "assistant", "tool", "assistant"]
     assert transcript[1]["tool_calls"][0]["function"] == {"name": "read_file", "arguments": '{"path": "notes.txt"}'}
     tool = transcript[2]
@@ -71,8 +69,8 @@ def test_a_chat_turn_reads_a_file_through_hands(stack: dict[str, str], scripted_
 
 def test_the_reply_streams_as_server_sent_events(stack: dict[str, str]) -> None:
     events = []
-    with httpx.Client(timeout=60) as client, connect_sse(
-        client, "POST", f"{gateway_url(stack)}/v1/sessions/sse/messages",
+    with gateway_client(stack) as client, connect_sse(
+        client, "POST", "/v1/sessions/sse/messages",
         json={"text": 'CALL list_directory {}'},
     ) as source:
         assert source.response.status_code == 200
@@ -133,17 +131,18 @@ def test_no_brain_is_refused_at_the_door(processes: Processes, pincer_env: dict[
 
 
 def test_bad_requests_get_clear_errors(stack: dict[str, str]) -> None:
-    url = gateway_url(stack)
-    assert httpx.post(f"{url}/v1/sessions/ok/messages", content=b"{nope").status_code == 400
-    empty = httpx.post(f"{url}/v1/sessions/ok/messages", json={"text": ""})
+    api = gateway_client(stack)
+    json_type = {"content-type": "application/json"}
+    assert api.post("/v1/sessions/ok/messages", content=b"{nope", headers=json_type).status_code == 400
+    empty = api.post("/v1/sessions/ok/messages", json={"text": ""})
     assert empty.status_code == 400 and "text" in empty.json()["error"]["message"]
-    assert httpx.post(f"{url}/v1/sessions/..%2Fx/messages", json={"text": "x"}).status_code in (400, 404)
-    assert httpx.get(f"{url}/v1/sessions/never-used").status_code == 404
-    assert httpx.delete(f"{url}/v1/sessions/never-used").status_code == 404
+    assert api.post("/v1/sessions/..%2Fx/messages", json={"text": "x"}).status_code in (400, 404)
+    assert api.get("/v1/sessions/never-used").status_code == 404
+    assert api.delete("/v1/sessions/never-used").status_code == 404
     assert send(stack, "hello", session="to-delete").status_code == 200
-    assert "to-delete" in httpx.get(f"{url}/v1/sessions").json()["sessions"]
-    assert httpx.delete(f"{url}/v1/sessions/to-delete").json() == {"session_id": "to-delete", "deleted": True}
-    assert httpx.get(f"{url}/v1/sessions/to-delete").status_code == 404
+    assert "to-delete" in api.get("/v1/sessions").json()["sessions"]
+    assert api.delete("/v1/sessions/to-delete").json() == {"session_id": "to-delete", "deleted": True}
+    assert api.get("/v1/sessions/to-delete").status_code == 404
 
 
 def test_pincer_skills_lists_loaded_and_refused(processes: Processes, tmp_path: Path) -> None:
@@ -183,7 +182,7 @@ def test_exec_approval_is_asked_inline_by_pincer_chat(processes: Processes, pinc
         allowed = processes.run("chat", "-m", command, "--session", "a2", input="y\n")
         assert allowed.returncode == 0, allowed.stderr
         assert '"stdout": "approved\\n"' in allowed.stdout and (workspace / "out.txt").read_text() == "approved\n"
-        stale = httpx.post(f"{gateway_url(processes.env)}/v1/approvals/nope", json={"decision": "deny"})
+        stale = gateway_client(processes.env).post("/v1/approvals/nope", json={"decision": "deny"})
         assert stale.status_code == 404 and "answered, or it expired" in stale.json()["error"]["message"]
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
@@ -209,7 +208,7 @@ def test_cancel_through_the_gateway_kills_the_running_command(processes: Process
                  session="cancel-me")))
         turn.start()
         wait_until(lambda: processes_matching("sleep 77.25"), timeout=30, what="the command to start")
-        cancel = httpx.post(f"{gateway_url(processes.env)}/v1/sessions/cancel-me/cancel")
+        cancel = gateway_client(processes.env).post("/v1/sessions/cancel-me/cancel")
         assert cancel.status_code == 202
         turn.join(30)
         assert replies and replies[0].status_code == 502

@@ -7,10 +7,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.conftest import Processes, wait_until
+from tests.conftest import Processes, gateway_client, wait_until
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
@@ -50,6 +49,7 @@ def alive(pid: int) -> bool:
 def up_env(pincer_env: dict[str, str], processes: Processes) -> dict[str, str]:
     env = dict(pincer_env)
     del env["PINCER_REDIS_URL"]  # no Redis configured: pincer up must start its own
+    del env["PINCER_GATEWAY_TOKEN"]  # nor a token: pincer up makes the owner's and pincer chat finds it
     env["PINCER_REDIS__PREFIX"] = "pincer:"
     processes.env = env
     return env
@@ -85,8 +85,11 @@ def test_up_runs_everything_stops_cleanly_and_keeps_transcripts(processes: Proce
 
     # A second start on the same data directory finds the transcript again (append-only file).
     up = start_up(processes, up_env, "up-2")
-    url = f"http://127.0.0.1:{up_env['PINCER_GATEWAY_PORT']}"
-    entries = httpx.get(f"{url}/v1/sessions/kept", timeout=10).json()["entries"]
+    token_file = tmp_path / "data" / "gateway.token"
+    assert token_file.stat().st_mode & 0o077 == 0  # the owner token stays private too
+    with gateway_client(up_env, token_file.read_text().strip()) as client:
+        assert client.get("/v1/sessions/kept", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        entries = client.get("/v1/sessions/kept").json()["entries"]
     assert [e["role"] for e in entries] == ["user", "assistant", "tool", "assistant"]
     # ... and the conversation goes on from it: the model is sent the turn before the restart.
     again = processes.run("chat", "-m", "and now?", "--session", "kept")
@@ -110,6 +113,6 @@ def test_without_a_model_up_starts_and_chat_explains_what_to_configure(processes
 
 def test_a_bad_config_stops_startup_with_one_clear_message(processes: Processes, up_env: dict[str, str]) -> None:
     bad = processes.run("up", extra_env={"PINCER_GATEWAY_PORT": "not-a-port"})
-    assert bad.returncode == 2
+    assert bad.returncode == 78  # EX_CONFIG: a service manager must not restart it
     assert bad.stderr.strip().count("\n") == 0
     assert "gateway.port" in bad.stderr and "PINCER_GATEWAY__PORT" in bad.stderr

@@ -1,0 +1,133 @@
+"""The checks every request passes before any handler runs: Host, Origin, body size, token.
+
+An ASGI middleware (not Starlette's ``BaseHTTPMiddleware``, which costs a
+task per request). In order: the ``Host`` header must name this Gateway (a
+DNS-rebinding page names its own host), a browser's ``Origin`` must be ours
+or allowed (a foreign page's ``text/plain`` POST never gets a preflight),
+the body is read up to ``gateway.max_body_bytes`` and no further, and the
+bearer token must name an identity, which handlers find in
+``request.state.identity``. ``/healthz`` needs none of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from fnmatch import fnmatchcase
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from bus.protocol import ErrorCode
+from gateway.config import GatewaySettings
+from gateway.errors import Refused, unauthenticated
+from gateway.tokens import TokenStore
+
+log = logging.getLogger("gateway.guard")
+
+OPEN_PATHS = frozenset({"/healthz"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, *, settings: GatewaySettings, tokens: TokenStore) -> None:
+        self.app, self.tokens = app, tokens
+        self.max_body = settings.max_body_bytes
+        self.hosts = [h.lower() for h in settings.hosts()]
+        self.origins = {o.rstrip("/").lower() for o in settings.allowed_origins}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        try:
+            headers = _headers(scope)
+            host = self._check_host(headers)
+            self._check_origin(headers, host)
+            if scope["type"] == "http" and scope["method"] in BODY_METHODS:
+                receive = await self._read_body(headers, receive)
+            scope.setdefault("state", {})["identity"] = await self._identify(headers)
+        except Refused as refusal:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
+                return
+            await refusal.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _check_host(self, headers: dict[str, str]) -> str:
+        raw = headers.get("host", "")
+        host = _host_name(raw)
+        if not host or not any(fnmatchcase(host, allowed) for allowed in self.hosts):
+            raise Refused(403, ErrorCode.FORBIDDEN, f"this Gateway does not answer for host {raw!r}; "
+                          "an operator can add it to gateway.allowed_hosts")
+        return raw.lower()
+
+    def _check_origin(self, headers: dict[str, str], host: str) -> None:
+        origin = headers.get("origin")
+        if origin is None:
+            return  # not a browser's cross-site request: curl, SDKs, servers
+        origin = origin.rstrip("/").lower()
+        if origin in self.origins or urlsplit(origin).netloc == host:
+            return
+        raise Refused(403, ErrorCode.FORBIDDEN, f"requests from pages at {origin!r} are refused; "
+                      "an operator can allow that origin in gateway.allowed_origins")
+
+    async def _read_body(self, headers: dict[str, str], receive: Receive) -> Receive:
+        """Read the whole body now (at most max_body bytes) and hand it on as one message."""
+        declared = headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
+            raise self._too_large()
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return _replay(message, receive)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return _replay({"type": "http.request", "body": b"".join(chunks), "more_body": False}, receive)
+
+    def _too_large(self) -> Refused:
+        return Refused(413, ErrorCode.PAYLOAD_TOO_LARGE,
+                       f"the request body is larger than {self.max_body:,} bytes (gateway.max_body_bytes)")
+
+    async def _identify(self, headers: dict[str, str]) -> Any:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise unauthenticated("this Gateway needs a token: send `Authorization: Bearer <token>` "
+                                  "(`pincer token create NAME` makes one)")
+        identity = await self.tokens.identify(token.strip())
+        if identity is None:
+            raise unauthenticated("the token is not valid (revoked, mistyped, or from another pool)")
+        return identity
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _host_name(raw: str) -> str:
+    """The name in a Host header, without its port: ``[::1]:8780`` -> ``::1``."""
+    raw = raw.strip().lower()
+    if raw.startswith("["):
+        return raw[1:raw.find("]")] if "]" in raw else ""
+    return raw.rsplit(":", 1)[0] if raw.count(":") == 1 else raw
+
+
+def _replay(first: Message, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return first
+        return await receive()
+
+    return replay

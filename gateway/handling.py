@@ -1,0 +1,75 @@
+"""What every route does with a request: who asks, its JSON body, its session id, a turn it may abandon."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from bus.protocol import ErrorCode
+from gateway.errors import Refused
+from gateway.tokens import Identity
+from gateway.turns import until_disconnected
+
+SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+B = TypeVar("B", bound=BaseModel)
+
+
+class _Session(BaseModel):
+    session_id: str = Field(pattern=SESSION_ID)
+
+
+def caller(request: Request) -> Identity:
+    """Who is asking: the identity the guard found for the request's token."""
+    identity: Identity = request.state.identity
+    return identity
+
+
+async def read_json(request: Request, model: type[B], *, example: str) -> B:
+    """The body as ``model``: 415 unless it is JSON, 400 with every problem when it does not fit."""
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if kind != "application/json":
+        raise Refused(415, ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                      f"send the body as JSON with `Content-Type: application/json` (got {kind or 'none'!r})")
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        lines = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:10]]
+        raise Refused(400, ErrorCode.INVALID_ARGUMENTS,
+                      f"bad request body (expected JSON like {example}): " + "; ".join(lines)) from None
+
+
+async def collect_or_cancel(request: Request, collect: Coroutine[Any, Any, Response]) -> Response:
+    """Run a plain request's turn to its end; a client that hangs up first cancels it."""
+    done = asyncio.ensure_future(collect)
+    gone = asyncio.ensure_future(until_disconnected(request.receive))
+    try:
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not done.done():
+            done.cancel()
+            await asyncio.gather(done, return_exceptions=True)  # its events() cancels the turn
+    if done.cancelled():
+        return Response(status_code=499)
+    result: Response = done.result()
+    return result
+
+
+def session_id_of(request: Request) -> str:
+    session_id: str = request.path_params["session_id"]
+    check_session_id(session_id)
+    return session_id
+
+
+def check_session_id(session_id: str) -> None:
+    try:
+        _Session(session_id=session_id)
+    except ValidationError:
+        raise Refused(400, ErrorCode.BAD_REQUEST, "session ids are 1-128 characters: letters, digits and _ . : - "
+                      "(starting with a letter or digit)") from None

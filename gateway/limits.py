@@ -1,0 +1,107 @@
+"""What one caller may ask of the pool: open turns and streams, messages per minute, the Brain backlog.
+
+Open turns are counted per Gateway (they end with the request that holds
+them); the message rate is a token bucket in Redis, so it holds across every
+Gateway of the pool; the backlog is how many messages no Brain has read yet.
+Each refusal says when to come back (``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from bus.keys import BRAIN_GROUP
+from bus.protocol import ErrorCode
+from bus.streams import Bus
+from gateway.config import LimitSettings
+from gateway.errors import Refused
+
+# Refill from Redis' own clock (TIME), so Gateways whose clocks disagree share one bucket.
+TAKE = """
+local capacity, per_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local state = redis.call('hmget', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or capacity
+local at = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - at) * per_ms)
+local wait_ms = 0
+if tokens >= 1 then tokens = tokens - 1 else wait_ms = math.ceil((1 - tokens) / per_ms) end
+redis.call('hset', KEYS[1], 'tokens', tostring(tokens), 'at', now)
+redis.call('pexpire', KEYS[1], math.ceil(capacity / per_ms) + 1000)
+return wait_ms
+"""
+BACKLOG_CHECK_S = 0.5  # the inbox backlog is read at most this often
+
+
+class CallerLimits:
+    def __init__(self, bus: Bus, settings: LimitSettings) -> None:
+        self.bus, self.settings = bus, settings
+        self._take = bus.redis.register_script(TAKE)
+        self._turns: Counter[str] = Counter()
+        self._streams: Counter[str] = Counter()
+        self._backlog = (0.0, 0)  # (checked at, messages waiting)
+
+    def hold_turn(self, name: str, *, stream: bool) -> Hold:
+        """One of the token's open turns (and streams), held until ``release``; refused when all are taken."""
+        if self._turns[name] >= self.settings.open_turns_per_token:
+            raise Refused(429, ErrorCode.RATE_LIMITED, f"this token already has {self._turns[name]} turns running "
+                          "(gateway.limits.open_turns_per_token); wait for one to finish", retry_after=1)
+        if stream and self._streams[name] >= self.settings.open_streams_per_token:
+            raise Refused(429, ErrorCode.RATE_LIMITED, f"this token already has {self._streams[name]} streams open "
+                          "(gateway.limits.open_streams_per_token); close one first", retry_after=1)
+        counters = [self._turns, self._streams] if stream else [self._turns]
+        for counter in counters:
+            counter[name] += 1
+        return Hold(name, counters)
+
+    async def take_message(self, name: str) -> None:
+        """Count one message against the token's rate; refuse it when the bucket is empty."""
+        per_ms = self.settings.messages_per_minute / 60_000
+        wait_ms = int(await self._take(keys=[self.bus.keys.message_rate(name)], args=[self.settings.burst, per_ms]))
+        if wait_ms > 0:
+            raise Refused(429, ErrorCode.RATE_LIMITED, f"this token sent more than "
+                          f"{self.settings.messages_per_minute} messages a minute "
+                          "(gateway.limits.messages_per_minute); slow down", retry_after=-(-wait_ms // 1000))
+
+    async def check_backlog(self) -> None:
+        """Refuse new messages while Brains are this far behind, rather than let them wait for ever."""
+        checked, waiting = self._backlog
+        if time.monotonic() - checked > BACKLOG_CHECK_S:
+            waiting = await self._waiting()
+            self._backlog = (time.monotonic(), waiting)
+        if waiting >= self.settings.max_inbox_backlog:
+            raise Refused(503, ErrorCode.SERVICE_UNAVAILABLE, f"{waiting} messages are waiting for a Brain "
+                          "(gateway.limits.max_inbox_backlog); try again shortly, or start more Brains",
+                          retry_after=5)
+
+    async def _waiting(self) -> int:
+        """Messages in the Brain inbox that no Brain has read yet (the group's lag)."""
+        try:
+            groups: list[dict[str, Any]] = await self.bus.redis.xinfo_groups(self.bus.keys.brain_inbox)
+        except ResponseError:  # no stream yet: nothing waits
+            return 0
+        for group in groups:
+            name = group.get("name")
+            if (name.decode() if isinstance(name, bytes) else name) == BRAIN_GROUP:
+                lag = group.get("lag")
+                return int(lag) if lag is not None else 0
+        return int(await self.bus.redis.xlen(self.bus.keys.brain_inbox))
+
+
+class Hold:
+    """Open turns a request holds; ``release`` gives them back (once, however often it is called)."""
+
+    def __init__(self, name: str, counters: list[Counter[str]]) -> None:
+        self.name, self._counters = name, counters
+
+    def release(self) -> None:
+        for counter in self._counters:
+            counter[self.name] -= 1
+            if counter[self.name] <= 0:
+                del counter[self.name]
+        self._counters = []

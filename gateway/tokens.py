@@ -1,0 +1,164 @@
+"""Gateway tokens: who a caller is.
+
+A token is an identity: a name, a scope (``chat`` or ``operator``) and
+optionally the agents it may use. Redis keeps only each token's SHA-256
+(every Gateway of a pool accepts the same tokens); the token itself is shown
+once, when it is made. A lookup goes by digest, so no comparison ever runs
+over the secret, and the one token from the configuration
+(``gateway.token``, named ``owner``) is compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bus.keys import Keys
+
+Scope = Literal["chat", "operator"]
+TOKEN_PREFIX = "pcr_"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+OWNER = "owner"  # the configured token's name; no stored token may take it
+OWNER_TOKEN_FILE = "gateway.token"
+CACHE_S = 2.0  # a revoked token still works this long on a Gateway that used it just before
+CACHE_MAX = 4096
+
+# Name unique, then the record: one step, so a crash leaves neither half.
+CREATE = """
+if redis.call('hsetnx', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('hset', KEYS[1], ARGV[2], ARGV[3])
+return 1
+"""
+
+
+class TokenError(Exception):
+    """A token cannot be made or revoked as asked; the message says why."""
+
+
+class Identity(BaseModel):
+    """Who sent a request, as its token says."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN)
+    scope: Scope = "chat"
+    agents: tuple[str, ...] | None = None  # None: every agent
+    created: int = 0
+
+    @property
+    def operator(self) -> bool:
+        return self.scope == "operator"
+
+    def may_use(self, agent_id: str) -> bool:
+        return self.agents is None or agent_id in self.agents
+
+    def may_see(self, owner: str | None) -> bool:
+        """A session is the business of its owner and of operators."""
+        return self.operator or owner == self.name
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenStore:
+    def __init__(self, redis: Any, keys: Keys, *, static: str | None = None) -> None:
+        self.redis, self.keys = redis, keys
+        self._static = digest(static) if static else None
+        self._create = redis.register_script(CREATE)
+        self._cache: dict[str, tuple[float, Identity | None]] = {}
+
+    async def create(self, name: str, *, scope: Scope = "chat", agents: list[str] | None = None) -> str:
+        """A new token for ``name``, returned once; ``TokenError`` if the name is taken or bad."""
+        if name == OWNER:
+            raise TokenError(f"the name {OWNER!r} is the configured token's (gateway.token); pick another")
+        identity = Identity(name=name, scope=scope, agents=tuple(agents) if agents else None,
+                            created=int(time.time()))
+        token = new_token()
+        record = identity.model_dump_json()
+        if not await self._create(keys=[self.keys.tokens, self.keys.token_names], args=[name, digest(token), record]):
+            raise TokenError(f"a token named {name!r} exists; revoke it first (`pincer token revoke {name}`)")
+        return token
+
+    async def list(self) -> list[Identity]:
+        raw = await self.redis.hvals(self.keys.tokens)
+        return sorted((Identity.model_validate_json(r) for r in raw), key=lambda i: i.name)
+
+    async def revoke(self, name: str) -> bool:
+        found = await self.redis.hget(self.keys.token_names, name)
+        if found is None:
+            return False
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.token_names, name)
+            pipe.hdel(self.keys.tokens, found)
+            await pipe.execute()
+        return True
+
+    async def configured(self) -> bool:
+        """Whether any token would be accepted (the Gateway refuses a public bind without one)."""
+        return self._static is not None or bool(await self.redis.hlen(self.keys.tokens))
+
+    async def identify(self, token: str) -> Identity | None:
+        """The identity a presented token stands for, or None."""
+        if not token or len(token) > 512:
+            return None
+        key = digest(token)
+        if self._static is not None and hmac.compare_digest(key, self._static):
+            return Identity(name=OWNER, scope="operator")
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        raw = await self.redis.hget(self.keys.tokens, key)
+        identity = Identity.model_validate_json(raw) if raw else None
+        if identity is not None:  # misses are not kept: a flood of wrong tokens must not fill memory
+            if len(self._cache) >= CACHE_MAX:
+                self._cache.clear()
+            self._cache[key] = (now + CACHE_S, identity)
+        return identity
+
+
+def owner_token_path(data_dir: Path) -> Path:
+    return Path(data_dir).expanduser() / OWNER_TOKEN_FILE
+
+
+def read_owner_token(data_dir: Path) -> str | None:
+    """The token `pincer up` made, if there is one (never read through a link)."""
+    try:
+        fd = os.open(owner_token_path(data_dir), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, encoding="ascii") as file:
+        return file.read().strip() or None
+
+
+def ensure_owner_token(data_dir: Path) -> str:
+    """The owner token of this data dir, made on first use: mode 0600, never through a link."""
+    existing = read_owner_token(data_dir)
+    if existing:
+        return existing
+    path = owner_token_path(data_dir)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = new_token()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:  # another `pincer up` made it first, or it is a link we will not follow
+        existing = read_owner_token(data_dir)
+        if existing:
+            return existing
+        raise TokenError(f"{path} exists but is not a token file (a link, or empty); remove it and start "
+                         "again") from None
+    with os.fdopen(fd, "w", encoding="ascii") as file:
+        file.write(token + "\n")
+    return token

@@ -1,0 +1,130 @@
+"""A chat turn as the Gateway runs it, whatever dialect asked: admit it, publish it, follow its events.
+
+Admission decides everything before the Brain hears of the message: the
+token may use the agent, a Brain is there to answer and not too far behind,
+the token's rate allows it, and the session is the token's (a new one
+becomes so). A turn whose client goes away before it ends is cancelled, so
+no tool keeps running for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.types import Receive
+
+from bus.log import kv
+from bus.presence import instances
+from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
+from bus.replies import ReplyInbox
+from bus.streams import Bus
+from gateway.config import GatewaySettings
+from gateway.errors import Refused, not_found
+from gateway.limits import CallerLimits
+from gateway.tokens import Identity
+from memory.sessions import SessionStore
+
+log = logging.getLogger("gateway.turns")
+
+BRAINS_CHECK_S = 1.0  # which Brains are alive (and the agents they run) is read at most this often
+
+
+@dataclass(frozen=True)
+class Brains:
+    count: int
+    agents: frozenset[str]
+
+
+class TurnRunner:
+    def __init__(self, bus: Bus, inbox: ReplyInbox, sessions: SessionStore, limits: CallerLimits,
+                 settings: GatewaySettings) -> None:
+        self.bus, self.inbox, self.sessions, self.limits, self.settings = bus, inbox, sessions, limits, settings
+        self._brains: tuple[float, Brains] = (0.0, Brains(0, frozenset()))
+        self._cancels: set[asyncio.Task[None]] = set()
+
+    async def brains(self) -> Brains:
+        """The live Brains and the agents they run (every Brain announces its agents)."""
+        checked, known = self._brains
+        if time.monotonic() - checked > BRAINS_CHECK_S:
+            found = await instances(self.bus, "brain")
+            agents = {a for i in found for a in (i.get("agents") or "main").split(",") if a}
+            known = Brains(len(found), frozenset(agents))
+            self._brains = (time.monotonic(), known)
+        return known
+
+    async def agents_for(self, identity: Identity) -> list[str]:
+        return sorted(a for a in (await self.brains()).agents if identity.may_use(a))
+
+    async def admit(self, identity: Identity, session_id: str, *, agent_id: str, text: str,
+                    instructions: str | None = None, ttl_s: int = 0) -> ChatMessage:
+        """The message to publish, or ``Refused`` saying why it will not run."""
+        if not identity.may_use(agent_id):
+            raise Refused(403, ErrorCode.FORBIDDEN, f"this token may not use agent {agent_id!r}; "
+                          f"it may use: {', '.join(identity.agents or ())}")
+        brains = await self.brains()
+        if not brains.count:
+            raise Refused(503, ErrorCode.SERVICE_UNAVAILABLE, "no Brain is running to answer; start one with "
+                          "`pincer brain` (or `pincer up`)", retry_after=5)
+        if agent_id not in brains.agents:
+            raise not_found(f"no agent named {agent_id!r}; agents: {', '.join(sorted(brains.agents))}")
+        await self.limits.check_backlog()
+        await self.limits.take_message(identity.name)
+        seq = await self.sessions.claim_and_number(session_id, identity.name, operator=identity.operator,
+                                                   ttl_s=ttl_s)
+        if seq is None:  # someone else's: as if it did not exist
+            raise not_found(f"no session {session_id!r}")
+        message = ChatMessage(session_id=session_id, agent_id=agent_id, sender=identity.name, text=text,
+                              reply_to=self.inbox.stream, seq=seq, instructions=instructions or None)
+        log.info("message in %s", kv(session=session_id, message=message.message_id, sender=identity.name))
+        return message
+
+    async def events(self, message: ChatMessage) -> AsyncIterator[Message]:
+        """Every event of one turn, ending with its reply or error (or a Gateway-side timeout).
+
+        A caller that stops listening before the end cancels the turn.
+        """
+        ended = False
+        try:
+            async with self.inbox.expect(message.message_id) as queue:
+                await self.bus.publish(self.bus.keys.brain_inbox, message)
+                try:
+                    async with asyncio.timeout(self.settings.turn_timeout_s):
+                        while True:
+                            event = await queue.get()
+                            ended = isinstance(event, (ChatReply, ChatError))
+                            yield event
+                            if ended:
+                                return
+                except TimeoutError:
+                    ended = True
+                    yield ChatError(session_id=message.session_id, message_id=message.message_id,
+                                    code=ErrorCode.TIMEOUT,
+                                    message=f"no answer from the Brain within {self.settings.turn_timeout_s:g}s "
+                                            "(gateway.turn_timeout_s)")
+        finally:
+            if not ended:
+                self.cancel_soon(message.session_id, by=f"{message.sender} (client went away)")
+
+    async def cancel(self, session_id: str, *, by: str) -> None:
+        await self.bus.publish(self.bus.keys.brain_control, ChatCancel(session_id=session_id, by=by))
+        log.info("cancel asked %s", kv(session=session_id, by=by))
+
+    def cancel_soon(self, session_id: str, *, by: str) -> None:
+        """Cancel from a request that is itself being torn down: its own task may not await any more."""
+        task = asyncio.get_running_loop().create_task(self.cancel(session_id, by=by))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def close(self) -> None:
+        if self._cancels:
+            await asyncio.gather(*self._cancels, return_exceptions=True)
+
+
+async def until_disconnected(receive: Receive) -> None:
+    """Return when the client of a plain (not streamed) request goes away (its body is read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
