@@ -70,7 +70,7 @@ class GatewaySettings(Section):
     def hosts(self) -> list[str]:
         """Host header values the Gateway answers (DNS rebinding points a foreign name at us)."""
         own = [] if self.host in ANY_ADDRESS else [self.host]
-        return [*LOOPBACK_HOSTS, *own, *self.allowed_hosts]
+        return list(dict.fromkeys([*LOOPBACK_HOSTS, *own, *self.allowed_hosts]))
 
     def static_token(self) -> str | None:
-        return self.token.get_secret_value() if self.token else None
+        return (self.token.get_secret_value() if self.token else "") or None

@@ -110,7 +110,7 @@ class OpenAIRoutes:
 
     async def list_models(self, request: Request) -> Response:
         agents = await self.gateway.turns.agents_for(caller(request))
-        return JSONResponse({"object": "list", "data": [_model(a) for a in agents]})
+        return JSONResponse({"object": "list", "data": sorted((_model(a) for a in agents), key=lambda m: m["id"])})
 
     async def get_model(self, request: Request) -> Response:
         model = request.path_params["model"]

@@ -90,7 +90,7 @@ class Supervisor:
 
     def _gateway_env(self) -> dict[str, str]:
         """The owner token for the Gateway alone: made on first start, kept 0600 in the data dir."""
-        if self.gateway.token:
+        if self.gateway.static_token():
             return {}
         data_dir = Path(self.config.runtime.data_dir)
         try:

@@ -57,7 +57,7 @@ async def manage_tokens(config: Config, action: str, name: str | None, *, scope:
     for identity in identities:
         created = datetime.fromtimestamp(identity.created, UTC).strftime("%Y-%m-%d %H:%M UTC")
         table.add_row(identity.name, identity.scope, ", ".join(identity.agents or ("(all)",)), created)
-    if settings.token:
+    if settings.static_token():
         table.add_row("owner", "operator", "(all)", "(gateway.token)")
     Console().print(table)
     return 0

@@ -7,6 +7,7 @@ path runs. The script is written in the user's message, one directive a line:
   once tool results are in, answer ``RESULT <tool>: <content>`` quoting each one.
 - ``LOOP <tool> <json args>``: call the tool again after every result (never answers).
 - ``STATUS <code>``: answer with that HTTP error (so does any model named ``fail<code>``).
+- ``SLEEP <seconds>``: wait that long before answering (a turn that is still running).
 - anything else: answer ``echo: <text>`` streamed in small pieces.
 
 Every request body is kept in ``requests`` for assertions.
@@ -53,6 +54,7 @@ class ScriptedLLM:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 script.requests.append(body)
                 status, reply = decide(body["messages"], body.get("model", ""))
+                time.sleep(reply.pop("sleep", 0))
                 if status != 200:
                     payload = json.dumps({"error": {"message": f"scripted failure {status}", "type": "scripted"}})
                     self._send(status, "application/json", payload.encode())
@@ -97,6 +99,9 @@ def decide(messages: list[dict[str, Any]], model: str = "") -> tuple[int, dict[s
     for line in lines:
         if line.startswith("STATUS "):
             return int(line.split()[1]), {}
+    sleep = next((float(line.split()[1]) for line in lines if line.startswith("SLEEP ")), 0.0)
+    if sleep and last["role"] == "user":
+        return 200, {"text": f"slept {sleep:g}s", "calls": [], "sleep": sleep}
     loops = [_parse_call(line[5:]) for line in lines if line.startswith("LOOP ")]
     if loops:
         return 200, {"text": "", "calls": loops}

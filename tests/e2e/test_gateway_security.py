@@ -1,0 +1,223 @@
+"""The Gateway as a careful operator puts it on a network: every refusal, over real HTTP, real processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from httpx_sse import connect_sse
+
+from tests.conftest import OWNER_TOKEN, Processes, gateway_client, gateway_url, wait_until
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.e2e
+
+
+def create_token(processes: Processes, name: str, *args: str) -> str:
+    made = processes.run("token", "create", name, *args)
+    assert made.returncode == 0, made.stderr
+    assert "shown this once" in made.stderr
+    return made.stdout.strip()
+
+
+@pytest.fixture
+def secured(processes: Processes, pincer_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """A stack with two agents, read_file kept for alice, and small per-token limits."""
+    workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-sec-"))
+    workspace.chmod(0o755)
+    (workspace / "notes.txt").write_text("the secret word is pincer-42\n")
+    processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace),
+                     "PINCER_BRAIN__AGENTS": "{coder: {}}",
+                     "PINCER_HANDS__TOOLS__OWNER_ONLY": "[read_file]",
+                     "PINCER_HANDS__TOOLS__OWNERS": "[alice]",
+                     "PINCER_HANDS__EXEC__MODE": "ask", "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
+                     "PINCER_GATEWAY__LIMITS__BURST": "6", "PINCER_GATEWAY__LIMITS__MESSAGES_PER_MINUTE": "6",
+                     "PINCER_GATEWAY__LIMITS__OPEN_TURNS_PER_TOKEN": "1"}
+    processes.start("gateway", name="gateway")
+    processes.start("brain", name="brain")
+    processes.start("hands", name="hands")
+    with gateway_client(processes.env, token=None) as anonymous:
+        wait_until(lambda: _healthy(anonymous), timeout=60, what="healthy stack")
+    yield processes.env
+    shutil.rmtree(workspace, ignore_errors=True)
+
+
+def _healthy(client: httpx.Client) -> bool:
+    try:
+        return client.get("/healthz").json().get("status") == "ok"
+    except httpx.HTTPError:
+        return False
+
+
+def test_every_endpoint_but_healthz_needs_a_valid_token(secured: dict[str, str], processes: Processes) -> None:
+    with gateway_client(secured, token=None) as anonymous:
+        assert anonymous.get("/healthz").status_code == 200
+        for method, path in [("GET", "/v1/sessions"), ("GET", "/v1/sessions/x"), ("DELETE", "/v1/sessions/x"),
+                             ("POST", "/v1/sessions/x/messages"), ("POST", "/v1/sessions/x/cancel"),
+                             ("POST", "/v1/approvals/x"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions")]:
+            refused = anonymous.request(method, path, json={"text": "hi"})
+            assert refused.status_code == 401, (method, path)
+            assert refused.headers["www-authenticate"] == "Bearer"
+            assert refused.json()["error"]["code"] == "UNAUTHENTICATED"
+        wrong = anonymous.get("/v1/sessions", headers={"Authorization": "Bearer pcr_not-a-token"})
+        assert wrong.status_code == 401 and "not valid" in wrong.json()["error"]["message"]
+        assert anonymous.get("/v1/sessions", headers={"Authorization": f"Basic {OWNER_TOKEN}"}).status_code == 401
+
+    alice = create_token(processes, "alice")
+    with gateway_client(secured, alice) as client:
+        assert client.get("/v1/sessions").json() == {"sessions": []}
+    assert processes.run("token", "revoke", "alice").returncode == 0
+    with gateway_client(secured, alice) as client:  # other Gateways' caches lapse within seconds
+        wait_until(lambda: client.get("/v1/sessions").status_code == 401, timeout=10, what="the revoked token refused")
+    listed = processes.run("token", "list", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
+    assert "exists" in processes.run("token", "create", "dup").stderr + processes.run("token", "create", "dup").stderr
+    assert processes.run("token", "create", "owner").returncode == 1  # the configured token's name
+
+
+def test_foreign_hosts_origins_bodies_and_types_are_refused(secured: dict[str, str]) -> None:
+    with gateway_client(secured) as client:
+        rebinding = client.get("/v1/sessions", headers={"Host": "attacker.example:8780"})
+        assert rebinding.status_code == 403 and "gateway.allowed_hosts" in rebinding.json()["error"]["message"]
+        assert client.get("/v1/sessions", headers={"Host": f"localhost:{secured['PINCER_GATEWAY_PORT']}"}) \
+            .status_code == 200
+        # A foreign page's "simple" request: text/plain needs no preflight, so the Gateway itself must refuse.
+        page = client.post("/v1/sessions/web/messages", content=b'{"text": "run exec"}',
+                           headers={"Origin": "https://evil.example", "Content-Type": "text/plain"})
+        assert page.status_code == 403 and page.json()["error"]["code"] == "FORBIDDEN"
+        own = gateway_url(secured)
+        assert client.get("/v1/sessions", headers={"Origin": own}).status_code == 200
+        assert client.get("/v1/sessions", headers={"Origin": "null"}).status_code == 403
+        plain = client.post("/v1/sessions/web/messages", content=b'{"text": "hi"}',
+                            headers={"Content-Type": "text/plain"})
+        assert plain.status_code == 415 and plain.json()["error"]["code"] == "UNSUPPORTED_MEDIA_TYPE"
+        huge = client.post("/v1/sessions/web/messages", json={"text": "x" * (2 << 20)})
+        assert huge.status_code == 413 and "gateway.max_body_bytes" in huge.json()["error"]["message"]
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+            yield b'{"text": "'
+            for _ in range(40):
+                yield b"y" * 65536
+            yield b'"}'
+
+        streamed = client.post("/v1/sessions/web/messages", content=chunks(),
+                               headers={"Content-Type": "application/json"})
+        assert streamed.status_code == 413
+        assert client.get("/v1/sessions").json() == {"sessions": []}  # nothing of it reached the Brain
+
+
+def test_a_chat_token_owns_its_sessions(secured: dict[str, str], processes: Processes) -> None:
+    alice, bob = create_token(processes, "alice"), create_token(processes, "bob")
+    a, b = gateway_client(secured, alice), gateway_client(secured, bob)
+    assert a.post("/v1/sessions/alices/messages", json={"text": "hello"}).json()["text"] == "echo: hello"
+    assert b.get("/v1/sessions/alices").status_code == 404
+    assert b.post("/v1/sessions/alices/messages", json={"text": "let me in"}).status_code == 404
+    assert b.post("/v1/sessions/alices/cancel").status_code == 404
+    assert b.delete("/v1/sessions/alices").status_code == 404
+    assert b.get("/v1/sessions").json() == {"sessions": []}
+    assert a.get("/v1/sessions").json() == {"sessions": ["alices"]}
+    owner = gateway_client(secured)
+    assert "alices" in owner.get("/v1/sessions").json()["sessions"]  # an operator sees every session
+    assert [e["role"] for e in owner.get("/v1/sessions/alices").json()["entries"]] == ["user", "assistant"]
+    assert len(a.get("/v1/sessions/alices").json()["entries"]) == 2  # bob's message never ran
+
+    # The token is the sender: read_file is alice's alone, whatever the body says.
+    mine = a.post("/v1/sessions/alice-file/messages", json={"text": 'CALL read_file {"path": "notes.txt"}'})
+    assert "pincer-42" in mine.json()["text"]
+    theirs = b.post("/v1/sessions/bob-file/messages", json={"text": 'CALL read_file {"path": "notes.txt"}'})
+    assert "pincer-42" not in theirs.json()["text"] and "TOOL_NOT_FOUND" in theirs.json()["text"]
+    smuggled = b.post("/v1/sessions/bob-2/messages", json={"text": "hi", "sender": "alice"})
+    assert smuggled.status_code == 400  # no field of the body names who sends it
+
+
+def test_only_the_sessions_owner_or_an_operator_decides_its_approvals(secured: dict[str, str],
+                                                                      processes: Processes) -> None:
+    alice, bob = create_token(processes, "alice"), create_token(processes, "bob")
+    decided: list[httpx.Response] = []
+    events: list[tuple[str, dict]] = []
+
+    def alices_turn() -> None:
+        with gateway_client(secured, alice) as client, connect_sse(
+            client, "POST", "/v1/sessions/asks/messages", json={"text": 'CALL exec {"command": "echo approved"}'},
+        ) as source:
+            for event in source.iter_sse():
+                events.append((event.event, json.loads(event.data)))
+
+    turn = threading.Thread(target=alices_turn)
+    turn.start()
+    approval = wait_until(lambda: next((d for kind, d in events if kind == "approval"), None), timeout=30,
+                          what="the approval request")
+    path = f"/v1/approvals/{approval['approval_id']}"
+    assert gateway_client(secured, bob).post(path, json={"decision": "allow-once"}).status_code == 404
+    forged = gateway_client(secured, alice).post(path, json={"decision": "allow-once", "by": "the admin"})
+    assert forged.status_code == 400  # who decides is the token's name, never the body's
+    decided.append(gateway_client(secured, alice).post(path, json={"decision": "allow-once"}))
+    turn.join(60)
+    assert decided[0].status_code == 200 and decided[0].json()["by"] == "alice"
+    assert events[-1][0] == "reply" and "approved" in events[-1][1]["text"]
+
+
+def test_agents_outside_the_tokens_list_are_refused(secured: dict[str, str], processes: Processes) -> None:
+    narrow = create_token(processes, "narrow", "--agent", "main")
+    with gateway_client(secured, narrow) as client:
+        refused = client.post("/v1/sessions/n1/messages", json={"text": "hi", "agent_id": "coder"})
+        assert refused.status_code == 403 and "may not use agent 'coder'" in refused.json()["error"]["message"]
+        assert client.post("/v1/sessions/n2/messages", json={"text": "hi"}).status_code == 200
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["pincer"]
+    with gateway_client(secured) as owner:
+        assert [m["id"] for m in owner.get("/v1/models").json()["data"]] == ["pincer", "pincer/coder"]
+        unknown = owner.post("/v1/sessions/n3/messages", json={"text": "hi", "agent_id": "ghost"})
+        assert unknown.status_code == 404 and "no agent named 'ghost'" in unknown.json()["error"]["message"]
+
+
+def test_open_turns_and_message_rates_are_limited_per_token(secured: dict[str, str], processes: Processes) -> None:
+    busy = create_token(processes, "busy")
+    results: list[httpx.Response] = []
+    slow = threading.Thread(target=lambda: results.append(
+        gateway_client(secured, busy).post("/v1/sessions/slow/messages", json={"text": "SLEEP 4"})))
+    slow.start()
+    with gateway_client(secured, busy) as client:
+        second = wait_until(lambda: (r := client.post("/v1/sessions/other/messages", json={"text": "hi"}))
+                            .status_code == 429 and r, timeout=10, what="a second open turn refused")
+        assert second.headers["retry-after"] == "1" and "open_turns_per_token" in second.json()["error"]["message"]
+        slow.join(30)
+        assert results[0].status_code == 200
+        # 6 messages a minute in a burst of 6: two were sent above (the refused one counts nothing).
+        codes = [client.post("/v1/sessions/rate/messages", json={"text": f"m{i}"}).status_code for i in range(6)]
+        assert codes.count(200) in (4, 5) and codes[-1] == 429  # 5 if a refill landed meanwhile
+        limited = client.post("/v1/sessions/rate/messages", json={"text": "again"})
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    with gateway_client(secured) as owner:  # another token has its own bucket
+        assert owner.post("/v1/sessions/owner-rate/messages", json={"text": "hi"}).status_code == 200
+
+
+def test_no_token_text_reaches_any_log(secured: dict[str, str], processes: Processes) -> None:
+    alice = create_token(processes, "alice")
+    gateway_client(secured, alice).post("/v1/sessions/logged/messages", json={"text": "hi"})
+    gateway_client(secured, alice + "x").get("/v1/sessions")
+    logs = processes.logs()
+    assert "message in" in logs  # the logs did capture the Gateway's work
+    for secret in (alice, OWNER_TOKEN, alice[4:], OWNER_TOKEN[4:]):
+        assert secret not in logs
+
+
+def test_a_public_bind_without_a_token_refuses_to_start(processes: Processes, pincer_env: dict[str, str]) -> None:
+    processes.env = {k: v for k, v in pincer_env.items() if k != "PINCER_GATEWAY_TOKEN"}
+    exposed = processes.run("gateway", extra_env={"PINCER_GATEWAY__HOST": "0.0.0.0"})
+    assert exposed.returncode == 78  # EX_CONFIG: a service manager does not restart it
+    assert "refusing to listen on 0.0.0.0 with no token" in exposed.stderr
+    assert "pincer token create" in exposed.stderr
+
+
+def test_the_scripted_model_saw_no_owner_only_tool_for_bob(secured: dict[str, str], processes: Processes,
+                                                           scripted_llm: ScriptedLLM) -> None:
+    bob = create_token(processes, "bob")
+    gateway_client(secured, bob).post("/v1/sessions/bob-tools/messages", json={"text": "hi"})
+    offered = [t["function"]["name"] for t in scripted_llm.requests[-1]["tools"]]
+    assert "read_file" not in offered and "write_file" in offered
