@@ -249,9 +249,9 @@ class _Turn:
             self.started[event.call_id] = event.summary
         if event.status != "finished":
             return "", extension
-        about = _one_line(self.started.pop(event.call_id, ""))
+        about = _one_line(self.started.pop(event.call_id, "")) or event.tool  # e.g. read_file({"path": "a.txt"})
         outcome = "ok" if event.summary == "ok" else f"failed: {_one_line(event.summary)}"
-        return self._line(f"🔧 {event.tool}{' ' + about if about else ''} → {outcome}"), extension
+        return self._line(f"🔧 {about} → {outcome}"), extension
 
     def _line(self, text: str) -> str:
         if not self.inline:
