@@ -81,16 +81,20 @@ class CallerLimits:
 
     async def _waiting(self) -> int:
         """Messages in the Brain inbox that no Brain has read yet (the group's lag)."""
+        stream = self.bus.keys.brain_inbox
         try:
-            groups: list[dict[str, Any]] = await self.bus.redis.xinfo_groups(self.bus.keys.brain_inbox)
+            groups: list[dict[str, Any]] = await self.bus.redis.xinfo_groups(stream)
         except ResponseError:  # no stream yet: nothing waits
             return 0
-        for group in groups:
-            name = group.get("name")
-            if (name.decode() if isinstance(name, bytes) else name) == BRAIN_GROUP:
-                lag = group.get("lag")
-                return int(lag) if lag is not None else 0
-        return int(await self.bus.redis.xlen(self.bus.keys.brain_inbox))
+        group = next((g for g in groups if g.get("name") in (BRAIN_GROUP, BRAIN_GROUP.encode())), None)
+        if group is None:
+            return int(await self.bus.redis.xlen(stream))
+        if group.get("lag") is not None:  # Redis 7 counts it
+            return int(group["lag"])
+        last = group["last-delivered-id"]  # Redis 6.2: count what lies past the group, up to the bound
+        last = last.decode() if isinstance(last, bytes) else last
+        beyond = await self.bus.redis.xrange(stream, min=f"({last}", count=self.settings.max_inbox_backlog)
+        return len(beyond)
 
 
 class Hold:
