@@ -59,6 +59,8 @@ class RedisSettings(Section):
     url: str | None = None
     prefix: str = "pincer:"
     embedded_port: int = Field(default=0, ge=0, le=65535)
+    # Connections one process opens at most; past it, commands wait for one to come free.
+    max_connections: int = Field(default=128, ge=4, le=10_000)
     # Request streams are never capped by length (an undelivered request must not be dropped):
     # the reaper trims them below what every group still needs (MINID). These cap the others.
     reply_maxlen: int = Field(default=10_000, ge=100)

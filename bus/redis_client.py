@@ -7,15 +7,17 @@ packs at least two XADDs, so Pincer's connections use hiredis too.
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis._parsers import _AsyncHiredisParser
 from redis.asyncio import Redis
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
-from redis.exceptions import DataError, ResponseError
+from redis.exceptions import ConnectionError, DataError, ResponseError
 
 try:
     from hiredis import pack_command as _hiredis_pack
@@ -41,12 +43,57 @@ class HiredisPacking:
             raise DataError(str(exc)) from None
 
 
+class WaitingPool(ConnectionPool):
+    """A pool whose callers wait for a free connection when all ``max_connections`` are in use.
+
+    redis-py's plain pool fails them (a burst of 100 HTTP requests made the Gateway answer 500);
+    its BlockingConnectionPool waits, but takes a Condition and a timeout on every command (~5-10 µs
+    here). This one costs nothing until the pool is full.
+    """
+
+    WAIT_S = 30.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> AbstractConnection:
+        while not self.can_get_connection():
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                async with asyncio.timeout(self.WAIT_S):
+                    await waiter
+            except TimeoutError:
+                raise ConnectionError(f"no Redis connection came free within {self.WAIT_S:g}s (all "
+                                      f"{self.max_connections} in use: redis.max_connections)") from None
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken, then cancelled: the free connection is someone else's
+                raise
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-any-return]
+
+    async def release(self, connection: AbstractConnection) -> None:
+        await super().release(connection)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
 # A peer that vanished (host down, network cut) is found by TCP keepalive within ~20 s.
 KEEPALIVE = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 3, socket.TCP_KEEPCNT: 3} \
     if hasattr(socket, "TCP_KEEPIDLE") else {}
 
 
-def connect(url: str) -> Redis:
+def connect(url: str, *, max_connections: int = 128) -> Redis:
     """A Redis client for the bus; bytes in, bytes out.
 
     No socket timeout: with one, redis-py wraps every send in ``asyncio.wait_for`` (a task each)
@@ -57,8 +104,9 @@ def connect(url: str) -> Redis:
     A ``?socket_timeout=N`` in the URL still applies, for whoever wants one anyway.
     """
     tcp = {"socket_keepalive": True, "socket_keepalive_options": KEEPALIVE} if url.startswith("redis") else {}
-    redis = Redis.from_url(url, decode_responses=False, health_check_interval=30, socket_timeout=None,
-                           socket_connect_timeout=5, **tcp)
+    pool = WaitingPool.from_url(url, decode_responses=False, health_check_interval=30, socket_timeout=None,
+                                socket_connect_timeout=5, max_connections=max_connections, **tcp)
+    redis = Redis.from_pool(pool)
     if _hiredis_pack is not None:
         pool = redis.connection_pool
         base = pool.connection_class  # TCP, TLS or unix socket, as the URL says

@@ -63,7 +63,8 @@ class Bus:
 
     @classmethod
     def from_settings(cls, settings: RedisSettings, url: str) -> Bus:
-        return cls(redis=connect(url), keys=Keys(settings.prefix), settings=settings)
+        return cls(redis=connect(url, max_connections=settings.max_connections), keys=Keys(settings.prefix),
+                   settings=settings)
 
     async def publish(self, stream: str, message: Message) -> str:
         (entry_id,) = await self.batcher.run(lambda pipe: self.add(pipe, stream, message))

@@ -1,0 +1,225 @@
+"""What a chat turn costs through the Gateway, with every check on: native endpoint and OpenAI side by side.
+
+A private redis-server, real `pincer gateway`, `brain` and `hands` processes,
+and the tests' scripted OpenAI-compatible model on loopback (it answers at
+once), so litellm's real HTTP path runs. Measured from one client:
+
+- sequential p50/p90 of a plain turn and of a turn with one `read_file` call,
+  on `POST /v1/sessions/{id}/messages` and `POST /v1/chat/completions`
+  (alternating rounds, so drift hits both alike);
+- turns per second with N sessions in flight (default 100), and the CPU each
+  process spent per turn meanwhile (from /proc);
+- the guard's own cost per request (Host, Origin, body, token), in process.
+
+Run: .venv/bin/python bench/gateway_turns.py [--turns 200] [--sessions 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bus.redis_server import EmbeddedRedis, free_port  # noqa: E402
+from tests.scripted_llm import ScriptedLLM  # noqa: E402
+
+TOKEN = "pcr_bench-" + os.urandom(8).hex()
+FILE_TURN = 'CALL read_file {"path": "notes.txt"}'
+
+
+def start_stack(tmp: Path, redis_url: str, llm: ScriptedLLM) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+    workspace = tmp / "workspace"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("the secret word is pincer-42\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PINCER_")}
+    env.update({
+        "PINCER_REDIS_URL": redis_url, "PINCER_MODEL": "openai/scripted", "PINCER_LLM_API_BASE": llm.api_base,
+        "PINCER_LLM_API_KEY": "sk-scripted", "PINCER_BRAIN__LLM_RETRIES": "0", "PINCER_WORKSPACE": str(workspace),
+        "PINCER_HANDS__SKILL_DIRS": f'["{ROOT / "skills"}"]', "PINCER_DATA_DIR": str(tmp / "data"),
+        "PINCER_GATEWAY_PORT": str(free_port()), "PINCER_GATEWAY_TOKEN": TOKEN,
+        "PINCER_RUNTIME__LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT),
+        # Every check stays on; only the per-token limits are raised so the load is not refused.
+        "PINCER_GATEWAY__LIMITS__OPEN_TURNS_PER_TOKEN": "10000",
+        "PINCER_GATEWAY__LIMITS__OPEN_STREAMS_PER_TOKEN": "10000",
+        "PINCER_GATEWAY__LIMITS__MESSAGES_PER_MINUTE": "10000000", "PINCER_GATEWAY__LIMITS__BURST": "100000",
+        "PINCER_BRAIN__MAX_TURNS": "64", "PINCER_BRAIN__MAX_WAITING": "256",
+    })
+    procs = [subprocess.Popen([sys.executable, "-m", "gateway", role], env=env, cwd=tmp,
+                              stdout=subprocess.DEVNULL, stderr=(tmp / f"{role}.log").open("wb"))
+             for role in ("gateway", "brain", "hands")]
+    return env, procs
+
+
+def wait_healthy(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).json().get("status") == "ok":
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("the stack did not become healthy within 60 s")
+
+
+def native(client: httpx.Client, session: str, text: str) -> None:
+    response = client.post(f"/v1/sessions/{session}/messages", json={"text": text})
+    assert response.status_code == 200, response.text
+
+
+def openai_turn(client: httpx.Client, session: str, text: str) -> None:
+    response = client.post("/v1/chat/completions", headers={"X-Pincer-Session": session},
+                           json={"model": "pincer", "messages": [{"role": "user", "content": text}]})
+    assert response.status_code == 200, response.text
+
+
+def sequential(client: httpx.Client, rounds: int, per_round: int) -> dict[str, list[float]]:
+    kinds = {"native plain": (native, "hello"), "openai plain": (openai_turn, "hello"),
+             "native read_file": (native, FILE_TURN), "openai read_file": (openai_turn, FILE_TURN)}
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for round_ in range(rounds):
+        for name, (send, text) in kinds.items():
+            for i in range(per_round):
+                started = time.perf_counter()
+                send(client, f"seq-{name.replace(' ', '-')}-{round_}-{i}", text)
+                times[name].append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def cpu_ms(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+async def throughput(url: str, *, sessions: int, turns: int, openai: bool) -> float:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as client:
+        per_session = max(1, turns // sessions)
+
+        async def one(session: int) -> None:
+            for i in range(per_session):
+                if openai:
+                    r = await client.post("/v1/chat/completions", headers={"X-Pincer-Session": f"tp-o-{session}"},
+                                          json={"model": "pincer", "messages": [{"role": "user", "content": f"m{i}"}]})
+                else:
+                    r = await client.post(f"/v1/sessions/tp-n-{session}/messages", json={"text": f"m{i}"})
+                assert r.status_code == 200, r.text
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(s) for s in range(sessions)))
+        return per_session * sessions / (time.perf_counter() - started)
+
+
+def guard_cost(iterations: int = 20000) -> dict[str, float]:
+    """µs the guard adds to a request (Host, Origin, body read, cached token lookup), in process."""
+    import fakeredis.aioredis
+
+    from bus.keys import Keys
+    from gateway.config import GatewaySettings
+    from gateway.guard import Guard
+    from gateway.tokens import Identity, TokenStore, digest, new_token
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+
+    async def run() -> dict[str, float]:
+        redis, keys = fakeredis.aioredis.FakeRedis(), Keys()  # fakeredis has no Lua: write the record itself
+        token = new_token()
+        await redis.hset(keys.tokens, digest(token), Identity(name="bench").model_dump_json())
+        store = TokenStore(redis, keys)
+        guard = Guard(inner, settings=GatewaySettings(), tokens=store)
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [
+            (b"host", b"127.0.0.1:8780"), (b"authorization", f"Bearer {token}".encode()),
+            (b"content-type", b"application/json"), (b"content-length", b"64"), (b"origin", b"http://127.0.0.1:8780"),
+            (b"user-agent", b"OpenAI/Python 2.0"), (b"accept", b"application/json")]}
+        body = {"type": "http.request", "body": b"x" * 64, "more_body": False}
+
+        async def receive() -> dict[str, Any]:
+            return body
+
+        async def send(_message: Any) -> None:
+            return None
+
+        results = {}
+        for name, app in (("bare", inner), ("guarded", guard)):
+            for _ in range(2000):  # warm the token cache and the interpreter
+                await app(dict(scope), receive, send)
+            started = time.perf_counter()
+            for _ in range(iterations):
+                await app(dict(scope), receive, send)
+            results[name] = (time.perf_counter() - started) / iterations * 1e6
+        return results
+
+    found = asyncio.run(run())
+    return {"guard_us": found["guarded"] - found["bare"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--per-round", type=int, default=20)
+    parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--turns", type=int, default=1000)
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="pincer-bench-gw-"))
+    redis = EmbeddedRedis(tmp / "redis-data")
+    llm = ScriptedLLM().start()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        env, procs = start_stack(tmp, redis.start(), llm)
+        url = f"http://127.0.0.1:{env['PINCER_GATEWAY_PORT']}"
+        wait_healthy(url)
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as client:
+            sequential(client, 1, 5)  # warm up: imports, litellm's first call, the tool list
+            times = sequential(client, args.rounds, args.per_round)
+        pids = {"gateway": procs[0].pid, "brain": procs[1].pid, "hands": procs[2].pid, "redis": redis.process.pid}  # type: ignore[union-attr]
+        rates, cpu = {}, {}
+        for kind in ("native", "openai"):
+            before = {k: cpu_ms(p) for k, p in pids.items()}
+            rates[kind] = asyncio.run(throughput(url, sessions=args.sessions, turns=args.turns,
+                                                 openai=kind == "openai"))
+            done = args.turns // args.sessions * args.sessions
+            cpu[kind] = {k: (cpu_ms(p) - before[k]) / done for k, p in pids.items()}
+        guard = guard_cost()
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(15)
+        llm.stop()
+        redis.stop()
+
+    print(f"\n{platform.node()} · {os.cpu_count()} CPUs · Python {platform.python_version()} · "
+          f"{time.strftime('%Y-%m-%d')}\n")
+    print("| turn | p50 ms | p90 ms |\n|---|---|---|")
+    for name, values in times.items():
+        values.sort()
+        print(f"| {name} | {statistics.median(values):.2f} | {values[int(len(values) * 0.9)]:.2f} |")
+    for kind in ("plain", "read_file"):
+        gap = statistics.median(times[f"openai {kind}"]) - statistics.median(times[f"native {kind}"])
+        print(f"\nOpenAI layer over native, {kind}: {gap:+.2f} ms p50")
+    print(f"guard (Host, Origin, body, cached token) per request: {guard['guard_us']:.1f} µs\n")
+    print(f"| endpoint | turns/s, {args.sessions} sessions in flight | CPU ms per turn: gateway | brain | hands | redis |")
+    print("|---|---|---|---|---|---|")
+    for kind, rate in rates.items():
+        c = cpu[kind]
+        print(f"| {kind} | {rate:.0f} | {c['gateway']:.2f} | {c['brain']:.2f} | {c['hands']:.2f} | {c['redis']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
