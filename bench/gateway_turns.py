@@ -11,13 +11,20 @@ once), so litellm's real HTTP path runs. Measured from one client:
   process spent per turn meanwhile (from /proc);
 - the guard's own cost per request (Host, Origin, body, token), in process.
 
-Run: .venv/bin/python bench/gateway_turns.py [--turns 200] [--sessions 100]
+The nearest Python peer runs beside it on the same model when given
+(`--nanobot PATH`): nanobot's `serve` (PyPI `nanobot-ai`, in a venv of its
+own, since its dependencies are not Pincer's):
+
+    python3.11 -m venv /tmp/nb && /tmp/nb/bin/pip install 'nanobot-ai[api]==0.3.5'
+
+Run: .venv/bin/python bench/gateway_turns.py [--turns 1000] [--sessions 100] [--nanobot /tmp/nb/bin/nanobot]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import statistics
@@ -34,13 +41,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bus.redis_server import EmbeddedRedis, free_port  # noqa: E402
-from tests.scripted_llm import ScriptedLLM  # noqa: E402
 
 TOKEN = "pcr_bench-" + os.urandom(8).hex()
 FILE_TURN = 'CALL read_file {"path": "notes.txt"}'
 
 
-def start_stack(tmp: Path, redis_url: str, llm: ScriptedLLM) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+class ScriptedModel:
+    """The tests' scripted model in a process of its own, so the bench client does not share its GIL."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.scripted_llm"], cwd=ROOT, stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        self.api_base = self.proc.stdout.readline().decode().strip()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def start_stack(tmp: Path, redis_url: str, llm: ScriptedModel) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
     workspace = tmp / "workspace"
     workspace.mkdir()
     (workspace / "notes.txt").write_text("the secret word is pincer-42\n")
@@ -97,6 +116,65 @@ def sequential(client: httpx.Client, rounds: int, per_round: int) -> dict[str, l
                 send(client, f"seq-{name.replace(' ', '-')}-{round_}-{i}", text)
                 times[name].append((time.perf_counter() - started) * 1000)
     return times
+
+
+def start_nanobot(executable: str, tmp: Path, llm: ScriptedModel) -> tuple[str, subprocess.Popen[bytes]]:
+    """nanobot's OpenAI-compatible server on the same scripted model, with its own copy of the workspace."""
+    home = tmp / "nanobot"
+    (home / "ws").mkdir(parents=True)
+    (home / "ws" / "notes.txt").write_text("the secret word is pincer-42\n")
+    config = {"agents": {"defaults": {"model": "scripted", "provider": "custom", "workspace": str(home / "ws")}},
+              "providers": {"custom": {"apiKey": "sk-scripted", "apiBase": llm.api_base}}}
+    (home / "config.json").write_text(json.dumps(config))
+    port = free_port()
+    proc = subprocess.Popen([executable, "serve", "--port", str(port), "--config", str(home / "config.json"),
+                             "--workspace", str(home / "ws")], env={**os.environ, "HOME": str(home)}, cwd=home,
+                            stdout=subprocess.DEVNULL, stderr=(tmp / "nanobot.log").open("wb"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/health", timeout=2)
+            return url, proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise SystemExit("nanobot serve did not answer within 60 s (see nanobot.log)")
+
+
+def nanobot_turn(client: httpx.Client, session: str, text: str) -> None:
+    response = client.post("/v1/chat/completions", json={
+        "model": "scripted", "session_id": session, "messages": [{"role": "user", "content": text}]})
+    assert response.status_code == 200, response.text
+
+
+def peer_sequential(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {"nanobot plain": [], "nanobot read_file": []}
+    with httpx.Client(base_url=url, timeout=120) as client:
+        nanobot_turn(client, "warm", "hello")
+        for round_ in range(rounds):
+            for name, text in (("nanobot plain", "hello"), ("nanobot read_file", FILE_TURN)):
+                for i in range(per_round):
+                    started = time.perf_counter()
+                    nanobot_turn(client, f"seq-{name[8:]}-{round_}-{i}", text)
+                    times[name].append((time.perf_counter() - started) * 1000)
+    return times
+
+
+async def peer_throughput(url: str, *, sessions: int, turns: int) -> float:
+    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+        per_session = max(1, turns // sessions)
+
+        async def one(session: int) -> None:
+            for i in range(per_session):
+                r = await client.post("/v1/chat/completions", json={
+                    "model": "scripted", "session_id": f"tp-{session}",
+                    "messages": [{"role": "user", "content": f"m{i}"}]})
+                assert r.status_code == 200, r.text
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(s) for s in range(sessions)))
+        return per_session * sessions / (time.perf_counter() - started)
 
 
 def cpu_ms(pid: int) -> float:
@@ -174,11 +252,12 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=20)
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--turns", type=int, default=1000)
+    parser.add_argument("--nanobot", metavar="PATH", help="nanobot's executable, to measure it beside Pincer")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="pincer-bench-gw-"))
     redis = EmbeddedRedis(tmp / "redis-data")
-    llm = ScriptedLLM().start()
+    llm = ScriptedModel()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         env, procs = start_stack(tmp, redis.start(), llm)
@@ -196,11 +275,23 @@ def main() -> None:
             done = args.turns // args.sessions * args.sessions
             cpu[kind] = {k: (cpu_ms(p) - before[k]) / done for k, p in pids.items()}
         guard = guard_cost()
+        for proc in procs:  # the peer gets the machine to itself, as Pincer did
+            proc.terminate()
+            proc.wait(15)
+        if args.nanobot:
+            peer_url, peer = start_nanobot(args.nanobot, tmp, llm)
+            procs.append(peer)
+            times.update(peer_sequential(peer_url, args.rounds, args.per_round))
+            before = cpu_ms(peer.pid)
+            rates["nanobot"] = asyncio.run(peer_throughput(peer_url, sessions=args.sessions, turns=args.turns))
+            done = args.turns // args.sessions * args.sessions
+            cpu["nanobot"] = {"gateway": (cpu_ms(peer.pid) - before) / done, "brain": 0.0, "hands": 0.0,
+                              "redis": 0.0}
     finally:
         for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(15)
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(15)
         llm.stop()
         redis.stop()
 
@@ -214,7 +305,8 @@ def main() -> None:
         gap = statistics.median(times[f"openai {kind}"]) - statistics.median(times[f"native {kind}"])
         print(f"\nOpenAI layer over native, {kind}: {gap:+.2f} ms p50")
     print(f"guard (Host, Origin, body, cached token) per request: {guard['guard_us']:.1f} µs\n")
-    print(f"| endpoint | turns/s, {args.sessions} sessions in flight | CPU ms per turn: gateway | brain | hands | redis |")
+    print(f"| endpoint | turns/s, {args.sessions} sessions in flight | CPU ms per turn: gateway (nanobot: all) "
+          "| brain | hands | redis |")
     print("|---|---|---|---|---|---|")
     for kind, rate in rates.items():
         c = cpu[kind]

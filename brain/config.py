@@ -46,6 +46,9 @@ class BrainSettings(Section):
     tools_list_timeout_s: float = Field(default=5.0, gt=0, le=120)
     llm_timeout_s: float = Field(default=120.0, gt=0)
     llm_retries: int = Field(default=2, ge=0, le=10)
+    # `openai/...` models through the openai SDK itself (which litellm uses for them too), without
+    # litellm's wrapper: ~8 ms less CPU per call here. False: through litellm like every provider.
+    openai_direct: bool = True
     max_turns: int = Field(default=16, ge=1, le=1000)
     # Messages a Brain holds, besides its turns, while they wait for their session's earlier turn.
     max_waiting: int = Field(default=64, ge=0, le=10_000)

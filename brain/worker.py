@@ -33,7 +33,7 @@ def default_llm(settings: BrainSettings) -> LLMClient | None:
         return None
     return LiteLLMClient(model=model, api_base=settings.api_base, api_key=settings.api_key,
                          timeout_s=settings.llm_timeout_s, retries=settings.llm_retries,
-                         fallbacks=settings.fallbacks)
+                         fallbacks=settings.fallbacks, openai_direct=settings.openai_direct)
 
 
 class BrainWorker:

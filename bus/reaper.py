@@ -103,9 +103,10 @@ class Reaper:
     async def _claim(self, stream: str) -> None:
         idle_ms, cursor = int(self.settings.claim_idle_s * 1000), "0-0"
         for _ in range(20):  # at most 1,000 entries a pass: the next pass goes on
-            cursor, claimed, _deleted = await self.bus.redis.xautoclaim(
+            # Redis 7 answers [cursor, entries, deleted ids]; 6.2 has no third part.
+            cursor, claimed = (await self.bus.redis.xautoclaim(
                 stream, self.consumer.group, self.consumer.consumer, min_idle_time=idle_ms, start_id=cursor,
-                count=50)
+                count=50))[:2]
             await self._take_over(stream, claimed)
             cursor = cursor.decode() if isinstance(cursor, bytes) else cursor
             if cursor == "0-0":

@@ -170,6 +170,8 @@ def pincer_env(tmp_path: Path, redis_url: str, prefix: str, scripted_llm: Script
         "PINCER_LLM_API_BASE": scripted_llm.api_base,
         "PINCER_LLM_API_KEY": "sk-scripted",
         "PINCER_BRAIN__LLM_RETRIES": "0",
+        # litellm's own road for openai/ models too (the OpenAI-API tests take the direct one).
+        "PINCER_BRAIN__OPENAI_DIRECT": "false",
         "PINCER_WORKSPACE": str(workspace),
         "PINCER_HANDS__SKILL_DIRS": f'["{SHIPPED_SKILLS}"]',  # not the developer's own skills
         "PINCER_DATA_DIR": str(tmp_path / "data"),

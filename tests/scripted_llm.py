@@ -22,10 +22,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # a Brain opens dozens of connections at once; the default backlog is 5
+
+
 class ScriptedLLM:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server = _Server(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -155,3 +159,9 @@ def _full(model: str, reply: dict[str, Any]) -> dict[str, Any]:
     return {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.get("calls") else "stop"}],
             "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
+
+
+if __name__ == "__main__":  # its own process (benchmarks): print where it listens, serve until killed
+    server = ScriptedLLM().start()
+    print(server.api_base, flush=True)
+    threading.Event().wait()

@@ -26,7 +26,8 @@ def stack(processes: Processes, pincer_env: dict[str, str]) -> Iterator[dict[str
     workspace.chmod(0o755)
     (workspace / "notes.txt").write_text("the secret word is pincer-42\n")
     processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace), "PINCER_BRAIN__AGENTS": "{coder: {}}",
-                     "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true"}
+                     "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
+                     "PINCER_BRAIN__OPENAI_DIRECT": "true"}  # the default road for openai/ models
     processes.start("gateway", name="gateway")
     processes.start("brain", name="brain")
     processes.start("hands", name="hands")

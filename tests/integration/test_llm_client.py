@@ -11,33 +11,38 @@ from tests.scripted_llm import ScriptedLLM
 TOOLS = [ToolSpec(name="read_file", description="read", parameters={"type": "object"})]
 
 
-def client(server: ScriptedLLM, model: str, fallbacks: list[str] | None = None) -> LiteLLMClient:
+# Both roads a model call takes: litellm's, and the openai SDK's own for `openai/` models.
+pytestmark = pytest.mark.parametrize("direct", [False, True], ids=["litellm", "openai-direct"])
+
+
+def client(server: ScriptedLLM, model: str, fallbacks: list[str] | None = None, *,
+           direct: bool) -> LiteLLMClient:
     return LiteLLMClient(model=model, api_base=server.api_base, api_key="sk-test", timeout_s=20, retries=0,
-                         fallbacks=fallbacks)
+                         fallbacks=fallbacks, openai_direct=direct)
 
 
-async def test_tool_calls_are_assembled_from_streamed_pieces(scripted_llm: ScriptedLLM) -> None:
+async def test_tool_calls_are_assembled_from_streamed_pieces(scripted_llm: ScriptedLLM, direct: bool) -> None:
     texts: list[str] = []
 
     async def on_text(text: str) -> None:
         texts.append(text)
 
-    done = await client(scripted_llm, "openai/scripted").complete(
+    done = await client(scripted_llm, "openai/scripted", direct=direct).complete(
         [{"role": "user", "content": 'CALL read_file {"path": "a/b/c.txt"}\nCALL read_file {"path": "d"}'}],
         TOOLS, on_text)
     assert [(c.name, c.arguments) for c in done.tool_calls] == [("read_file", '{"path": "a/b/c.txt"}'),
                                                                 ("read_file", '{"path": "d"}')]
     assert done.usage == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
-    echoed = await client(scripted_llm, "openai/scripted").complete([{"role": "user", "content": "hello there"}],
+    echoed = await client(scripted_llm, "openai/scripted", direct=direct).complete([{"role": "user", "content": "hello there"}],
                                                                     TOOLS, on_text)
     assert echoed.text == "echo: hello there" and "".join(texts) == "echo: hello there" and len(texts) > 1
 
 
-async def test_rate_limited_model_falls_back_and_says_which_answered(scripted_llm: ScriptedLLM) -> None:
+async def test_rate_limited_model_falls_back_and_says_which_answered(scripted_llm: ScriptedLLM, direct: bool) -> None:
     async def ignore(_text: str) -> None:
         return None
 
-    done = await client(scripted_llm, "openai/fail429", ["openai/fail503", "openai/scripted"]).complete(
+    done = await client(scripted_llm, "openai/fail429", ["openai/fail503", "openai/scripted"], direct=direct).complete(
         [{"role": "user", "content": "hi"}], TOOLS, ignore)
     assert done.text == "echo: hi" and done.model.endswith("scripted")
     assert [t.split(":")[0] for t in done.tried] == ["openai/fail429", "openai/fail503"]
@@ -49,10 +54,24 @@ async def test_rate_limited_model_falls_back_and_says_which_answered(scripted_ll
     (["openai/fail429", "openai/fail503"], ErrorCode.SERVICE_UNAVAILABLE, "every model failed"),
 ])
 async def test_errors_that_fallbacks_do_not_fix(scripted_llm: ScriptedLLM, models: list[str], code: ErrorCode,
-                                                text: str) -> None:
+                                                text: str, direct: bool) -> None:
     async def ignore(_text: str) -> None:
         return None
 
     with pytest.raises(LLMError) as info:
-        await client(scripted_llm, models[0], models[1:]).complete([{"role": "user", "content": "hi"}], TOOLS, ignore)
+        await client(scripted_llm, models[0], models[1:], direct=direct).complete([{"role": "user", "content": "hi"}], TOOLS, ignore)
     assert info.value.code is code and text in info.value.message
+
+
+async def test_no_key_at_all_says_how_to_configure_one(scripted_llm: ScriptedLLM, direct: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    keyless = LiteLLMClient(model="openai/scripted", api_base=scripted_llm.api_base, api_key=None, timeout_s=20,
+                            retries=0, openai_direct=direct)
+
+    async def ignore(_text: str) -> None:
+        return None
+
+    with pytest.raises(LLMError) as info:
+        await keyless.complete([{"role": "user", "content": "hi"}], TOOLS, ignore)
+    assert info.value.code is ErrorCode.MODEL_NOT_CONFIGURED and "PINCER_MODEL" in info.value.message
