@@ -7,9 +7,13 @@ from the wire's enum and a message a person can act on.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import json
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from bus.protocol import ErrorCode, ToolSpec
@@ -187,8 +191,13 @@ def cost_usd(model: str, usage: dict[str, Any]) -> float | None:
     return prompt + completion
 
 
+def takes_litellm(model: str, *, openai_direct: bool) -> bool:
+    """Whether calls to ``model`` go through litellm (all but ``openai/`` ones on the direct road)."""
+    return not (openai_direct and model.startswith("openai/"))
+
+
 def warm_up() -> None:
-    """Import litellm now (seconds of work); call it from a thread, never on the event loop."""
+    """Import litellm now (seconds of work, ~150 MB); call it from a thread, never on the event loop."""
     import litellm  # noqa: F401
 
 
@@ -197,16 +206,31 @@ DEFAULT_WINDOW_TOKENS = 32_000
 
 @functools.cache
 def context_window(model: str) -> int:
-    """The model's input window by litellm's table; 32k tokens for a model it does not know."""
+    """The model's input window by litellm's table; 32k tokens for a model it does not know.
+
+    Read from the table's JSON file, not through litellm: a Brain whose models all take the
+    direct road never imports litellm (~150 MB resident).
+    """
     if not model:
         return DEFAULT_WINDOW_TOKENS
-    import litellm
+    table = _price_table()
+    for name in (model, model.partition("/")[2]):
+        info = table.get(name) if name else None
+        if isinstance(info, dict) and (info.get("max_input_tokens") or info.get("max_tokens")):
+            return int(info.get("max_input_tokens") or info["max_tokens"])
+    return DEFAULT_WINDOW_TOKENS
 
+
+def _price_table() -> dict[str, Any]:
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = Path(next(iter(spec.submodule_search_locations))) / "model_prices_and_context_window_backup.json"
     try:
-        info = litellm.get_model_info(model)
-    except Exception:  # unknown model: litellm raises several kinds
-        return DEFAULT_WINDOW_TOKENS
-    return int(info.get("max_input_tokens") or info.get("max_tokens") or DEFAULT_WINDOW_TOKENS)
+        table: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return table
 
 
 def _usage(usage: Any) -> dict[str, Any]:
@@ -221,8 +245,9 @@ def _tool_param(spec: ToolSpec) -> dict[str, Any]:
 
 def translate_error(exc: Exception) -> LLMError:
     """litellm's errors, and the openai SDK's on the direct path (litellm's subclass them), as ``LLMError``."""
-    import litellm
     import openai
+
+    litellm = sys.modules.get("litellm") or _NoLitellm  # not imported: the error cannot be one of its own
 
     status = getattr(exc, "status_code", None)
     detail = str(getattr(exc, "message", None) or exc)[:500]
@@ -241,3 +266,11 @@ def translate_error(exc: Exception) -> LLMError:
     if isinstance(exc, litellm.exceptions.BadRequestError) and "LLM Provider NOT provided" in detail:
         return LLMError(ErrorCode.MODEL_NOT_CONFIGURED, f"unknown model name: {detail}. {NOT_CONFIGURED}")
     return LLMError(ErrorCode.MODEL_ERROR, f"the model call failed ({type(exc).__name__}): {detail}")
+
+
+class _NoLitellm:
+    """Stands in for litellm's exception classes when litellm was never imported."""
+
+    class exceptions:  # noqa: N801 - mirrors litellm.exceptions
+        RateLimitError = AuthenticationError = Timeout = APIConnectionError = ServiceUnavailableError = \
+            BadRequestError = type("NeverRaised", (Exception,), {})

@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from brain.catalog import NoHandsAvailable, ToolCatalog
@@ -18,6 +18,7 @@ from brain.plan import plan
 from brain.prompt import system_prompt
 from brain.session_order import Lease
 from bus.log import kv
+from bus.metrics import Meter
 from bus.protocol import (
     ChatDelta,
     ChatError,
@@ -53,6 +54,7 @@ class TurnDeps:
     catalog: ToolCatalog
     settings: BrainSettings
     llm: LLMClient | None  # None: no model configured
+    meter: Meter = field(default_factory=Meter)  # what /metrics shows of this Brain (sent with its heartbeat)
 
 
 class Turn:
@@ -144,8 +146,15 @@ class Turn:
             completion = await deps.llm.complete(shown, tools, self._stream_text)  # type: ignore[union-attr]
             self.model_calls += 1
             self._count(completion.usage)
+            meter = deps.meter
+            meter.count("pincer_model_calls", completion.model)
+            for kind in ("prompt", "completion"):
+                meter.count("pincer_model_tokens", completion.model, kind,
+                            value=completion.usage.get(f"{kind}_tokens") or 0)
             if budget.max_cost_usd is not None:  # pricing needs litellm's table: only when a cost budget is set
-                self.cost_usd += cost_usd(completion.model, completion.usage) or 0.0
+                cost = cost_usd(completion.model, completion.usage) or 0.0
+                self.cost_usd += cost
+                meter.count("pincer_model_cost_usd", completion.model, value=cost)
             final = not completion.tool_calls
             assistant = self._entry(role="assistant", content=completion.text or None,
                                     tool_calls=[call.to_openai() for call in completion.tool_calls] or None,

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
-from brain.llm import LiteLLMClient, LLMClient, resolve_model, warm_up
+from brain.llm import LiteLLMClient, LLMClient, resolve_model, takes_litellm, warm_up
 from brain.session_order import SessionOrder
 from brain.turn import Turn, TurnDeps
 from bus.broadcast import BroadcastReader
 from bus.keys import BRAIN_GROUP
 from bus.log import kv
 from bus.presence import Presence
-from bus.protocol import ChatCancel, ChatError, ChatMessage, ErrorCode, Message
+from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
 from bus.streams import Bus, GroupConsumer, HandedOver, Reply, delivery
@@ -51,7 +52,8 @@ class BrainWorker:
                                  details=lambda: {"in_flight": len(self._running), "capacity": settings.max_turns,
                                                   "waiting": self.consumer.waiting,
                                                   "model": resolve_model(settings.model) or "(none)",
-                                                  "agents": ",".join(settings.agent_ids())})
+                                                  "agents": ",".join(settings.agent_ids()),
+                                                  "metrics": self.deps.meter.snapshot()})
         self._sessions = SessionOrder(bus.redis, bus.keys, instance_id, lease_s=settings.session_lease_s,
                                       wait_s=settings.session_wait_s or settings.max_turn_s + 60)
         self.control = BroadcastReader(bus, bus.keys.brain_control, self._on_control)
@@ -84,6 +86,7 @@ class BrainWorker:
             task = asyncio.current_task()
             assert task is not None
             self._running[message.session_id] = task
+            started = time.monotonic()
             try:
                 final = await turn.run()
             except asyncio.CancelledError:
@@ -100,6 +103,9 @@ class BrainWorker:
             finally:
                 self._running.pop(message.session_id, None)
                 self._cancels.pop(message.session_id, None)
+        meter = self.deps.meter
+        meter.count("pincer_chat_turns", message.agent_id, "ok" if isinstance(final, ChatReply) else final.code.value)
+        meter.observe("pincer_chat_turn_seconds", time.monotonic() - started, message.agent_id)
         return [(message.reply_to, final)]
 
     def _llm(self, agent_id: str, settings: BrainSettings) -> LLMClient | None:
@@ -118,6 +124,17 @@ class BrainWorker:
             message=f"the Brains running this message stopped {delivery.get()} times before finishing it; it was "
                     "set aside (see `pincer dead list`). What was done is in the session transcript."))]
 
+    def _takes_litellm(self) -> bool:
+        """Whether any agent's model (or fallback, or cost budget) needs litellm: else it is never imported."""
+        for agent_id in self.settings.agent_ids():
+            agent = self.settings.for_agent(agent_id)
+            assert agent is not None
+            models = [resolve_model(agent.model) or "", *agent.fallbacks]
+            if agent.max_cost_usd is not None or any(
+                    takes_litellm(m, openai_direct=agent.openai_direct) for m in models if m):
+                return True
+        return False
+
     async def _on_control(self, message: Message) -> None:
         """chat:cancel reaches every Brain; the one running that session's turn stops it."""
         if isinstance(message, ChatCancel) and message.session_id in self._running:
@@ -125,7 +142,7 @@ class BrainWorker:
             self._running[message.session_id].cancel()
 
     async def run(self, stop: asyncio.Event) -> None:
-        if self._llm_override is None:
+        if self._llm_override is None and self._takes_litellm():
             # litellm takes seconds to import: here, off the loop, not in the first turn (a stalled
             # loop misses its lease renewals and another Brain would take its turns over).
             await asyncio.to_thread(warm_up)

@@ -2,8 +2,8 @@
 
 Each package owns the pydantic model of its own section and asks for it with
 ``Config.section(name, Model)``. Lookup order for the file: ``--config PATH``,
-then ``PINCER_CONFIG``, then ``./config.yaml``, then the project's own
-``config.yaml``. Any key can be overridden as ``PINCER_<SECTION>__<KEY>``
+then ``PINCER_CONFIG``, then ``./config.yaml``, then the defaults shipped in
+the package (``bus/default_config.yaml``, the project's ``config.yaml``). Any key can be overridden as ``PINCER_<SECTION>__<KEY>``
 (nested keys joined by ``__``); values are text that the section model
 converts (``PINCER_HANDS__CONCURRENCY=4`` is the number 4); lists are
 written in YAML flow style (``'[a, b]'``).
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -21,7 +22,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ENV_PREFIX = "PINCER_"
-PROJECT_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
+# The shipped defaults: package data in a wheel, a link to the root's config.yaml in a checkout.
+DEFAULT_CONFIG = Path(str(resources.files("bus").joinpath("default_config.yaml")))
 
 # Short names for the keys people set most; each maps to one section key.
 SHORTCUTS: dict[str, tuple[str, ...]] = {
@@ -77,7 +79,21 @@ class RedisSettings(Section):
 class RuntimeSettings(Section):
     data_dir: Path = Path("~/.pincer")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # text: one readable line per event; json: one JSON object per line, for log shippers.
+    log_format: Literal["text", "json"] = "text"
+    # Where `pincer up` keeps each role's log (None: <data_dir>/logs), rotated past log_max_mb.
+    log_dir: Path | None = None
+    log_max_mb: float = Field(default=10.0, gt=0)
+    log_backups: int = Field(default=3, ge=0, le=100)
     heartbeat_s: float = Field(default=3.0, gt=0)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser()
+
+    @property
+    def logs_path(self) -> Path:
+        return Path(self.log_dir).expanduser() if self.log_dir else self.data_path / "logs"
 
 
 @dataclass
@@ -148,7 +164,7 @@ def _find_file(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> P
         if not chosen.is_file():
             raise ConfigError(f"config file {chosen} does not exist (from --config or PINCER_CONFIG)")
         return chosen
-    for candidate in (Path.cwd() / "config.yaml", PROJECT_CONFIG):
+    for candidate in (Path.cwd() / "config.yaml", DEFAULT_CONFIG):
         if candidate.is_file():
             return candidate
     return None

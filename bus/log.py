@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -18,11 +19,22 @@ class _Identity(logging.Filter):
         return True
 
 
-def setup_logging(role: str, instance: str, level: str = "INFO") -> None:
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: what log shippers (Vector, Fluent Bit, Loki) read without a parser."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"ts": round(record.created, 3), "level": record.levelname, "role": getattr(record, "role", ""),
+                "instance": getattr(record, "instance", ""), "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def setup_logging(role: str, instance: str, level: str = "INFO", *, fmt: str = "text") -> None:
     """Send every log line to stderr, stamped with who wrote it."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_Identity(role, instance))
-    handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

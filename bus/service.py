@@ -54,7 +54,7 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
 def run_service(role: str, config: Config, body: Body, *, instance_id: str | None = None) -> int:
     """Run ``body`` until SIGTERM/SIGINT (or until it returns); 0 on a clean exit."""
     instance_id = instance_id or new_instance_id(role)
-    setup_logging(role, instance_id, config.runtime.log_level)
+    setup_logging(role, instance_id, config.runtime.log_level, fmt=config.runtime.log_format)
     try:
         return run_loop(_serve(config, body))
     except ConfigError as exc:

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bus.log import kv
+from bus.metrics import Meter
 from bus.presence import Presence, alive
 from bus.protocol import (
     ApprovalDecision,
@@ -34,6 +35,7 @@ from bus.protocol import (
     ChatMessage,
     ChatReply,
     ChatTool,
+    ErrorCode,
 )
 from bus.replies import ReplyInbox
 from bus.streams import Bus
@@ -42,6 +44,7 @@ from gateway.errors import TURN_STATUS, Refused, error_response, not_found
 from gateway.guard import Guard
 from gateway.handling import caller, collect_or_cancel, read_json, session_id_of
 from gateway.limits import CallerLimits, Hold
+from gateway.observe import metrics_text, readiness
 from gateway.openai_api import OpenAIRoutes
 from gateway.tokens import Identity, TokenStore
 from gateway.turns import TurnRunner
@@ -73,7 +76,9 @@ class Gateway:
         self.tokens = tokens or TokenStore(bus.redis, bus.keys, static=settings.static_token())
         self.limits = CallerLimits(bus, settings.limits)
         self.turns = TurnRunner(bus, self.inbox, self.sessions, self.limits, settings)
-        self.presence = Presence(bus, "gateway", instance_id, interval_s=heartbeat_s)
+        self.meter = Meter()
+        self.presence = Presence(bus, "gateway", instance_id, interval_s=heartbeat_s,
+                                 details=lambda: {"metrics": self.meter.snapshot()})
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
@@ -87,7 +92,7 @@ class Gateway:
             await self.inbox.close()
 
     def app(self) -> Starlette:
-        middleware = [Middleware(Guard, settings=self.settings, tokens=self.tokens)]
+        middleware = [Middleware(Guard, settings=self.settings, tokens=self.tokens, meter=self.meter)]
         if self.settings.cors and self.settings.allowed_origins:
             # Outermost, so a browser's preflight (which carries no token) is answered before the guard.
             middleware.insert(0, Middleware(
@@ -103,10 +108,12 @@ class Gateway:
                 Route("/v1/sessions", self.list_sessions, methods=["GET"]),
                 Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
                 *OpenAIRoutes(self).routes(),
+                Route("/metrics", self.metrics, methods=["GET"]),
+                Route("/readyz", self.readyz, methods=["GET"]),
                 Route("/healthz", self.healthz, methods=["GET"]),
             ],
             middleware=middleware,
-            exception_handlers={Refused: _refused},  # type: ignore[dict-item]
+            exception_handlers={Refused: self._refused},  # type: ignore[dict-item]
             lifespan=self.lifespan,
         )
 
@@ -205,6 +212,23 @@ class Gateway:
         if owner is None or not identity.may_see(owner) or (existing and not await self.sessions.exists(session_id)):
             raise not_found(f"no session {session_id!r}")
 
+    async def metrics(self, request: Request) -> Response:
+        """The pool in Prometheus' text format; an operator's business unless gateway.metrics_public."""
+        if not self.settings.metrics_public and not caller(request).operator:
+            raise Refused(403, ErrorCode.FORBIDDEN, "/metrics needs an operator token "
+                          "(`pincer token create NAME --scope operator`), or gateway.metrics_public: true")
+        body, kind = await metrics_text(self.bus)
+        return Response(body, media_type=kind)
+
+    async def readyz(self, _request: Request) -> Response:
+        """200 while this pool can take a turn: for load balancers and orchestrators (/healthz: alive)."""
+        ready, body = await readiness(self.bus, max_backlog=self.settings.limits.max_inbox_backlog)
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def _refused(self, _request: Request, exc: Refused) -> Response:
+        self.meter.count("pincer_gateway_refusals", exc.code.value)
+        return exc.response()
+
     async def healthz(self, _request: Request) -> Response:
         try:
             await self.bus.redis.ping()
@@ -217,7 +241,3 @@ class Gateway:
              "gateway": self.instance_id},
             status_code=200 if ok else 503,
         )
-
-
-async def _refused(_request: Request, exc: Refused) -> Response:
-    return exc.response()

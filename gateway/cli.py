@@ -25,6 +25,25 @@ def _parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run everything on this machine: Redis, Gateway, Brain, Hands")
     up.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers to start (default 1)")
+    up.add_argument("-d", "--detach", action="store_true",
+                    help="run in the background; return once the stack is ready")
+
+    stop = sub.add_parser("stop", help="stop the `pincer up` of this data dir (workers drain first)")
+    stop.add_argument("--timeout", type=float, metavar="S", help="seconds before what is left is killed "
+                      "(default: redis.drain_timeout_s + 20)")
+    restart = sub.add_parser("restart", help="stop, then start again in the background, as it was started")
+    restart.add_argument("--timeout", type=float, metavar="S", help="as for stop")
+
+    service = sub.add_parser("service", help="systemd units: install (start at boot, restart on failure) | uninstall")
+    service.add_argument("action", choices=["install", "uninstall"])
+    service.add_argument("--dry-run", action="store_true", help="print the units instead of writing them")
+    service.add_argument("--system", action="store_true", help="system units in /etc/systemd/system (root)")
+    service.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers pincer.service starts")
+
+    logs = sub.add_parser("logs", help="read the logs `pincer up` writes (runtime.log_dir)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    logs.add_argument("--role", help="one role: gateway, brain, hands-1, supervisor, ...")
+    logs.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="last N lines of each (default 50)")
 
     hands = sub.add_parser("hands", help="run one Hands worker (joins the pool on the configured Redis)")
     hands.add_argument("--redis", metavar="URL", help="Redis URL (default: redis.url or the local `pincer up`)")
@@ -112,6 +131,21 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
     match args.command:
         case "up":
             return _up(args, config)
+        case "stop" | "restart":
+            return _stop(args, config)
+        case "service":
+            from gateway import service
+
+            if args.action == "uninstall":
+                return service.uninstall(system=args.system)
+            validate_all(config)
+            source = Path(config.source).resolve() if config.source and args.config else None
+            return service.install(hands=args.hands, system=args.system, dry_run=args.dry_run,
+                                   stop_timeout_s=int(config.redis.drain_timeout_s + 30), config=source)
+        case "logs":
+            from gateway.logfiles import show_logs
+
+            return show_logs(config.runtime.logs_path, role=args.role, lines=args.lines, follow=args.follow)
         case "hands":
             from hands.main import main as hands_main
 
@@ -173,7 +207,27 @@ def _up(args: argparse.Namespace, config: Config) -> int:
     env = dict(os.environ)
     if config.source is not None:
         env["PINCER_CONFIG"] = str(Path(config.source).resolve())
-    return asyncio.run(Supervisor(config, hands=args.hands, env=env).run())
+    argv = ["up", "--hands", str(args.hands)]
+    if args.detach:
+        from gateway.daemon import detach
+
+        return detach(argv, data_dir=config.runtime.data_path, log_dir=config.runtime.logs_path, env=env)
+    return asyncio.run(Supervisor(config, hands=args.hands, env=env, argv=argv).run())
+
+
+def _stop(args: argparse.Namespace, config: Config) -> int:
+    from gateway.daemon import StateFile, detach, stop
+
+    data_dir = config.runtime.data_path
+    timeout = args.timeout if args.timeout is not None else config.redis.drain_timeout_s + 20
+    was = StateFile(data_dir).read()  # before stop removes it: restart starts it as it was started
+    code = stop(data_dir, timeout_s=timeout)
+    if args.command == "stop" or code != 0:
+        return code
+    env = dict(os.environ)
+    if config.source is not None:
+        env["PINCER_CONFIG"] = str(Path(config.source).resolve())
+    return detach(was.argv if was else ["up"], data_dir=data_dir, log_dir=config.runtime.logs_path, env=env)
 
 
 def _explain(config: Config, tool_name: str, *, agent: str, sender: str) -> int:

@@ -47,6 +47,8 @@ class GatewaySettings(Section):
     # Answer CORS preflights for allowed_origins (off: browsers refuse cross-origin calls themselves).
     cors: bool = False
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    # Serve /metrics without a token (for a scraper on a private network); off: an operator token.
+    metrics_public: bool = False
     limits: LimitSettings = Field(default_factory=LimitSettings)
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
 

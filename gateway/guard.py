@@ -6,7 +6,8 @@ DNS-rebinding page names its own host), a browser's ``Origin`` must be ours
 or allowed (a foreign page's ``text/plain`` POST never gets a preflight),
 the body is read up to ``gateway.max_body_bytes`` and no further, and the
 bearer token must name an identity, which handlers find in
-``request.state.identity``. ``/healthz`` needs none of it.
+``request.state.identity``. ``/healthz`` and ``/readyz`` need none of it
+(nor ``/metrics`` with ``gateway.metrics_public``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from bus.metrics import Meter
 from bus.protocol import ErrorCode
 from gateway.config import GatewaySettings
 from gateway.errors import Refused, unauthenticated
@@ -25,19 +27,20 @@ from gateway.tokens import TokenStore
 
 log = logging.getLogger("gateway.guard")
 
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, *, settings: GatewaySettings, tokens: TokenStore) -> None:
-        self.app, self.tokens = app, tokens
+    def __init__(self, app: ASGIApp, *, settings: GatewaySettings, tokens: TokenStore, meter: Meter) -> None:
+        self.app, self.tokens, self.meter = app, tokens, meter
+        self.open_paths = OPEN_PATHS | ({"/metrics"} if settings.metrics_public else set())
         self.max_body = settings.max_body_bytes
         self.hosts = [h.lower() for h in settings.hosts()]
         self.origins = {o.rstrip("/").lower() for o in settings.allowed_origins}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         try:
@@ -48,6 +51,7 @@ class Guard:
                 receive = await self._read_body(headers, receive)
             scope.setdefault("state", {})["identity"] = await self._identify(headers)
         except Refused as refusal:
+            self.meter.count("pincer_gateway_refusals", refusal.code.value)
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
                 return

@@ -19,6 +19,7 @@ from bus.protocol import ErrorCode
 from bus.streams import Bus
 from gateway.config import LimitSettings
 from gateway.errors import Refused
+from gateway.ops import undelivered
 
 # Refill from Redis' own clock (TIME), so Gateways whose clocks disagree share one bucket.
 TAKE = """
@@ -80,7 +81,7 @@ class CallerLimits:
                           retry_after=5)
 
     async def _waiting(self) -> int:
-        """Messages in the Brain inbox that no Brain has read yet (the group's lag)."""
+        """Messages in the Brain inbox that no Brain has read yet."""
         stream = self.bus.keys.brain_inbox
         try:
             groups: list[dict[str, Any]] = await self.bus.redis.xinfo_groups(stream)
@@ -89,12 +90,7 @@ class CallerLimits:
         group = next((g for g in groups if g.get("name") in (BRAIN_GROUP, BRAIN_GROUP.encode())), None)
         if group is None:
             return int(await self.bus.redis.xlen(stream))
-        if group.get("lag") is not None:  # Redis 7 counts it
-            return int(group["lag"])
-        last = group["last-delivered-id"]  # Redis 6.2: count what lies past the group, up to the bound
-        last = last.decode() if isinstance(last, bytes) else last
-        beyond = await self.bus.redis.xrange(stream, min=f"({last}", count=self.settings.max_inbox_backlog)
-        return len(beyond)
+        return await undelivered(self.bus, stream, group, cap=self.settings.max_inbox_backlog)
 
 
 class Hold:

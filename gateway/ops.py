@@ -15,13 +15,16 @@ from bus.protocol import MalformedMessage, decode
 from bus.streams import Bus
 
 
-async def status(bus: Bus) -> dict[str, Any]:
+async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
+    """The pool now; ``with_metrics``: with each instance's counters (for /metrics) as well."""
     now = time.time()
     roles: dict[str, list[dict[str, Any]]] = {}
     for role in ROLES:
         roles[role] = []
         for info in await instances(bus, role):
             beat = float(info.get("beat", now))
+            if not with_metrics:
+                info.pop("metrics", None)
             roles[role].append({**info, "last_heartbeat_s": round(now - beat, 1)})
     queues = [await _stream(bus, "hands:requests", bus.keys.hands_requests, HANDS_GROUP),
               await _stream(bus, "brain:inbox", bus.keys.brain_inbox, BRAIN_GROUP)]
@@ -44,13 +47,22 @@ async def _stream(bus: Bus, label: str, key: str, group: str) -> dict[str, Any]:
     if info is None:
         return found
     found["consumers"] = info.get("consumers", 0)
-    found["undelivered"] = info.get("lag") or 0
+    found["undelivered"] = await undelivered(bus, key, info)
     summary = await bus.redis.xpending(key, group)
     found["pending"] = summary["pending"]
     if summary["pending"]:
         oldest_ms = int(summary["min"].decode().split("-")[0])
         found["oldest_pending_s"] = round(time.time() - oldest_ms / 1000, 1)
     return found
+
+
+async def undelivered(bus: Bus, key: str, group: dict[str, Any], *, cap: int = 10_000) -> int:
+    """Entries of ``key`` that ``group`` has not read yet: its lag on Redis 7, counted (up to ``cap``) on 6.2."""
+    if group.get("lag") is not None:
+        return int(group["lag"])
+    last = group["last-delivered-id"]
+    last = last.decode() if isinstance(last, bytes) else last
+    return len(await bus.redis.xrange(key, min=f"({last}", count=cap))
 
 
 async def dead_list(bus: Bus, *, limit: int = 50) -> list[dict[str, Any]]:

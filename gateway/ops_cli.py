@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,6 +16,7 @@ from bus.config import Config
 from bus.service import redis_url
 from bus.streams import Bus
 from gateway import ops
+from gateway.daemon import StateFile, describe
 
 
 @asynccontextmanager
@@ -37,16 +39,31 @@ def _fail(message: str) -> int:
     return 1
 
 
+def _local_daemon(config: Config) -> dict[str, Any] | None:
+    """The `pincer up` of this machine's data dir, if one runs: its processes beside the pool."""
+    state = StateFile(config.runtime.data_path).running()
+    if state is None:
+        return None
+    return {"pid": state.supervisor.pid, "gateway_url": state.gateway_url, "ready": state.ready,
+            "up_s": round(time.time() - state.since), "log_dir": state.log_dir, "processes": describe(state)}
+
+
 async def show_status(config: Config, *, as_json: bool) -> int:
+    local = _local_daemon(config)
     try:
         async with connected_bus(config) as bus:
             found = await ops.status(bus)
     except Exception as exc:  # redis-py's connection and auth errors
+        if local is not None:
+            _print_local(_console(), local)
         return _fail(f"cannot reach Redis: {exc}")
+    found["local"] = local
     if as_json:
         print(json.dumps(found, indent=2, default=str))
         return 0
     console = _console()
+    if local is not None:
+        _print_local(console, local)
     workers = Table("hands worker", "host", "pid", "version", "in flight", "running", "queued", "capacity",
                     "sandbox", "heartbeat", title="Hands")
     for w in found["instances"]["hands"]:
@@ -72,6 +89,16 @@ async def show_status(config: Config, *, as_json: bool) -> int:
     dead = found["dead"]
     console.print(f"dead letters: {dead}" + (" (see `pincer dead list`)" if dead else ""))
     return 0
+
+
+def _print_local(console: Console, local: dict[str, Any]) -> None:
+    table = Table("role", "pid", "alive", "resident MB",
+                  title=f"This machine: pincer up (pid {local['pid']}, up {local['up_s']}s, Gateway on "
+                        f"{local['gateway_url']}{'' if local['ready'] else ', starting'})")
+    for proc in local["processes"]:
+        rss = "" if proc["rss_mb"] is None else f"{proc['rss_mb']:.0f}"
+        table.add_row(proc["role"], str(proc["pid"]), "yes" if proc["alive"] else "[red]no[/]", rss)
+    console.print(table)
 
 
 async def manage_dead(config: Config, action: str, ids: list[str], *, every: bool, limit: int,

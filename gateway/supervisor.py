@@ -2,8 +2,10 @@
 
 Each child runs in its own session (so one Ctrl-C reaches only the supervisor,
 which then stops everyone in order), dies with the supervisor if it is killed
-(PDEATHSIG), has its output prefixed with its role, and is restarted with
-backoff if it crashes, unless it keeps crashing at once.
+(PDEATHSIG), has its output prefixed with its role and kept in its own log
+file, and is restarted with backoff if it crashes, unless it keeps crashing at
+once. The supervisor owns its data dir (one lock) and keeps the daemon state
+file current, so `pincer stop`, `status` and `logs` find everything.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from bus.config import Config, ConfigError
 from bus.proc import die_with_parent
 from bus.redis_server import EmbeddedRedis
 from gateway.config import GatewaySettings
+from gateway.daemon import AlreadyRunning, DaemonState, DataDirLock, Proc, StateFile, start_time, this_process
+from gateway.logfiles import RoleLog
 from gateway.tokens import TokenError, ensure_owner_token, owner_token_path
 
-STOP_GRACE_S = 10.0
 QUICK_EXIT_S = 5.0
 MAX_QUICK_EXITS = 3
 
@@ -46,14 +49,37 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, config: Config, *, hands: int, env: dict[str, str]) -> None:
-        self.config, self.hands, self.env = config, hands, env
+    def __init__(self, config: Config, *, hands: int, env: dict[str, str], argv: list[str]) -> None:
+        self.config, self.hands, self.env, self.argv = config, hands, env, argv
         self.gateway = config.section("gateway", GatewaySettings)
+        self.runtime = config.runtime
         self.redis: EmbeddedRedis | None = None
         self.stop = asyncio.Event()
         self.failed: str | None = None
+        # Hands drain on SIGTERM for redis.drain_timeout_s; give them that, and a little more.
+        self.grace_s = max(10.0, config.redis.drain_timeout_s + 5)
+        self.lock = DataDirLock(self.runtime.data_path)
+        self.state_file = StateFile(self.runtime.data_path)
+        self.state = DaemonState(supervisor=this_process(), argv=argv, gateway_url=self.gateway.url,
+                                 log_dir=str(self.runtime.logs_path))
+        self.logs: dict[str, RoleLog] = {}
 
     async def run(self) -> int:
+        try:
+            self.lock.acquire()
+        except AlreadyRunning as exc:
+            say(f"error: {exc}")
+            return 1
+        try:
+            self.state_file.write(self.state)
+            return await self._run()
+        finally:
+            self.state_file.remove()
+            for role_log in self.logs.values():
+                role_log.close()
+            self.lock.release()
+
+    async def _run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop.set)
@@ -106,7 +132,13 @@ class Supervisor:
             stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )
         child.started = time.monotonic()
-        child.pump = asyncio.create_task(_pump(child.name, child.process.stdout))
+        if child.name not in self.logs:
+            self.logs[child.name] = RoleLog(self.runtime.logs_path, child.name,
+                                            max_bytes=int(self.runtime.log_max_mb * 2**20),
+                                            backups=self.runtime.log_backups)
+        child.pump = asyncio.create_task(_pump(child.name, child.process.stdout, self.logs[child.name]))
+        self.state.children[child.name] = Proc(pid=child.process.pid, started=start_time(child.process.pid) or 0)
+        self.state_file.write(self.state)
 
     async def _watch(self, child: Child, env: dict[str, str]) -> None:
         """Restart a child that exits, unless it keeps exiting at once."""
@@ -134,9 +166,9 @@ class Supervisor:
             return
         _signal_group(process.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            await asyncio.wait_for(process.wait(), self.grace_s)
         except TimeoutError:
-            say(f"{child.name} did not stop within {STOP_GRACE_S:g}s; killing it")
+            say(f"{child.name} did not stop within {self.grace_s:g}s; killing it")
             _signal_group(process.pid, signal.SIGKILL)
             await process.wait()
         if child.pump:
@@ -153,16 +185,19 @@ class Supervisor:
                     if health.get("status") == "ok" and health.get("hands", 0) >= self.hands:
                         say(f"ready: Gateway on {url} — chat with `pincer chat` "
                             f"(brains {health['brains']}, hands {health['hands']})")
+                        self.state.ready = True
+                        self.state_file.write(self.state)
                         return
                 await asyncio.sleep(0.5)
 
 
-async def _pump(name: str, stream: asyncio.StreamReader | None) -> None:
-    """Copy a child's output to ours, one prefixed line at a time."""
+async def _pump(name: str, stream: asyncio.StreamReader | None, role_log: RoleLog) -> None:
+    """Copy a child's output to its log file and to ours, one prefixed line at a time."""
     if stream is None:
         return
     while line := await stream.readline():
         text = line.decode(errors="replace").rstrip("\n")
+        role_log.write(text)
         print(f"{name:>9} | {text}", flush=True)
 
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from bus.config import PROJECT_CONFIG, Section
+from bus.config import Section
 
-PROJECT_ROOT = PROJECT_CONFIG.parent
+# The skills shipped with Pincer (package data); `{shipped}` in skill_dirs. `{project}/skills`, from
+# configs written when they were found beside a checkout only, names the same folder.
+SHIPPED_SKILLS = Path(str(resources.files("skills")))
 
 
 class ConcurrencySettings(Section):
@@ -157,7 +160,7 @@ class HandsSettings(Section):
     jobs: JobSettings = Field(default_factory=JobSettings)
     exec: ExecSettings = Field(default_factory=ExecSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
-    skill_dirs: list[Path] = Field(default_factory=lambda: [PROJECT_ROOT / "skills", Path("~/.pincer/skills")])
+    skill_dirs: list[Path] = Field(default_factory=lambda: [SHIPPED_SKILLS, Path("~/.pincer/skills")])
     memory_watermark: float = Field(default=0.9, gt=0, le=1)
     progress_interval_s: float = Field(default=5.0, gt=0)
     max_result_bytes: int = Field(default=50_000, ge=1_000)
@@ -183,5 +186,6 @@ class HandsSettings(Section):
     @classmethod
     def _expand_project(cls, value: object) -> object:
         if isinstance(value, list):
-            return [str(v).replace("{project}", str(PROJECT_ROOT)) if isinstance(v, str) else v for v in value]
+            return [str(v).replace("{shipped}", str(SHIPPED_SKILLS)).replace("{project}", str(SHIPPED_SKILLS.parent))
+                    if isinstance(v, str) else v for v in value]
         return value

@@ -11,6 +11,7 @@ from typing import Any
 from bus.broadcast import BroadcastReader
 from bus.keys import HANDS_GROUP
 from bus.log import kv
+from bus.metrics import Meter
 from bus.presence import Presence, alive
 from bus.protocol import ErrorCode, Message, ToolCancel, ToolExecute, ToolResult, ToolsAvailable, ToolsList, now_ms
 from bus.reaper import Reaper
@@ -53,7 +54,8 @@ class HandsWorker:
     def __init__(self, bus: Bus, settings: HandsSettings, *, worker_id: str, heartbeat_s: float = 3.0) -> None:
         self.bus, self.settings, self.worker_id = bus, settings, worker_id
         self.registry, self.skills = load_registry(settings)
-        self.sandbox = Sandbox(settings.sandbox, Workspace(settings.workspace).root)
+        self.meter = Meter()
+        self.sandbox = Sandbox(settings.sandbox, Workspace(settings.workspace).root, meter=self.meter)
         self.jobs = JobManager(bus.redis, bus.keys, worker_id=worker_id, keep_s=settings.jobs.keep_s)
         self.inbox = ReplyInbox(bus, worker_id)  # answers this worker waits for (approval decisions)
         self.control = BroadcastReader(bus, bus.keys.hands_control, self._on_control)
@@ -65,7 +67,7 @@ class HandsWorker:
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
                                  approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys), pool=self.pool,
-                                 progress=bus.publish)
+                                 progress=bus.publish, meter=self.meter)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s, details=self._details)
         self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s)
         # Hold as many as can run or wait in the limiter's queue, no more, and read at once no more
@@ -87,7 +89,8 @@ class HandsWorker:
         """What `pincer status` shows of this worker."""
         return {"tools": len(self.registry.names()), "in_flight": self.consumer.in_flight,
                 "running": len(self._in_flight), "capacity": self.settings.concurrency.global_,
-                "queued": self.executor.limiter.waiting, "sandbox": self.sandbox.tier}
+                "queued": self.executor.limiter.waiting, "sandbox": self.sandbox.tier,
+                "metrics": self.meter.snapshot()}
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         match message:

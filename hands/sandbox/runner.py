@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bus.metrics import Meter
 from hands.config import SandboxSettings
 from hands.sandbox.cgroup import RunCgroup
 
@@ -160,10 +161,11 @@ class SandboxUnavailable(Exception):
 
 
 class Sandbox:
-    def __init__(self, settings: SandboxSettings, workspace: Path) -> None:
+    def __init__(self, settings: SandboxSettings, workspace: Path, *, meter: Meter | None = None) -> None:
         self.settings, self.workspace = settings, workspace
         self.as_root = os.geteuid() == 0
         self.tier = self._choose_tier()
+        self.meter = meter or Meter()
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -203,6 +205,7 @@ class Sandbox:
         cgroup = RunCgroup.create()
         if cgroup is not None:
             command = cgroup.wrap(command)
+        spawning = time.monotonic()
         try:
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -213,6 +216,7 @@ class Sandbox:
         finally:
             if seccomp is not None:
                 os.close(seccomp)
+        self.meter.observe("pincer_sandbox_spawn_seconds", time.monotonic() - spawning, self.tier)
         return Running(process, self.tier, self.settings.output_bytes, cgroup=cgroup)
 
     def _unreachable_dir(self) -> Path | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from brain.config import BrainSettings
-from bus.config import PROJECT_CONFIG, ConfigError, load_config
+from bus.config import DEFAULT_CONFIG, ConfigError, load_config
 from gateway.cli import SECTIONS, validate_all
 from gateway.config import GatewaySettings
 from hands.config import HandsSettings
@@ -20,7 +20,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_shipped_config_is_valid_and_equals_the_defaults() -> None:
-    config = load_config(PROJECT_CONFIG, env={})
+    config = load_config(DEFAULT_CONFIG, env={})
     config.check_sections(SECTIONS)
     validate_all(config)
     assert config.section("hands", HandsSettings) == HandsSettings()

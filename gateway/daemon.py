@@ -1,0 +1,220 @@
+"""The local daemon: which `pincer up` owns a data dir, what it runs, and how to start and stop it from outside.
+
+A running supervisor holds an exclusive lock on ``<data_dir>/pincer.lock``
+(the kernel drops it when the process dies, so a crash leaves nothing stale
+that matters) and keeps ``<data_dir>/pincer.json`` current: its own pid and
+each child's, with the start time the kernel gives each process. A pid is
+taken for Pincer's only while that start time still matches, so a pid reused
+by another program is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import BaseModel, Field
+
+STATE_FILE = "pincer.json"
+LOCK_FILE = "pincer.lock"
+
+
+class Proc(BaseModel):
+    pid: int
+    started: int  # the kernel's start time of the process (clock ticks since boot)
+
+
+class DaemonState(BaseModel):
+    supervisor: Proc
+    argv: list[str]
+    gateway_url: str
+    log_dir: str
+    ready: bool = False
+    since: float = Field(default_factory=time.time)
+    children: dict[str, Proc] = Field(default_factory=dict)  # role -> its current process
+
+
+class AlreadyRunning(Exception):
+    """Another `pincer up` owns this data dir; the message says which and how to stop it."""
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started (kernel ticks since boot), or None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":  # a zombie has finished
+        return None
+    return int(fields[19])
+
+
+def alive(proc: Proc) -> bool:
+    return start_time(proc.pid) == proc.started
+
+
+def this_process() -> Proc:
+    pid = os.getpid()
+    return Proc(pid=pid, started=start_time(pid) or 0)
+
+
+def resident_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+@dataclass
+class StateFile:
+    data_dir: Path
+
+    @property
+    def path(self) -> Path:
+        return self.data_dir / STATE_FILE
+
+    def read(self) -> DaemonState | None:
+        try:
+            return DaemonState.model_validate_json(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def write(self, state: DaemonState) -> None:
+        """Replace the file whole (write aside, then rename), so a reader never sees half of it."""
+        aside = self.path.with_suffix(".json.tmp")
+        aside.write_text(state.model_dump_json(indent=2))
+        aside.chmod(0o600)
+        os.replace(aside, self.path)
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def running(self) -> DaemonState | None:
+        """The state of a supervisor that is still alive; a stale file (dead or reused pid) is removed."""
+        state = self.read()
+        if state is None:
+            return None
+        if not alive(state.supervisor):
+            self.remove()
+            return None
+        return state
+
+
+class DataDirLock:
+    """The one `pincer up` of a data dir: an exclusive lock held for the life of the process."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        file = open(self.data_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held open while we run
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.close()
+            state = StateFile(self.data_dir).read()
+            what = f" (pid {state.supervisor.pid}, Gateway on {state.gateway_url})" if state else ""
+            raise AlreadyRunning(f"pincer is already running on {self.data_dir}{what}; "
+                                 "stop it with `pincer stop`, or give this one another PINCER_DATA_DIR") from None
+        self._file = file
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def detach(argv: list[str], *, data_dir: Path, log_dir: Path, env: dict[str, str],
+           timeout_s: float = 120) -> int:
+    """Start ``pincer up`` (``argv``) in the background; return once it is ready, or say why not."""
+    state_file = StateFile(data_dir)
+    running = state_file.running()
+    if running is not None:
+        print(f"pincer: error: already running on {data_dir} (pid {running.supervisor.pid}, Gateway on "
+              f"{running.gateway_url}); `pincer stop` first", file=sys.stderr)
+        return 1
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = (log_dir / "supervisor.log").open("ab")
+    child = subprocess.Popen([sys.executable, "-m", "gateway", *argv], stdin=subprocess.DEVNULL, stdout=out,
+                             stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    out.close()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            print(f"pincer: error: pincer up exited with code {child.returncode} before it was ready:\n"
+                  f"{_tail(log_dir / 'supervisor.log', 15)}", file=sys.stderr)
+            return child.returncode or 1
+        state = state_file.read()
+        if state is not None and state.supervisor.pid == child.pid and state.ready:
+            print(f"pincer is running in the background (pid {child.pid}): Gateway on {state.gateway_url}\n"
+                  f"  logs: `pincer logs -f` ({log_dir})   stop: `pincer stop`")
+            return 0
+        time.sleep(0.2)
+    print(f"pincer: error: not ready within {timeout_s:g}s; it goes on starting (pid {child.pid}): see "
+          f"`pincer logs` or stop it with `pincer stop`", file=sys.stderr)
+    return 1
+
+
+def stop(data_dir: Path, *, timeout_s: float) -> int:
+    """Stop the data dir's daemon: SIGTERM (it drains), then, past ``timeout_s``, SIGKILL what is left."""
+    state_file = StateFile(data_dir)
+    stale = state_file.read()
+    state = state_file.running()
+    if state is None:
+        print("pincer is not running here" + (" (a stale state file was removed)" if stale else ""),
+              file=sys.stderr)
+        return 0
+    print(f"stopping pincer (pid {state.supervisor.pid})…", file=sys.stderr)
+    _signal(state.supervisor, signal.SIGTERM, group=False)
+    everyone = [state.supervisor, *state.children.values()]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(alive(p) for p in everyone):
+        time.sleep(0.1)
+    left = [p for p in everyone if alive(p)]
+    for proc in left:  # each child leads its own process group: take its descendants too
+        _signal(proc, signal.SIGKILL, group=True)
+    if left:
+        print(f"killed {len(left)} process(es) still running after {timeout_s:g}s", file=sys.stderr)
+    state_file.remove()
+    print("stopped", file=sys.stderr)
+    return 0
+
+
+def _signal(proc: Proc, sig: signal.Signals, *, group: bool) -> None:
+    if not alive(proc):  # never signal a pid that is no longer ours
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def describe(state: DaemonState) -> list[dict[str, Any]]:
+    """Each local process of the daemon: role, pid, alive, uptime, resident memory."""
+    rows = []
+    for role, proc in [("supervisor", state.supervisor), *state.children.items()]:
+        rows.append({"role": role, "pid": proc.pid, "alive": alive(proc), "rss_mb": resident_mb(proc.pid)})
+    return rows

@@ -1,0 +1,122 @@
+"""``/metrics`` and ``/readyz``: the pool as an orchestrator and Prometheus see it.
+
+``/metrics`` reads, once per scrape, every live instance's heartbeat (its
+load and the counters it carries, see ``bus.metrics``) and the streams'
+state, and serves them in Prometheus' text format through
+``prometheus_client``. ``/readyz`` is 200 only while Redis answers, a Brain
+and a Hands worker are alive and the Brain inbox is not too far behind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from bus.metrics import BUCKETS_S, METRICS, read_snapshot
+from bus.presence import ROLES
+from bus.streams import Bus
+from gateway import ops
+
+LOAD = {  # heartbeat field -> (metric, help)
+    "in_flight": ("pincer_in_flight", "Calls or turns an instance is working on"),
+    "capacity": ("pincer_capacity", "Calls or turns an instance runs at once"),
+    "queued": ("pincer_queued", "Calls waiting for a slot in a Hands worker"),
+    "waiting": ("pincer_waiting", "Messages a Brain holds until their session's earlier turn ends"),
+}
+
+
+class PoolCollector(Collector):
+    """What one scrape found, as Prometheus metric families."""
+
+    def __init__(self, found: dict[str, Any]) -> None:
+        self.found = found
+
+    def collect(self) -> Iterator[Metric]:
+        instances = self.found["instances"]
+        alive = GaugeMetricFamily("pincer_instances", "Live instances by role", labels=["role"])
+        for role in ROLES:
+            alive.add_metric([role], len(instances[role]))
+        yield alive
+        for field, (name, text) in LOAD.items():
+            family = GaugeMetricFamily(name, text, labels=["role", "instance"])
+            for role in ROLES:
+                for inst in instances[role]:
+                    if inst.get(field, "") not in ("", None):
+                        family.add_metric([role, inst["id"]], float(inst[field]))
+            yield family
+        yield from self._streams()
+        yield from self._counted(inst for role in ROLES for inst in instances[role])
+
+    def _streams(self) -> Iterator[Metric]:
+        labels = ["stream", "group"]
+        length = GaugeMetricFamily("pincer_stream_length", "Entries in a stream", labels=labels)
+        pending = GaugeMetricFamily("pincer_stream_pending", "Entries delivered and not yet acknowledged",
+                                    labels=labels)
+        undelivered = GaugeMetricFamily("pincer_stream_undelivered", "Entries no consumer has read yet",
+                                        labels=labels)
+        oldest = GaugeMetricFamily("pincer_stream_oldest_pending_seconds", "Age of the oldest pending entry",
+                                   labels=labels)
+        for q in self.found["streams"]:
+            key = [q["stream"], q["group"]]
+            length.add_metric(key, q["length"])
+            pending.add_metric(key, q["pending"])
+            undelivered.add_metric(key, q["undelivered"])
+            oldest.add_metric(key, q["oldest_pending_s"] or 0.0)
+        yield from (length, pending, undelivered, oldest)
+        yield GaugeMetricFamily("pincer_dead_letters", "Entries in the dead-letter stream", value=self.found["dead"])
+
+    def _counted(self, instances: Iterable[dict[str, Any]]) -> Iterator[Metric]:
+        families: dict[str, Any] = {}
+        for metric in METRICS.values():
+            kind = CounterMetricFamily if metric.kind == "counter" else HistogramMetricFamily
+            families[metric.name] = kind(metric.name, metric.help, labels=[*metric.labels, "instance"])
+        bounds = [str(b) for b in BUCKETS_S] + ["+Inf"]
+        for inst in instances:
+            snapshot = read_snapshot(inst.get("metrics"))
+            for name, series in snapshot.get("c", {}).items():
+                if name in families and METRICS[name].kind == "counter":
+                    for *labels, value in series:
+                        families[name].add_metric([*map(str, labels), inst["id"]], float(value))
+            for name, series in snapshot.get("h", {}).items():
+                if name in families and METRICS[name].kind == "histogram":
+                    for *labels, values in series:
+                        cumulative, running = [], 0.0
+                        for bound, count in zip(bounds, [*values[:len(BUCKETS_S)], 0.0]):
+                            running += count
+                            cumulative.append((bound, running))
+                        cumulative[-1] = ("+Inf", values[-1])
+                        families[name].add_metric([*map(str, labels), inst["id"]], cumulative, values[-2])
+        yield from families.values()
+
+
+async def metrics_text(bus: Bus) -> tuple[bytes, str]:
+    """The exposition of the whole pool, and its content type."""
+    found = await ops.status(bus, with_metrics=True)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PoolCollector(found))
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+async def readiness(bus: Bus, *, max_backlog: int) -> tuple[bool, dict[str, Any]]:
+    """Whether this pool can take a chat turn now, and what was checked."""
+    try:
+        await bus.redis.ping()
+        found = await ops.status(bus)
+    except Exception as exc:  # any Redis failure: not ready, with the reason
+        return False, {"status": "not ready", "redis": f"error: {type(exc).__name__}"}
+    brains, hands = len(found["instances"]["brain"]), len(found["instances"]["hands"])
+    inbox = next(q for q in found["streams"] if q["stream"] == "brain:inbox")
+    problems = [why for bad, why in ((not brains, "no Brain alive"), (not hands, "no Hands worker alive"),
+                                     (inbox["undelivered"] >= max_backlog, "the Brain inbox is too far behind"))
+                if bad]
+    body = {"status": "ready" if not problems else "not ready", "brains": brains, "hands": hands,
+            "inbox_backlog": inbox["undelivered"], "checked": round(time.time(), 3)}
+    if problems:
+        body["problems"] = problems
+    return not problems, body

@@ -1,0 +1,104 @@
+"""The daemon lifecycle of the installed package: up --detach, status, logs, restart, stop, stale state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gateway.daemon import DaemonState, Proc, start_time
+from tests.conftest import wait_until
+from tests.e2e.conftest import Installed, installed_env
+from tests.e2e.test_pincer_up import alive, descendants
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.e2e
+
+
+def run(installed: Installed, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([installed.pincer, *args], env=env, cwd=env["HOME"], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def state_of(env: dict[str, str]) -> DaemonState:
+    return DaemonState.model_validate_json((Path(env["PINCER_DATA_DIR"]) / "pincer.json").read_text())
+
+
+def test_detach_status_logs_restart_and_stop(installed: Installed, tmp_path: Path,
+                                             scripted_llm: ScriptedLLM) -> None:
+    env = installed_env(tmp_path, scripted_llm)
+    up = run(installed, env, "up", "--detach", "--hands", "2")
+    assert up.returncode == 0, up.stderr + up.stdout
+    assert f"Gateway on http://127.0.0.1:{env['PINCER_GATEWAY_PORT']}" in up.stdout
+    state = state_of(env)
+    assert state.ready and set(state.children) == {"gateway", "brain", "hands-1", "hands-2"}
+    tree = descendants(state.supervisor.pid) | {state.supervisor.pid}
+    try:
+        again = run(installed, env, "up", "--detach")
+        assert again.returncode == 1 and "already running" in again.stderr
+        foreground = run(installed, env, "up")  # the lock refuses a second supervisor of the data dir
+        assert foreground.returncode == 1 and "already running" in foreground.stdout
+
+        chat = run(installed, env, "chat", "-m", "hello daemon")
+        assert chat.returncode == 0 and "echo: hello daemon" in chat.stdout, chat.stderr
+
+        status = run(installed, env, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        local = json.loads(status.stdout)["local"]
+        assert local["pid"] == state.supervisor.pid and local["ready"]
+        assert {p["role"] for p in local["processes"] if p["alive"]} >= {"supervisor", "gateway", "brain", "hands-1"}
+        assert all(p["rss_mb"] > 0 for p in local["processes"])
+
+        logs = run(installed, env, "logs", "--role", "brain", "-n", "200")
+        assert logs.returncode == 0 and "turn done" in logs.stdout
+        every = run(installed, env, "logs", "-n", "5")
+        assert "gateway |" in every.stdout and "hands-2 |" in every.stdout
+        assert run(installed, env, "logs", "--role", "../etc").returncode == 2
+
+        restarted = run(installed, env, "restart")
+        assert restarted.returncode == 0, restarted.stderr
+        new = state_of(env)
+        assert new.supervisor.pid != state.supervisor.pid and set(new.children) == set(state.children)
+        assert not [pid for pid in tree if alive(pid)], "restart left the old processes running"
+        tree = descendants(new.supervisor.pid) | {new.supervisor.pid}
+    finally:
+        stopped = run(installed, env, "stop")
+    assert stopped.returncode == 0 and "stopped" in stopped.stderr, stopped.stderr
+    assert not [pid for pid in tree if alive(pid)], "pincer stop left processes behind"
+    assert not (Path(env["PINCER_DATA_DIR"]) / "pincer.json").exists()
+    assert run(installed, env, "stop").stderr.startswith("pincer is not running here")
+
+
+def test_a_stale_state_file_is_never_taken_for_pincer(installed: Installed, tmp_path: Path,
+                                                     scripted_llm: ScriptedLLM) -> None:
+    env = installed_env(tmp_path, scripted_llm)
+    data = Path(env["PINCER_DATA_DIR"])
+    data.mkdir(parents=True)
+    # A pid that is alive but is not Pincer (this test's own, with another start time): a reused pid.
+    me = os.getpid()
+    reused = DaemonState(supervisor=Proc(pid=me, started=(start_time(me) or 0) + 1), argv=["up"],
+                         gateway_url="http://127.0.0.1:1", log_dir=str(data / "logs"))
+    (data / "pincer.json").write_text(reused.model_dump_json())
+    stop = run(installed, env, "stop", "--timeout", "1")
+    assert stop.returncode == 0 and "stale state file was removed" in stop.stderr
+    assert not (data / "pincer.json").exists()  # and this process was not signalled: we are still here
+
+    dead = reused.model_copy(update={"supervisor": Proc(pid=2**22 - 7, started=1)})
+    (data / "pincer.json").write_text(dead.model_dump_json())
+    up = run(installed, env, "up", "--detach")
+    try:
+        assert up.returncode == 0, up.stderr
+        wait_until(lambda: state_of(env).ready, timeout=30, what="the new state file")
+        assert state_of(env).supervisor.pid != dead.supervisor.pid
+    finally:
+        assert run(installed, env, "stop").returncode == 0
+
+
+def test_a_bad_config_in_the_background_says_why_and_exits_78(installed: Installed, tmp_path: Path,
+                                                              scripted_llm: ScriptedLLM) -> None:
+    env = {**installed_env(tmp_path, scripted_llm), "PINCER_HANDS__CONCURRENCY__GLOBAL": "many"}
+    up = run(installed, env, "up", "--detach")
+    assert up.returncode == 78 and "hands.concurrency.global" in up.stderr

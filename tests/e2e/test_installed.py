@@ -1,0 +1,50 @@
+"""The installed wheel works from any directory: its config and skills are package data."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.e2e.conftest import Installed, installed_env
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_wheel_runs_pincer_up_and_a_tool_turn_from_an_empty_directory(
+        installed: Installed, tmp_path: Path, scripted_llm: ScriptedLLM) -> None:
+    env = installed_env(tmp_path, scripted_llm)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    where = subprocess.run([installed.python, "-c", "import bus, hands.sandbox, skills; print(bus.__file__)"],
+                           env=env, cwd=empty, capture_output=True, text=True, check=True).stdout
+    assert str(installed.venv) in where  # the installed package, not this checkout
+
+    skills = subprocess.run([installed.pincer, "skills", "--json"], env=env, cwd=empty, capture_output=True,
+                            text=True, timeout=60)
+    assert skills.returncode == 0, skills.stderr
+    assert [t["name"] for t in json.loads(skills.stdout)["tools"]] == ["word_count"]  # shipped as package data
+
+    (Path(env["PINCER_WORKSPACE"]) / "notes.txt").write_text("the secret word is pincer-42\n")
+    log = tmp_path / "up.log"
+    up = subprocess.Popen([installed.pincer, "up", "--hands", "1"], env=env, cwd=empty, stdout=log.open("wb"),
+                          stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: "ready: Gateway on" in log.read_text() or up.poll() is not None, timeout=120,
+                   what="the installed pincer up to be ready")
+        assert up.poll() is None, log.read_text()
+        chat = subprocess.run([installed.pincer, "chat", "-m", 'CALL read_file {"path": "notes.txt"}'], env=env,
+                              cwd=empty, capture_output=True, text=True, timeout=60)
+        assert chat.returncode == 0, chat.stderr + log.read_text()
+        assert "pincer-42" in chat.stdout and "read_file" in chat.stderr
+        policy = subprocess.run([installed.pincer, "policy", "explain", "exec"], env=env, cwd=empty,
+                                capture_output=True, text=True, timeout=60)
+        assert policy.returncode == 0 and "ALLOWED" in policy.stdout, policy.stderr
+    finally:
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0, log.read_text()
