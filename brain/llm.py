@@ -115,8 +115,6 @@ class LiteLLMClient:
 
     async def _complete(self, model: str, messages: list[dict[str, Any]], tools: list[ToolSpec],
                         on_text: OnText) -> Completion:
-        import litellm  # slow to import: only the Brain pays for it, once
-
         kwargs: dict[str, Any] = {
             "model": model, "messages": messages, "stream": True, "timeout": self.timeout_s,
             "num_retries": self.retries, "stream_options": {"include_usage": True},
@@ -128,10 +126,12 @@ class LiteLLMClient:
         if self.api_key:
             kwargs["api_key"] = self.api_key
         try:
-            if self.openai_direct and model.startswith("openai/"):
-                stream = await self._direct(model, kwargs)
-            else:
+            if takes_litellm(model, openai_direct=self.openai_direct):
+                import litellm  # ~150 MB and seconds: only for a model that takes its road
+
                 stream = await litellm.acompletion(**kwargs)
+            else:
+                stream = await self._direct(model, kwargs)
             return await _assemble(stream, on_text)
         except LLMError:
             raise

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import httpx
+from typing import Any
 
 from bus.config import Config, ConfigError
 from bus.proc import die_with_parent
@@ -178,17 +180,32 @@ class Supervisor:
     async def _announce(self) -> None:
         """Say where the Gateway listens once it answers."""
         url = self.gateway.url
-        async with httpx.AsyncClient(timeout=2) as client:
-            for _ in range(600):
-                with contextlib.suppress(httpx.HTTPError):
-                    health = (await client.get(f"{url}/healthz")).json()
-                    if health.get("status") == "ok" and health.get("hands", 0) >= self.hands:
-                        say(f"ready: Gateway on {url} — chat with `pincer chat` "
-                            f"(brains {health['brains']}, hands {health['hands']})")
-                        self.state.ready = True
-                        self.state_file.write(self.state)
-                        return
-                await asyncio.sleep(0.5)
+        for _ in range(600):
+            health = await asyncio.to_thread(_health, f"{url}/healthz")
+            if health.get("status") == "ok" and health.get("hands", 0) >= self.hands:
+                say(f"ready: Gateway on {url} — chat with `pincer chat` "
+                    f"(brains {health['brains']}, hands {health['hands']})")
+                self.state.ready = True
+                self.state_file.write(self.state)
+                return
+            await asyncio.sleep(0.5)
+
+
+def _health(url: str) -> dict[str, Any]:
+    """The Gateway's /healthz answer (503 included), or {} while it does not answer. urllib, not httpx:
+    the supervisor stays small (httpx with its CLI's imports is ~9 MB of an idle daemon)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            body = response.read()
+    except urllib.error.HTTPError as refused:
+        body = refused.read()
+    except (OSError, ValueError):
+        return {}
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 async def _pump(name: str, stream: asyncio.StreamReader | None, role_log: RoleLog) -> None:

@@ -47,7 +47,7 @@ def client(env: dict[str, str], key: str = OWNER_TOKEN, **options: object) -> op
     return openai.OpenAI(base_url=f"{gateway_url(env)}/v1", api_key=key, max_retries=0, **options)  # type: ignore[arg-type]
 
 
-def test_models_and_plain_answers(stack: dict[str, str]) -> None:
+def test_models_and_plain_answers(stack: dict[str, str], processes: Processes) -> None:
     api = client(stack)
     assert [m.id for m in api.models.list()] == ["pincer", "pincer/coder"]
     assert api.models.retrieve("pincer/coder").id == "pincer/coder"
@@ -64,6 +64,9 @@ def test_models_and_plain_answers(stack: dict[str, str]) -> None:
     assert text == "echo: stream this please" and len([c for c in chunks if c.choices]) > 3
     assert chunks[-2].choices[0].finish_reason == "stop"
     assert chunks[-1].choices == [] and chunks[-1].usage and chunks[-1].usage.total_tokens == 18
+    # openai/ models took the SDK's road: the Brain never loaded litellm (~150 MB it would hold idle).
+    brain = next(proc for name, proc, _ in processes.started if name == "brain")
+    assert "litellm" not in Path(f"/proc/{brain.pid}/maps").read_text()
 
 
 def test_a_tool_turn_shows_its_call_and_quotes_the_file(stack: dict[str, str]) -> None:
