@@ -17,6 +17,7 @@ from brain.loops import LoopDetector
 from brain.plan import plan
 from brain.prompt import system_prompt
 from brain.session_order import Lease
+from bus import otel, trace
 from bus.log import kv
 from bus.metrics import Meter
 from bus.protocol import (
@@ -81,6 +82,7 @@ class Turn:
         self.unanswered: list[ToolCall] = []  # the model's tool calls still without a result
         self.window_tokens = settings.context_window_tokens or context_window(resolve_model(settings.model) or "")
         self.call_ids: dict[str, str] = {}  # the model's call id -> ours, for the latest response
+        self.model_name = resolve_model(settings.model) or ""
 
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
@@ -118,7 +120,8 @@ class Turn:
             log.info("turn resumed from the transcript %s",
                      kv(session=msg.session_id, message=msg.message_id, entries=len(history) - start))
             return history[:start], history[start:]
-        user = self._entry(role="user", content=msg.text)
+        user = self._entry(role="user", content=msg.text, sender=msg.sender,
+                           trace_id=trace.trace_id(trace.current.get()))
         await sessions.append(msg.session_id, user)
         return history, [user]
 
@@ -143,7 +146,12 @@ class Turn:
             self.lease.check()
             shown = fit(messages, window_tokens=self.window_tokens, result_tokens=budget.tool_result_max_tokens,
                         keep_from=turn_starts)
-            completion = await deps.llm.complete(shown, tools, self._stream_text)  # type: ignore[union-attr]
+            with otel.span(f"chat {self.model_name}", kind="client", gen_ai__operation__name="chat",
+                           gen_ai__request__model=self.model_name, gen_ai__conversation__id=msg.session_id) as opened:
+                completion = await deps.llm.complete(shown, tools, self._stream_text)  # type: ignore[union-attr]
+                otel.set_attributes(opened, gen_ai__response__model=completion.model,
+                                    gen_ai__usage__input_tokens=completion.usage.get("prompt_tokens"),
+                                    gen_ai__usage__output_tokens=completion.usage.get("completion_tokens"))
             self.model_calls += 1
             self._count(completion.usage)
             meter = deps.meter
@@ -328,6 +336,7 @@ class Turn:
             role="tool", tool_call_id=call.id, name=call.name, content=_for_model(result),
             call_id=result.call_id, success=result.success, worker_id=result.metadata.worker_id,
             duration_ms=result.metadata.duration_ms, truncated=result.metadata.truncated,
+            attempts=result.metadata.attempts, sandbox=result.metadata.sandbox,
             **({"error_code": result.error.code.value} if result.error else {}),
         )
 

@@ -86,6 +86,11 @@ class RuntimeSettings(Section):
     log_max_mb: float = Field(default=10.0, gt=0)
     log_backups: int = Field(default=3, ge=0, le=100)
     heartbeat_s: float = Field(default=3.0, gt=0)
+    # OpenTelemetry spans (needs the [otel] extra): none, otlp (to otel_endpoint, or the
+    # OTEL_EXPORTER_OTLP_* variables) or console (JSON lines to <otel_file>.<role>.<pid>.jsonl).
+    otel_exporter: Literal["none", "otlp", "console"] = "none"
+    otel_endpoint: str | None = None
+    otel_file: str | None = None
 
     @property
     def data_path(self) -> Path:

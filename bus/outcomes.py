@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
+from bus import trace
 from bus.batching import Build
 from bus.log import kv
 
@@ -42,9 +43,10 @@ class Answers:
 
     def __call__(self, pipe: Pipeline) -> None:
         bus = self.consumer.bus
-        for _stream, _entry_id, _fields, replies, _aside in self.entries:
+        for _stream, _entry_id, fields, replies, _aside in self.entries:
+            traceparent = trace.from_entry(fields)  # an answer goes on in its request's trace
             for target, reply in replies:
-                bus.add(pipe, target, reply)
+                bus.add(pipe, target, reply, traceparent)
         for stream, ids in self._ids_by_stream().items():
             pipe.xack(stream, self.consumer.group, *ids)
 

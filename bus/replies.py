@@ -15,6 +15,7 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
+from bus import trace
 from bus.batching import failure
 from bus.log import kv
 from bus.loops import let_started_work_run
@@ -114,7 +115,8 @@ class ReplyInbox:
             log.warning("Redis away while sending to %s, retrying in %.2fs: %s", stream, delay, error)
             asyncio.get_running_loop().call_later(delay, self._send, stream, message, answer, failures + 1)
 
-        self.bus.batcher.send(lambda pipe: self.bus.add(pipe, stream, message), done=sent)
+        traceparent = trace.current.get()
+        self.bus.batcher.send(lambda pipe: self.bus.add(pipe, stream, message, traceparent), done=sent)
 
     async def _read_loop(self) -> None:
         read = 0

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bus import otel
 from bus.config import EX_CONFIG, Config, ConfigError, RedisUnreachable
 from bus.log import setup_logging
 from bus.streams import Bus
@@ -55,6 +56,7 @@ def run_service(role: str, config: Config, body: Body, *, instance_id: str | Non
     """Run ``body`` until SIGTERM/SIGINT (or until it returns); 0 on a clean exit."""
     instance_id = instance_id or new_instance_id(role)
     setup_logging(role, instance_id, config.runtime.log_level, fmt=config.runtime.log_format)
+    otel.setup(role, config.runtime)
     try:
         return run_loop(_serve(config, body))
     except ConfigError as exc:

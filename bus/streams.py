@@ -24,6 +24,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from bus import trace
 from bus.batching import Batcher
 from bus.config import RedisSettings
 from bus.keys import Keys
@@ -67,18 +68,20 @@ class Bus:
                    settings=settings)
 
     async def publish(self, stream: str, message: Message) -> str:
-        (entry_id,) = await self.batcher.run(lambda pipe: self.add(pipe, stream, message))
+        traceparent = trace.current.get()  # now, in the caller's task: the flush runs in the batcher's
+        (entry_id,) = await self.batcher.run(lambda pipe: self.add(pipe, stream, message, traceparent))
         return entry_id.decode()
 
     def send(self, stream: str, message: Message) -> None:
         """Publish without waiting: for events (text deltas, tool progress) whose order matters but
         whose round trip should not hold up the sender. They ride with the next write."""
-        self.batcher.send(lambda pipe: self.add(pipe, stream, message))
+        traceparent = trace.current.get()
+        self.batcher.send(lambda pipe: self.add(pipe, stream, message, traceparent))
 
-    def add(self, pipe: Pipeline, stream: str, message: Message) -> None:
+    def add(self, pipe: Pipeline, stream: str, message: Message, traceparent: str | None = None) -> None:
         """Queue an XADD of ``message`` on a pipeline, capped as its stream's kind wants."""
         maxlen = self._maxlen(stream)
-        pipe.xadd(stream, encode(message), maxlen=maxlen, approximate=maxlen is not None)
+        pipe.xadd(stream, encode(message, traceparent=traceparent), maxlen=maxlen, approximate=maxlen is not None)
 
     def reader(self) -> HeldConnection:
         """One connection of the bus's pool, for one loop of blocking reads (``aclose`` gives it back)."""
@@ -288,7 +291,8 @@ class GroupConsumer:
         else:
             self._slots._value -= 1  # noqa: SLF001 - acquire() without its coroutine, on every message
         self.holding.setdefault(stream, set()).add(entry_id)
-        delivery.set(times)  # the task copies the context: its handler sees this count
+        delivery.set(times)  # the task copies the context: its handler sees this count, and the trace
+        trace.current.set(trace.from_entry(fields))
         self._tasks[stream, entry_id] = asyncio.get_running_loop().create_task(
             self._handle(stream, entry_id, fields, message))
 

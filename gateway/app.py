@@ -125,7 +125,8 @@ class Gateway:
             request.query_params.get("stream") in ("1", "true")
         hold = self.limits.hold_turn(identity.name, stream=wants_stream)
         try:
-            message = await self.turns.admit(identity, session_id, agent_id=body.agent_id, text=body.text)
+            message = await self.turns.admit(identity, session_id, agent_id=body.agent_id, text=body.text,
+                                             traceparent=request.headers.get("traceparent"))
         except BaseException:
             hold.release()
             raise

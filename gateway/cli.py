@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     service.add_argument("--system", action="store_true", help="system units in /etc/systemd/system (root)")
     service.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers pincer.service starts")
 
+    trace = sub.add_parser("trace", help="a session's turns as timelines: model calls, tool calls, waits")
+    trace.add_argument("session")
+    trace.add_argument("--turn", type=int, metavar="N", help="only turn N (1 is the first)")
+    trace.add_argument("--json", action="store_true", help="print JSON")
+    trace.add_argument("--redis", metavar="URL")
+
     logs = sub.add_parser("logs", help="read the logs `pincer up` writes (runtime.log_dir)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("--role", help="one role: gateway, brain, hands-1, supervisor, ...")
@@ -142,6 +148,10 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             source = Path(config.source).resolve() if config.source and args.config else None
             return service.install(hands=args.hands, system=args.system, dry_run=args.dry_run,
                                    stop_timeout_s=int(config.redis.drain_timeout_s + 30), config=source)
+        case "trace":
+            from gateway.trace_cli import show_trace
+
+            return asyncio.run(show_trace(config, args.session, turn=args.turn, as_json=args.json))
         case "logs":
             from gateway.logfiles import show_logs
 

@@ -144,7 +144,8 @@ class OpenAIRoutes:
         try:
             new = ephemeral or not await gateway.sessions.exists(session_id)
             message = await gateway.turns.admit(identity, session_id, agent_id=agent_id, text=text,
-                                                instructions=system or None, ttl_s=ttl)
+                                                instructions=system or None, ttl_s=ttl,
+                                                traceparent=request.headers.get("traceparent"))
             if new and context:  # the client's earlier messages are the new session's history
                 await gateway.sessions.append(session_id, *context)
                 if ephemeral:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from starlette.types import Receive
 
+from bus import otel, trace
 from bus.log import kv
 from bus.presence import instances
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
@@ -60,8 +61,11 @@ class TurnRunner:
         return sorted(a for a in (await self.brains()).agents if identity.may_use(a))
 
     async def admit(self, identity: Identity, session_id: str, *, agent_id: str, text: str,
-                    instructions: str | None = None, ttl_s: int = 0) -> ChatMessage:
-        """The message to publish, or ``Refused`` saying why it will not run."""
+                    instructions: str | None = None, ttl_s: int = 0, traceparent: str | None = None) -> ChatMessage:
+        """The message to publish, or ``Refused`` saying why it will not run.
+
+        The request's trace starts here (a child of the client's ``traceparent`` header, if valid)."""
+        trace.current.set(trace.start(traceparent))
         if not identity.may_use(agent_id):
             raise Refused(403, ErrorCode.FORBIDDEN, f"this token may not use agent {agent_id!r}; "
                           f"it may use: {', '.join(identity.agents or ())}")
@@ -88,24 +92,35 @@ class TurnRunner:
         A caller that stops listening before the end cancels the turn.
         """
         ended = False
+        opened, traceparent = otel.begin(f"invoke_agent {message.agent_id}", gen_ai__operation__name="invoke_agent",
+                                         gen_ai__agent__name=message.agent_id,
+                                         gen_ai__conversation__id=message.session_id)
+        outcome: str | None = "went away"
         try:
             async with self.inbox.expect(message.message_id) as queue:
-                await self.bus.publish(self.bus.keys.brain_inbox, message)
+                token = trace.current.set(traceparent or trace.current.get())  # the Brain's work: our span's child
+                try:
+                    await self.bus.publish(self.bus.keys.brain_inbox, message)
+                finally:
+                    trace.current.reset(token)
                 try:
                     async with asyncio.timeout(self.settings.turn_timeout_s):
                         while True:
                             event = await queue.get()
                             ended = isinstance(event, (ChatReply, ChatError))
+                            if ended:
+                                outcome = event.code.value if isinstance(event, ChatError) else None
                             yield event
                             if ended:
                                 return
                 except TimeoutError:
-                    ended = True
+                    ended, outcome = True, ErrorCode.TIMEOUT.value
                     yield ChatError(session_id=message.session_id, message_id=message.message_id,
                                     code=ErrorCode.TIMEOUT,
                                     message=f"no answer from the Brain within {self.settings.turn_timeout_s:g}s "
                                             "(gateway.turn_timeout_s)")
         finally:
+            otel.end(opened, error=outcome)
             if not ended:
                 self.cancel_soon(message.session_id, by=f"{message.sender} (client went away)")
 

@@ -8,6 +8,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from bus import otel
 from bus.broadcast import BroadcastReader
 from bus.keys import HANDS_GROUP
 from bus.log import kv
@@ -129,7 +130,12 @@ class HandsWorker:
         assert task is not None
         self._in_flight[call.call_id] = task
         try:
-            result = await self.executor.execute(call)
+            with otel.span(f"execute_tool {call.tool}", gen_ai__operation__name="execute_tool",
+                           gen_ai__tool__name=call.tool, gen_ai__tool__call__id=call.call_id) as opened:
+                result = await self.executor.execute(call)
+                otel.set_attributes(opened, **{"error.type": result.error.code.value if result.error else None,
+                                               "pincer.worker": self.worker_id,
+                                               "pincer.sandbox": result.metadata.sandbox})
         except asyncio.CancelledError:
             if call.call_id not in self._cancelled:
                 raise  # the worker itself is stopping
