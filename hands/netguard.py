@@ -30,11 +30,41 @@ class Target:
     address: str  # the checked address the connection is pinned to
 
 
+# IPv6 ranges that carry an IPv4 address in their last 32 bits: the IPv4 address decides.
+V4_IN_LOW_BITS = tuple(ipaddress.IPv6Network(n) for n in (
+    "::ffff:0:0/96",    # IPv4-mapped
+    "::ffff:0:0:0/96",  # IPv4-translated (SIIT)
+    "::/96",            # IPv4-compatible (deprecated), :: and ::1 included: both are never public
+    "64:ff9b::/96",     # NAT64, well-known prefix: a NAT64 gateway connects to the IPv4 address
+))
+# IPv6 ranges never reached, whatever ``is_global`` says of them.
+NEVER_PUBLIC_V6 = tuple(ipaddress.IPv6Network(n) for n in (
+    "64:ff9b:1::/48",   # NAT64, local-use prefix: the IPv4 address sits where the operator chose
+    "fec0::/10",        # site-local (deprecated, still routed inside some networks)
+))
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one stands for (mapped, translated, compatible, NAT64, 6to4, Teredo)."""
+    if any(address in network for network in V4_IN_LOW_BITS):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]  # the client behind the relay
+    return None
+
+
 def public(address: IPAddress, *, also_allowed: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    """Whether a network tool may connect to ``address``: the one decision, every range in the two tables."""
     if any(address in network for network in also_allowed):
         return True
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return public(address.ipv4_mapped, also_allowed=also_allowed)
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = embedded_ipv4(address)
+        if inner is not None:
+            return public(inner, also_allowed=also_allowed)
+        if any(address in network for network in NEVER_PUBLIC_V6):
+            return False
     return address.is_global and not address.is_multicast
 
 

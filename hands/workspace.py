@@ -63,27 +63,50 @@ class Workspace:
 
     @contextmanager
     def open_file(self, path: str, flags: int, *, create_dirs: bool = False) -> Iterator[int]:
-        """A descriptor of the file at ``path``, opened with ``flags`` (never following a symlink)."""
+        """A descriptor of the regular file at ``path``, opened with ``flags`` (never following a symlink).
+
+        Everything is decided before anything changes: the open never blocks (a FIFO would hold
+        the thread for ever) and never truncates; only a regular file with one link is then
+        truncated (``O_TRUNC``) or given to the sandbox's uid. A refused call changes nothing.
+        """
         parts = self.parts(path)
         if not parts:
             raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is the workspace directory, not a file")
         parent = self._walk(parts[:-1], create=create_dirs)
+        created = False
         try:
-            fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent)
+            open_flags = (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            if flags & os.O_CREAT:
+                try:  # did this call make the file? Only then is it ours to give away
+                    fd = os.open(parts[-1], open_flags | os.O_EXCL, 0o644, dir_fd=parent)
+                    created = True
+                except FileExistsError:
+                    fd = os.open(parts[-1], open_flags & ~os.O_CREAT, dir_fd=parent)
+            else:
+                fd = os.open(parts[-1], open_flags, dir_fd=parent)
         except OSError as exc:
             raise self._os_failure(exc, path) from None
         finally:
             os.close(parent)
-        if self.owner and flags & os.O_CREAT:
-            os.fchown(fd, *self.owner)
         try:
             info = os.fstat(fd)
-            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+            if stat.S_ISDIR(info.st_mode):
+                raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is a directory, not a file",
+                                  suggestions=["list_directory lists it"], recoverable=True)
+            if not stat.S_ISREG(info.st_mode):
+                raise ToolFailure(ErrorCode.PERMISSION_DENIED, f"{path!r} is not a regular file ({_kind(info)}); "
+                                  "file tools read and write regular files only")
+            if info.st_nlink > 1:
                 raise ToolFailure(
                     ErrorCode.PERMISSION_DENIED,
                     f"{path!r} is a hard link shared with another path; tools only use files with one link",
                     suggestions=["copy the file into the workspace instead of linking it"],
                 )
+            os.set_blocking(fd, True)
+            if flags & os.O_TRUNC:
+                os.ftruncate(fd, 0)
+            if self.owner and created:
+                os.fchown(fd, *self.owner)
             yield fd
         finally:
             os.close(fd)
@@ -136,6 +159,9 @@ class Workspace:
         )
 
     def _os_failure(self, exc: OSError, path: str) -> ToolFailure | OSError:
+        if exc.errno in (errno.ENXIO, errno.ENODEV):  # a FIFO with no reader, a device with no driver
+            return ToolFailure(ErrorCode.PERMISSION_DENIED, f"{path!r} is not a regular file; file tools read and "
+                               "write regular files only")
         if exc.errno == errno.ELOOP:
             return ToolFailure(
                 ErrorCode.PERMISSION_DENIED,
@@ -153,6 +179,12 @@ class Workspace:
             )
         exc.filename = exc.filename or path
         return exc
+
+
+def _kind(info: os.stat_result) -> str:
+    mode = info.st_mode
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket"
+            if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
 
 
 def _is_symlink(name: str, dir_fd: int) -> bool:

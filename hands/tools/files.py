@@ -20,8 +20,6 @@ def read_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     path, offset, limit = args["path"], args.get("offset", 1), args.get("limit")
     with ctx.workspace.open_file(path, os.O_RDONLY) as fd:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is not a regular file")
         if info.st_size > ctx.settings.max_file_bytes:
             raise ToolFailure(
                 ErrorCode.RESOURCE_EXHAUSTED,
@@ -72,8 +70,6 @@ def write_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         )
     ws = ctx.workspace
     with ws.open_file(path, os.O_WRONLY | os.O_CREAT | mode, create_dirs=args.get("create_dirs", True)) as fd:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is not a regular file")
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

@@ -140,6 +140,17 @@ async def test_redirects_to_private_addresses_are_refused(web: str, call, intern
     "http://10.0.0.1/",
     "http://100.64.0.1/",  # carrier-grade NAT
     "http://[fe80::1]/",
+    # IPv6 forms that carry a private IPv4 address
+    "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 (well-known prefix) of 169.254.169.254
+    "http://[64:ff9b::7f00:1]:{port}/secret",  # NAT64 of 127.0.0.1
+    "http://[64:ff9b:1::a9fe:a9fe]/",  # NAT64, local-use prefix
+    "http://[2002:a9fe:a9fe::1]/",  # 6to4 of 169.254.169.254
+    "http://[2002:0a00:0001::1]/",  # 6to4 of 10.0.0.1
+    "http://[::169.254.169.254]/",  # IPv4-compatible
+    "http://[::127.0.0.1]:{port}/secret",
+    "http://[::ffff:0:a9fe:a9fe]/",  # IPv4-translated
+    "http://[fec0::1]/",  # site-local
+    "http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/",  # Teredo, client 10.0.0.1
 ])
 async def test_private_and_metadata_targets_are_refused_before_connecting(web: str, call, internal: Site,
                                                                           url: str) -> None:

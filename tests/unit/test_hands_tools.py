@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -87,10 +88,56 @@ async def test_symlinks_are_not_followed_anywhere_in_the_path(executor: Executor
     assert (tmp_path / "secret.txt").read_text() == "TOP SECRET"
 
 
-async def test_hard_links_are_refused(executor: Executor, workspace: Path, tmp_path: Path) -> None:
-    os.link(tmp_path / "secret.txt", workspace / "hard.txt")
+async def test_hard_links_are_refused_before_anything_changes(executor: Executor, workspace: Path,
+                                                              tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.chmod(0o600)
+    os.link(secret, workspace / "hard.txt")
+    before = secret.stat()
     result = await call(executor, "read_file", path="hard.txt")
     assert result.error.code is ErrorCode.PERMISSION_DENIED and "hard link" in result.error.message
+    for args in ({}, {"append": True}):  # truncating or appending: refused before the file is touched
+        written = await call(executor, "write_file", path="hard.txt", content="pwned", **args)
+        assert written.error.code is ErrorCode.PERMISSION_DENIED and "hard link" in written.error.message
+        after = secret.stat()
+        assert secret.read_text() == "TOP SECRET" and after.st_size == before.st_size
+        assert (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid, before.st_mode)
+
+
+async def test_a_root_worker_refusing_a_hard_link_gives_nothing_away(workspace: Path, tmp_path: Path) -> None:
+    # As root, files the tools create go to the sandbox uid: a refused existing file must keep its owner.
+    settings = HandsSettings(workspace=workspace, max_file_bytes=100_000)
+    executor = Executor(build_registry(), settings, worker_id="w-test")
+    executor.workspace.owner = (65534, 65534)
+    secret = tmp_path / "secret.txt"
+    os.link(secret, workspace / "linked.txt")
+    owner = (secret.stat().st_uid, secret.stat().st_gid)
+    refused = await call(executor, "write_file", path="linked.txt", content="x")
+    assert refused.error.code is ErrorCode.PERMISSION_DENIED
+    assert (secret.stat().st_uid, secret.stat().st_gid) == owner and secret.read_text() == "TOP SECRET"
+    if os.geteuid() == 0:  # a file the call itself made is given to the sandbox uid
+        made = await call(executor, "write_file", path="fresh.txt", content="x")
+        assert made.success and (workspace / "fresh.txt").stat().st_uid == 65534
+
+
+@pytest.mark.parametrize("tool", ["read_file", "write_file"])
+async def test_fifos_and_other_special_files_never_block_a_worker(executor: Executor, workspace: Path,
+                                                                tool: str) -> None:
+    import socket
+
+    os.mkfifo(workspace / "pipe")
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(workspace / "sock"))
+    try:
+        for path in ("pipe", "sock", "pipe", "pipe", "pipe", "pipe", "pipe", "pipe"):  # more than the thread pool
+            args = {"content": "x"} if tool == "write_file" else {}
+            result = await asyncio.wait_for(call(executor, tool, path=path, **args), timeout=5)
+            assert result.error.code is ErrorCode.PERMISSION_DENIED and "not a regular file" in result.error.message
+        assert (await call(executor, "read_file", path="hello.txt")).success  # the worker still answers
+        directory = await call(executor, tool, path="sub", **({"content": "x"} if tool == "write_file" else {}))
+        assert directory.error.code is ErrorCode.INVALID_ARGUMENTS
+    finally:
+        listening.close()
 
 
 async def test_missing_file_is_file_not_found(executor: Executor) -> None:
@@ -225,3 +272,20 @@ async def test_symlink_swap_race_never_leaks(executor: Executor, workspace: Path
         flipper.join()
     assert not any(r.success and "SECRET" in r.data["content"] for r in results)
     assert all(r.error.code in (ErrorCode.PERMISSION_DENIED, ErrorCode.FILE_NOT_FOUND) for r in results)
+
+
+@pytest.mark.parametrize(("address", "allowed"), [
+    ("93.184.216.34", True), ("2606:2800:220:1:248:1893:25c8:1946", True),
+    ("64:ff9b::5db8:d822", True),  # NAT64 of a public IPv4 address stays public
+    ("2002:5db8:d822::1", True),  # 6to4 of a public one too
+    ("64:ff9b::a9fe:a9fe", False), ("64:ff9b::a00:1", False), ("64:ff9b:1::5db8:d822", False),
+    ("2002:c0a8:101::1", False), ("::a9fe:a9fe", False), ("::ffff:0:7f00:1", False), ("::ffff:10.0.0.1", False),
+    ("fec0::1", False), ("fe80::1", False), ("::1", False), ("::", False), ("ff02::1", False),
+    ("2001:0:4136:e378:8000:63bf:f5ff:fffe", False),  # Teredo whose client is 10.0.0.1
+])
+def test_the_address_table_unwraps_every_embedded_ipv4(address: str, allowed: bool) -> None:
+    import ipaddress
+
+    from hands.netguard import public
+
+    assert public(ipaddress.ip_address(address), also_allowed=[]) is allowed
