@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 import redis
 
+from bus.private_file import write_private
 from bus.proc import die_with_parent
 
 log = logging.getLogger("bus.redis")
@@ -73,13 +74,13 @@ class EmbeddedRedis:
         binary = find_redis_server()
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         conf = self.dir / "redis.conf"
-        _write_private(conf, self._config())
+        write_private(conf, self._config())
         self.process = subprocess.Popen(
             [binary, str(conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, preexec_fn=die_with_parent, start_new_session=True,
         )
         self._wait_ready()
-        _write_private(self.url_file, self.url + "\n")
+        write_private(self.url_file, self.url + "\n")
         log.info("embedded redis-server %s listening on 127.0.0.1:%d (data in %s)", binary, self.port, self.dir)
         return self.url
 
@@ -131,8 +132,3 @@ class EmbeddedRedis:
         self.stop()
         raise RedisStartError(f"redis-server did not answer within {START_TIMEOUT_S:.0f}s; see {self.dir / 'redis.log'}")
 
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)

@@ -23,6 +23,8 @@ from typing import IO, Any
 
 from pydantic import BaseModel, Field
 
+from bus.private_file import write_private
+
 STATE_FILE = "pincer.json"
 LOCK_FILE = "pincer.lock"
 
@@ -92,11 +94,8 @@ class StateFile:
             return None
 
     def write(self, state: DaemonState) -> None:
-        """Replace the file whole (write aside, then rename), so a reader never sees half of it."""
-        aside = self.path.with_suffix(".json.tmp")
-        aside.write_text(state.model_dump_json(indent=2))
-        aside.chmod(0o600)
-        os.replace(aside, self.path)
+        """Replace the file whole, so a reader never sees half of it."""
+        write_private(self.path, state.model_dump_json(indent=2))
 
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):

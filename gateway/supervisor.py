@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -39,11 +40,30 @@ def say(line: str) -> None:
     print(f"{'pincer':>9} | {line}", flush=True)
 
 
+# Names of variables that hold a credential: model providers' keys, cloud credentials, tokens.
+SECRET_NAME = re.compile(
+    r"(_API_KEY|_APIKEY|_TOKEN|_SECRET|_SECRET_KEY|_PASSWORD|_PASSWD|_ACCESS_KEY|_ACCESS_KEY_ID|_CREDENTIALS"
+    r"|_SESSION_TOKEN|_PRIVATE_KEY)$"
+    r"|^(AWS|AZURE|GOOGLE|GCP|VERTEXAI|VERTEX|OPENAI|ANTHROPIC|GEMINI|GROQ|MISTRAL|COHERE|HF|HUGGINGFACE|OPENROUTER"
+    r"|TOGETHER|TOGETHERAI|DEEPSEEK|XAI|FIREWORKS|PERPLEXITY|REPLICATE|DATABRICKS|WATSONX|SAMBANOVA|CEREBRAS)_",
+    re.IGNORECASE)
+GATEWAY_SECRETS = ("PINCER_GATEWAY_TOKEN", "PINCER_TOKEN")
+
+
+def role_env(env: dict[str, str], role: str) -> dict[str, str]:
+    """What one role may see of the environment: the Brain the model credentials; the Gateway and
+    Hands none of them (Hands runs other people's code; the Gateway faces the network)."""
+    if role == "brain":
+        return {k: v for k, v in env.items() if k not in GATEWAY_SECRETS}
+    return {k: v for k, v in env.items() if not SECRET_NAME.search(k) or k == "PINCER_REDIS_URL"}
+
+
 @dataclass
 class Child:
     name: str
     argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's
+    env: dict[str, str] = field(default_factory=dict)  # on top of what its role may see of the supervisor's
+    role: str = ""
     process: asyncio.subprocess.Process | None = None
     started: float = 0.0
     quick_exits: int = 0
@@ -93,8 +113,9 @@ class Supervisor:
         else:
             say("using the Redis at redis.url")
         module = [sys.executable, "-m", "gateway"]
-        children = [Child("gateway", [*module, "gateway"], self._gateway_env()), Child("brain", [*module, "brain"])]
-        children += [Child(f"hands-{i}", [*module, "hands"]) for i in range(1, self.hands + 1)]
+        children = [Child("gateway", [*module, "gateway"], self._gateway_env(), role="gateway"),
+                    Child("brain", [*module, "brain"], role="brain")]
+        children += [Child(f"hands-{i}", [*module, "hands"], role="hands") for i in range(1, self.hands + 1)]
         try:
             for child in children:
                 await self._start(child, env)
@@ -118,8 +139,9 @@ class Supervisor:
 
     def _gateway_env(self) -> dict[str, str]:
         """The owner token for the Gateway alone: made on first start, kept 0600 in the data dir."""
-        if self.gateway.static_token():
-            return {}
+        configured = self.gateway.static_token()
+        if configured:
+            return {"PINCER_GATEWAY_TOKEN": configured}  # the only role that may see it
         data_dir = Path(self.config.runtime.data_dir)
         try:
             token = ensure_owner_token(data_dir)
@@ -130,7 +152,7 @@ class Supervisor:
 
     async def _start(self, child: Child, env: dict[str, str]) -> None:
         child.process = await asyncio.create_subprocess_exec(
-            *child.argv, env={**env, **child.env}, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *child.argv, env={**role_env(env, child.role), **child.env}, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )
         child.started = time.monotonic()

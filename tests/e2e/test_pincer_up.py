@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -116,3 +117,38 @@ def test_a_bad_config_stops_startup_with_one_clear_message(processes: Processes,
     assert bad.returncode == 78  # EX_CONFIG: a service manager must not restart it
     assert bad.stderr.strip().count("\n") == 0
     assert "gateway.port" in bad.stderr and "PINCER_GATEWAY__PORT" in bad.stderr
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def test_model_keys_reach_the_brain_alone_and_private_files_take_no_link(processes: Processes,
+                                                                         up_env: dict[str, str],
+                                                                         tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (data / "redis.url").symlink_to(victim)  # planted where the Redis credential goes
+    (data / "redis.url").chmod(0o644)
+    env = {**up_env, "OPENAI_API_KEY": "sk-provider-secret", "AWS_SECRET_ACCESS_KEY": "aws-secret",
+           "GITHUB_TOKEN": "ghp-secret"}
+    up = start_up(processes, env, "up-secrets")
+    try:
+        state = json.loads((data / "pincer.json").read_text())
+        for role, proc in state["children"].items():
+            seen = environ(proc["pid"])
+            assert "PINCER_REDIS_URL" in seen, role  # every role reaches Redis
+            has_keys = {"OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "PINCER_LLM_API_KEY"} & set(seen)
+            if role == "brain":
+                assert seen["OPENAI_API_KEY"] == "sk-provider-secret" and "PINCER_GATEWAY_TOKEN" not in seen
+            else:
+                assert not has_keys, (role, has_keys)
+            assert ("PINCER_GATEWAY_TOKEN" in seen) is (role == "gateway")
+        assert victim.read_text() == "keep me"  # the link was replaced, not written through
+        url_file = data / "redis.url"
+        assert not url_file.is_symlink() and url_file.stat().st_mode & 0o777 == 0o600
+    finally:
+        assert processes.stop(up) == 0
