@@ -125,10 +125,10 @@ def validate_all(config: Config) -> None:
     """Check every section now, so a bad value stops start-up before any process runs."""
     from brain.config import BrainSettings
     from gateway.config import GatewaySettings
-    from hands.config import HandsSettings
+    from hands.config import HandsSettings, check_workspace
 
     config.redis, config.runtime  # noqa: B018 - validated on access
-    config.section("hands", HandsSettings)
+    check_workspace(config.section("hands", HandsSettings), data_dir=config.runtime.data_path)
     config.section("brain", BrainSettings)
     config.section("gateway", GatewaySettings)
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from bus.config import Section
+from bus.config import ConfigError, Section
 
 # The skills shipped with Pincer (package data); `{shipped}` in skill_dirs. `{project}/skills`, from
 # configs written when they were found beside a checkout only, names the same folder.
@@ -189,3 +189,17 @@ class HandsSettings(Section):
             return [str(v).replace("{shipped}", str(SHIPPED_SKILLS)).replace("{project}", str(SHIPPED_SKILLS.parent))
                     if isinstance(v, str) else v for v in value]
         return value
+
+
+def check_workspace(settings: HandsSettings, *, data_dir: Path) -> None:
+    """Refuse a workspace that holds Pincer's own code or data: the model writes there, so a skill dir
+    or the data dir inside it (``workspace: ~`` holds ``~/.pincer``) would let it plant a handler that
+    Hands imports at its next start, or rewrite the Redis data and tokens."""
+    workspace = settings.workspace.expanduser().resolve()
+    protected = {f"the data directory {data_dir} (runtime.data_dir)": data_dir}
+    protected.update({f"the skill directory {d}": d for d in settings.skill_dirs})
+    for what, path in protected.items():
+        resolved = path.expanduser().resolve()
+        if resolved == workspace or workspace in resolved.parents:
+            raise ConfigError(f"hands.workspace {workspace} contains {what}: the agent could change Pincer's own "
+                              "code or data. Give the agent a directory of its own (PINCER_WORKSPACE), outside both")

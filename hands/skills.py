@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,9 +152,18 @@ def load_skills(dirs: list[Path], registry: ToolRegistry, policy: Policy) -> Ski
         directory = directory.expanduser()
         if not directory.is_dir():
             continue
+        unsafe = _writable_by_others(directory)
+        if unsafe:
+            report.refused.append(Refusal(str(directory), f"skill directory {directory}: {unsafe}; its skills are "
+                                          "not loaded (chmod go-w, or keep skills in a directory of your own)"))
+            continue
         for folder in sorted(p for p in directory.iterdir() if (p / "SKILL.md").exists() or p.is_symlink()):
             skill_md = folder / "SKILL.md"
             try:
+                for part in (folder, skill_md, folder / "handler.py"):
+                    unsafe = _writable_by_others(part) if part.exists() and not part.is_symlink() else None
+                    if unsafe:
+                        raise SkillRefused(f"skill folder {folder.name!r}: {part.name} {unsafe}")
                 loaded = _load_one(folder, skill_md, registry, policy)
             except SkillRefused as exc:
                 report.refused.append(Refusal(str(skill_md), str(exc)))
@@ -163,6 +174,16 @@ def load_skills(dirs: list[Path], registry: ToolRegistry, policy: Policy) -> Ski
             else:
                 report.tools.append(loaded)
     return report
+
+
+def _writable_by_others(path: Path) -> str | None:
+    """Why someone other than us (or root) could change ``path``'s code, or None."""
+    info = path.stat()
+    if info.st_uid not in (0, os.geteuid()):
+        return f"belongs to uid {info.st_uid}, who could change what Hands imports"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "is writable by its group or by everyone (mode " + oct(info.st_mode & 0o777) + ")"
+    return None
 
 
 def _load_one(folder: Path, skill_md: Path, registry: ToolRegistry, policy: Policy) -> SkillInfo | str:

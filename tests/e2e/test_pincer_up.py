@@ -152,3 +152,11 @@ def test_model_keys_reach_the_brain_alone_and_private_files_take_no_link(process
         assert not url_file.is_symlink() and url_file.stat().st_mode & 0o777 == 0o600
     finally:
         assert processes.stop(up) == 0
+
+
+def test_a_workspace_that_holds_the_data_dir_stops_startup(processes: Processes, up_env: dict[str, str],
+                                                            tmp_path: Path) -> None:
+    refused = processes.run("up", extra_env={"PINCER_WORKSPACE": str(tmp_path)})  # the data dir is tmp_path/data
+    assert refused.returncode == 78 and refused.stderr.strip().count("\n") == 0
+    assert "contains the data directory" in refused.stderr
+    assert processes.run("hands", extra_env={"PINCER_WORKSPACE": str(tmp_path)}).returncode == 78

@@ -103,3 +103,53 @@ def test_the_rest_still_loads(loaded) -> None:
     assert registry.get("ordered").spec().metadata["after"] == ["weather", "category:network"]
     assert {"read_file", "write_file", "weather"} <= set(registry.names())
     assert registry.get("read_file").source == "builtin"  # the clash did not replace the built-in
+
+
+def _settings(tmp_path: Path, *dirs: Path) -> HandsSettings:
+    return HandsSettings(workspace=tmp_path / "ws", skill_dirs=list(dirs))
+
+
+def test_skill_code_others_could_change_is_refused(tmp_path: Path) -> None:
+    import os
+
+    shared = tmp_path / "shared"
+    make_skill(shared, "open_door", "name: open_door\ndescription: d\nparameters: {}", GOOD_HANDLER)
+    shared.chmod(0o777)  # anyone may drop a skill in
+    mine = tmp_path / "mine"
+    make_skill(mine, "loose", "name: loose\ndescription: d\nparameters: {}", GOOD_HANDLER)
+    (mine / "loose" / "handler.py").chmod(0o666)
+    make_skill(mine, "group_dir", "name: group_dir\ndescription: d\nparameters: {}", GOOD_HANDLER)
+    (mine / "group_dir").chmod(0o775)
+    make_skill(mine, "fine", "name: fine\ndescription: d\nparameters: {}", GOOD_HANDLER)
+    if os.geteuid() == 0:  # as root: a handler that belongs to another user is someone else's code
+        make_skill(mine, "foreign", "name: foreign\ndescription: d\nparameters: {}", GOOD_HANDLER)
+        os.chown(mine / "foreign" / "handler.py", 65534, 65534)
+    registry, report = load_registry(_settings(tmp_path, shared, mine))
+    assert report.tools == ["fine"] and "open_door" not in registry
+    reasons = " | ".join(r.reason for r in report.refused)
+    assert f"skill directory {shared}: is writable by its group or by everyone (mode 0o777)" in reasons
+    assert "'loose': handler.py is writable" in reasons and "'group_dir': group_dir is writable" in reasons
+    if os.geteuid() == 0:
+        assert "'foreign': handler.py belongs to uid 65534" in reasons
+
+
+@pytest.mark.parametrize(("workspace", "problem"), [
+    ("home", "contains the data directory"),  # PINCER_WORKSPACE=~ with the data dir in ~/.pincer
+    ("home/.pincer", "contains the data directory"),
+    ("home/.pincer/skills", "contains the skill directory"),
+    ("linked-home", "contains the data directory"),  # through a symlink, too
+])
+def test_a_workspace_holding_pincers_code_or_data_refuses_to_start(tmp_path: Path, workspace: str,
+                                                                   problem: str) -> None:
+    from bus.config import ConfigError
+    from hands.config import check_workspace
+
+    home = tmp_path / "home"
+    (home / ".pincer" / "skills").mkdir(parents=True)
+    (tmp_path / "linked-home").symlink_to(home)
+    settings = HandsSettings(workspace=tmp_path / workspace, skill_dirs=[home / ".pincer" / "skills"])
+    with pytest.raises(ConfigError, match=problem):
+        check_workspace(settings, data_dir=home / ".pincer")
+    # The default layout, a workspace inside the data dir beside (not above) the skills, is fine.
+    check_workspace(HandsSettings(workspace=home / ".pincer" / "workspace", skill_dirs=[home / ".pincer" / "skills"]),
+                    data_dir=home / ".pincer")
