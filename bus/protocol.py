@@ -279,6 +279,8 @@ class ApprovalRequest(_Message):
     summary: str
     expires_at: int
     reply_to: str
+    # False when the summary had to be cut: the person was not shown it whole, so allow-always is off.
+    always_allowed: bool = True
 
     @property
     def correlation_id(self) -> str:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 
 import httpx
 from httpx_sse import SSEError, connect_sse
 from rich.console import Console
+from rich.text import Text
 
 
 class ChatFailed(Exception):
@@ -58,15 +60,15 @@ class ChatClient:
         for event in events:
             data = json.loads(event.data)
             if event.event == "delta":
-                self.out.print(data["text"], end="", markup=False, highlight=False)
+                self.out.print(plain(data["text"]), end="", markup=False, highlight=False)
                 streamed = True
             elif event.event == "tool":
                 if streamed:
                     self.out.print()
                     streamed = False
                 icon = "→" if data["status"] == "started" else "←"
-                self.err.print(f"  {icon} [bold]{data['tool']}[/bold] {data['summary']}", style="dim",
-                               markup=True, highlight=False)
+                line = Text(f"  {icon} ") + Text(plain(data["tool"]), style="bold") + Text(" " + plain(data["summary"]))
+                self.err.print(line, style="dim", highlight=False)
             elif event.event == "approval":
                 if streamed:
                     self.out.print()
@@ -76,30 +78,46 @@ class ChatClient:
                 if streamed:
                     self.out.print()
                 elif data["text"]:
-                    self.out.print(data["text"], markup=False, highlight=False)
+                    self.out.print(plain(data["text"]), markup=False, highlight=False)
                 return data["text"]
             elif event.event == "error":
                 if streamed:
                     self.out.print()
-                raise ChatFailed(f"{data['code']}: {data['message']}")
+                raise ChatFailed(plain(f"{data['code']}: {data['message']}"))
         raise ChatFailed("the Gateway closed the stream before the turn ended")
 
 
     def _approve(self, request: dict) -> None:
         """Ask the person at the terminal, then send their answer to the Gateway."""
-        self.err.print(f"[bold yellow]Approve running this?[/bold yellow] ({request['tool']})", highlight=False)
-        self.err.print(request["summary"], markup=False, highlight=False)
-        self.err.print("[y] yes once, [a] always, [n] no: ", end="", markup=False, highlight=False)
+        always = request.get("always_allowed", True)
+        self.err.print(Text("Approve running this? ", style="bold yellow") + Text(f"({plain(request['tool'])})"),
+                       highlight=False)
+        self.err.print(plain(request["summary"]), markup=False, highlight=False)
+        choices = "[y] yes once, [a] always, [n] no: " if always else \
+            "[y] yes once, [n] no (it was not shown whole, so not always): "
+        self.err.print(choices, end="", markup=False, highlight=False)
         try:
             answer = input().strip().lower()
         except EOFError:
             answer = "n"
         decision = {"y": "allow-once", "yes": "allow-once", "a": "allow-always", "always": "allow-always"}.get(
             answer, "deny")
+        if decision == "allow-always" and not always:
+            decision = "deny"  # asked for what was not offered: no
         response = httpx.post(f"{self.base_url}/v1/approvals/{request['approval_id']}",
                               json={"decision": decision}, headers=self.headers, timeout=10)
         if response.status_code != 200:
             self.err.print(f"  (not recorded: {_http_error(response)})", markup=False, highlight=False)
+
+
+# What a model or a tool wrote must not drive the terminal: escape sequences (colours, cursor moves,
+# a concealed line, a changed title) and other control characters go; newlines and tabs stay.
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(text: str) -> str:
+    return _CONTROLS.sub("", _ESCAPES.sub("", text))
 
 
 def _http_error(response: httpx.Response) -> str:

@@ -32,7 +32,31 @@ log = logging.getLogger("hands.approvals")
 
 SEPARATORS = frozenset({"|", "||", "&&", ";", "&", ";;", "|&"})
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+# A person reads the whole command before allowing it; past this it is cut, said plainly, and
+# "allow always" is off (nobody can approve for ever what they were not shown).
+SUMMARY_CHARS = 20_000
+# Programs that run whatever their arguments say: allow-always pins their exact arguments.
+RUNS_ITS_ARGUMENTS = frozenset({
+    "sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "csh", "tcsh", "busybox", "env", "xargs", "find",
+    "python", "python3", "perl", "ruby", "node", "nodejs", "php", "lua", "tclsh", "expect", "awk", "gawk",
+    "mawk", "sed", "sudo", "su", "doas", "nice", "nohup", "timeout", "stdbuf", "setsid", "chroot", "unshare",
+    "nsenter", "strace", "ltrace", "gdb", "watch", "parallel", "make", "git", "ssh", "script", "flock",
+})
+GLOB = frozenset("*?[~")
 
+
+def _uncertain(command: str) -> str | None:
+    """Why Python's shlex might not see what /bin/sh will run, or None when they agree."""
+    for char in command:
+        if (ord(char) < 32 and char != "\t") or ord(char) == 127:
+            return "it holds a newline or a control character (sh runs each line; the check would see one)"
+    if "#" in command:
+        return "it holds '#' (sh may read the rest as a comment where the check would not, or the other way)"
+    if "\\" in command:
+        return "it uses backslash escapes"
+    if "$" in command:
+        return "it expands variables or quotes with $ (only known when it runs)"
+    return None
 
 @dataclass(frozen=True)
 class Segment:
@@ -48,6 +72,9 @@ def segments(command: str | None, argv: list[str] | None) -> list[Segment]:
     assert command is not None
     if "$(" in command or "`" in command:
         return [Segment(None, [], "it uses command substitution")]
+    uncertain = _uncertain(command)
+    if uncertain:
+        return [Segment(None, [], uncertain)]
     lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     try:
@@ -80,8 +107,31 @@ def _segment(argv: list[str]) -> Segment:
 def matches(segment: Segment, entries: list[AllowEntry]) -> bool:
     if segment.path is None:
         return False
-    return any(fnmatchcase(segment.path, e.path) and (e.args is None or re.fullmatch(e.args, shlex.join(segment.args)))
+    # sh expands a glob or ~ to names no regex saw: such arguments match only entries without one.
+    expands = any(GLOB & set(arg) for arg in segment.args)
+    return any(fnmatchcase(segment.path, e.path)
+               and (e.args is None or (not expands and re.fullmatch(e.args, shlex.join(segment.args))))
                for e in entries)
+
+
+def remembered_entry(segment: Segment) -> dict[str, str]:
+    """What allow-always adds for a segment: the program, or for one that runs its arguments
+    (a shell, an interpreter, a wrapper) the program with exactly these arguments."""
+    assert segment.path is not None
+    if os.path.basename(segment.path).rstrip("0123456789.") in RUNS_ITS_ARGUMENTS:
+        return {"path": segment.path, "args": re.escape(shlex.join(segment.args))}
+    return {"path": segment.path}
+
+
+def shown(summary: str) -> tuple[str, bool]:
+    """The summary a person reads: control characters made visible (an escape sequence must not
+    reach their terminal), whole up to SUMMARY_CHARS or plainly cut; and whether it is whole."""
+    visible = "".join(c if c in "\n\t" or (32 <= ord(c) != 127 and not 0x80 <= ord(c) < 0xA0)
+                      else f"\\x{ord(c):02x}" for c in summary)
+    if len(visible) <= SUMMARY_CHARS:
+        return visible, True
+    cut = len(visible) - SUMMARY_CHARS
+    return f"{visible[:SUMMARY_CHARS]}\n[... {cut:,} more characters not shown: allow-always is off]", False
 
 
 class ApprovalGate:
@@ -115,9 +165,10 @@ class ApprovalGate:
             raise ToolFailure(ErrorCode.APPROVAL_DENIED, "this command needs a person's approval, and this call "
                               "came from no chat that could ask one")
         timeout = min(self.settings.approval_timeout_s, max(1.0, (call.deadline - now_ms()) / 1000 - 2))
+        text, whole = shown(summary)
         request = ApprovalRequest(call_id=call.call_id, session_id=call.session_id, message_id=call.message_id or "",
-                                  tool=call.tool, summary=summary[:2000], expires_at=now_ms() + int(timeout * 1000),
-                                  reply_to=self.inbox.stream)
+                                  tool=call.tool, summary=text, expires_at=now_ms() + int(timeout * 1000),
+                                  reply_to=self.inbox.stream, always_allowed=whole)
         key = self.bus.keys.approval(request.approval_id)
         await self.bus.redis.hset(key, mapping={"reply_to": request.reply_to, "session_id": call.session_id,
                                                 "tool": call.tool, "summary": request.summary,
@@ -137,6 +188,10 @@ class ApprovalGate:
         if reply.decision == "deny":
             raise ToolFailure(ErrorCode.APPROVAL_DENIED, f"{reply.by or 'the person'} denied running it",
                               suggestions=["ask the person what they want instead"])
+        if reply.decision == "allow-always" and not whole:
+            log.warning("allow-always for a command that was not shown whole taken as allow-once approval=%s",
+                        request.approval_id)
+            return "allow-once"
         return reply.decision
 
     async def _remembered(self, agent_id: str) -> list[AllowEntry]:
@@ -148,5 +203,5 @@ class ApprovalGate:
     async def _remember(self, agent_id: str, parts: list[Segment]) -> None:
         if self.bus is None or not parts:
             return
-        entries = [json.dumps({"path": p.path}) for p in parts]
+        entries = [json.dumps(remembered_entry(p)) for p in parts]
         await self.bus.redis.sadd(self.bus.keys.exec_allowlist(agent_id), *entries)

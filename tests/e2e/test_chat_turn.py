@@ -216,3 +216,13 @@ def test_cancel_through_the_gateway_kills_the_running_command(processes: Process
         wait_until(lambda: not processes_matching("sleep 77.25"), timeout=15, what="the command to be killed")
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
+
+
+def test_pincer_chat_prints_what_models_and_tools_wrote_without_obeying_it(stack: dict[str, str],
+                                                                           processes: Processes) -> None:
+    hostile = "CALL [/bold]\x1b[8mtool {}\nplus \x1b]0;owned\x07 a title and \x1b[2J a clear"
+    done = processes.run("chat", "-m", hostile, "--session", "hostile")
+    assert done.returncode == 0, done.stderr  # rich markup in a tool name no longer crashes it
+    assert "[/bold]" in done.stderr and "TOOL_NOT_FOUND" in done.stdout
+    for output in (done.stdout, done.stderr):
+        assert "\x1b" not in output and "\x07" not in output
