@@ -256,7 +256,9 @@ class Turn:
             args = json.loads(call.arguments or "{}")
             if not isinstance(args, dict):
                 raise ValueError(f"expected a JSON object, got {type(args).__name__}")
-        except ValueError as exc:
+            if _depth(args) > MAX_ARGS_DEPTH:  # no tool takes such; the wire could not carry it anyway
+                raise ValueError(f"they nest deeper than {MAX_ARGS_DEPTH} levels")
+        except (ValueError, RecursionError) as exc:
             result = _local_failure(call_id, call.name, ErrorCode.INVALID_ARGUMENTS,
                                     f"the arguments are not a JSON object ({exc}); send them as a JSON object")
         else:
@@ -394,6 +396,17 @@ def _for_model(result: ToolResult) -> str:
 def _local_failure(call_id: str, tool: str, code: ErrorCode, message: str, *, recoverable: bool = True) -> ToolResult:
     return ToolResult(call_id=call_id, success=False, error=ToolError(code=code, message=message,
                       recoverable=recoverable), metadata=ResultMetadata(tool_name=tool, worker_id="brain"))
+
+
+MAX_ARGS_DEPTH = 32
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    """How deeply ``value`` nests, counted no further than just past the limit."""
+    if level > MAX_ARGS_DEPTH:
+        return level
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return max((_depth(child, level + 1) for child in children), default=level)
 
 
 def _summary(call: ToolCall) -> str:

@@ -313,6 +313,11 @@ _VALIDATORS = {model.model_fields["type"].default: model.__pydantic_validator__
 MESSAGE_TYPES: frozenset[str] = frozenset(_VALIDATORS)
 
 
+# Bounds on what one entry may decode to: a 10 MB entry of empty arrays is 644 MB of Python lists.
+MAX_DATA_BYTES = 16 * 2**20
+MAX_ITEMS = 100_000  # elements of one array, or pairs of one map
+
+
 class MalformedMessage(ValueError):
     """A stream entry that is not a Pincer message; the reason says why."""
 
@@ -348,8 +353,10 @@ def decode(fields: dict[bytes, bytes]) -> Message:
     validator = _VALIDATORS.get(kind)
     if validator is None:
         raise MalformedMessage(f"unknown message type {kind!r}")
-    try:
-        data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    if len(raw) > MAX_DATA_BYTES:
+        raise MalformedMessage(f"field 'data' is {len(raw):,} bytes; the most an entry may carry is {MAX_DATA_BYTES:,}")
+    try:  # msgpack's own C unpacker also refuses nesting past its stack (StackError)
+        data = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_array_len=MAX_ITEMS, max_map_len=MAX_ITEMS)
     except Exception as exc:  # msgpack raises several unrelated types
         raise MalformedMessage(f"field 'data' is not msgpack: {exc}") from None
     if not isinstance(data, dict):

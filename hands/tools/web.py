@@ -6,6 +6,7 @@ import asyncio
 import importlib
 import ipaddress
 import sys
+import zlib
 from fnmatch import fnmatchcase
 from html.parser import HTMLParser
 from types import ModuleType
@@ -86,22 +87,64 @@ async def _get(client: httpx.AsyncClient, url: str, target: Target, max_bytes: i
     literal = f"[{target.address}]" if ":" in target.address else target.address
     pinned = httpx.URL(url).copy_with(host=literal)
     default_port = target.port == (443 if target.scheme == "https" else 80)
-    headers = {"host": target.host if default_port else f"{target.host}:{target.port}", "user-agent": user_agent}
+    # Only encodings decoded here, by the byte, under the cap: never an unbounded decompress.
+    headers = {"host": target.host if default_port else f"{target.host}:{target.port}", "user-agent": user_agent,
+               "accept-encoding": "gzip, deflate"}
     body, cut = bytearray(), False
     try:
         async with client.stream("GET", pinned, headers=headers,
                                  extensions={"sni_hostname": target.host}) as response:
-            async for chunk in response.aiter_bytes():
-                body += chunk
-                if len(body) > max_bytes:
-                    del body[max_bytes:]
-                    cut = True
+            decoder = _decoder(url, response.headers.get("content-encoding", ""))
+            async for raw in response.aiter_raw():
+                cut = _take(body, raw, decoder, max_bytes)
+                if cut:
                     break
             return response.status_code, {k.lower(): v for k, v in response.headers.items()}, bytes(body), cut
     except httpx.TimeoutException:
         raise ToolFailure(ErrorCode.TIMEOUT, f"{url!r} did not answer in time") from None
     except httpx.HTTPError as exc:
         raise ToolFailure(ErrorCode.NETWORK_ERROR, f"fetching {url!r} failed: {type(exc).__name__}: {exc}") from None
+
+
+class _Inflate:
+    """gzip or deflate, decoded at most ``limit`` bytes at a time (a 600-byte bomb stays 600 bytes)."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self.state: Any = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+
+    def decode(self, data: bytes, limit: int) -> bytes:
+        """Up to ``limit`` decoded bytes of ``data`` (what did not fit is dropped: the body is cut there)."""
+        if self.state is None:  # deflate: zlib-wrapped as the RFC says, or raw as some servers send it
+            self.state = zlib.decompressobj(zlib.MAX_WBITS if data[:1] and data[0] & 0x0F == 8 else -zlib.MAX_WBITS)
+        try:
+            return bytes(self.state.decompress(data, limit))
+        except zlib.error as exc:
+            raise ToolFailure(ErrorCode.NETWORK_ERROR, f"the {self.encoding} body is corrupt: {exc}",
+                              retryable=False) from None
+
+
+def _decoder(url: str, header: str) -> _Inflate | None:
+    encodings = [e.strip().lower() for e in header.split(",") if e.strip() and e.strip().lower() != "identity"]
+    if len(encodings) > 1:
+        raise ToolFailure(ErrorCode.PERMISSION_DENIED, f"{url!r} sent its body in stacked encodings "
+                          f"({header}): refused (a small answer could decode to gigabytes)")
+    if encodings and encodings[0] not in ("gzip", "x-gzip", "deflate"):
+        raise ToolFailure(ErrorCode.NETWORK_ERROR, f"{url!r} sent its body in an encoding web_fetch does not "
+                          f"decode ({header}); only gzip and deflate", retryable=False)
+    return _Inflate("gzip" if encodings[0] == "x-gzip" else encodings[0]) if encodings else None
+
+
+def _take(body: bytearray, raw: bytes, decoder: _Inflate | None, max_bytes: int) -> bool:
+    """Add a raw chunk to ``body``, decoded, never past ``max_bytes``; True once the cap cut it."""
+    if decoder is None:
+        body += raw[: max_bytes + 1 - len(body)]
+    else:
+        body += decoder.decode(raw, max_bytes + 1 - len(body))  # at least 1: body never passes the cap here
+    if len(body) > max_bytes:
+        del body[max_bytes:]
+        return True
+    return False
 
 
 def _check_domain(ctx: ToolContext, host: str) -> None:

@@ -46,14 +46,19 @@ async def test_invented_tools_and_bad_json_are_answered_without_hands(bus: Bus, 
     def script(messages):
         if messages[-1]["role"] == "tool":
             return Completion(text=" | ".join(m["content"] for m in messages if m["role"] == "tool"))
+        deep: Any = "x"
+        for _ in range(200):  # far past any tool, and past what the wire carries: it must not crash the turn
+            deep = {"a": deep}
         return Completion(tool_calls=[call("teleport", {}, 0), call("read_file", "{not json", 1),
-                                      call("read_file", [1, 2], 2)])
+                                      call("read_file", [1, 2], 2), call("read_file", {"path": deep}, 3),
+                                      call("read_file", "[" * 100_000 + "]" * 100_000, 4)])
 
     await pool(FakeLLM(script))
     reply = (await chat("go"))[-1]
+    assert isinstance(reply, ChatReply), reply
     assert "TOOL_NOT_FOUND" in reply.text and "no tool named 'teleport'" in reply.text
     assert ", ".join(TOOL_NAMES) in reply.text
-    assert reply.text.count("INVALID_ARGUMENTS") == 2
+    assert reply.text.count("INVALID_ARGUMENTS") == 4 and "nest deeper than 32 levels" in reply.text
     sent = await bus.redis.xrange(bus.keys.hands_requests)
     assert all(fields[b"type"] == b"tools:list" for _, fields in sent)  # none of them reached Hands
 

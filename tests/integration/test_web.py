@@ -7,7 +7,9 @@ and must never see one.
 
 from __future__ import annotations
 
+import gzip
 import threading
+import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -43,6 +45,24 @@ class Site:
         self.server.server_close()
 
 
+def _gzip(data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=9)
+
+
+def _gzipped_zeros(megabytes: int) -> bytes:
+    """gzip of that many MB of zeros (~1 KB per MB), made without ever holding them."""
+    packer, block = zlib.compressobj(9, wbits=16 + zlib.MAX_WBITS), b"\0" * 2**20
+    return b"".join(packer.compress(block) for _ in range(megabytes)) + packer.flush()
+
+
+BOMB = _gzipped_zeros(300)  # 300 MB decoded from ~300 KB; gzipped again, ~1 KB
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
 PAGE = b"""<html><head><title>Pincer test page</title><script>alert('x')</script><style>p{}</style></head>
 <body><h1>Hello</h1><p>First   paragraph.</p><p>Host was {host}.</p><script>evil()</script></body></html>"""
 
@@ -67,6 +87,14 @@ def public_site(internal: Site) -> Iterator[Site]:
         "/big": (200, {"content-type": "text/plain"}, b"z" * 200_000),
         "/busy": (503, {}, b"down"),
         "/image": (200, {"content-type": "image/png"}, b"\x89PNG...."),
+        "/bomb-stacked": (200, {"content-type": "text/plain", "content-encoding": "gzip, gzip"}, _gzip(BOMB)),
+        "/bomb": (200, {"content-type": "text/plain", "content-encoding": "gzip"}, BOMB),
+        "/deflated": (200, {"content-type": "text/plain", "content-encoding": "deflate"},
+                      zlib.compress(b"plain words, deflated")),
+        "/raw-deflated": (200, {"content-type": "text/plain", "content-encoding": "deflate"},
+                          _raw_deflate(b"raw deflate too")),
+        "/brotli": (200, {"content-type": "text/plain", "content-encoding": "br"}, b"\x0b\x02\x80hi\x03"),
+        "/corrupt": (200, {"content-type": "text/plain", "content-encoding": "gzip"}, b"\x1f\x8b not gzip at all"),
     })
     yield site
     site.close()
@@ -188,3 +216,22 @@ async def test_web_fetch_keeps_to_its_allowed_domains(engine, call, public_site:
     result = await call("web_fetch", {"url": f"http://127.0.0.2:{public_site.port}/page"})
     assert result.error.code is ErrorCode.PERMISSION_DENIED and "hands.web.allowed_domains" in result.error.message
     assert public_site.hits == []
+
+
+async def test_compressed_bodies_are_decoded_under_the_cap_and_bombs_refused(web: str, call) -> None:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    stacked = await call("web_fetch", {"url": f"{web}/bomb-stacked"})
+    assert stacked.error.code is ErrorCode.PERMISSION_DENIED and "stacked encodings" in stacked.error.message
+    bomb = await call("web_fetch", {"url": f"{web}/bomb"})
+    assert bomb.success and bomb.data["body_cut_at_bytes"] == 50_000
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 100, f"the worker grew {grown_mb:.0f} MB decoding a bomb"  # decoded whole: 300 MB and more
+    for path, text in (("/deflated", "plain words, deflated"), ("/raw-deflated", "raw deflate too")):
+        page = await call("web_fetch", {"url": f"{web}{path}"})
+        assert page.success and text in page.data["text"], page
+    unknown = await call("web_fetch", {"url": f"{web}/brotli"})
+    assert unknown.error.code is ErrorCode.NETWORK_ERROR and "only gzip and deflate" in unknown.error.message
+    corrupt = await call("web_fetch", {"url": f"{web}/corrupt"})
+    assert corrupt.error.code is ErrorCode.NETWORK_ERROR and "corrupt" in corrupt.error.message

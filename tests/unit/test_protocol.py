@@ -106,3 +106,14 @@ def test_error_codes_are_the_seeds_and_retryable_ones_are_marked() -> None:
              "RETRY_EXHAUSTED", "ALL_FAILED", "WORKER_LOST", "APPROVAL_DENIED", "CANCELLED", "UNHANDLED"}
     assert seeds <= {c.value for c in ErrorCode}
     assert {c.value for c in RETRYABLE} == {"TIMEOUT", "NETWORK_ERROR", "RATE_LIMITED", "SERVICE_UNAVAILABLE"}
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (msgpack.packb([[]] * 2_000_000), "exceeds max_array_len"),  # 2 MB on the bus, ~130 MB as lists
+    (msgpack.packb({str(i): 0 for i in range(200_000)}), "exceeds max_map_len"),
+    (b"\x91" * 5000 + b"\x90", "not msgpack"),  # nesting past the unpacker's stack
+    (b"\xc4\x00" + b"\0" * (17 * 2**20), "the most an entry may carry"),
+])
+def test_entries_that_would_decode_to_too_much_are_malformed(data: bytes, reason: str) -> None:
+    with pytest.raises(MalformedMessage, match=reason):
+        decode({b"type": b"tool:execute", b"id": b"x", b"data": data})
