@@ -131,6 +131,10 @@ class JobSettings(Section):
 
     max_timeout_s: float = Field(default=3600.0, ge=1)  # longest a background job may run
     keep_s: float = Field(default=1800.0, ge=1)  # how long a finished job stays listed
+    # Jobs running at once, per session and in a worker: past them a command stays in the
+    # foreground (it runs to its timeout) and background: true is refused.
+    max_per_session: int = Field(default=4, ge=1)
+    max_per_worker: int = Field(default=16, ge=1)
 
 
 class AllowEntry(Section):

@@ -52,9 +52,21 @@ class Job:
 
 
 class JobManager:
-    def __init__(self, redis: Any, keys: Keys, *, worker_id: str, keep_s: float) -> None:
+    def __init__(self, redis: Any, keys: Keys, *, worker_id: str, keep_s: float, max_per_session: int = 4,
+                 max_per_worker: int = 16) -> None:
         self.redis, self.keys, self.worker_id, self.keep_s = redis, keys, worker_id, keep_s
+        self.max_per_session, self.max_per_worker = max_per_session, max_per_worker
         self.jobs: dict[str, Job] = {}
+
+    def room_for(self, session_id: str) -> str | None:
+        """Why no other job may start for this session now, or None when one may."""
+        running = [job for job in self.jobs.values() if job.status == "running"]
+        if len(running) >= self.max_per_worker:
+            return f"this worker already runs {len(running)} background jobs (hands.jobs.max_per_worker)"
+        mine = sum(job.session_id == session_id for job in running)
+        if mine >= self.max_per_session:
+            return f"this session already runs {mine} background jobs (hands.jobs.max_per_session)"
+        return None
 
     async def adopt(self, running: Running, *, session_id: str, command: str, timeout_s: float) -> Job:
         """Keep a started command running after its call returns."""
@@ -65,9 +77,9 @@ class JobManager:
         await self._record(job)
         return job
 
-    def local(self, job_id: str) -> Job:
+    def local(self, job_id: str, *, session_id: str | None = None) -> Job:
         job = self.jobs.get(job_id)
-        if job is None:
+        if job is None or (session_id is not None and job.session_id != session_id):  # another's: unseen
             raise ToolFailure(ErrorCode.FILE_NOT_FOUND, f"no job {job_id!r} on this worker",
                               suggestions=["process list shows the jobs of this session"])
         return job

@@ -57,7 +57,9 @@ class HandsWorker:
         self.registry, self.skills = load_registry(settings)
         self.meter = Meter()
         self.sandbox = Sandbox(settings.sandbox, Workspace(settings.workspace).root, meter=self.meter)
-        self.jobs = JobManager(bus.redis, bus.keys, worker_id=worker_id, keep_s=settings.jobs.keep_s)
+        self.jobs = JobManager(bus.redis, bus.keys, worker_id=worker_id, keep_s=settings.jobs.keep_s,
+                               max_per_session=settings.jobs.max_per_session,
+                               max_per_worker=settings.jobs.max_per_worker)
         self.inbox = ReplyInbox(bus, worker_id)  # answers this worker waits for (approval decisions)
         self.control = BroadcastReader(bus, bus.keys.hands_control, self._on_control)
         self._in_flight: dict[str, asyncio.Task[Any]] = {}

@@ -10,15 +10,25 @@ from bus.keys import Keys
 from bus.protocol import now_ms
 
 
+class NoteRefused(ValueError):
+    """The note would pass a limit; nothing was stored. The message says which."""
+
+
 class LongTermMemory:
-    def __init__(self, redis: Any, keys: Keys) -> None:
+    def __init__(self, redis: Any, keys: Keys, *, max_chars: int = 100_000, max_notes: int = 1_000) -> None:
         self.redis, self.keys = redis, keys
+        self.max_chars, self.max_notes = max_chars, max_notes
 
     async def write(self, agent_id: str, key: str, content: str, *, append: bool = False) -> str:
-        """Store a note (or add to it); returns the note's full content."""
-        if append:
-            existing = await self.read(agent_id, key)
-            content = f"{existing}\n{content}" if existing else content
+        """Store a note (or add to it); returns the note's full content. Limits are checked before
+        anything is stored: a refused write leaves the note as it was."""
+        existing = await self.read(agent_id, key)
+        if append and existing:
+            content = f"{existing}\n{content}"
+        if len(content) > self.max_chars:
+            raise NoteRefused(f"note {key!r} would be {len(content):,} characters; the limit is {self.max_chars:,}")
+        if existing is None and await self.redis.hlen(self.keys.memory(agent_id)) >= self.max_notes:
+            raise NoteRefused(f"the agent already keeps {self.max_notes:,} notes; update or replace one")
         note = msgpack.packb({"content": content, "updated": now_ms()}, use_bin_type=True)
         await self.redis.hset(self.keys.memory(agent_id), key, note)
         return content

@@ -50,6 +50,11 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
     if ctx.sandbox is None:
         raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "this worker has no sandbox to run commands in",
                           retryable=False)
+    full = ctx.jobs.room_for(ctx.session_id) if ctx.jobs is not None else "this worker keeps no jobs"
+    if args.get("background") and full:
+        raise ToolFailure(ErrorCode.RESOURCE_EXHAUSTED, f"cannot start a background job: {full}",
+                          suggestions=["kill a job you no longer need (process list, process kill)",
+                                       "or run the command in the foreground"])
     try:
         running: Running = await ctx.sandbox.start(argv, workdir=relative, env=env)
     except SandboxUnavailable as exc:
@@ -61,8 +66,11 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
         if not args.get("background"):
             running.process.stdin.close()  # only background jobs take input (process write)
         yield_s = 0.0 if args.get("background") else args.get("yield_ms", 10_000) / 1000
-        if not await running.wait(min(yield_s, timeout)) and yield_s < timeout and ctx.jobs is not None:
+        if not await running.wait(min(yield_s, timeout)) and yield_s < timeout:
             running.timed_out = False  # it yielded, it did not time out
+            if ctx.jobs is None or ctx.jobs.room_for(ctx.session_id):  # no room for a job: it runs in the foreground
+                await running.wait(timeout - yield_s)
+                return _exited(running.result(), timeout)
             job = await ctx.jobs.adopt(running, session_id=ctx.session_id, command=" ".join(argv), timeout_s=timeout)
             adopted = True
             job.polled_out, job.polled_err = running.out.total, running.err.total
@@ -72,7 +80,11 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
     finally:
         if not adopted:
             await running.stop()
-    result = running.result()
+    return _exited(running.result(), timeout)
+
+
+def _exited(result: Any, timeout: float) -> dict[str, Any]:
+    """The answer for a command that ran to its end (or its timeout) in the foreground."""
     output = {"stdout": result.stdout, "stderr": result.stderr}
     if result.timed_out:
         raise ToolFailure(
@@ -103,7 +115,7 @@ async def process(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
                               suggestions=["process list shows the jobs of this session"])
         raise ToolFailure(ErrorCode.WORKER_LOST, f"job {job_id!r} ran on worker {owner}, which is gone; its process "
                           "and output are lost", suggestions=["start the command again"], retryable=False)
-    job = ctx.jobs.local(job_id)
+    job = ctx.jobs.local(job_id, session_id=ctx.session_id)  # only the session's own jobs
     running = job.running
     if action == "poll":
         wait = float(args.get("wait_s", 0))

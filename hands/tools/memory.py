@@ -7,6 +7,7 @@ from typing import Any
 from bus.protocol import ErrorCode
 from hands.errors import ToolFailure
 from hands.registry import Category, ToolContext, ToolDefinition
+from memory.longterm import NoteRefused
 
 MAX_NOTE_CHARS = 100_000
 _KEY = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$",
@@ -21,10 +22,12 @@ def _store(ctx: ToolContext) -> Any:
 
 
 async def memory_write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    content = await _store(ctx).write(ctx.agent_id, args["key"], args["content"], append=args.get("append", False))
-    if len(content) > MAX_NOTE_CHARS:
-        raise ToolFailure(ErrorCode.RESOURCE_EXHAUSTED, f"note {args['key']!r} would be {len(content):,} characters; "
-                          f"the limit is {MAX_NOTE_CHARS:,}", suggestions=["write a shorter note or split it"])
+    try:
+        content = await _store(ctx).write(ctx.agent_id, args["key"], args["content"],
+                                          append=args.get("append", False))
+    except NoteRefused as exc:
+        raise ToolFailure(ErrorCode.RESOURCE_EXHAUSTED, str(exc),
+                          suggestions=["write a shorter note, split it, or replace an old one"]) from None
     return {"key": args["key"], "chars": len(content), "appended": bool(args.get("append"))}
 
 

@@ -74,8 +74,8 @@ async def call(bus: Bus):
     await inbox.start()
 
     async def send(tool: str, args: dict | None = None, *, events: list | None = None, timeout: float = 20,
-                   agent: str = "main", sender: str = "") -> ToolResult:
-        request = ToolExecute(tool=tool, args=args or {}, session_id="s", reply_to=inbox.stream, agent_id=agent,
+                   agent: str = "main", sender: str = "", session: str = "s") -> ToolResult:
+        request = ToolExecute(tool=tool, args=args or {}, session_id=session, reply_to=inbox.stream, agent_id=agent,
                               sender=sender, deadline=now_ms() + int(timeout * 1000))
 
         async def keep(event):

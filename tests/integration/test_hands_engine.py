@@ -223,6 +223,18 @@ async def test_memory_is_shared_by_workers(engine, call) -> None:
     assert missing.error.code is ErrorCode.FILE_NOT_FOUND and "notes: cats, fav" in missing.error.message
 
 
+async def test_refused_memory_writes_store_nothing(engine, call, bus) -> None:
+    await engine()
+    big = "x" * 99_000
+    assert (await call("memory_write", {"key": "grows", "content": big})).success
+    for _ in range(5):  # each append would pass the limit: each is refused before it is stored
+        refused = await call("memory_write", {"key": "grows", "content": big, "append": True})
+        assert refused.error.code is ErrorCode.RESOURCE_EXHAUSTED and "the limit is 100,000" in refused.error.message
+    from memory.longterm import LongTermMemory
+
+    assert await LongTermMemory(bus.redis, bus.keys).read("main", "grows") == big
+
+
 # --- skills -------------------------------------------------------------------
 
 

@@ -74,3 +74,27 @@ async def test_a_job_whose_worker_is_gone_reports_worker_lost(jobs, call, bus: B
     assert unknown.error.code is ErrorCode.FILE_NOT_FOUND
     missing = await call("process", {"action": "poll"})
     assert missing.error.code is ErrorCode.INVALID_ARGUMENTS
+
+
+async def test_jobs_belong_to_their_session_and_are_capped(engine, call, ws: Path) -> None:
+    await engine(workspace=ws, sandbox={"allow_degraded": True}, jobs={"keep_s": 30, "max_per_session": 2})
+    first = await call("exec", {"command": "sleep 31.25", "background": True})
+    second = await call("exec", {"command": "sleep 31.5", "background": True})
+    assert first.success and second.success
+    job_id = first.data["job_id"]
+    for action in ("poll", "log", "kill"):  # another session cannot see, read or stop it
+        other = await call("process", {"action": action, "job_id": job_id}, session="someone-else")
+        assert other.error.code is ErrorCode.FILE_NOT_FOUND, other
+    assert (await call("process", {"action": "list"}, session="someone-else")).data["jobs"] == []
+    assert (await call("process", {"action": "poll", "job_id": job_id})).data["status"] == "running"
+
+    third = await call("exec", {"command": "sleep 31.75", "background": True})
+    assert third.error.code is ErrorCode.RESOURCE_EXHAUSTED and "max_per_session" in third.error.message
+    assert not processes_matching("sleep 31.75")  # refused before it started
+    foreground = await call("exec", {"command": "sleep 0.5; echo stayed", "yield_ms": 100})
+    assert foreground.success and foreground.data["status"] == "exited" and foreground.data["stdout"] == "stayed\n"
+    elsewhere = await call("exec", {"command": "sleep 0.2", "background": True}, session="someone-else")
+    assert elsewhere.success  # the cap is per session
+    for job in (first, second):
+        await call("process", {"action": "kill", "job_id": job.data["job_id"]})
+    wait_until(lambda: not processes_matching("sleep 31."), timeout=10, what="the jobs' processes gone")
