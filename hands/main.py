@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from bus.config import Config
+from bus.proc import make_undumpable
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
 from hands.config import HandsSettings
@@ -18,6 +19,7 @@ def main(config: Config, *, concurrency: int | None = None) -> int:
     worker_id = new_instance_id("hands")
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
+        make_undumpable()  # commands may run as our own uid (rlimits tier): our environ stays ours
         await HandsWorker(bus, settings, worker_id=worker_id, heartbeat_s=config.runtime.heartbeat_s).run(stop)
 
     return run_service("hands", config, body, instance_id=worker_id)

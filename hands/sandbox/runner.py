@@ -200,7 +200,7 @@ class Sandbox:
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str]) -> Running:
         """Start a command and return its handle; the caller must ``stop()`` it (it may be long gone)."""
         self.check_allowed()
-        seccomp = _seccomp_fd() if self.tier in ("bwrap", "landlock") else None
+        seccomp = _seccomp_fd(self.tier) if self.tier in ("bwrap", "landlock") else None
         command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp)
         cgroup = RunCgroup.create()
         if cgroup is not None:
@@ -280,7 +280,7 @@ class Sandbox:
                 os.chown(probe_dir, self.settings.uid, self.settings.gid)
             drop = ["setpriv", f"--reuid={self.settings.uid}", f"--regid={self.settings.gid}", "--clear-groups"] \
                 if self.as_root else []
-            seccomp = _seccomp_fd()
+            seccomp = _seccomp_fd("landlock")
             try:
                 done = subprocess.run([*drop, *_shim(), str(probe_dir), ".", str(seccomp), "--", "/usr/bin/true"],
                                       capture_output=True, timeout=20, stdin=subprocess.DEVNULL, pass_fds=(seccomp,))
@@ -317,10 +317,10 @@ def _shim() -> list[str]:
     return [python, "-I", "-c", SHIM_SOURCE]
 
 
-def _seccomp_fd() -> int:
+def _seccomp_fd(tier: str) -> int:
     from hands.sandbox.seccomp import bpf_fd
 
-    return bpf_fd()
+    return bpf_fd(tier=tier)
 
 
 async def _drain(stream: asyncio.StreamReader | None, into: Output) -> None:

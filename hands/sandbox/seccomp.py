@@ -15,14 +15,27 @@ DENIED = (
 )
 
 
-def bpf_fd() -> int:
+# The landlock tier shares the host's file system (Landlock limits opening files, not these): no
+# socket of any family (a pathname UNIX socket outside the workspace, ssh-agent or D-Bus or a
+# Docker socket, is one connect away; socketpair still works), and no changing the mode, owner or
+# times of a file by its path (Landlock does not cover them; by descriptor, the open was checked).
+LANDLOCK_DENIED = ("chmod", "fchmodat", "fchmodat2", "chown", "lchown", "fchownat", "utime", "utimes",
+                   "futimesat")
+
+
+def bpf_fd(*, tier: str = "bwrap") -> int:
     """A file descriptor holding the compiled filter (bwrap ``--seccomp FD`` reads it)."""
     import pyseccomp as sc  # ctypes over the system's libseccomp
 
     flt = sc.SyscallFilter(defaction=sc.ALLOW)
-    # Sockets: only AF_UNIX (no network, no AF_VSOCK to the VM's host).
-    flt.add_rule(sc.ERRNO(errno.EPERM), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
-    for name in DENIED:
+    if tier == "landlock":
+        flt.add_rule(sc.ERRNO(errno.EPERM), "socket")
+        flt.add_rule(sc.ERRNO(errno.EPERM), "utimensat", sc.Arg(1, sc.NE, 0))  # a path, not a descriptor
+        denied = (*DENIED, *LANDLOCK_DENIED)
+    else:  # bwrap: only AF_UNIX (no network, no AF_VSOCK to the VM's host); no host socket is mounted
+        flt.add_rule(sc.ERRNO(errno.EPERM), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+        denied = DENIED
+    for name in denied:
         try:
             flt.add_rule(sc.ERRNO(errno.EPERM), name)
         except (RuntimeError, ValueError, OSError):

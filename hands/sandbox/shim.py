@@ -3,9 +3,9 @@
 Self-contained on purpose (standard library only): the worker runs it as the
 sandbox uid with ``python3 -I -c <this file's text> WORKSPACE WORKDIR BPF_FD --
 ARGV...``, so the sandbox uid needs no access to Pincer's own files. It enters
-new user, network (no interfaces: no network) and pid namespaces (its child
-is pid 1 there and dies with the launcher, taking every descendant, even a
-setsid one, with it), confines files
+new user, network (no interfaces: no network), pid and mount namespaces (its
+child is pid 1 there and dies with the launcher, taking every descendant,
+even a setsid one, with it; a /proc of its own shows only those), confines files
 with Landlock (read-only system trees, read-write workspace; TCP bind/connect
 denied on ABI 4+), installs the seccomp program the worker compiled, and
 execs. Any failed step stops it with exit code 126.
@@ -19,7 +19,8 @@ import os
 import signal
 import sys
 
-CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x10000000, 0x40000000, 0x20000000
+CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS = 0x10000000, 0x40000000, 0x20000000, 0x00020000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 4, 22, 2
 READ_ONLY_PATHS = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives", "/etc/ssl",
              "/etc/ca-certificates", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group",
@@ -98,12 +99,16 @@ def main(args: list[str]) -> None:
     if separator != "--" or not argv:
         _fail("usage: shim WORKSPACE WORKDIR BPF_FD -- ARGV...")
     _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # setpriv cleared it; the new user namespace needs it
-    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) != 0:
+    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS) != 0:
         _fail(f"unshare failed: {os.strerror(ctypes.get_errno())}")
     child = os.fork()  # the first child is pid 1 of the new pid namespace
     if child:
         _supervise(child)
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # launcher killed: pid 1 dies, and all below it
+    # A /proc of the new pid namespace: the host's processes (their command lines, environments) unseen.
+    if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0 or \
+            _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        _fail(f"cannot mount a /proc of its own: {os.strerror(ctypes.get_errno())}")
     tmp = os.path.join(workspace, ".tmp")
     os.makedirs(tmp, exist_ok=True)
     try:

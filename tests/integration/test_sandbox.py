@@ -160,3 +160,43 @@ async def test_a_process_that_leaves_the_session_still_dies(sandboxed, call, tie
     result = await call("exec", {"command": "setsid sleep 88.5 & sleep 88.5", "timeout": 1})
     assert result.error.code is ErrorCode.TIMEOUT
     wait_until(lambda: not processes_matching("sleep 88.5"), timeout=10, what="even the setsid sleep to be gone")
+
+
+@pytest.mark.parametrize("tier", ["bwrap", "landlock"], indirect=True)
+async def test_the_host_stays_out_of_reach(sandboxed, call, tier: str, ws: Path, tmp_path: Path) -> None:
+    """What the README's tier table promises for the two sandboxed tiers, tried from inside."""
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o777)
+    target = outside / "theirs.txt"
+    target.write_text("not yours")
+    if os.geteuid() == 0:
+        os.chown(target, 65534, 65534)  # owned by the sandbox uid, so only the sandbox stops a chmod
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(outside / "agent.sock"))
+    server.listen()
+    os.chmod(outside / "agent.sock", 0o777)
+    try:
+        result = await call("execute_python", {"code": (
+            "import os, socket\n"
+            "print('processes', len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
+            "try:\n"
+            f"    s = socket.socket(socket.AF_UNIX); s.connect({str(outside / 'agent.sock')!r}); print('connected')\n"
+            "except OSError as e: print('socket refused', e.errno)\n"
+            "try:\n"
+            f"    os.chmod({str(target)!r}, 0o777); print('chmod done')\n"
+            "except OSError as e: print('chmod refused', e.errno)\n"
+            "a, b = socket.socketpair(); a.send(b'x'); print('socketpair', b.recv(1))\n"
+            "try:\n"
+            "    open('mine.txt', 'w').close(); os.chmod('mine.txt', 0o600); print('own files', '0o600')\n"
+            "except OSError as e: print('own chmod refused', e.errno)\n"
+        )})
+        assert result.success, result
+        lines = result.data["stdout"].splitlines()
+        assert int(lines[0].split()[1]) <= 3, lines[0]  # its own few, not the host's hundreds
+        assert lines[1].startswith("socket refused") and lines[2].startswith("chmod refused"), lines
+        assert lines[3] == "socketpair b'x'"
+        assert target.stat().st_mode & 0o777 != 0o777 and target.read_text() == "not yours"
+        # bwrap: its own files' modes are its own; landlock: chmod by path is refused even in the workspace
+        assert lines[4] == ("own files 0o600" if tier == "bwrap" else "own chmod refused 1")
+    finally:
+        server.close()

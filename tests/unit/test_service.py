@@ -55,3 +55,4 @@ def test_install_writes_the_units_and_a_private_env_file_and_uninstall_removes_t
 
     assert service.uninstall(system=False) == 0
     assert list(where.iterdir()) == [] and secrets.exists()  # the secrets stay
+
