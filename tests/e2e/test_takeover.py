@@ -12,7 +12,7 @@ from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from tests.conftest import Processes, make_skill, nothing_pending
+from tests.conftest import Processes, async_wait_until, make_skill, nothing_pending
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +51,13 @@ async def test_a_call_survives_its_worker(bus: Bus, processes: Processes, takeov
         call = ToolExecute(tool=tool, args={"s": 1.5}, reply_to=inbox.stream, deadline=now_ms() + 60_000)
         async with inbox.expect(call.call_id) as answers:
             await bus.publish(bus.keys.hands_requests, call)
-            await asyncio.sleep(0.7)  # worker A has it and is running it
+
+            async def worker_a_runs_it() -> bool:  # facts, not a pause: A holds the entry, and has started it
+                pending = await bus.redis.xpending_range(bus.keys.hands_requests, "hands", min="-", max="+", count=10)
+                holds = any(p["consumer"].decode() == worker_a for p in pending)
+                return holds and (taken_over or bool(await bus.redis.exists(bus.keys.call_record(call.call_id))))
+
+            await async_wait_until(worker_a_runs_it, timeout=20, what="worker A to take the call and start it")
             processes.stop(first, signal.SIGKILL)
             await bus.redis.zrem(bus.keys.alive("hands"), worker_a)  # gone now, not after its heartbeat expires
             processes.start("hands", name="hands-b")
