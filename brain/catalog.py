@@ -28,7 +28,7 @@ class ToolCatalog:
 
     async def lookup(self, agent_id: str = "main", sender: str = "") -> tuple[list[ToolSpec], list[SkillInfo]]:
         """The tools and instruction skills this agent may use with this sender."""
-        digest = await self.bus.redis.get(self.bus.keys.tools_digest)
+        digest: bytes | None = await self.bus.redis.get(self.bus.keys.tools_digest)  # type: ignore[assignment]  # bytes: decode_responses=False
         if digest != self._digest:
             self._cache.clear()  # Hands' tools changed: every list is stale
         cached = self._cache.get((agent_id, sender))

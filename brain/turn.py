@@ -167,7 +167,7 @@ class Turn:
             assistant = self._entry(role="assistant", content=completion.text or None,
                                     tool_calls=[call.to_openai() for call in completion.tool_calls] or None,
                                     model=completion.model, iteration=iteration, usage=dict(self.usage),
-                                    **({"final": True} if final else {}))
+                                    **({"final": True} if final else {}))  # type: ignore[arg-type]  # metadata
             await deps.sessions.append(msg.session_id, assistant)
             messages.append(assistant.to_llm())
             self.unanswered = list(completion.tool_calls)
@@ -339,7 +339,7 @@ class Turn:
             call_id=result.call_id, success=result.success, worker_id=result.metadata.worker_id,
             duration_ms=result.metadata.duration_ms, truncated=result.metadata.truncated,
             attempts=result.metadata.attempts, sandbox=result.metadata.sandbox,
-            **({"error_code": result.error.code.value} if result.error else {}),
+            **({"error_code": result.error.code.value} if result.error else {}),  # type: ignore[arg-type]  # metadata
         )
 
     async def _stream_text(self, text: str) -> None:
@@ -371,7 +371,8 @@ def _finished(message: ChatMessage, turn: list[TranscriptEntry]) -> ChatReply | 
                          model=last.metadata.get("model", ""), usage=last.metadata.get("usage") or {})
     if last.metadata.get("stopped"):
         return ChatError(session_id=message.session_id, message_id=message.message_id,
-                         code=ErrorCode(last.metadata["stopped"]), message=last.metadata.get("told", last.content))
+                         code=ErrorCode(last.metadata["stopped"]),
+                         message=str(last.metadata.get("told") or last.content or last.metadata["stopped"]))
     return None
 
 

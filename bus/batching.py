@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -134,7 +134,7 @@ class Batcher:
         they follow (``bus.outcomes.Answers``). (Lua scripts cannot be queued: redis-py's
         asyncio ``Script`` call is a coroutine.)
         """
-        stack = pipe.command_stack
+        stack = cast(list[tuple[tuple[Any, ...], dict[str, Any]]], pipe.command_stack)  # as redis-py queued them
         return await self._held.send(stack, transaction=len(stack) > 1)
 
 

@@ -43,6 +43,7 @@ def setup(role: str, runtime: RuntimeSettings) -> None:
         return
     provider = TracerProvider(resource=Resource.create({"service.name": f"pincer-{role}",
                                                         "service.instance.id": str(os.getpid())}))
+    exporter: Any
     if runtime.otel_exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

@@ -83,7 +83,7 @@ def dead_letter_build(bus: Bus, stream: str, group: str, entry_id: str, fields: 
                       reason: str) -> Build:
     """The write that copies an entry to ``dead`` with why and acknowledges it (two commands: one
     transaction, so when Redis refuses it, out of memory say, neither happens and it stays pending)."""
-    copy = {b"dead:source": stream.encode(), b"dead:group": group.encode(), b"dead:entry": entry_id.encode(),
+    copy: dict[Any, Any] = {b"dead:source": stream.encode(), b"dead:group": group.encode(), b"dead:entry": entry_id.encode(),
             b"dead:reason": reason.encode()}
     copy.update({k: v for k, v in fields.items() if not k.startswith(b"dead:")})
 

@@ -83,7 +83,8 @@ async def alive(bus: Bus, role: str) -> list[str]:
     """Instances of ``role`` whose heartbeat has not expired."""
     key, now = bus.keys.alive(role), time.time()
     await bus.redis.zremrangebyscore(key, "-inf", now)
-    return sorted(m.decode() for m in await bus.redis.zrangebyscore(key, now, "+inf"))
+    members: list[bytes] = await bus.redis.zrangebyscore(key, now, "+inf")  # type: ignore[assignment]  # bytes
+    return sorted(m.decode() for m in members)
 
 
 async def instances(bus: Bus, role: str) -> list[dict[str, str]]:

@@ -98,7 +98,7 @@ class Reaper:
         mine = sorted(self.consumer.holding.get(stream, ()))
         if mine:
             await self.bus.redis.xclaim(stream, self.consumer.group, self.consumer.consumer, min_idle_time=0,
-                                        message_ids=mine, justid=True)
+                                        message_ids=list[Any](mine), justid=True)
 
     async def _claim(self, stream: str) -> None:
         idle_ms, cursor = int(self.settings.claim_idle_s * 1000), "0-0"
@@ -119,7 +119,7 @@ class Reaper:
                 continue  # ours, and still being handled
             pending = await self.bus.redis.xpending_range(stream, self.consumer.group, min=entry_id, max=entry_id,
                                                           count=1)
-            times = pending[0]["times_delivered"] if pending else 2
+            times = int(pending[0]["times_delivered"]) if pending else 2
             log.warning("took over %s", kv(stream=stream, entry=entry_id, deliveries=times))
             if times > self.settings.max_deliveries:
                 await self._poison(stream, entry_id, fields, times)

@@ -19,6 +19,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.exceptions import ConnectionError, DataError, ResponseError
 
+_hiredis_pack: Callable[[tuple[Any, ...]], Any] | None
 try:
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # hiredis is a dependency, but a missing wheel must not stop Pincer
@@ -33,6 +34,7 @@ class HiredisPacking:
         # A command name with spaces ("CLIENT SETNAME") goes out as separate words.
         if (" " if isinstance(head, str) else b" ") in head:
             args = (*head.split(), *args[1:])
+        assert _hiredis_pack is not None  # this class is only used when hiredis is there
         try:
             return [_hiredis_pack(args)]
         except TypeError:
@@ -108,7 +110,6 @@ def connect(url: str, *, max_connections: int = 128) -> Redis:
                                 socket_connect_timeout=5, max_connections=max_connections, **tcp)
     redis = Redis.from_pool(pool)
     if _hiredis_pack is not None:
-        pool = redis.connection_pool
         base = pool.connection_class  # TCP, TLS or unix socket, as the URL says
         pool.connection_class = type(f"Hiredis{base.__name__}", (HiredisPacking, base), {})
     return redis

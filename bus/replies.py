@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from redis import exceptions as redis_errors
@@ -25,7 +25,7 @@ from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
 log = logging.getLogger("bus")
 
 TRIM_EVERY = 256  # replies read between two trims of an inbox stream
-WAKE = {b"wake": b"closing"}  # added by close(): ends the inbox's blocking read at once
+WAKE: dict[Any, Any] = {b"wake": b"closing"}  # added by close(): ends the inbox's blocking read at once
 
 
 class ReplyInbox:
@@ -67,7 +67,7 @@ class ReplyInbox:
 
     async def request(
         self, stream: str, message: Message, correlation_id: str, *, timeout: float,
-        final: tuple[type, ...] = (), on_event: Callable[[Message], Awaitable[None]] | None = None,
+        final: tuple[type, ...] = (), on_event: Callable[[Message], Coroutine[Any, Any, None]] | None = None,
     ) -> Message:
         """Publish and wait for the reply (the first one, or the first of a ``final`` type,
         handing earlier ones such as ``tool:progress`` to ``on_event``); ``TimeoutError`` when none comes.
@@ -152,7 +152,7 @@ class ReplyInbox:
 
 
 async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
-               closing: Callable[[], bool]) -> AsyncIterator[list[tuple[bytes, dict[bytes, bytes]]]]:
+               closing: Callable[[], bool]) -> AsyncGenerator[list[tuple[bytes, dict[bytes, bytes]]], None]:
     """Every entry added to ``stream`` after ``start``, as (id, fields) in the batches each XREAD
     returns (a step of the generator per read, not per entry), reconnecting with backoff, until ``closing()``.
 

@@ -81,7 +81,8 @@ class Bus:
     def add(self, pipe: Pipeline, stream: str, message: Message, traceparent: str | None = None) -> None:
         """Queue an XADD of ``message`` on a pipeline, capped as its stream's kind wants."""
         maxlen = self._maxlen(stream)
-        pipe.xadd(stream, encode(message, traceparent=traceparent), maxlen=maxlen, approximate=maxlen is not None)
+        fields: dict[Any, Any] = encode(message, traceparent=traceparent)  # redis-py's field type is invariant
+        pipe.xadd(stream, fields, maxlen=maxlen, approximate=maxlen is not None)
 
     def reader(self) -> HeldConnection:
         """One connection of the bus's pool, for one loop of blocking reads (``aclose`` gives it back)."""
@@ -229,7 +230,7 @@ class GroupConsumer:
             if ids:
                 with contextlib.suppress(redis_errors.RedisError, OSError):
                     await self.bus.redis.xclaim(stream, self.group, self.consumer, min_idle_time=0,
-                                                message_ids=ids, idle=idle_ms, justid=True)
+                                                message_ids=list[Any](ids), idle=idle_ms, justid=True)
                     handed += len(ids)
         return handed
 

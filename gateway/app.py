@@ -174,7 +174,8 @@ class Gateway:
         identity = caller(request)
         body = await read_json(request, Decide, example='{"decision": "allow-once"}')
         key = self.bus.keys.approval(approval_id)
-        pending = {k.decode(): v.decode() for k, v in (await self.bus.redis.hgetall(key)).items()}
+        raw: dict[bytes, bytes] = await self.bus.redis.hgetall(key)  # type: ignore[assignment]  # bytes
+        pending = {k.decode(): v.decode() for k, v in raw.items()}
         gone = not_found(f"no pending approval {approval_id!r}: it was answered, or it expired")
         if not pending.get("reply_to"):
             raise gone

@@ -290,7 +290,7 @@ def _refuse_unsupported(body: CompletionRequest) -> None:
 
 
 def _entry(message: InMessage, index: int) -> TranscriptEntry:
-    role = "user" if message.role == "user" else "assistant"
+    role: Literal["user", "assistant"] = "user" if message.role == "user" else "assistant"
     return TranscriptEntry(role=role, content=text_of(message, index), metadata={"from_client": True})
 
 

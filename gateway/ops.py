@@ -7,7 +7,7 @@ them (``pincer status``, ``pincer dead ...``), scripts take ``--json``.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from bus.keys import BRAIN_GROUP, HANDS_GROUP
 from bus.presence import ROLES, instances
@@ -62,16 +62,25 @@ async def undelivered(bus: Bus, key: str, group: dict[str, Any], *, cap: int = 1
         return int(group["lag"])
     last = group["last-delivered-id"]
     last = last.decode() if isinstance(last, bytes) else last
-    return len(await bus.redis.xrange(key, min=f"({last}", count=cap))
+    return len(await bus.redis.xrange(key, min=f"({last}", count=cap) or [])
+
+
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+async def _dead(bus: Bus, *, newest_first: bool = False, **bounds: Any) -> Entries:
+    """Entries of the dead-letter stream, as bytes (the bus's client never decodes)."""
+    read = bus.redis.xrevrange if newest_first else bus.redis.xrange
+    return cast(Entries, await read(bus.keys.dead, **bounds) or [])
 
 
 async def dead_list(bus: Bus, *, limit: int = 50) -> list[dict[str, Any]]:
     """The newest dead-lettered entries first."""
-    return [_describe(raw_id, fields) for raw_id, fields in await bus.redis.xrevrange(bus.keys.dead, count=limit)]
+    return [_describe(raw_id, fields) for raw_id, fields in await _dead(bus, newest_first=True, count=limit)]
 
 
 async def dead_show(bus: Bus, entry_id: str) -> dict[str, Any] | None:
-    found = await bus.redis.xrange(bus.keys.dead, min=entry_id, max=entry_id)
+    found = await _dead(bus, min=entry_id, max=entry_id)
     if not found:
         return None
     raw_id, fields = found[0]
@@ -94,7 +103,7 @@ async def dead_retry(bus: Bus, entry_ids: list[str] | None) -> list[dict[str, st
         if not source:
             continue
         async with bus.redis.pipeline(transaction=False) as pipe:  # two cluster slots: added first, then removed
-            pipe.xadd(source, _original(fields))
+            pipe.xadd(source, cast(dict[Any, Any], _original(fields)))
             pipe.xdel(bus.keys.dead, raw_id)
             new_id, _ = await pipe.execute()
         moved.append({"dead_id": raw_id.decode(), "stream": source, "new_id": new_id.decode()})
@@ -110,12 +119,12 @@ async def dead_purge(bus: Bus, entry_ids: list[str] | None) -> int:
     return int(await bus.redis.xdel(bus.keys.dead, *entry_ids)) if entry_ids else 0
 
 
-async def _select(bus: Bus, entry_ids: list[str] | None) -> list[tuple[bytes, dict[bytes, bytes]]]:
+async def _select(bus: Bus, entry_ids: list[str] | None) -> Entries:
     if entry_ids is None:
-        return list(await bus.redis.xrange(bus.keys.dead))
-    selected = []
+        return await _dead(bus)
+    selected: Entries = []
     for entry_id in entry_ids:
-        selected += await bus.redis.xrange(bus.keys.dead, min=entry_id, max=entry_id)
+        selected += await _dead(bus, min=entry_id, max=entry_id)
     return selected
 
 

@@ -81,7 +81,8 @@ async def show_trace(config: Config, session_id: str, *, turn: int | None, as_js
         print(f"pincer: error: session {session_id!r} has turns 1 to {len(turns)}", file=sys.stderr)
         return 2
     chosen = [turn] if turn is not None else list(range(1, len(turns) + 1))
-    found = [{"turn": n, "started": turns[n - 1][0].timestamp, "steps": timeline(turns[n - 1])} for n in chosen]
+    found: list[dict[str, Any]] = [{"turn": n, "started": turns[n - 1][0].timestamp, "steps": timeline(turns[n - 1])}
+                                   for n in chosen]
     if as_json:
         print(json.dumps(found, indent=2))
         return 0

@@ -81,7 +81,8 @@ def segments(command: str | None, argv: list[str] | None) -> list[Segment]:
         tokens = list(lexer)
     except ValueError as exc:
         return [Segment(None, [], f"it does not parse ({exc})")]
-    found, current = [], []
+    found: list[Segment] = []
+    current: list[str] = []
     for token in [*tokens, ";"]:
         if token in SEPARATORS:
             if current:

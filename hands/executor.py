@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tenacity import (
     AsyncRetrying,
@@ -245,7 +245,7 @@ class Executor:
     @contextlib.asynccontextmanager
     async def _reporting(self, tool: ToolDefinition, call: ToolExecute, started: float) -> AsyncIterator[None]:
         """For network and code tools: ``started`` at once, then ``running`` every interval."""
-        async def report(status: str) -> None:
+        async def report(status: Literal["started", "running", "output"]) -> None:
             elapsed = int((time.monotonic() - started) * 1000)
             await self.progress(call.reply_to, ToolProgress(
                 call_id=call.call_id, status=status, message=f"{tool.name} {status}", elapsed_ms=elapsed))

@@ -86,7 +86,7 @@ async def resolve(url: str, *, also_allowed: list[ipaddress.IPv4Network | ipaddr
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ToolFailure(ErrorCode.NETWORK_ERROR, f"cannot resolve {host!r}: {exc.strerror}") from None
-    addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+    addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
     if not addresses or not all(public(a, also_allowed=also_allowed) for a in addresses):
         raise _blocked(url, host, [str(a) for a in addresses])
     return Target(scheme=parts.scheme, host=host, port=port, address=str(addresses[0]))

@@ -42,7 +42,7 @@ class ToolPolicy:
 
     def decide(self, tool: ToolDefinition, *, agent: str = "main", sender: str = "") -> Decision:
         trace: list[str] = []
-        layers = [("hands.tools", self.settings)]
+        layers: list[tuple[str, ToolRules]] = [("hands.tools", self.settings)]
         if agent in self.settings.agents:
             layers.append((f"hands.tools.agents.{agent}", self.settings.agents[agent]))
         for where, rules in layers:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+Notes = list[dict[str, Any]]  # the method named list would shadow the builtin in annotations
+
 import msgpack
 
 from bus.keys import Keys
@@ -37,7 +39,7 @@ class LongTermMemory:
         raw = await self.redis.hget(self.keys.memory(agent_id), key)
         return None if raw is None else msgpack.unpackb(raw, raw=False)["content"]
 
-    async def list(self, agent_id: str) -> list[dict[str, Any]]:
+    async def list(self, agent_id: str) -> Notes:
         notes = await self.redis.hgetall(self.keys.memory(agent_id))
         listed = []
         for key, raw in sorted(notes.items()):
@@ -48,7 +50,7 @@ class LongTermMemory:
                            "preview": preview})
         return listed
 
-    async def search(self, agent_id: str, query: str, *, limit: int = 10) -> list[dict[str, Any]]:
+    async def search(self, agent_id: str, query: str, *, limit: int = 10) -> Notes:
         """Notes whose key or text contains every word of the query (case-insensitive), best first."""
         words = [w.lower() for w in query.split() if w]
         found = []

@@ -28,6 +28,7 @@ def bpf_fd(*, tier: str = "bwrap") -> int:
     import pyseccomp as sc  # ctypes over the system's libseccomp
 
     flt = sc.SyscallFilter(defaction=sc.ALLOW)
+    denied: tuple[str, ...]
     if tier == "landlock":
         flt.add_rule(sc.ERRNO(errno.EPERM), "socket")
         flt.add_rule(sc.ERRNO(errno.EPERM), "utimensat", sc.Arg(1, sc.NE, 0))  # a path, not a descriptor

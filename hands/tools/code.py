@@ -64,7 +64,8 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
     adopted = False
     try:
         if not args.get("background"):
-            running.process.stdin.close()  # only background jobs take input (process write)
+            if running.process.stdin is not None:
+                running.process.stdin.close()  # only background jobs take input (process write)
         yield_s = 0.0 if args.get("background") else args.get("yield_ms", 10_000) / 1000
         if not await running.wait(min(yield_s, timeout)) and yield_s < timeout:
             running.timed_out = False  # it yielded, it did not time out
