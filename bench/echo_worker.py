@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bus.config import RedisSettings  # noqa: E402
-from bus.keys import HANDS_GROUP  # noqa: E402
-from bus.protocol import Message, ResultMetadata, ToolExecute, ToolResult, decode  # noqa: E402
-from bus.service import run_loop  # noqa: E402
-from bus.streams import Bus, GroupConsumer, Reply  # noqa: E402
+from bus.config import RedisSettings
+from bus.keys import HANDS_GROUP
+from bus.protocol import Message, ResultMetadata, ToolExecute, ToolResult, decode
+from bus.service import run_loop
+from bus.streams import Bus, GroupConsumer, Reply
 
 
 def result_for(message: Message) -> ToolResult:

@@ -10,6 +10,7 @@ drives it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
@@ -18,17 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bus.redis_client import connect  # noqa: E402  (the same client as Pincer's: hiredis packing)
+from bus.redis_client import connect
 
 GROUP = "floor"
 
 
 async def worker(url: str, stream: str) -> None:
     redis = connect(url)
-    try:
+    with contextlib.suppress(Exception):  # BUSYGROUP: another worker made it
         await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
-    except Exception:  # BUSYGROUP: another worker made it
-        pass
     name = uuid.uuid4().hex[:8]
     while True:
         got = await redis.xreadgroup(GROUP, name, {stream: ">"}, count=32, block=1000)
@@ -36,7 +35,7 @@ async def worker(url: str, stream: str) -> None:
             continue
         entries = got[0][1]
         async with redis.pipeline(transaction=False) as pipe:
-            for entry_id, fields in entries:
+            for _, fields in entries:
                 pipe.xadd(fields[b"reply_to"], {b"id": fields[b"id"], b"ok": b"1"}, maxlen=10_000, approximate=True)
             pipe.xack(stream, GROUP, *[entry_id for entry_id, _ in entries])
             await pipe.execute()

@@ -100,7 +100,7 @@ def main() -> None:
         print(f"| {kind} | {statistics.median(r['p50_ms'] for r in rows):.3f} ms | "
               f"{statistics.median(r['calls_per_s'] for r in rows):,.0f} |")
     ratio = statistics.median(t["calls_per_s"] / u["calls_per_s"] for t, u in zip(results["traced"],
-                                                                                 results["untraced"]))
+                                                                                 results["untraced"], strict=True))
     print(f"\ntraced / untraced calls/s, median of per-round ratios: {ratio:.3f}")
 
 

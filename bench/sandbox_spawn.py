@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hands.config import SandboxSettings  # noqa: E402
-from hands.sandbox.env import sandbox_env  # noqa: E402
-from hands.sandbox.runner import Sandbox  # noqa: E402
+from hands.config import SandboxSettings
+from hands.sandbox.env import sandbox_env
+from hands.sandbox.runner import Sandbox
 
 RUNS = 40
 
@@ -40,7 +40,7 @@ async def sandboxed(sandbox: Sandbox, argv: list[str]) -> float:
 
 async def main() -> None:
     workspace = Path(tempfile.mkdtemp(prefix="pincer-bench-"))
-    workspace.chmod(0o755)
+    os.chmod(workspace, 0o755)
     if os.geteuid() == 0:
         os.chown(workspace, 65534, 65534)
     tiers = {tier: Sandbox(SandboxSettings(tier=tier, allow_degraded=True), workspace) for tier in ("bwrap", "landlock", "rlimits")}

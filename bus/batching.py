@@ -114,7 +114,7 @@ class Batcher:
                 raise
             return
         start = 0
-        for (_, target), size in zip(batch, sizes):
+        for (_, target), size in zip(batch, sizes, strict=True):
             mine, start = results[start : start + size], start + size
             _settle(target, (failure(mine) or mine) if isinstance(target, asyncio.Future) else mine)
 

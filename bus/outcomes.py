@@ -35,7 +35,7 @@ class Answers:
     be read there) is acknowledged with its round; the consumer copies its entry to ``dead``
     with the reason."""
 
-    __slots__ = ("consumer", "attempt", "entries")
+    __slots__ = ("attempt", "consumer", "entries")
 
     def __init__(self, consumer: GroupConsumer, attempt: int = 0, entries: list[Entry] | None = None) -> None:
         self.consumer, self.attempt = consumer, attempt
@@ -73,7 +73,7 @@ class Answers:
             if error is not None:
                 refused[stream, entry_id] = error
         pending: dict[Key, Exception] = {}
-        for (stream, ids), acked in zip(self._ids_by_stream().items(), results):
+        for (stream, ids), acked in zip(self._ids_by_stream().items(), results, strict=True):
             if isinstance(acked, Exception):
                 pending.update({(stream, entry_id): acked for entry_id in ids})
         return pending, refused

@@ -95,4 +95,4 @@ async def instances(bus: Bus, role: str) -> list[dict[str, str]]:
             pipe.hgetall(bus.keys.instance(role, instance_id))
         details = await pipe.execute()
     return [{"id": instance_id, **{k.decode(): v.decode() for k, v in raw.items()}}
-            for instance_id, raw in zip(ids, details)]
+            for instance_id, raw in zip(ids, details, strict=True)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from enum import StrEnum
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -299,11 +299,7 @@ class ApprovalDecision(_Message):
 
 
 Message = Annotated[
-    Union[
-        ToolsList, ToolsAvailable, ToolExecute, ToolResult, ToolProgress, ToolCancel,
-        ChatMessage, ChatCancel, ChatDelta, ChatTool, ChatReply, ChatError,
-        ApprovalRequest, ApprovalDecision,
-    ],
+    ToolsList | ToolsAvailable | ToolExecute | ToolResult | ToolProgress | ToolCancel | ChatMessage | ChatCancel | ChatDelta | ChatTool | ChatReply | ChatError | ApprovalRequest | ApprovalDecision,
     Field(discriminator="type"),
 ]
 # Each type's own pydantic-core validator: picking it by the entry's ``type`` field is

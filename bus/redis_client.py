@@ -192,7 +192,8 @@ class HeldConnection:
                 raise next((r for r in replies if isinstance(r, ResponseError)),
                            ResponseError(f"transaction not applied: {applied!r}"))
             replies = applied
-        return [self._parsed(args[0], reply, options) for (args, options), reply in zip(commands, replies)]
+        return [self._parsed(args[0], reply, options)
+                for (args, options), reply in zip(commands, replies, strict=True)]
 
     def _parsed(self, command: str | bytes, reply: Any, options: dict[str, Any]) -> Any:
         """A reply as ``Redis.parse_response`` (or a transaction pipeline) would give it: redis-py's

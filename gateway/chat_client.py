@@ -33,12 +33,12 @@ class ChatClient:
         """Send one message; stream the reply to ``out``; return the final text."""
         url = f"{self.base_url}/v1/sessions/{self.session_id}/messages"
         try:
-            with httpx.Client(timeout=httpx.Timeout(10.0, read=None)) as client:
-                with connect_sse(client, "POST", url, json={"text": text}, headers=self.headers) as source:
-                    if source.response.status_code != 200:
-                        source.response.read()
-                        raise ChatFailed(_http_error(source.response))
-                    return self._render(source.iter_sse())
+            with httpx.Client(timeout=httpx.Timeout(10.0, read=None)) as client, \
+                    connect_sse(client, "POST", url, json={"text": text}, headers=self.headers) as source:
+                if source.response.status_code != 200:
+                    source.response.read()
+                    raise ChatFailed(_http_error(source.response))
+                return self._render(source.iter_sse())
         except KeyboardInterrupt:
             self.cancel()
             raise

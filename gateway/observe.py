@@ -87,7 +87,7 @@ class PoolCollector(Collector):
                 if name in families and METRICS[name].kind == "histogram":
                     for *labels, values in series:
                         cumulative, running = [], 0.0
-                        for bound, count in zip(bounds, [*values[:len(BUCKETS_S)], 0.0]):
+                        for bound, count in zip(bounds, [*values[:len(BUCKETS_S)], 0.0], strict=True):
                             running += count
                             cumulative.append((bound, running))
                         cumulative[-1] = ("+Inf", values[-1])

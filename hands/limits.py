@@ -119,7 +119,7 @@ class Limiter:
 class _Slot:
     """A held slot; a plain class rather than a generator context manager."""
 
-    __slots__ = ("limiter", "gates")
+    __slots__ = ("gates", "limiter")
 
     def __init__(self, limiter: Limiter, gates: tuple[tuple[str, int], ...]) -> None:
         self.limiter, self.gates = limiter, gates

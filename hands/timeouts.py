@@ -14,7 +14,7 @@ from types import TracebackType
 
 
 class time_limit:  # noqa: N801 - used like a function: ``with time_limit(2.0): ...``
-    __slots__ = ("_seconds", "_task", "_timer", "_cancelling", "expired")
+    __slots__ = ("_cancelling", "_seconds", "_task", "_timer", "expired")
 
     def __init__(self, seconds: float) -> None:
         self._seconds = seconds

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-Notes = list[dict[str, Any]]  # the method named list would shadow the builtin in annotations
-
 import msgpack
 
 from bus.keys import Keys
 from bus.protocol import now_ms
+
+Notes = list[dict[str, Any]]  # the method named list would shadow the builtin in annotations
 
 
 class NoteRefused(ValueError):

@@ -130,12 +130,12 @@ class Processes:
         return "\n".join(f"--- {name} ---\n{log.read_text(errors='replace')}" for name, _, log in self.started)
 
     def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 15) -> int:
-        with _suppress_lookup():
+        with _SuppressLookup():
             os.killpg(proc.pid, sig)
         try:
             return proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            with _suppress_lookup():
+            with _SuppressLookup():
                 os.killpg(proc.pid, signal.SIGKILL)
             return proc.wait()
 
@@ -143,13 +143,13 @@ class Processes:
         """SIGTERM every group first, then wait for each: they shut down side by side, not in turn."""
         running = [proc for _, proc, _ in self.started if proc.poll() is None]
         for proc in running:
-            with _suppress_lookup():
+            with _SuppressLookup():
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in running:
             self.stop(proc)
 
 
-class _suppress_lookup:
+class _SuppressLookup:
     def __enter__(self) -> None:
         return None
 

@@ -54,7 +54,7 @@ class ScriptedLLM:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:  # http.server's naming
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 script.requests.append(body)
                 status, reply = decide(body["messages"], body.get("model", ""))

@@ -63,9 +63,8 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
     ctx.notes["sandbox"] = running.tier
     adopted = False
     try:
-        if not args.get("background"):
-            if running.process.stdin is not None:
-                running.process.stdin.close()  # only background jobs take input (process write)
+        if not args.get("background") and running.process.stdin is not None:
+            running.process.stdin.close()  # only background jobs take input (process write)
         yield_s = 0.0 if args.get("background") else args.get("yield_ms", 10_000) / 1000
         if not await running.wait(min(yield_s, timeout)) and yield_s < timeout:
             running.timed_out = False  # it yielded, it did not time out
@@ -121,7 +120,8 @@ async def process(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     if action == "poll":
         wait = float(args.get("wait_s", 0))
         deadline = asyncio.get_running_loop().time() + wait
-        while (wait and not running.done and running.out.total == job.polled_out
+        # The output buffers notify no one: a 50 ms poll, for at most wait_s.
+        while (wait and not running.done and running.out.total == job.polled_out  # noqa: ASYNC110
                and running.err.total == job.polled_err and asyncio.get_running_loop().time() < deadline):
             await asyncio.sleep(0.05)
         if running.done:

@@ -79,11 +79,10 @@ def write_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 def list_directory(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     path = args.get("path", ".")
     entries: list[dict[str, Any]] = []
-    with ctx.workspace.open_dir(path) as fd:
-        with os.scandir(fd) as it:
-            for entry in it:
-                info = entry.stat(follow_symlinks=False)
-                entries.append({"name": entry.name, "type": _kind(info.st_mode), "size": info.st_size})
+    with ctx.workspace.open_dir(path) as fd, os.scandir(fd) as it:
+        for entry in it:
+            info = entry.stat(follow_symlinks=False)
+            entries.append({"name": entry.name, "type": _kind(info.st_mode), "size": info.st_size})
     entries.sort(key=lambda e: (e["type"] != "directory", e["name"]))
     result: dict[str, Any] = {"path": path, "entries": entries[:MAX_LIST_ENTRIES], "count": len(entries)}
     if len(entries) > MAX_LIST_ENTRIES:

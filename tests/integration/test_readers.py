@@ -138,7 +138,7 @@ async def test_a_held_connection_gives_the_results_a_redis_py_pipeline_gives(bus
         held = bus.reader()
         try:
             got = await held.send(build(transaction).command_stack, transaction=transaction)
-            assert _hiredis_reader(held._connection) is not None  # noqa: SLF001 - the fast path was taken
+            assert _hiredis_reader(held._connection) is not None  # the fast path was taken
         finally:
             await held.aclose()
         assert shown(got) == shown(expected), transaction

@@ -56,7 +56,7 @@ async def test_no_connection_in_time_is_a_clear_error(redis_url: str, monkeypatc
     try:
         holders = [asyncio.ensure_future(redis.blpop([f"pool-slow-{i}"], timeout=1)) for i in range(4)]
         await all_in_use(redis)
-        with pytest.raises(ConnectionError, match="redis.max_connections"):
+        with pytest.raises(ConnectionError, match=r"redis\.max_connections"):
             await redis.get("x")
         await asyncio.gather(*holders)
     finally:

@@ -27,7 +27,7 @@ class Site:
             def log_message(self, *_args) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 site.hits.append(self.path)
                 status, headers, body = routes.get(self.path, (404, {}, b"not here"))
                 self.send_response(status)

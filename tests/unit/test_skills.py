@@ -98,7 +98,7 @@ def test_refusals_say_which_skill_and_why(loaded, folder: str, reason: str) -> N
 
 
 def test_the_rest_still_loads(loaded) -> None:
-    registry, report, reasons = loaded
+    registry, _, reasons = loaded
     assert len(reasons) == 11
     assert registry.get("ordered").spec().metadata["after"] == ["weather", "category:network"]
     assert {"read_file", "write_file", "weather"} <= set(registry.names())

@@ -118,7 +118,7 @@ async def test_a_crashing_handler_dead_letters_the_message_and_keeps_serving(fak
 
     await _consume_until(fake_bus, stream, handler, lambda: seen == ["c2"], "second message")
     dead = await fake_bus.redis.xrange(fake_bus.keys.dead)
-    assert b"handler crashed: RuntimeError: bug" == dead[0][1][b"dead:reason"]
+    assert dead[0][1][b"dead:reason"] == b"handler crashed: RuntimeError: bug"
 
 
 async def test_two_consumers_share_one_group(fake_bus: Bus) -> None:
@@ -213,7 +213,7 @@ async def test_entries_set_aside_free_their_slot_up_to_the_limit_and_always_retu
     await async_wait_until(lambda: len(started) == 4 and consumer.in_flight == 0, what="all handled")
     stop.set()
     await task
-    assert consumer.waiting == 0 and consumer._slots._value == 1  # noqa: SLF001 - no slot lost or gained
+    assert consumer.waiting == 0 and consumer._slots._value == 1  # no slot lost or gained
     assert [f[b"dead:reason"] for _, f in await fake_bus.redis.xrange(fake_bus.keys.dead)] == [
         b"handler crashed: RuntimeError: fails while set aside"]
 
@@ -224,7 +224,7 @@ def _watched_writes(bus: Bus, failures: int = 0) -> list[list[str]]:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     sent: list[list[str]] = []
-    write = bus.batcher._write  # noqa: SLF001 - the one place every batched write goes through
+    write = bus.batcher._write  # the one place every batched write goes through
 
     async def watched(pipe):
         sent.append([command[0][0] for command in pipe.command_stack])
@@ -232,7 +232,7 @@ def _watched_writes(bus: Bus, failures: int = 0) -> list[list[str]]:
             raise RedisConnectionError("Redis away (test)")
         return await write(pipe)
 
-    bus.batcher._write = watched  # noqa: SLF001
+    bus.batcher._write = watched
     return sent
 
 
@@ -253,7 +253,7 @@ async def test_a_reply_written_while_redis_is_away_is_retried_and_its_entry_held
     await task
     replies = await fake_bus.redis.xrange("u:reply:b")
     assert [decode(f).session_id for _, f in replies] == ["c1"]  # written once, when Redis answered
-    assert consumer._slots._value == 1  # noqa: SLF001 - its slot came back exactly once
+    assert consumer._slots._value == 1  # its slot came back exactly once
 
 
 def consumer_entry(consumer: GroupConsumer, stream: str) -> str:
@@ -352,7 +352,7 @@ async def test_a_reply_refused_as_it_runs_is_acked_with_its_round_and_copied_to_
     assert decode(dead).call_id == "c1" and b"WRONGTYPE" in dead[b"dead:reason"]
     assert [decode(f).session_id for _, f in await fake_bus.redis.xrange("u:reply:b")] == ["c2"]
     assert "reply refused" in caplog.text
-    assert consumer._slots._value == 2  # noqa: SLF001 - both slots came back
+    assert consumer._slots._value == 2  # both slots came back
 
 
 async def test_what_a_handler_sent_before_answering_is_never_overtaken_by_its_answer(fake_bus: Bus) -> None:
