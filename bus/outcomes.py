@@ -13,6 +13,7 @@ from redis.exceptions import ResponseError
 from bus import trace
 from bus.batching import Build
 from bus.log import kv
+from bus.records import DeadLetter
 
 if TYPE_CHECKING:
     from bus.streams import Bus, GroupConsumer, Reply
@@ -83,9 +84,8 @@ def dead_letter_build(bus: Bus, stream: str, group: str, entry_id: str, fields: 
                       reason: str) -> Build:
     """The write that copies an entry to ``dead`` with why and acknowledges it (two commands: one
     transaction, so when Redis refuses it, out of memory say, neither happens and it stays pending)."""
-    copy: dict[Any, Any] = {b"dead:source": stream.encode(), b"dead:group": group.encode(), b"dead:entry": entry_id.encode(),
-            b"dead:reason": reason.encode()}
-    copy.update({k: v for k, v in fields.items() if not k.startswith(b"dead:")})
+    copy: dict[Any, Any] = DeadLetter.of(source=stream, group=group, entry=entry_id, reason=reason,
+                                         fields=fields).encode()
 
     def build(pipe: Pipeline) -> None:
         pipe.xadd(bus.keys.dead, copy, maxlen=bus.settings.dead_maxlen, approximate=True)

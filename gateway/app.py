@@ -37,6 +37,7 @@ from bus.protocol import (
     ChatTool,
     ErrorCode,
 )
+from bus.records import PendingApproval
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.config import GatewaySettings
@@ -175,15 +176,15 @@ class Gateway:
         body = await read_json(request, Decide, example='{"decision": "allow-once"}')
         key = self.bus.keys.approval(approval_id)
         raw: dict[bytes, bytes] = await self.bus.redis.hgetall(key)  # type: ignore[assignment]  # bytes
-        pending = {k.decode(): v.decode() for k, v in raw.items()}
+        pending = PendingApproval.decode(raw)
         gone = not_found(f"no pending approval {approval_id!r}: it was answered, or it expired")
-        if not pending.get("reply_to"):
+        if pending is None:
             raise gone
-        if not identity.may_see(await self.sessions.owner(pending.get("session_id", ""))):
+        if not identity.may_see(await self.sessions.owner(pending.session_id)):
             raise gone  # not the caller's: as if it did not exist
         if not await self.bus.redis.delete(key):  # the first answer wins
             raise gone
-        await self.bus.publish(pending["reply_to"], ApprovalDecision(approval_id=approval_id,
+        await self.bus.publish(pending.reply_to, ApprovalDecision(approval_id=approval_id,
                                                                      decision=body.decision, by=identity.name))
         log.info("approval decided %s", kv(approval=approval_id, decision=body.decision, by=identity.name))
         return JSONResponse({"approval_id": approval_id, "decision": body.decision, "by": identity.name})

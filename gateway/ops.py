@@ -12,6 +12,7 @@ from typing import Any, cast
 from bus.keys import BRAIN_GROUP, HANDS_GROUP
 from bus.presence import ROLES, instances
 from bus.protocol import MalformedMessage, decode
+from bus.records import DeadLetter
 from bus.streams import Bus
 
 
@@ -86,7 +87,7 @@ async def dead_show(bus: Bus, entry_id: str) -> dict[str, Any] | None:
     raw_id, fields = found[0]
     described = _describe(raw_id, fields)
     try:
-        described["message"] = decode(_original(fields)).model_dump(mode="json")
+        described["message"] = decode(DeadLetter.decode(fields).original).model_dump(mode="json")
     except MalformedMessage as exc:
         described["message"] = None
         described["raw"] = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}
@@ -99,11 +100,12 @@ async def dead_retry(bus: Bus, entry_ids: list[str] | None) -> list[dict[str, st
     entries = await _select(bus, entry_ids)
     moved = []
     for raw_id, fields in entries:
-        source = fields.get(b"dead:source", b"").decode()
+        letter = DeadLetter.decode(fields)
+        source = letter.source
         if not source:
             continue
         async with bus.redis.pipeline(transaction=False) as pipe:  # two cluster slots: added first, then removed
-            pipe.xadd(source, cast(dict[Any, Any], _original(fields)))
+            pipe.xadd(source, cast(dict[Any, Any], letter.original))
             pipe.xdel(bus.keys.dead, raw_id)
             new_id, _ = await pipe.execute()
         moved.append({"dead_id": raw_id.decode(), "stream": source, "new_id": new_id.decode()})
@@ -128,15 +130,9 @@ async def _select(bus: Bus, entry_ids: list[str] | None) -> Entries:
     return selected
 
 
-def _original(fields: dict[bytes, bytes]) -> dict[bytes, bytes]:
-    return {k: v for k, v in fields.items() if not k.startswith(b"dead:")}
-
-
 def _describe(raw_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
-    text = {k.decode(errors="replace"): v for k, v in fields.items()}
+    letter = DeadLetter.decode(fields)
     at_ms = int(raw_id.decode().split("-")[0])
     return {"id": raw_id.decode(), "at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ms / 1000)),
-            "source": text.get("dead:source", b"").decode(errors="replace"),
-            "group": text.get("dead:group", b"").decode(errors="replace"),
-            "reason": text.get("dead:reason", b"").decode(errors="replace"),
-            "type": text.get("type", b"?").decode(errors="replace")}
+            "source": letter.source, "group": letter.group, "reason": letter.reason,
+            "type": letter.original.get(b"type", b"?").decode(errors="replace")}

@@ -23,6 +23,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, now_ms
+from bus.records import PendingApproval
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from hands.config import AllowEntry, ExecSettings
@@ -171,9 +172,9 @@ class ApprovalGate:
                                   tool=call.tool, summary=text, expires_at=now_ms() + int(timeout * 1000),
                                   reply_to=self.inbox.stream, always_allowed=whole)
         key = self.bus.keys.approval(request.approval_id)
-        await self.bus.redis.hset(key, mapping={"reply_to": request.reply_to, "session_id": call.session_id,
-                                                "tool": call.tool, "summary": request.summary,
-                                                "expires_at": request.expires_at})
+        pending = PendingApproval(reply_to=request.reply_to, session_id=call.session_id, tool=call.tool,
+                                  summary=request.summary, expires_at=request.expires_at)
+        await self.bus.redis.hset(key, mapping=pending.encode())  # type: ignore[arg-type]  # an invariant key type
         await self.bus.redis.expire(key, int(timeout) + 5)
         log.info("approval asked approval=%s call=%s", request.approval_id, call.call_id)
         try:

@@ -117,3 +117,16 @@ def test_error_codes_are_the_seeds_and_retryable_ones_are_marked() -> None:
 def test_entries_that_would_decode_to_too_much_are_malformed(data: bytes, reason: str) -> None:
     with pytest.raises(MalformedMessage, match=reason):
         decode({b"type": b"tool:execute", b"id": b"x", b"data": data})
+
+
+def test_shared_records_round_trip_through_their_one_encoding() -> None:
+    from bus.records import DeadLetter, PendingApproval
+
+    original = {b"type": b"tool:execute", b"id": b"x", b"data": b"\x80"}
+    letter = DeadLetter.of(source="pincer:hands:requests", group="hands", entry="1-0", reason="why", fields=original)
+    again = DeadLetter.of(source="pincer:dead", group="ops", entry="2-0", reason="again", fields=letter.encode())
+    assert DeadLetter.decode(letter.encode()) == letter and again.original == original  # never nested
+    pending = PendingApproval(reply_to="r", session_id="s", tool="exec", summary="ls", expires_at=5)
+    raw = {k.encode(): v.encode() for k, v in pending.encode().items()}
+    assert PendingApproval.decode(raw) == pending
+    assert PendingApproval.decode({}) is None and PendingApproval.decode({b"reply_to": b"r"}) is None
