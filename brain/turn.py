@@ -315,7 +315,7 @@ class Turn:
         for call_id in list(self.in_flight):
             await deps.bus.publish(deps.bus.keys.hands_control, ToolCancel(call_id=call_id, reason=reason))
         stopped = [self._entry(role="tool", tool_call_id=call.id, name=call.name, cancelled=True,
-                               content=json.dumps({"error": "CANCELLED", "message": reason}))
+                               content=_error_for_model(ErrorCode.CANCELLED, reason))
                    for call in self.unanswered]
         done = (f"{self.model_calls} model call(s), {self.tool_calls} tool call(s)"
                 + (f" ({', '.join(sorted(set(self.tools_used)))})" if self.tools_used else "")
@@ -388,9 +388,17 @@ def _for_model(result: ToolResult) -> str:
         return data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, default=str)
     error = result.error
     assert error is not None
-    shown: dict[str, Any] = {"error": error.code.value, "message": error.message, "recoverable": error.recoverable}
-    if error.suggestions:
-        shown["suggestions"] = error.suggestions
+    return _error_for_model(error.code, error.message, recoverable=error.recoverable, suggestions=error.suggestions)
+
+
+def _error_for_model(code: ErrorCode, message: str, *, recoverable: bool | None = None,
+                     suggestions: list[str] | None = None) -> str:
+    """A failed call as the model reads it: the code, what happened, and what it may do next."""
+    shown: dict[str, Any] = {"error": code.value, "message": message}
+    if recoverable is not None:
+        shown["recoverable"] = recoverable
+    if suggestions:
+        shown["suggestions"] = suggestions
     return json.dumps(shown, ensure_ascii=False)
 
 

@@ -21,6 +21,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bus.keys import DEFAULT_PREFIX
+
 ENV_PREFIX = "PINCER_"
 # The shipped defaults: package data in a wheel, a link to the root's config.yaml in a checkout.
 DEFAULT_CONFIG = Path(str(resources.files("bus").joinpath("default_config.yaml")))
@@ -59,7 +61,7 @@ class Section(BaseModel):
 
 class RedisSettings(Section):
     url: str | None = None
-    prefix: str = "pincer:"
+    prefix: str = DEFAULT_PREFIX
     embedded_port: int = Field(default=0, ge=0, le=65535)
     # Connections one process opens at most; past it, commands wait for one to come free.
     max_connections: int = Field(default=128, ge=4, le=10_000)

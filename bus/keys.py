@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_PREFIX = "pincer:"
 HANDS_GROUP = "hands"
 BRAIN_GROUP = "brain"
 
 
 @dataclass(frozen=True)
 class Keys:
-    prefix: str = "pincer:"
+    prefix: str = DEFAULT_PREFIX
 
     @property
     def hands_requests(self) -> str:

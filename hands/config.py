@@ -88,7 +88,10 @@ class WebSettings(Section):
     user_agent: str = "Pincer/0.1 (+web_fetch)"
 
 
-GROUP_NAMES = ("group:fs", "group:runtime", "group:web", "group:memory", "group:skills")
+# Each group is every tool of one category (hands.registry.Category's values).
+GROUP_CATEGORIES = {"group:fs": "file_operation", "group:runtime": "code_execution", "group:web": "network_request",
+                    "group:memory": "memory_operation", "group:skills": "skill"}
+GROUP_NAMES = tuple(GROUP_CATEGORIES)
 PROFILES = {
     "minimal": ["group:memory", "group:skills"],
     "coding": ["group:fs", "group:runtime", "group:memory", "group:skills"],

@@ -20,6 +20,7 @@ from pathlib import Path
 from bus.protocol import ErrorCode
 from hands.config import ConcurrencySettings, QueueSettings
 from hands.errors import ToolFailure
+from hands.registry import Category
 
 
 @dataclass(eq=False)
@@ -52,7 +53,7 @@ class Limiter:
         return self._gates[key]
 
     def _make_gates(self, category: str, tool: str, tool_limit: int | None) -> tuple[tuple[str, int], ...]:
-        short = category.split("_")[0]  # file_operation -> file
+        short = Category(category).key  # file_operation -> file
         gates = [("global", self.concurrency.global_), (f"category:{short}", getattr(self.concurrency, short))]
         if tool_limit is not None:
             gates.append((f"tool:{tool}", tool_limit))

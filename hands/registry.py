@@ -29,6 +29,11 @@ class Category(StrEnum):
     MEMORY = "memory_operation"
     SKILL = "skill"
 
+    @property
+    def key(self) -> str:
+        """Its name in the config's per-category tables (hands.concurrency, hands.timeouts): ``file``, ..."""
+        return self.value.split("_")[0]
+
 
 class Permissions(BaseModel):
     """What a tool promises to touch; checked against the global policy."""

@@ -11,16 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from hands.config import PROFILES, ToolPolicySettings, ToolRules
+from hands.config import GROUP_CATEGORIES, PROFILES, ToolPolicySettings, ToolRules
 from hands.registry import Category, ToolDefinition
 
-GROUPS = {
-    "group:fs": Category.FILE,
-    "group:runtime": Category.CODE,
-    "group:web": Category.NETWORK,
-    "group:memory": Category.MEMORY,
-    "group:skills": Category.SKILL,
-}
+GROUPS = {group: Category(category) for group, category in GROUP_CATEGORIES.items()}
 
 
 @dataclass(frozen=True)

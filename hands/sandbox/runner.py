@@ -33,14 +33,15 @@ from pathlib import Path
 from bus.metrics import Meter
 from hands.config import SandboxSettings
 from hands.sandbox.cgroup import RunCgroup
+from hands.sandbox.shim import READ_ONLY_PATHS
 
 log = logging.getLogger("hands.sandbox")
 
 SHIM_SOURCE = (Path(__file__).parent / "shim.py").read_text()
 KILL_GRACE_S = 3.0
 READ_GRACE_S = 2.0
-ETC_FILES = ("ld.so.cache", "alternatives", "ssl", "ca-certificates", "localtime", "nsswitch.conf",
-             "passwd", "group", "hosts", "mime.types")
+# The /etc files a command may read, in every tier: the shim's list (it runs standalone) is the one home.
+ETC_FILES = tuple(p.removeprefix("/etc/") for p in READ_ONLY_PATHS if p.startswith("/etc/"))
 
 
 @dataclass
