@@ -13,7 +13,7 @@ from brain.catalog import NoHandsAvailable, ToolCatalog
 from brain.config import BrainSettings
 from brain.context import fit
 from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall, context_window, cost_usd, resolve_model
-from brain.loops import LoopDetector
+from brain.loop_detector import LoopDetector
 from brain.plan import plan
 from brain.prompt import system_prompt
 from brain.session_order import Lease

@@ -32,7 +32,7 @@ from bus.protocol import (
 from hands.config import HandsSettings
 from hands.errors import ToolFailure, to_tool_error
 from hands.limits import Limiter, check_memory
-from hands.policy import Policy
+from hands.permissions import PermissionPolicy
 from hands.registry import (
     Category,
     RetryPolicy,
@@ -74,7 +74,7 @@ class Executor:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
         # Resolved once, not per call; files it creates belong to the sandbox's uid.
         self.workspace = Workspace(settings.workspace, owner=sandbox.owner if sandbox else None)
-        self.policy = Policy(settings.policy, self.workspace.root)
+        self.policy = PermissionPolicy(settings.policy, self.workspace.root)
         self.limiter = Limiter(settings.concurrency, settings.queue)
         self._retry_policy = RetryPolicy(**settings.retry.model_dump())
         self.tool_policy = ToolPolicy(settings.tools)

@@ -70,7 +70,7 @@ class ToolContext:
     workspace: Workspace
     memory: Any = None  # memory.longterm.LongTermMemory, when the worker has Redis
     sandbox: Any = None  # hands.sandbox.runner.Sandbox, for tools that run commands
-    policy: Any = None  # hands.policy.Policy, for tools that check each target themselves
+    policy: Any = None  # hands.permissions.PermissionPolicy, for tools that check each target themselves
     jobs: Any = None  # hands.jobs.JobManager, for commands that outlive their call
     approvals: Any = None  # hands.approvals.ApprovalGate, for commands that may need a person's yes
     call: Any = None  # the tool:execute being served

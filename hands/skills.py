@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus.protocol import ErrorCode, SkillInfo
 from hands.errors import ToolFailure
-from hands.policy import Policy
+from hands.permissions import PermissionPolicy
 from hands.registry import (
     Category,
     Permissions,
@@ -146,7 +146,7 @@ def skill_reader(registry: ToolRegistry) -> ToolDefinition:
     )
 
 
-def load_skills(dirs: list[Path], registry: ToolRegistry, policy: Policy) -> SkillReport:
+def load_skills(dirs: list[Path], registry: ToolRegistry, policy: PermissionPolicy) -> SkillReport:
     report = SkillReport()
     for directory in dirs:
         directory = directory.expanduser()
@@ -186,7 +186,7 @@ def _writable_by_others(path: Path) -> str | None:
     return None
 
 
-def _load_one(folder: Path, skill_md: Path, registry: ToolRegistry, policy: Policy) -> SkillInfo | str:
+def _load_one(folder: Path, skill_md: Path, registry: ToolRegistry, policy: PermissionPolicy) -> SkillInfo | str:
     if folder.is_symlink() or skill_md.is_symlink():
         raise SkillRefused(f"skill folder {folder.name!r}: symbolic links are not followed; copy the skill in")
     meta, body = _parse(skill_md)

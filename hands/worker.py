@@ -24,7 +24,7 @@ from hands.config import HandsSettings
 from hands.errors import ToolFailure
 from hands.executor import Executor
 from hands.jobs import JobManager
-from hands.policy import Policy
+from hands.permissions import PermissionPolicy
 from hands.pool_limits import PoolLimits
 from hands.registry import ToolRegistry
 from hands.sandbox.runner import Sandbox
@@ -47,7 +47,7 @@ def load_registry(settings: HandsSettings) -> tuple[ToolRegistry, SkillReport]:
     """Built-in tools plus the skills of the configured directories."""
     registry = build_registry()
     registry.register(skill_reader(registry))
-    policy = Policy(settings.policy, settings.workspace)
+    policy = PermissionPolicy(settings.policy, settings.workspace)
     return registry, load_skills(settings.skill_dirs, registry, policy)
 
 

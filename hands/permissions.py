@@ -16,7 +16,7 @@ from hands.registry import Permissions
 KINDS = ("filesystem_read", "filesystem_write", "network", "execute")
 
 
-class Policy:
+class PermissionPolicy:
     def __init__(self, settings: PolicySettings, workspace: Path) -> None:
         self.workspace = str(workspace.expanduser().resolve())
         self.allowed = {kind: [self._expand(p) for p in getattr(settings, kind)] for kind in KINDS}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from brain.llm import ToolCall
-from brain.loops import LoopDetector
+from brain.loop_detector import LoopDetector
 from bus.protocol import ErrorCode, ResultMetadata, ToolError, ToolResult
 
 
