@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from bus.errors import PincerError
 from bus.presence import alive
 from bus.protocol import SkillInfo, ToolsAvailable, ToolsList, ToolSpec, now_ms
 from bus.replies import ReplyInbox
@@ -12,7 +13,7 @@ from bus.streams import Bus
 log = logging.getLogger("brain.catalog")
 
 
-class NoHandsAvailable(Exception):
+class NoHandsAvailable(PincerError):
     """No Hands worker answered ``tools:list`` in time."""
 
 

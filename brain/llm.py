@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from bus.errors import PincerError
 from bus.protocol import ErrorCode, ToolSpec
 
 # Keep litellm from fetching its price table from the internet at import time.
@@ -36,7 +37,7 @@ NOT_CONFIGURED = (
 )
 
 
-class LLMError(Exception):
+class LLMError(PincerError):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code, self.message = code, message

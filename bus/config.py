@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bus.errors import PincerError
 from bus.keys import DEFAULT_PREFIX
 
 ENV_PREFIX = "PINCER_"
@@ -45,11 +46,11 @@ M = TypeVar("M", bound=BaseModel)
 EX_CONFIG = 78  # sysexits.h: a service manager must not restart what only a person can fix
 
 
-class ConfigError(Exception):
+class ConfigError(PincerError):
     """A configuration problem a person must fix before Pincer can start (exit status 78)."""
 
 
-class RedisUnreachable(Exception):
+class RedisUnreachable(PincerError):
     """Redis did not answer at start-up: worth retrying (exit status 1), unlike a bad configuration."""
 
 

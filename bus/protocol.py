@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bus.errors import PincerError
+
 
 class ErrorCode(StrEnum):
     """Why a tool call or a chat turn failed. Extend, never rename."""
@@ -314,7 +316,7 @@ MAX_DATA_BYTES = 16 * 2**20
 MAX_ITEMS = 100_000  # elements of one array, or pairs of one map
 
 
-class MalformedMessage(ValueError):
+class MalformedMessage(PincerError, ValueError):
     """A stream entry that is not a Pincer message; the reason says why."""
 
 

@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 import redis
 
+from bus.errors import PincerError
 from bus.private_file import write_private
 from bus.proc import die_with_parent
 
@@ -27,7 +28,7 @@ log = logging.getLogger("bus.redis")
 START_TIMEOUT_S = 15.0
 
 
-class RedisStartError(RuntimeError):
+class RedisStartError(PincerError, RuntimeError):
     """The embedded redis-server could not be started; the message says why."""
 
 

@@ -27,6 +27,7 @@ from redis.asyncio.client import Pipeline
 from bus import trace
 from bus.batching import Batcher
 from bus.config import RedisSettings
+from bus.errors import PincerError
 from bus.keys import Keys
 from bus.log import kv
 from bus.loops import let_started_work_run, sleep_or_stop
@@ -117,7 +118,7 @@ class Bus:
         return self.settings.reply_maxlen  # replies and the broadcast control streams
 
 
-class HandedOver(Exception):
+class HandedOver(PincerError):
     """Raised by a handler that found another consumer doing its work: no reply, no ack, no dead letter."""
 
 

@@ -12,8 +12,10 @@ from httpx_sse import SSEError, connect_sse
 from rich.console import Console
 from rich.text import Text
 
+from bus.errors import PincerError
 
-class ChatFailed(Exception):
+
+class ChatFailed(PincerError):
     """The turn or the connection failed; the message says what to do."""
 
 

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, Field
 
+from bus.errors import PincerError
 from bus.private_file import write_private
 
 STATE_FILE = "pincer.json"
@@ -44,7 +45,7 @@ class DaemonState(BaseModel):
     children: dict[str, Proc] = Field(default_factory=dict)  # role -> its current process
 
 
-class AlreadyRunning(Exception):
+class AlreadyRunning(PincerError):
     """Another `pincer up` owns this data dir; the message says which and how to stop it."""
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from bus.errors import PincerError
 from bus.protocol import ErrorCode
 
 OPENAI_TYPES = {
@@ -34,7 +35,7 @@ TURN_STATUS = {
 }
 
 
-class Refused(Exception):
+class Refused(PincerError):
     """A request the Gateway will not serve; becomes one JSON error response."""
 
     def __init__(self, status: int, code: ErrorCode, message: str, *, retry_after: int | None = None,

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bus.errors import PincerError
 from bus.keys import Keys
 
 Scope = Literal["chat", "operator"]
@@ -38,7 +39,7 @@ return 1
 """
 
 
-class TokenError(Exception):
+class TokenError(PincerError):
     """A token cannot be made or revoked as asked; the message says why."""
 
 

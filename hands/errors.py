@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
+from bus.errors import PincerError
 from bus.protocol import RETRYABLE, ErrorCode, ToolError
 
 # Whether the model can usefully try again (as is, later, or with changed arguments).
@@ -14,7 +15,7 @@ RECOVERABLE = RETRYABLE | {
 }
 
 
-class ToolFailure(Exception):
+class ToolFailure(PincerError):
     """Raised by tools and the engine; becomes a ``tool:result`` error the LLM can act on."""
 
     def __init__(

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bus.errors import PincerError
 from bus.protocol import ErrorCode, SkillInfo
 from hands.errors import ToolFailure
 from hands.permissions import PermissionPolicy
@@ -123,7 +124,7 @@ class SkillReport:
     refused: list[Refusal] = field(default_factory=list)
 
 
-class SkillRefused(Exception):
+class SkillRefused(PincerError):
     """A skill that cannot load; the message names the skill and what to fix."""
 
 

@@ -6,13 +6,14 @@ from typing import Any
 
 import msgpack
 
+from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import now_ms
 
 Notes = list[dict[str, Any]]  # the method named list would shadow the builtin in annotations
 
 
-class NoteRefused(ValueError):
+class NoteRefused(PincerError, ValueError):
     """The note would pass a limit; nothing was stored. The message says which."""
 
 

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bus.errors import PincerError
 from bus.metrics import Meter
 from hands.config import SandboxSettings
 from hands.sandbox.cgroup import RunCgroup
@@ -157,7 +158,7 @@ class Running:
         )
 
 
-class SandboxUnavailable(Exception):
+class SandboxUnavailable(PincerError):
     """No tier this machine offers is allowed by the configuration; the message says how to fix it."""
 
 

@@ -130,3 +130,16 @@ def test_shared_records_round_trip_through_their_one_encoding() -> None:
     raw = {k.encode(): v.encode() for k, v in pending.encode().items()}
     assert PendingApproval.decode(raw) == pending
     assert PendingApproval.decode({}) is None and PendingApproval.decode({b"reply_to": b"r"}) is None
+
+
+def test_every_exception_in_the_drawing_is_a_pincer_error() -> None:
+    import importlib
+    import re
+
+    import bus.errors
+
+    drawn = re.findall(r"[├└]── (\w+)\s+([\w.]+)", bus.errors.__doc__ or "")
+    assert len(drawn) == 15
+    for name, module in drawn:
+        found = getattr(importlib.import_module(module if module != "hands.sandbox" else "hands.sandbox.runner"), name)
+        assert issubclass(found, bus.errors.PincerError), name

@@ -1,0 +1,32 @@
+"""Pincer's exceptions: one root, each kind where it is raised, translated at the edges.
+
+    PincerError
+    ├── ConfigError            bus.config        a person must fix the configuration (exit 78)
+    ├── RedisUnreachable       bus.config        Redis did not answer at start (exit 1; a restart may help)
+    ├── RedisStartError        bus.redis_server  the embedded redis-server would not start
+    ├── MalformedMessage       bus.protocol      a stream entry that is not a Pincer message (also ValueError)
+    ├── HandedOver             bus.streams       another consumer took an entry over: it answers
+    ├── NoteRefused            memory.longterm   a memory note past a limit; nothing stored (also ValueError)
+    ├── ToolFailure            hands.errors      a tool call failed: becomes its ToolError (the model reads it)
+    ├── SandboxUnavailable     hands.sandbox     no tier may run commands here, and why
+    ├── SkillRefused           hands.skills      a skill that will not load, and why
+    ├── LLMError               brain.llm         a model call failed: becomes the turn's ChatError
+    ├── NoHandsAvailable       brain.catalog     no Hands worker answered the tool list
+    ├── Refused                gateway.errors    an HTTP request the Gateway will not serve (one JSON body)
+    ├── TokenError             gateway.tokens    a token cannot be made or revoked as asked
+    ├── AlreadyRunning         gateway.daemon    another `pincer up` owns the data dir
+    └── ChatFailed             gateway.chat_client  `pincer chat`'s turn or connection failed
+
+Lower layers' errors are translated where they enter: redis-py's in the bus
+(``CONNECTION_ERRORS``, and the batcher settling every caller), litellm's and
+the openai SDK's in ``brain.llm.translate_error``, OS and httpx errors in
+``hands.errors.to_tool_error`` and the web tool. What the model reads
+(ToolFailure, LLMError) is kept apart from what a person must fix
+(ConfigError and its kin).
+"""
+
+from __future__ import annotations
+
+
+class PincerError(Exception):
+    """The root of every exception Pincer raises on purpose."""
