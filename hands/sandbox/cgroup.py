@@ -33,7 +33,9 @@ class RunCgroup:
         self.path = path
 
     @classmethod
-    def create(cls) -> RunCgroup | None:
+    def create(cls, *, memory_mb: int | None = None) -> RunCgroup | None:
+        """A new cgroup for one command; with the memory controller there, capped at ``memory_mb``
+        for the whole tree (rlimits cap each process alone: a job that forks could hold many times it)."""
         mount = _cgroup2_mount() if os.geteuid() == 0 else None
         if mount is None:
             return None
@@ -42,9 +44,15 @@ class RunCgroup:
             path.mkdir(parents=True)
         except OSError:
             return None
+        if memory_mb:  # the memory controller reaches our cgroups only if their parent hands it down
+            with contextlib.suppress(OSError):
+                (path.parent / "cgroup.subtree_control").write_text("+memory")
         if not (path / "cgroup.kill").exists():  # kernels before 5.14
             cls._rmdir(path)
             return None
+        if memory_mb and (path / "memory.max").exists():
+            with contextlib.suppress(OSError):
+                (path / "memory.max").write_text(str(memory_mb * 1024 * 1024))
         return cls(path)
 
     def wrap(self, command: list[str]) -> list[str]:

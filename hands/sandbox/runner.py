@@ -204,7 +204,7 @@ class Sandbox:
         self.check_allowed()
         seccomp = _seccomp_fd(self.tier) if self.tier in ("bwrap", "landlock") else None
         command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp)
-        cgroup = RunCgroup.create()
+        cgroup = RunCgroup.create(memory_mb=self.settings.memory_mb)
         if cgroup is not None:
             command = cgroup.wrap(command)
         spawning = time.monotonic()

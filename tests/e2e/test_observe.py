@@ -73,3 +73,16 @@ def test_metrics_count_what_happened_and_readyz_follows_the_pool(processes: Proc
     processes.stop(hands)
     wait_until(lambda: ready(anonymous) == 503, timeout=30, what="/readyz once the last Hands worker stopped")
     assert OWNER_TOKEN not in processes.logs()
+
+
+def test_json_log_lines_for_log_shippers(processes: Processes, pincer_env: dict[str, str]) -> None:
+    import json
+
+    processes.env = {**pincer_env, "PINCER_RUNTIME__LOG_FORMAT": "json"}
+    processes.start("gateway", name="gateway")
+    log = processes.tmp_path / "gateway.log"
+    wait_until(lambda: "answers hosts" in log.read_text(), timeout=60, what="the Gateway's start line")
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    start = next(line for line in lines if "answers hosts" in line["msg"])
+    assert start["role"] == "gateway" and start["level"] == "INFO" and start["logger"] == "gateway"
+    assert start["instance"].startswith("gateway-") and isinstance(start["ts"], float)

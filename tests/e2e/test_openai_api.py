@@ -21,13 +21,19 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def stack(processes: Processes, pincer_env: dict[str, str]) -> Iterator[dict[str, str]]:
+def options() -> dict[str, str]:
+    """Extra settings for the stack (a test may override it)."""
+    return {}
+
+
+@pytest.fixture
+def stack(processes: Processes, pincer_env: dict[str, str], options: dict[str, str]) -> Iterator[dict[str, str]]:
     workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-oai-"))
     workspace.chmod(0o755)
     (workspace / "notes.txt").write_text("the secret word is pincer-42\n")
     processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace), "PINCER_BRAIN__AGENTS": "{coder: {}}",
                      "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
-                     "PINCER_BRAIN__OPENAI_DIRECT": "true"}  # the default road for openai/ models
+                     "PINCER_BRAIN__OPENAI_DIRECT": "true", **options}  # the default road for openai/ models
     processes.start("gateway", name="gateway")
     processes.start("brain", name="brain")
     processes.start("hands", name="hands")
@@ -166,3 +172,36 @@ def test_a_client_that_hangs_up_mid_stream_leaves_no_tool_running(stack: dict[st
     wait_until(lambda: processes_matching("sleep 88.5"), timeout=30, what="the command to start")
     stream.close()
     wait_until(lambda: not processes_matching("sleep 88.5"), timeout=30, what="the command to be killed")
+
+
+@pytest.mark.parametrize("options", [{
+    "PINCER_GATEWAY__OPENAI__SESSION_FROM_USER": "true", "PINCER_GATEWAY__OPENAI__SHOW_TOOLS": "none",
+    "PINCER_GATEWAY__CORS": "true", "PINCER_GATEWAY__ALLOWED_ORIGINS": '["https://chat.example"]'}])
+def test_sessions_from_librechat_or_the_user_field_tools_hidden_and_cors(stack: dict[str, str],
+                                                                        scripted_llm: ScriptedLLM) -> None:
+    api = client(stack, default_headers={"X-Conversation-Id": "librechat-7"})
+    for text in ("one", "two"):
+        api.chat.completions.create(model="pincer", messages=[{"role": "user", "content": text}])
+    assert [m["content"] for m in scripted_llm.requests[-1]["messages"] if m["role"] == "user"] == ["one", "two"]
+
+    by_user = client(stack)  # no header: the user field names the session (gateway.openai.session_from_user)
+    for text in ("first", "second"):
+        raw = by_user.chat.completions.with_raw_response.create(
+            model="pincer", user="ada@example.com", messages=[{"role": "user", "content": text}])
+    assert raw.headers["x-pincer-session"].startswith("user-")
+    assert [m["content"] for m in scripted_llm.requests[-1]["messages"] if m["role"] == "user"] == ["first", "second"]
+
+    quiet = by_user.chat.completions.create(model="pincer",
+                                            messages=[{"role": "user", "content": 'CALL read_file {"path": "notes.txt"}'}])
+    content = quiet.choices[0].message.content or ""
+    assert "🔧" not in content and "pincer-42" in content  # show_tools: none
+    assert [c["tool"] for c in quiet.model_extra["pincer"]["tool_calls"]] == ["read_file"]  # type: ignore[index]
+
+    preflight = httpx.options(f"{gateway_url(stack)}/v1/chat/completions", timeout=10, headers={
+        "Origin": "https://chat.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "https://chat.example"
+    foreign = httpx.options(f"{gateway_url(stack)}/v1/chat/completions", timeout=10, headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in foreign.headers

@@ -9,7 +9,7 @@ import pytest
 
 from bus.protocol import ErrorCode
 from bus.streams import Bus
-from tests.conftest import wait_until
+from tests.conftest import async_wait_until
 from tests.integration.test_sandbox import processes_matching
 
 
@@ -45,7 +45,7 @@ async def test_every_call_about_a_job_reaches_its_owner(jobs, call) -> None:
     assert all(a.data["status"] == "running" for a in answers)
     killed = await call("process", {"action": "kill", "job_id": started.data["job_id"]})
     assert killed.data["status"] == "killed" and killed.metadata.worker_id == owner
-    wait_until(lambda: not processes_matching("sleep 30.75"), timeout=10, what="the job's process gone")
+    await async_wait_until(lambda: not processes_matching("sleep 30.75"), timeout=10, what="the job's process gone")
 
 
 async def test_write_to_a_background_job(jobs, call) -> None:
@@ -63,7 +63,7 @@ async def test_a_job_outliving_its_timeout_is_killed(jobs, call) -> None:
     await asyncio.sleep(1.5)
     polled = await call("process", {"action": "poll", "job_id": started.data["job_id"], "wait_s": 5})
     assert polled.data["status"] == "timed_out"
-    wait_until(lambda: not processes_matching("sleep 45.5"), timeout=10, what="the timed-out job gone")
+    await async_wait_until(lambda: not processes_matching("sleep 45.5"), timeout=10, what="the timed-out job gone")
 
 
 async def test_a_job_whose_worker_is_gone_reports_worker_lost(jobs, call, bus: Bus) -> None:
@@ -97,4 +97,4 @@ async def test_jobs_belong_to_their_session_and_are_capped(engine, call, ws: Pat
     assert elsewhere.success  # the cap is per session
     for job in (first, second):
         await call("process", {"action": "kill", "job_id": job.data["job_id"]})
-    wait_until(lambda: not processes_matching("sleep 31."), timeout=10, what="the jobs' processes gone")
+    await async_wait_until(lambda: not processes_matching("sleep 31."), timeout=10, what="the jobs' processes gone")

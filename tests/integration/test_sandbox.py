@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bus.protocol import ErrorCode
-from tests.conftest import wait_until
+from tests.conftest import async_wait_until
 
 TIERS = ["bwrap", "landlock", "rlimits"]
 
@@ -69,13 +69,13 @@ async def test_a_sleep_that_outlives_its_timeout_leaves_no_orphan(sandboxed, cal
     result = await call("exec", {"command": "sleep 77.5 & sleep 77.5 & sleep 77.5", "timeout": 1})
     assert result.error.code is ErrorCode.TIMEOUT and "within its 1s limit and was killed" in result.error.message
     assert result.metadata.attempts == 1  # exec is not idempotent: never run twice
-    wait_until(lambda: not processes_matching("sleep 77.5"), timeout=10, what="the sleeps to be gone")
+    await async_wait_until(lambda: not processes_matching("sleep 77.5"), timeout=10, what="the sleeps to be gone")
 
 
 async def test_fork_bomb_and_memory_hog_are_contained(sandboxed, call) -> None:
     bomb = await call("exec", {"command": "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", "timeout": 4})
     assert bomb.success or bomb.error.code is ErrorCode.TIMEOUT
-    wait_until(lambda: not processes_matching("bomb"), timeout=10, what="the fork bomb to be gone")
+    await async_wait_until(lambda: not processes_matching("bomb"), timeout=10, what="the fork bomb to be gone")
     hog = await call("execute_python", {"code": "x = bytearray(2 * 1024 ** 3); print('allocated')"})
     assert hog.success and hog.data["exit_code"] != 0 and "MemoryError" in hog.data["stderr"]
 
@@ -159,7 +159,7 @@ async def test_a_process_that_leaves_the_session_still_dies(sandboxed, call, tie
         probe.remove()
     result = await call("exec", {"command": "setsid sleep 88.5 & sleep 88.5", "timeout": 1})
     assert result.error.code is ErrorCode.TIMEOUT
-    wait_until(lambda: not processes_matching("sleep 88.5"), timeout=10, what="even the setsid sleep to be gone")
+    await async_wait_until(lambda: not processes_matching("sleep 88.5"), timeout=10, what="even the setsid sleep to be gone")
 
 
 @pytest.mark.parametrize("tier", ["bwrap", "landlock"], indirect=True)
