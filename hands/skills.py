@@ -216,6 +216,18 @@ def _load_one(folder: Path, skill_md: Path, registry: ToolRegistry, policy: Perm
     return name
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """safe_load without anchors and aliases: nine nested aliases make a billion nodes for whatever
+    walks the result (the schema validator, json.dumps), from a frontmatter of a few hundred bytes."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a SKILL.md",
+                                              event.start_mark)
+        return super().compose_node(parent, index)
+
+
 def _parse(skill_md: Path) -> tuple[Frontmatter, str]:
     where = f"{skill_md.parent.name}/SKILL.md"
     if skill_md.stat().st_size > MAX_SKILL_BYTES:
@@ -226,7 +238,7 @@ def _parse(skill_md: Path) -> tuple[Frontmatter, str]:
         raise SkillRefused(f"{where} has no YAML frontmatter: start the file with a '---' line, the keys, and '---'")
     end = next(i for i, line in enumerate(lines[1:], start=1) if line.strip() == "---")
     try:
-        raw = yaml.safe_load("\n".join(lines[1:end]))
+        raw = yaml.load("\n".join(lines[1:end]), Loader=_NoAliasLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 2}" if mark else ""

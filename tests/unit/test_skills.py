@@ -153,3 +153,14 @@ def test_a_workspace_holding_pincers_code_or_data_refuses_to_start(tmp_path: Pat
     # The default layout, a workspace inside the data dir beside (not above) the skills, is fine.
     check_workspace(HandsSettings(workspace=home / ".pincer" / "workspace", skill_dirs=[home / ".pincer" / "skills"]),
                     data_dir=home / ".pincer")
+
+
+def test_yaml_aliases_in_a_skill_are_refused(tmp_path: Path) -> None:
+    # Nine levels of ten aliases are a billion nodes for whatever walks the frontmatter.
+    levels = "".join(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 9))
+    bomb = f"name: bomb\ndescription: d\nparameters:\n  l0: &l0 {{type: string}}\n{levels}"
+    make_skill(tmp_path / "skills", "bomb", bomb, GOOD_HANDLER)
+    make_skill(tmp_path / "skills", "fine", "name: fine\ndescription: d\nparameters: {}", GOOD_HANDLER)
+    registry, report = load_registry(_settings(tmp_path, tmp_path / "skills"))
+    assert report.tools == ["fine"] and "bomb" not in registry
+    assert "aliases (*name) are not allowed" in report.refused[0].reason
