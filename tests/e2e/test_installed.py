@@ -48,3 +48,26 @@ def test_the_wheel_runs_pincer_up_and_a_tool_turn_from_an_empty_directory(
     finally:
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0, log.read_text()
+
+
+@pytest.mark.parametrize("installer", ["pipx", "uv"])
+def test_pipx_and_uv_tool_install_give_a_working_pincer(installer: str, tmp_path: Path,
+                                                        scripted_llm: ScriptedLLM) -> None:
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**installed_env(tmp_path, scripted_llm), "PIPX_HOME": str(tmp_path / "pipx"),
+           "PIPX_BIN_DIR": str(tmp_path / "bin"), "UV_TOOL_DIR": str(tmp_path / "uv-tools"),
+           "UV_TOOL_BIN_DIR": str(tmp_path / "bin"), "UV_PYTHON_DOWNLOADS": "never"}
+    python = getattr(sys, "_base_executable", sys.executable)  # a real interpreter, not this venv's
+    command = [sys.executable, "-m", "pipx", "install", "--python", python, str(ROOT)] if installer == "pipx" else \
+        [str(Path(sys.executable).parent / "uv"), "tool", "install", "--python", python, str(ROOT)]
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    skills = subprocess.run([str(tmp_path / "bin" / "pincer"), "skills", "--json"], env=env, cwd=empty,
+                            capture_output=True, text=True, timeout=120)
+    assert skills.returncode == 0, skills.stderr
+    assert [t["name"] for t in json.loads(skills.stdout)["tools"]] == ["word_count"]
