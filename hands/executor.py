@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tenacity import (
     AsyncRetrying,
@@ -45,6 +45,13 @@ from hands.timeouts import time_limit
 from hands.toolpolicy import ToolPolicy
 from hands.workspace import Workspace
 
+if TYPE_CHECKING:  # the worker's services, passed in (they import nothing of the executor)
+    from hands.approvals import ApprovalGate
+    from hands.jobs import JobManager
+    from hands.pool_limits import PoolLimits
+    from hands.sandbox.runner import Sandbox
+    from memory.longterm import LongTermMemory
+
 log = logging.getLogger("hands.executor")
 
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 120.0
@@ -68,8 +75,9 @@ class _CallState:
 
 
 class Executor:
-    def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str, memory: Any = None,
-                 sandbox: Any = None, jobs: Any = None, approvals: Any = None, pool: Any = None,
+    def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str,
+                 memory: LongTermMemory | None = None, sandbox: Sandbox | None = None, jobs: JobManager | None = None,
+                 approvals: ApprovalGate | None = None, pool: PoolLimits | None = None,
                  progress: ProgressSink = _drop_progress, meter: Meter | None = None) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
         # Resolved once, not per call; files it creates belong to the sandbox's uid.
@@ -81,7 +89,7 @@ class Executor:
         self.memory, self.sandbox, self.jobs, self.progress = memory, sandbox, jobs, progress
         self.meter = meter or Meter()  # what /metrics shows of this worker's calls (sent with its heartbeat)
         self.approvals = approvals
-        self.pool = pool  # hands.pool_limits.PoolLimits: limits across every worker, when configured
+        self.pool = pool  # limits across every worker, when configured
         self._admitted: set[tuple[str, str, str]] = set()
         self._wanted: dict[str, float] = {}  # tool name -> its time limit before the call's deadline
 
@@ -192,6 +200,7 @@ class Executor:
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     def _pool_slot(self, gates: tuple[tuple[str, int], ...], tool: ToolDefinition) -> Any:
+        assert self.pool is not None  # only called when pool limits are configured
         return self.pool.slot(list(dict.fromkeys([gate for gate, _ in gates] + [f"tool:{tool.name}"])))
 
     async def _attempt(self, tool: ToolDefinition, call: ToolExecute, ctx: ToolContext) -> Any:

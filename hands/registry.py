@@ -9,7 +9,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema_rs
 from jsonschema import Draft202012Validator
@@ -21,6 +21,13 @@ from hands.config import HandsSettings
 from hands.errors import ToolFailure
 from hands.workspace import Workspace
 
+if TYPE_CHECKING:  # the services a handler may use (they import this module: no import at run time)
+    from bus.protocol import ToolExecute
+    from hands.approvals import ApprovalGate
+    from hands.jobs import JobManager
+    from hands.permissions import PermissionPolicy
+    from hands.sandbox.runner import Sandbox
+    from memory.longterm import LongTermMemory
 
 class Category(StrEnum):
     FILE = "file_operation"
@@ -68,12 +75,12 @@ class ToolContext:
     worker_id: str
     settings: HandsSettings
     workspace: Workspace
-    memory: Any = None  # memory.longterm.LongTermMemory, when the worker has Redis
-    sandbox: Any = None  # hands.sandbox.runner.Sandbox, for tools that run commands
-    policy: Any = None  # hands.permissions.PermissionPolicy, for tools that check each target themselves
-    jobs: Any = None  # hands.jobs.JobManager, for commands that outlive their call
-    approvals: Any = None  # hands.approvals.ApprovalGate, for commands that may need a person's yes
-    call: Any = None  # the tool:execute being served
+    memory: LongTermMemory | None = None  # when the worker has Redis
+    sandbox: Sandbox | None = None  # for tools that run commands
+    policy: PermissionPolicy | None = None  # for tools that check each target themselves
+    jobs: JobManager | None = None  # for commands that outlive their call
+    approvals: ApprovalGate | None = None  # for commands that may need a person's yes
+    call: ToolExecute | None = None  # the tool:execute being served
     send_progress: SendProgress | None = None
     notes: dict[str, Any] = field(default_factory=dict)  # e.g. {"sandbox": "bwrap"}, copied into the metadata
 
