@@ -40,6 +40,14 @@ def _parser() -> argparse.ArgumentParser:
     service.add_argument("--system", action="store_true", help="system units in /etc/systemd/system (root)")
     service.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers pincer.service starts")
 
+    mcp = sub.add_parser("mcp", help="MCP: `pincer mcp serve` offers the pool's tools to any MCP client")
+    mcp.add_argument("action", choices=["serve"])
+    mcp.add_argument("--stdio", action="store_true", help="serve over stdin/stdout (the default, and for now the only)")
+    mcp.add_argument("--agent", default="main", help="whose tools: the policy of this agent applies (default main)")
+    mcp.add_argument("--sender", default="mcp", help="the sender the tool policy sees (owner_only tools)")
+    mcp.add_argument("--timeout", type=float, default=120.0, metavar="S", help="longest a call may take (120)")
+    mcp.add_argument("--redis", metavar="URL")
+
     trace = sub.add_parser("trace", help="a session's turns as timelines: model calls, tool calls, waits")
     trace.add_argument("session")
     trace.add_argument("--turn", type=int, metavar="N", help="only turn N (1 is the first)")
@@ -148,6 +156,10 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             source = Path(config.source).resolve() if config.source and args.config else None
             return service.install(hands=args.hands, system=args.system, dry_run=args.dry_run,
                                    stop_timeout_s=int(config.redis.drain_timeout_s + 30), config=source)
+        case "mcp":
+            from gateway.mcp_serve import main as serve_mcp
+
+            return serve_mcp(config, agent_id=args.agent, sender=args.sender, call_timeout_s=args.timeout)
         case "trace":
             from gateway.trace_cli import show_trace
 

@@ -1,0 +1,135 @@
+"""``pincer mcp serve --stdio``: the Hands pool's tools, as one MCP server, to any MCP client.
+
+Claude Code or Desktop (or any client of the official SDKs) lists and calls
+the tools the tool policy allows one agent, and the pool runs them over the
+bus as it runs the Brain's calls: validated, limited, sandboxed. A tool's
+progress becomes MCP progress, a cancelled request a ``tool:cancel``, and a
+failed call an ``isError`` result carrying Pincer's error code and message.
+
+The ``mcp`` SDK is pinned to its 2.x line: the current one (1.x is kept for
+fixes only), whose low-level ``Server`` takes its handlers as arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import mcp.types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+from bus.config import Config
+from bus.log import setup_logging
+from bus.presence import version
+from bus.protocol import (
+    ErrorCode,
+    Message,
+    ToolCancel,
+    ToolExecute,
+    ToolProgress,
+    ToolResult,
+    ToolsAvailable,
+    ToolsList,
+    new_id,
+    now_ms,
+)
+from bus.replies import ReplyInbox
+from bus.service import new_instance_id, redis_url, run_loop
+from bus.streams import Bus
+
+log = logging.getLogger("gateway.mcp")
+
+LIST_TIMEOUT_S = 10.0
+
+
+class PoolTools:
+    """The pool seen as an MCP server's tools, for one agent and sender."""
+
+    def __init__(self, bus: Bus, inbox: ReplyInbox, *, agent_id: str, sender: str, call_timeout_s: float) -> None:
+        self.bus, self.inbox = bus, inbox
+        self.agent_id, self.sender, self.call_timeout_s = agent_id, sender, call_timeout_s
+        self.session_id = f"mcp-{new_id()[:12]}"
+
+    async def list_tools(self, _ctx: ServerRequestContext[Any], _params: Any) -> types.ListToolsResult:
+        request = ToolsList(reply_to=self.inbox.stream, deadline=now_ms() + int(LIST_TIMEOUT_S * 1000),
+                            agent_id=self.agent_id, sender=self.sender)
+        try:
+            reply = await self.inbox.request(self.bus.keys.hands_requests, request, request.request_id,
+                                             timeout=LIST_TIMEOUT_S)
+        except TimeoutError:
+            raise RuntimeError("no Hands worker answered; start one with `pincer hands` or `pincer up`") from None
+        assert isinstance(reply, ToolsAvailable)
+        return types.ListToolsResult(tools=[
+            types.Tool(name=spec.name, description=spec.description, input_schema=spec.parameters)
+            for spec in reply.tools])
+
+    async def call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        call = ToolExecute(tool=params.name, args=dict(params.arguments or {}), session_id=self.session_id,
+                           agent_id=self.agent_id, sender=self.sender, reply_to=self.inbox.stream,
+                           deadline=now_ms() + int(self.call_timeout_s * 1000))
+        token = ctx.meta.get("progress_token") if isinstance(ctx.meta, dict) else \
+            getattr(ctx.meta, "progress_token", None)
+        steps = 0
+
+        async def progress(event: Message) -> None:
+            nonlocal steps
+            if token is not None and isinstance(event, ToolProgress):
+                steps += 1
+                await ctx.session.send_progress_notification(token, steps, message=event.message or event.status)
+
+        try:
+            result = await self.inbox.request(self.bus.keys.hands_requests, call, call.call_id,
+                                              timeout=self.call_timeout_s, final=(ToolResult,), on_event=progress)
+        except TimeoutError:
+            return _failure(ErrorCode.TIMEOUT, f"no Hands worker answered within {self.call_timeout_s:g}s")
+        except BaseException:  # the client cancelled the request: stop the call wherever it runs
+            await self.bus.publish(self.bus.keys.hands_control, ToolCancel(call_id=call.call_id,
+                                                                          reason="the MCP client cancelled"))
+            raise
+        assert isinstance(result, ToolResult)
+        if not result.success:
+            error = result.error
+            assert error is not None
+            return _failure(error.code, error.message, suggestions=error.suggestions)
+        data = result.data
+        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, default=str)
+        structured = data if isinstance(data, dict) else None
+        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=structured)
+
+
+def _failure(code: ErrorCode, message: str, *, suggestions: list[str] | None = None) -> types.CallToolResult:
+    body = {"error": code.value, "message": message, **({"suggestions": suggestions} if suggestions else {})}
+    return types.CallToolResult(content=[types.TextContent(text=json.dumps(body, ensure_ascii=False))],
+                                is_error=True)
+
+
+async def serve_stdio(config: Config, *, agent_id: str, sender: str, call_timeout_s: float) -> int:
+    bus = Bus.from_settings(config.redis, redis_url(config))
+    inbox = ReplyInbox(bus, new_instance_id("mcp"), block_ms=200)
+    await inbox.start()
+    tools = PoolTools(bus, inbox, agent_id=agent_id, sender=sender, call_timeout_s=call_timeout_s)
+    server: Server[Any] = Server("pincer", version=version(), on_list_tools=tools.list_tools,
+                                 on_call_tool=tools.call_tool,
+                                 instructions=f"The tools of Pincer's agent {agent_id!r}, run by its Hands pool.")
+    try:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+    finally:
+        await inbox.close()
+        await bus.close()
+    return 0
+
+
+def main(config: Config, *, agent_id: str, sender: str, call_timeout_s: float) -> int:
+    # stdout carries the protocol: every log line goes to stderr.
+    setup_logging("mcp", "stdio", config.runtime.log_level, fmt=config.runtime.log_format)
+    try:
+        return run_loop(serve_stdio(config, agent_id=agent_id, sender=sender, call_timeout_s=call_timeout_s))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        sys.stdout.flush()

@@ -1,0 +1,85 @@
+"""``pincer mcp serve``: the official ``mcp`` client library lists and calls the pool's tools over stdio."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from bus.presence import alive
+from bus.streams import Bus
+from tests.conftest import ROOT, Processes, async_wait_until
+from tests.integration.test_sandbox import processes_matching
+
+pytestmark = pytest.mark.e2e
+
+
+def server(env: dict[str, str], *args: str) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=["-m", "gateway", "mcp", "serve", "--stdio", *args],
+                                 env=env, cwd=str(ROOT))
+
+
+async def test_an_mcp_client_lists_calls_and_cancels_pool_tools(bus: Bus, processes: Processes,
+                                                                pincer_env: dict[str, str], tmp_path: Path) -> None:
+    workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-mcp-"))  # one the sandbox uid may enter
+    workspace.chmod(0o755)
+    (workspace / "notes.txt").write_text("served over MCP\n")
+    processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace), "PINCER_HANDS__PROGRESS_INTERVAL_S": "0.2",
+                     "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
+                     "PINCER_HANDS__TOOLS__AGENTS": "{narrow: {profile: minimal}}"}
+    processes.start("hands", name="hands")
+    try:
+        await _exercise(bus, processes)
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
+async def _exercise(bus: Bus, processes: Processes) -> None:
+    await async_wait_until(lambda: alive(bus, "hands"), timeout=60, what="a Hands worker")
+
+    async with stdio_client(server(processes.env)) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        listed = await session.list_tools()
+        names = sorted(tool.name for tool in listed.tools)
+        assert "read_file" in names and "exec" in names
+        schema = next(t for t in listed.tools if t.name == "read_file").input_schema
+        assert schema["properties"]["path"]["type"] == "string"
+
+        read = await session.call_tool("read_file", {"path": "notes.txt"})
+        assert not read.is_error and "served over MCP" in read.content[0].text
+        assert read.structured_content["content"] == "served over MCP\n"
+
+        missing = await session.call_tool("read_file", {"path": "nope.txt"})
+        assert missing.is_error and json.loads(missing.content[0].text)["error"] == "FILE_NOT_FOUND"
+        bad = await session.call_tool("read_file", {"path": 5})
+        assert bad.is_error and json.loads(bad.content[0].text)["error"] == "INVALID_ARGUMENTS"
+
+        seen: list[str] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append(message or "")
+
+        slow = await session.call_tool("exec", {"command": "sleep 1; echo done"}, progress_callback=on_progress)
+        assert not slow.is_error and "done" in slow.content[0].text
+        assert seen and "exec" in seen[0]  # the pool's tool:progress reached the client as MCP progress
+
+        async with anyio.create_task_group() as group:  # a client that gives up on a call stops it
+            group.start_soon(session.call_tool, "exec", {"command": "sleep 66.75", "timeout": 120})
+            await async_wait_until(lambda: processes_matching("sleep 66.75"), timeout=30, what="the command")
+            group.cancel_scope.cancel()
+        await async_wait_until(lambda: not processes_matching("sleep 66.75"), timeout=30,
+                               what="the cancelled command to be killed")
+
+    # Another agent's policy: only what it may use is listed.
+    async with stdio_client(server(processes.env, "--agent", "narrow")) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        narrow = sorted(tool.name for tool in (await session.list_tools()).tools)
+        assert "exec" not in narrow and "memory_read" in narrow
