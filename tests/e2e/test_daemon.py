@@ -15,7 +15,9 @@ from tests.e2e.conftest import Installed, installed_env
 from tests.e2e.test_pincer_up import alive, descendants
 from tests.scripted_llm import ScriptedLLM
 
-pytestmark = pytest.mark.e2e
+# The first test to use the installed wheel builds it and installs its dependencies from the package
+# index (minutes on a machine with no download cache); pipx and uv install them again.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 def run(installed: Installed, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

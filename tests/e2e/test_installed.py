@@ -13,7 +13,9 @@ from tests.conftest import wait_until
 from tests.e2e.conftest import Installed, installed_env
 from tests.scripted_llm import ScriptedLLM
 
-pytestmark = pytest.mark.e2e
+# The first test to use the installed wheel builds it and installs its dependencies from the package
+# index (minutes on a machine with no download cache); pipx and uv install them again.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 def test_the_wheel_runs_pincer_up_and_a_tool_turn_from_an_empty_directory(
