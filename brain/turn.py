@@ -17,6 +17,7 @@ from brain.loop_detector import LoopDetector
 from brain.plan import plan
 from brain.prompt import system_prompt
 from brain.session_order import Lease
+from brain.tool_text import MAX_ARGS_DEPTH, depth, error_for_model, for_model, local_failure, summary
 from bus import otel, trace
 from bus.log import kv
 from bus.metrics import Meter
@@ -29,9 +30,7 @@ from bus.protocol import (
     ErrorCode,
     Message,
     PriorResult,
-    ResultMetadata,
     ToolCancel,
-    ToolError,
     ToolExecute,
     ToolProgress,
     ToolResult,
@@ -225,7 +224,7 @@ class Turn:
                 await finished[earlier].wait()
             call_id = self.call_ids[call.id]
             if index in order.refused:
-                result = _local_failure(call_id, call.name, ErrorCode.INVALID_ARGUMENTS, order.refused[index])
+                result = local_failure(call_id, call.name, ErrorCode.INVALID_ARGUMENTS, order.refused[index])
             else:
                 prior = [PriorResult(call_id=r.call_id, tool=calls[i].name, success=r.success, data=r.data)
                          for i in sorted(order.waits[index]) if (r := results[i]) is not None]
@@ -251,19 +250,19 @@ class Turn:
         """Run one tool call in Hands; every path ends in a result, never a hang."""
         msg = self.message
         await self._publish(ChatTool(session_id=msg.session_id, message_id=msg.message_id, call_id=call_id,
-                                     tool=call.name, status="started", summary=_summary(call)))
+                                     tool=call.name, status="started", summary=summary(call)))
         try:
             args = json.loads(call.arguments or "{}")
             if not isinstance(args, dict):
                 raise ValueError(f"expected a JSON object, got {type(args).__name__}")
-            if _depth(args) > MAX_ARGS_DEPTH:  # no tool takes such; the wire could not carry it anyway
+            if depth(args) > MAX_ARGS_DEPTH:  # no tool takes such; the wire could not carry it anyway
                 raise ValueError(f"they nest deeper than {MAX_ARGS_DEPTH} levels")
         except (ValueError, RecursionError) as exc:
-            result = _local_failure(call_id, call.name, ErrorCode.INVALID_ARGUMENTS,
+            result = local_failure(call_id, call.name, ErrorCode.INVALID_ARGUMENTS,
                                     f"the arguments are not a JSON object ({exc}); send them as a JSON object")
         else:
             if call.name not in specs:
-                result = _local_failure(
+                result = local_failure(
                     call_id, call.name, ErrorCode.TOOL_NOT_FOUND,
                     f"no tool named {call.name!r}; available tools: {', '.join(sorted(specs)) or '(none)'}",
                 )
@@ -295,7 +294,7 @@ class Turn:
                                                       timeout=deadline_s + 1, final=(ToolResult,), on_event=relay)
         except TimeoutError:
             self.in_flight.discard(call_id)
-            return _local_failure(
+            return local_failure(
                 call_id, tool, ErrorCode.TIMEOUT,
                 f"no Hands worker answered within {deadline_s:g}s; the tool may not have run. "
                 "Is a Hands worker running (`pincer hands`)?",
@@ -315,7 +314,7 @@ class Turn:
         for call_id in list(self.in_flight):
             await deps.bus.publish(deps.bus.keys.hands_control, ToolCancel(call_id=call_id, reason=reason))
         stopped = [self._entry(role="tool", tool_call_id=call.id, name=call.name, cancelled=True,
-                               content=_error_for_model(ErrorCode.CANCELLED, reason))
+                               content=error_for_model(ErrorCode.CANCELLED, reason))
                    for call in self.unanswered]
         done = (f"{self.model_calls} model call(s), {self.tool_calls} tool call(s)"
                 + (f" ({', '.join(sorted(set(self.tools_used)))})" if self.tools_used else "")
@@ -335,7 +334,7 @@ class Turn:
 
     def _tool_entry(self, call: ToolCall, result: ToolResult) -> TranscriptEntry:
         return self._entry(
-            role="tool", tool_call_id=call.id, name=call.name, content=_for_model(result),
+            role="tool", tool_call_id=call.id, name=call.name, content=for_model(result),
             call_id=result.call_id, success=result.success, worker_id=result.metadata.worker_id,
             duration_ms=result.metadata.duration_ms, truncated=result.metadata.truncated,
             attempts=result.metadata.attempts, sandbox=result.metadata.sandbox,
@@ -379,44 +378,3 @@ def _finished(message: ChatMessage, turn: list[TranscriptEntry]) -> ChatReply | 
 def _call_id(message_id: str, iteration: int, index: int, model_call_id: str) -> str:
     """The same call gets the same id in every Brain that runs its turn: Hands' record is found by it."""
     return hashlib.sha256(f"{message_id}:{iteration}:{index}:{model_call_id}".encode()).hexdigest()[:32]
-
-
-def _for_model(result: ToolResult) -> str:
-    """The result as the model reads it: the data, or the error with what to do next."""
-    if result.success:
-        data = result.data
-        return data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, default=str)
-    error = result.error
-    assert error is not None
-    return _error_for_model(error.code, error.message, recoverable=error.recoverable, suggestions=error.suggestions)
-
-
-def _error_for_model(code: ErrorCode, message: str, *, recoverable: bool | None = None,
-                     suggestions: list[str] | None = None) -> str:
-    """A failed call as the model reads it: the code, what happened, and what it may do next."""
-    shown: dict[str, Any] = {"error": code.value, "message": message}
-    if recoverable is not None:
-        shown["recoverable"] = recoverable
-    if suggestions:
-        shown["suggestions"] = suggestions
-    return json.dumps(shown, ensure_ascii=False)
-
-
-def _local_failure(call_id: str, tool: str, code: ErrorCode, message: str, *, recoverable: bool = True) -> ToolResult:
-    return ToolResult(call_id=call_id, success=False, error=ToolError(code=code, message=message,
-                      recoverable=recoverable), metadata=ResultMetadata(tool_name=tool, worker_id="brain"))
-
-
-MAX_ARGS_DEPTH = 32
-
-
-def _depth(value: Any, level: int = 0) -> int:
-    """How deeply ``value`` nests, counted no further than just past the limit."""
-    if level > MAX_ARGS_DEPTH:
-        return level
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return max((_depth(child, level + 1) for child in children), default=level)
-
-
-def _summary(call: ToolCall) -> str:
-    return f"{call.name}({call.arguments[:200]})"
