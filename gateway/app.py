@@ -211,8 +211,8 @@ class Gateway:
 
     async def _own_session(self, identity: Identity, session_id: str, *, existing: bool = False) -> None:
         """Refuse (404, as if it did not exist) a session that is not the caller's."""
-        owner = await self.sessions.owner(session_id)
-        if owner is None or not identity.may_see(owner) or (existing and not await self.sessions.exists(session_id)):
+        owner, has_transcript = await self.sessions.ownership(session_id)
+        if owner is None or not identity.may_see(owner) or (existing and not has_transcript):
             raise not_found(f"no session {session_id!r}")
 
     async def metrics(self, request: Request) -> Response:

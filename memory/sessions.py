@@ -78,13 +78,17 @@ class SessionStore:
 
     async def owner(self, session_id: str) -> str | None:
         """Who owns the session: a token name, "" for one from before owners, None when there is none."""
+        return (await self.ownership(session_id))[0]
+
+    async def ownership(self, session_id: str) -> tuple[str | None, bool]:
+        """The session's owner (as ``owner`` says it) and whether it has a transcript yet: one round trip."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.session_owner(session_id))
             pipe.exists(self.keys.transcript(session_id))
             owner, exists = await pipe.execute()
         if owner is not None:
-            return owner.decode()
-        return "" if exists else None
+            return owner.decode(), bool(exists)
+        return ("" if exists else None), bool(exists)
 
     async def expire(self, session_id: str, ttl_s: int) -> None:
         """Let every key of the session lapse ``ttl_s`` from now (a session a client did not name)."""
