@@ -189,6 +189,19 @@ def gateway_url(env: dict[str, str]) -> str:
     return f"http://127.0.0.1:{env['PINCER_GATEWAY_PORT']}"
 
 
+def gateway_health(env: dict[str, str]) -> dict[str, Any] | None:
+    """The test stack's /healthz answer (503 included), or None while the Gateway does not listen."""
+    try:
+        found: dict[str, Any] = httpx.get(f"{gateway_url(env)}/healthz", timeout=2).json()
+        return found
+    except httpx.HTTPError:
+        return None
+
+
+def stack_healthy(env: dict[str, str]) -> bool:
+    return (gateway_health(env) or {}).get("status") == "ok"
+
+
 def gateway_client(env: dict[str, str], token: str | None = OWNER_TOKEN, timeout: float = 60) -> httpx.Client:
     """An HTTP client of the test stack's Gateway, sending ``token`` (the owner's by default)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}

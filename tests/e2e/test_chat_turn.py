@@ -9,17 +9,10 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.conftest import TOOL_NAMES, Processes, gateway_client, gateway_url, wait_until
+from tests.conftest import TOOL_NAMES, Processes, gateway_client, gateway_health, gateway_url, wait_until
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
-
-
-def health(env: dict[str, str]) -> dict | None:
-    try:
-        return httpx.get(f"{gateway_url(env)}/healthz", timeout=2).json()
-    except httpx.HTTPError:
-        return None
 
 
 def start_stack(processes: Processes, *, hands: int = 2, brain: bool = True) -> None:
@@ -28,7 +21,7 @@ def start_stack(processes: Processes, *, hands: int = 2, brain: bool = True) -> 
         processes.start("brain", name="brain")
     for i in range(hands):
         processes.start("hands", name=f"hands-{i}")
-    wait_until(lambda: (h := health(processes.env)) and h.get("brains") == int(brain) and h.get("hands") == hands,
+    wait_until(lambda: (h := gateway_health(processes.env)) and h.get("brains") == int(brain) and h.get("hands") == hands,
                timeout=60, what=f"gateway healthz with {int(brain)} brain and {hands} hands")
 
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.conftest import OWNER_TOKEN, Processes, gateway_client, gateway_url, wait_until
+from tests.conftest import OWNER_TOKEN, Processes, gateway_client, gateway_url, stack_healthy, wait_until
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
@@ -42,17 +42,9 @@ def secured(processes: Processes, pincer_env: dict[str, str]) -> Iterator[dict[s
     processes.start("gateway", name="gateway")
     processes.start("brain", name="brain")
     processes.start("hands", name="hands")
-    with gateway_client(processes.env, token=None) as anonymous:
-        wait_until(lambda: _healthy(anonymous), timeout=60, what="healthy stack")
+    wait_until(lambda: stack_healthy(processes.env), timeout=60, what="healthy stack")
     yield processes.env
     shutil.rmtree(workspace, ignore_errors=True)
-
-
-def _healthy(client: httpx.Client) -> bool:
-    try:
-        return client.get("/healthz").json().get("status") == "ok"
-    except httpx.HTTPError:
-        return False
 
 
 def test_every_endpoint_but_healthz_needs_a_valid_token(secured: dict[str, str], processes: Processes) -> None:

@@ -13,7 +13,7 @@ import openai
 import pytest
 import redis
 
-from tests.conftest import OWNER_TOKEN, Processes, gateway_url, wait_until
+from tests.conftest import OWNER_TOKEN, Processes, gateway_url, stack_healthy, wait_until
 from tests.integration.test_sandbox import processes_matching
 from tests.scripted_llm import ScriptedLLM
 
@@ -37,14 +37,7 @@ def stack(processes: Processes, pincer_env: dict[str, str], options: dict[str, s
     processes.start("gateway", name="gateway")
     processes.start("brain", name="brain")
     processes.start("hands", name="hands")
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{gateway_url(processes.env)}/healthz", timeout=2).json().get("status") == "ok"
-        except httpx.HTTPError:
-            return False
-
-    wait_until(healthy, timeout=60, what="a healthy stack")
+    wait_until(lambda: stack_healthy(processes.env), timeout=60, what="a healthy stack")
     yield processes.env
     shutil.rmtree(workspace, ignore_errors=True)
 

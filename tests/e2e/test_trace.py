@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Processes, gateway_client, wait_until
+from tests.conftest import Processes, gateway_client, stack_healthy, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -29,14 +29,7 @@ def test_a_turn_with_a_tool_call_is_one_trace_across_three_processes(processes: 
     for role in ("gateway", "brain", "hands"):
         processes.start(role, name=role)
     client = gateway_client(processes.env)
-
-    def healthy() -> bool:
-        try:
-            return client.get("/healthz").json().get("status") == "ok"
-        except Exception:  # not listening yet
-            return False
-
-    wait_until(healthy, timeout=60, what="a healthy stack")
+    wait_until(lambda: stack_healthy(processes.env), timeout=60, what="a healthy stack")
     trace_id = os.urandom(16).hex()
     reply = client.post("/v1/sessions/traced/messages", json={"text": 'CALL read_file {"path": "notes.txt"}'},
                         headers={"traceparent": f"00-{trace_id}-{os.urandom(8).hex()}-01"})
