@@ -158,6 +158,9 @@ class Running:
         )
 
 
+NPROC_BACKSTOP_FACTOR = 16  # commands of one machine at once, each under its own pids.max
+
+
 class SandboxUnavailable(PincerError):
     """No tier this machine offers is allowed by the configuration; the message says how to fix it."""
 
@@ -203,8 +206,9 @@ class Sandbox:
         """Start a command and return its handle; the caller must ``stop()`` it (it may be long gone)."""
         self.check_allowed()
         seccomp = _seccomp_fd(self.tier) if self.tier in ("bwrap", "landlock") else None
-        command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp)
-        cgroup = RunCgroup.create(memory_mb=self.settings.memory_mb)
+        cgroup = RunCgroup.create(memory_mb=self.settings.memory_mb, pids_max=self.settings.processes)
+        command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp,
+                                tree_capped=cgroup is not None and cgroup.caps_processes)
         if cgroup is not None:
             command = cgroup.wrap(command)
         spawning = time.monotonic()
@@ -233,10 +237,14 @@ class Sandbox:
                 return directory
         return None
 
-    def _command(self, argv: list[str], *, workdir: str, env: dict[str, str], seccomp_fd: int | None) -> list[str]:
+    def _command(self, argv: list[str], *, workdir: str, env: dict[str, str], seccomp_fd: int | None,
+                 tree_capped: bool = False) -> list[str]:
         s = self.settings
+        # RLIMIT_NPROC counts every process of the sandbox uid on the machine: alone it lets one command's
+        # fork bomb starve all the others, so where a pids cgroup caps each tree it is only a backstop.
+        nproc = s.processes * NPROC_BACKSTOP_FACTOR if tree_capped else s.processes
         limits = ["prlimit", f"--as={s.memory_mb * 1024 * 1024}", f"--cpu={s.cpu_s}:{s.cpu_s + 1}",
-                  f"--fsize={s.file_size_mb * 1024 * 1024}", f"--nofile={s.open_files}", f"--nproc={s.processes}",
+                  f"--fsize={s.file_size_mb * 1024 * 1024}", f"--nofile={s.open_files}", f"--nproc={nproc}",
                   "--core=0", "--"]
         drop = ["setpriv", f"--reuid={s.uid}", f"--regid={s.gid}", "--clear-groups", "--inh-caps=-all"] \
             if self.as_root else []
