@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     APPROVAL_DENIED = "APPROVAL_DENIED"
     CANCELLED = "CANCELLED"
     UNHANDLED = "UNHANDLED"
+    TOOL_ERROR = "TOOL_ERROR"  # the tool ran and reported a failure of its own (an MCP isError result)
     # Chat-turn failures (chat:error), beyond the seed's tool codes.
     MODEL_NOT_CONFIGURED = "MODEL_NOT_CONFIGURED"
     MODEL_ERROR = "MODEL_ERROR"

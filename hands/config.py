@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -155,6 +156,60 @@ class ExecSettings(Section):
     approval_timeout_s: float = Field(default=45.0, gt=0, le=3600)
 
 
+MCP_SERVER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
+
+
+class McpServerSettings(Section):
+    """One MCP server, in the shape of Claude Desktop's and Cursor's ``mcpServers`` entries (stdio:
+    ``command``, ``args``, ``env``, ``cwd``; streamable HTTP: ``url``, ``headers``), plus Pincer's own keys.
+    Values of ``env`` and ``headers`` may name the worker's environment as ``${NAME}``: secrets stay there."""
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None  # inside the sandbox; the workspace (/workspace under bwrap) when unset
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    enabled: bool = True
+    tools: list[str] = Field(default_factory=lambda: ["*"])  # globs of the server's tool names to offer
+    timeout_s: float | None = Field(default=None, gt=0, le=3600)  # per call; the category's otherwise
+    start_timeout_s: float = Field(default=20.0, gt=0, le=600)  # for the handshake and the first tool list
+    max_concurrency: int | None = Field(default=None, ge=1)  # calls at once to this server, from one worker
+    idempotent: bool = False  # unknown side effects: never run twice unless the entry says so
+    category: Literal["file", "network", "code", "memory", "skill"] = "skill"
+    # Sandbox (stdio servers): directories it may read (its install, e.g. a venv or node_modules; the
+    # command's own directory is added), whether it may use the network, and limits of its own.
+    read_only: list[Path] = Field(default_factory=list)
+    network: bool = False
+    memory_mb: int = Field(default=2048, ge=64)  # an address-space cap: a JIT (node) reserves far more than it uses
+    cpu_s: int = Field(default=3600, ge=1)  # CPU over the server's whole life, not per call
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSettings:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either command (a stdio server) or url (a streamable HTTP server), not both "
+                             "and not neither")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} must start with http:// or https://")
+        return self
+
+
+class McpSettings(Section):
+    """MCP servers whose tools join this worker's registry as ``mcp_<server>_<tool>``."""
+
+    servers: dict[str, McpServerSettings] = Field(default_factory=dict)
+    restart_max_s: float = Field(default=60.0, ge=1)  # longest wait between restarts of a dead server
+
+    @field_validator("servers")
+    @classmethod
+    def _names(cls, value: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:
+        for name in value:
+            if not re.match(MCP_SERVER_NAME, name):
+                raise ValueError(f"MCP server name {name!r}: use 1-32 letters, digits, _ or -, starting with a "
+                                 "letter or digit (it becomes part of each tool's name)")
+        return value
+
+
 class HandsSettings(Section):
     workspace: Path = Field(default_factory=default_workspace)
     concurrency: ConcurrencySettings = Field(default_factory=ConcurrencySettings)
@@ -166,6 +221,7 @@ class HandsSettings(Section):
     web: WebSettings = Field(default_factory=WebSettings)
     jobs: JobSettings = Field(default_factory=JobSettings)
     exec: ExecSettings = Field(default_factory=ExecSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     skill_dirs: list[Path] = Field(default_factory=lambda: [SHIPPED_SKILLS, Path("~/.pincer/skills")])
     memory_watermark: float = Field(default=0.9, gt=0, le=1)

@@ -24,6 +24,7 @@ from hands.config import HandsSettings
 from hands.errors import ToolFailure
 from hands.executor import Executor
 from hands.jobs import JobManager
+from hands.mcp.servers import McpServers
 from hands.permissions import PermissionPolicy
 from hands.pool_limits import PoolLimits
 from hands.registry import ToolRegistry
@@ -71,6 +72,7 @@ class HandsWorker:
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
                                  approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys), pool=self.pool,
                                  progress=bus.publish, meter=self.meter)
+        self.mcp = McpServers(settings.mcp, self.registry, self.sandbox, on_change=self._tools_changed)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s, details=self._details)
         self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s)
         # Hold as many as can run or wait in the limiter's queue, no more, and read at once no more
@@ -93,7 +95,14 @@ class HandsWorker:
         return {"tools": len(self.registry.names()), "in_flight": self.consumer.in_flight,
                 "running": len(self._in_flight), "capacity": self.settings.concurrency.global_,
                 "queued": self.executor.limiter.waiting, "sandbox": self.sandbox.tier,
-                "metrics": self.meter.snapshot()}
+                "metrics": self.meter.snapshot(), **({"mcp": self.mcp.status()} if self.mcp.connections else {})}
+
+    async def _tools_changed(self) -> None:
+        """An MCP server's tools came or changed: a new digest tells every Brain to ask again."""
+        try:
+            await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
+        except CONNECTION_ERRORS as exc:
+            log.warning("tools digest not updated: %s", exc)
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         match message:
@@ -195,6 +204,7 @@ class HandsWorker:
         await self.control.start()
         await self.reaper.start()
         await self.pool.start()
+        await self.mcp.start()
         for refusal in self.skills.refused:
             log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
         log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
@@ -204,6 +214,7 @@ class HandsWorker:
         try:
             await self.consumer.run(stop)
         finally:
+            await self.mcp.close()
             await self.reaper.close()
             await self.pool.close()
             await self.jobs.stop_all()

@@ -98,13 +98,14 @@ class Running:
     """A started command: its output as it comes, stdin, waiting, and a stop that kills the tree."""
 
     def __init__(self, process: asyncio.subprocess.Process, tier: str, output_bytes: int,
-                 *, cgroup: RunCgroup | None = None) -> None:
+                 *, cgroup: RunCgroup | None = None, capture_stdout: bool = True) -> None:
         self.process, self.tier, self.cgroup = process, tier, cgroup
         self.started = time.monotonic()
         self.out, self.err = Output(output_bytes), Output(output_bytes)
         self.timed_out = self.killed = False
-        self._readers = [asyncio.create_task(_drain(process.stdout, self.out)),
-                         asyncio.create_task(_drain(process.stderr, self.err))]
+        self._readers = [asyncio.create_task(_drain(process.stderr, self.err))]
+        if capture_stdout:  # else the caller reads process.stdout itself (a protocol spoken over it)
+            self._readers.append(asyncio.create_task(_drain(process.stdout, self.out)))
 
     @property
     def done(self) -> bool:
@@ -158,6 +159,17 @@ class Running:
         )
 
 
+@dataclass(frozen=True)
+class Extras:
+    """What a long-lived program (an MCP server) gets beyond a tool's command: its own install
+    directories read-only, the network if its entry allows it, and limits of its own."""
+
+    read_only: tuple[Path, ...] = ()
+    network: bool = False
+    limits: SandboxSettings | None = None
+    line_bytes: int = 2**16  # the longest stdout line the caller's readline takes (asyncio's default)
+
+
 NPROC_BACKSTOP_FACTOR = 16  # commands of one machine at once, each under its own pids.max
 
 
@@ -202,12 +214,18 @@ class Sandbox:
             await running.stop()
         return running.result()
 
-    async def start(self, argv: list[str], *, workdir: str, env: dict[str, str]) -> Running:
+    async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
+                    capture_stdout: bool = True) -> Running:
         """Start a command and return its handle; the caller must ``stop()`` it (it may be long gone)."""
         self.check_allowed()
-        seccomp = _seccomp_fd(self.tier) if self.tier in ("bwrap", "landlock") else None
-        cgroup = RunCgroup.create(memory_mb=self.settings.memory_mb, pids_max=self.settings.processes)
-        command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp,
+        extra = extra or Extras()
+        if extra.network and self.tier == "landlock":
+            raise SandboxUnavailable("the landlock tier cannot give a command the network (it has no network "
+                                     "namespace to share); install bubblewrap, or do without network")
+        limits = extra.limits or self.settings
+        seccomp = _seccomp_fd(self.tier, network=extra.network) if self.tier in ("bwrap", "landlock") else None
+        cgroup = RunCgroup.create(memory_mb=limits.memory_mb, pids_max=limits.processes)
+        command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp, extra=extra,
                                 tree_capped=cgroup is not None and cgroup.caps_processes)
         if cgroup is not None:
             command = cgroup.wrap(command)
@@ -215,7 +233,7 @@ class Sandbox:
         try:
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, pass_fds=(seccomp,) if seccomp is not None else (),
+                start_new_session=True, pass_fds=(seccomp,) if seccomp is not None else (), limit=extra.line_bytes,
                 env={"PATH": "/usr/bin:/bin"} if self.tier == "bwrap" else env,
                 cwd=self.workspace / workdir if self.tier == "rlimits" else None,
             )
@@ -223,7 +241,7 @@ class Sandbox:
             if seccomp is not None:
                 os.close(seccomp)
         self.meter.observe("pincer_sandbox_spawn_seconds", time.monotonic() - spawning, self.tier)
-        return Running(process, self.tier, self.settings.output_bytes, cgroup=cgroup)
+        return Running(process, self.tier, limits.output_bytes, cgroup=cgroup, capture_stdout=capture_stdout)
 
     def _unreachable_dir(self) -> Path | None:
         """The first directory on the workspace's path the sandbox uid may not pass through, if any."""
@@ -238,8 +256,8 @@ class Sandbox:
         return None
 
     def _command(self, argv: list[str], *, workdir: str, env: dict[str, str], seccomp_fd: int | None,
-                 tree_capped: bool = False) -> list[str]:
-        s = self.settings
+                 extra: Extras, tree_capped: bool = False) -> list[str]:
+        s = extra.limits or self.settings
         # RLIMIT_NPROC counts every process of the sandbox uid on the machine: alone it lets one command's
         # fork bomb starve all the others, so where a pids cgroup caps each tree it is only a backstop.
         nproc = s.processes * NPROC_BACKSTOP_FACTOR if tree_capped else s.processes
@@ -251,12 +269,16 @@ class Sandbox:
         if self.tier == "rlimits":
             return [*limits, *drop, *argv]
         if self.tier == "landlock":
-            return [*limits, *drop, *_shim(), str(self.workspace), workdir or ".", str(seccomp_fd), "--", *argv]
-        return [*limits, *drop, *self._bwrap(workdir, env, seccomp_fd), "--", *argv]
+            readable = [str(p) for p in extra.read_only]
+            return [*limits, *drop, *_shim(), str(self.workspace), workdir or ".", str(seccomp_fd), *readable, "--",
+                    *argv]
+        return [*limits, *drop, *self._bwrap(workdir, env, seccomp_fd, extra), "--", *argv]
 
-    def _bwrap(self, workdir: str, env: dict[str, str], seccomp_fd: int | None) -> list[str]:
+    def _bwrap(self, workdir: str, env: dict[str, str], seccomp_fd: int | None, extra: Extras) -> list[str]:
         args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--hostname", "sandbox",
                 "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
+        if extra.network:  # the host's network and its resolver (no other tool gets either)
+            args += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
         for name, value in env.items():
             args += ["--setenv", name, value]
         args += ["--ro-bind", "/usr", "/usr"]
@@ -266,7 +288,10 @@ class Sandbox:
         for name in ETC_FILES:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         args += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * 1024 * 1024), "--tmpfs", "/tmp",
-                 "--bind", str(self.workspace), "/workspace", "--remount-ro", "/",
+                 "--bind", str(self.workspace), "/workspace"]
+        for path in extra.read_only:  # at the same path, so a program's own absolute paths still hold
+            args += ["--ro-bind", str(path), str(path)]
+        args += ["--remount-ro", "/",
                  "--chdir", f"/workspace/{workdir}".rstrip("/").replace("/./", "/") or "/workspace"]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
@@ -327,10 +352,10 @@ def _shim() -> list[str]:
     return [python, "-I", "-c", SHIM_SOURCE]
 
 
-def _seccomp_fd(tier: str) -> int:
+def _seccomp_fd(tier: str, *, network: bool = False) -> int:
     from hands.sandbox.seccomp import bpf_fd
 
-    return bpf_fd(tier=tier)
+    return bpf_fd(tier=tier, network=network)
 
 
 async def _drain(stream: asyncio.StreamReader | None, into: Output) -> None:

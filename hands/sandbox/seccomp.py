@@ -23,7 +23,7 @@ LANDLOCK_DENIED = ("chmod", "fchmodat", "fchmodat2", "chown", "lchown", "fchowna
                    "futimesat")
 
 
-def bpf_fd(*, tier: str = "bwrap") -> int:
+def bpf_fd(*, tier: str = "bwrap", network: bool = False) -> int:
     """A file descriptor holding the compiled filter (bwrap ``--seccomp FD`` reads it)."""
     import pyseccomp as sc  # ctypes over the system's libseccomp
 
@@ -34,7 +34,11 @@ def bpf_fd(*, tier: str = "bwrap") -> int:
         flt.add_rule(sc.ERRNO(errno.EPERM), "utimensat", sc.Arg(1, sc.NE, 0))  # a path, not a descriptor
         denied = (*DENIED, *LANDLOCK_DENIED)
     else:  # bwrap: only AF_UNIX (no network, no AF_VSOCK to the VM's host); no host socket is mounted
-        flt.add_rule(sc.ERRNO(errno.EPERM), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+        if network:  # a program whose entry allows the network: IP sockets too, still no VSOCK, netlink, ...
+            for family in (socket.AF_VSOCK, socket.AF_NETLINK, socket.AF_PACKET):
+                flt.add_rule(sc.ERRNO(errno.EPERM), "socket", sc.Arg(0, sc.EQ, family))
+        else:
+            flt.add_rule(sc.ERRNO(errno.EPERM), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
         denied = DENIED
     for name in denied:
         try:

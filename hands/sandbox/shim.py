@@ -95,9 +95,10 @@ def restrict(*, read_only: list[str], writable: list[str]) -> int:
 
 
 def main(args: list[str]) -> None:
-    workspace, workdir, seccomp_fd, separator, *argv = args
-    if separator != "--" or not argv:
-        _fail("usage: shim WORKSPACE WORKDIR BPF_FD -- ARGV...")
+    workspace, workdir, seccomp_fd, *rest = args
+    if "--" not in rest or rest.index("--") == len(rest) - 1:
+        _fail("usage: shim WORKSPACE WORKDIR BPF_FD [READABLE_DIR...] -- ARGV...")
+    readable, argv = rest[:rest.index("--")], rest[rest.index("--") + 1:]
     _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # setpriv cleared it; the new user namespace needs it
     if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS) != 0:
         _fail(f"unshare failed: {os.strerror(ctypes.get_errno())}")
@@ -112,7 +113,7 @@ def main(args: list[str]) -> None:
     tmp = os.path.join(workspace, ".tmp")
     os.makedirs(tmp, exist_ok=True)
     try:
-        restrict(read_only=READ_ONLY_PATHS, writable=[workspace, "/dev/null"])
+        restrict(read_only=[*READ_ONLY_PATHS, *readable], writable=[workspace, "/dev/null"])
     except OSError as exc:
         _fail(str(exc))
     _load_seccomp(int(seccomp_fd))
