@@ -263,8 +263,13 @@ def _explain(config: Config, tool_name: str, *, agent: str, sender: str) -> int:
     try:
         tool = registry.get(tool_name)
     except ToolFailure as exc:
-        print(f"pincer: error: {exc.message}", file=sys.stderr)
-        return 1
+        from hands.mcp.servers import configured_tool
+
+        found = configured_tool(settings.mcp, tool_name)
+        if found is None:
+            print(f"pincer: error: {exc.message}", file=sys.stderr)
+            return 1
+        tool = found
     decision = ToolPolicy(settings.tools).decide(tool, agent=agent, sender=sender)
     print(f"{tool.name} ({tool.category.value}) for agent {agent!r}, sender {sender or '(unknown)'!r}:")
     for step in decision.trace:

@@ -6,6 +6,7 @@ them (``pincer status``, ``pincer dead ...``), scripts take ``--json``.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, cast
 
@@ -26,7 +27,8 @@ async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
             beat = float(info.get("beat", now))
             if not with_metrics:
                 info.pop("metrics", None)
-            roles[role].append({**info, "last_heartbeat_s": round(now - beat, 1)})
+            mcp = _json_field(info.pop("mcp", None))
+            roles[role].append({**info, **({"mcp": mcp} if mcp else {}), "last_heartbeat_s": round(now - beat, 1)})
     queues = [await _stream(bus, "hands:requests", bus.keys.hands_requests, HANDS_GROUP),
               await _stream(bus, "brain:inbox", bus.keys.brain_inbox, BRAIN_GROUP)]
     async for key in bus.redis.scan_iter(match=f"{bus.keys.hands_worker('')}*", count=500, _type="stream"):
@@ -34,6 +36,15 @@ async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
         queues.append(await _stream(bus, name[len(bus.keys.prefix):], name, HANDS_GROUP))
     return {"time": now, "prefix": bus.keys.prefix, "instances": roles, "streams": queues,
             "dead": await bus.redis.xlen(bus.keys.dead)}
+
+
+def _json_field(raw: str | None) -> dict[str, Any]:
+    """A heartbeat field written as JSON (MCP server states); empty when absent or garbage."""
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 async def _stream(bus: Bus, label: str, key: str, group: str) -> dict[str, Any]:

@@ -71,6 +71,14 @@ async def show_status(config: Config, *, as_json: bool) -> int:
                         w.get("running", ""), w.get("queued", ""), w.get("capacity", ""), w.get("sandbox", ""),
                         f"{w['last_heartbeat_s']}s ago")
     console.print(workers if found["instances"]["hands"] else "[yellow]no Hands worker alive[/]")
+    servers = Table("hands worker", "MCP server", "transport", "state", "tools", "starts", "problem", title="MCP servers")
+    for w in found["instances"]["hands"]:
+        for name, server in (w.get("mcp") or {}).items():
+            problem = "; ".join([server.get("error") or "", *server.get("refused", [])]).strip("; ")
+            servers.add_row(w["id"], name, server.get("transport", ""), server.get("state", ""),
+                            str(server.get("tools", "")), str(server.get("starts", "")), problem)
+    if servers.row_count:
+        console.print(servers)
     others = Table("role", "instance", "host", "pid", "version", "in flight", "waiting", "capacity", "heartbeat",
                    title="Brains and Gateways")
     for role in ("brain", "gateway"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 from collections.abc import Sequence
@@ -95,7 +96,7 @@ class HandsWorker:
         return {"tools": len(self.registry.names()), "in_flight": self.consumer.in_flight,
                 "running": len(self._in_flight), "capacity": self.settings.concurrency.global_,
                 "queued": self.executor.limiter.waiting, "sandbox": self.sandbox.tier,
-                "metrics": self.meter.snapshot(), **({"mcp": self.mcp.status()} if self.mcp.connections else {})}
+                "metrics": self.meter.snapshot(), **({"mcp": json.dumps(self.mcp.status())} if self.mcp.connections else {})}
 
     async def _tools_changed(self) -> None:
         """An MCP server's tools came or changed: a new digest tells every Brain to ask again."""

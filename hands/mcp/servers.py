@@ -97,3 +97,14 @@ def _handler(connection: McpConnection, tool: str) -> Handler:
         return result_data(connection.name, result)
 
     return call_mcp_tool
+
+
+def configured_tool(settings: McpSettings, name: str) -> ToolDefinition | None:
+    """What the policy knows of ``mcp_<server>_<tool>`` without starting the server (its name and the
+    server's category): enough for ``pincer policy explain``."""
+    for server, entry in settings.servers.items():
+        if name.startswith(f"mcp_{server}_") and entry.enabled:
+            return ToolDefinition(name=name, description=f"a tool of MCP server {server}",
+                                  parameters={"type": "object"}, handler=lambda _args, _ctx: None,
+                                  category=CATEGORIES[entry.category], source=f"mcp:{server}")
+    return None
