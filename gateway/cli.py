@@ -42,7 +42,11 @@ def _parser() -> argparse.ArgumentParser:
 
     mcp = sub.add_parser("mcp", help="MCP: `pincer mcp serve` offers the pool's tools to any MCP client")
     mcp.add_argument("action", choices=["serve"])
-    mcp.add_argument("--stdio", action="store_true", help="serve over stdin/stdout (the default, and for now the only)")
+    served = mcp.add_mutually_exclusive_group()
+    served.add_argument("--stdio", action="store_true", help="serve over stdin/stdout (the default)")
+    served.add_argument("--http", type=int, metavar="PORT",
+                        help="serve streamable HTTP at http://HOST:PORT/mcp; every request needs a Pincer token")
+    mcp.add_argument("--host", default="127.0.0.1", help="with --http: the address to listen on (127.0.0.1)")
     mcp.add_argument("--agent", default="main", help="whose tools: the policy of this agent applies (default main)")
     mcp.add_argument("--sender", default="mcp", help="the sender the tool policy sees (owner_only tools)")
     mcp.add_argument("--timeout", type=float, default=120.0, metavar="S", help="longest a call may take (120)")
@@ -159,7 +163,8 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         case "mcp":
             from gateway.mcp_serve import main as serve_mcp
 
-            return serve_mcp(config, agent_id=args.agent, sender=args.sender, call_timeout_s=args.timeout)
+            return serve_mcp(config, agent_id=args.agent, sender=args.sender, call_timeout_s=args.timeout,
+                             http=(args.host, args.http) if args.http is not None else None)
         case "trace":
             from gateway.trace_cli import show_trace
 

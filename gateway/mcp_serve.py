@@ -1,10 +1,15 @@
-"""``pincer mcp serve --stdio``: the Hands pool's tools, as one MCP server, to any MCP client.
+"""``pincer mcp serve``: the Hands pool's tools, as one MCP server, to any MCP client.
 
 Claude Code or Desktop (or any client of the official SDKs) lists and calls
 the tools the tool policy allows one agent, and the pool runs them over the
 bus as it runs the Brain's calls: validated, limited, sandboxed. A tool's
 progress becomes MCP progress, a cancelled request a ``tool:cancel``, and a
 failed call an ``isError`` result carrying Pincer's error code and message.
+
+Over stdio the caller is whoever started the process (``--sender``). Over
+streamable HTTP (``--http PORT``) every request passes the Gateway's own
+guard (Host, Origin, body size, a Pincer token) and the token names the
+sender; a token limited to other agents is refused.
 
 The ``mcp`` SDK is pinned to its 2.x line: the current one (1.x is kept for
 fixes only), whose low-level ``Server`` takes its handlers as arguments.
@@ -40,6 +45,7 @@ from bus.protocol import (
 from bus.replies import ReplyInbox
 from bus.service import new_instance_id, redis_url, run_loop
 from bus.streams import Bus
+from gateway.tokens import Identity
 
 log = logging.getLogger("gateway.mcp")
 
@@ -54,9 +60,19 @@ class PoolTools:
         self.agent_id, self.sender, self.call_timeout_s = agent_id, sender, call_timeout_s
         self.session_id = f"mcp-{new_id()[:12]}"
 
-    async def list_tools(self, _ctx: ServerRequestContext[Any], _params: Any) -> types.ListToolsResult:
+    def _sender(self, ctx: ServerRequestContext[Any]) -> str:
+        """The HTTP request's token name (the guard put it there), or the configured sender over stdio."""
+        request = ctx.request
+        identity = getattr(request, "scope", {}).get("state", {}).get("identity") if request is not None else None
+        if not isinstance(identity, Identity):
+            return self.sender
+        if not identity.may_use(self.agent_id):
+            raise PermissionError(f"the token {identity.name!r} may not use agent {self.agent_id!r}")
+        return identity.name
+
+    async def list_tools(self, ctx: ServerRequestContext[Any], _params: Any) -> types.ListToolsResult:
         request = ToolsList(reply_to=self.inbox.stream, deadline=now_ms() + int(LIST_TIMEOUT_S * 1000),
-                            agent_id=self.agent_id, sender=self.sender)
+                            agent_id=self.agent_id, sender=self._sender(ctx))
         try:
             reply = await self.inbox.request(self.bus.keys.hands_requests, request, request.request_id,
                                              timeout=LIST_TIMEOUT_S)
@@ -68,8 +84,12 @@ class PoolTools:
             for spec in reply.tools])
 
     async def call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        try:
+            sender = self._sender(ctx)
+        except PermissionError as exc:
+            return _failure(ErrorCode.FORBIDDEN, str(exc))
         call = ToolExecute(tool=params.name, args=dict(params.arguments or {}), session_id=self.session_id,
-                           agent_id=self.agent_id, sender=self.sender, reply_to=self.inbox.stream,
+                           agent_id=self.agent_id, sender=sender, reply_to=self.inbox.stream,
                            deadline=now_ms() + int(self.call_timeout_s * 1000))
         token = ctx.meta.get("progress_token") if isinstance(ctx.meta, dict) else \
             getattr(ctx.meta, "progress_token", None)
@@ -107,7 +127,8 @@ def _failure(code: ErrorCode, message: str, *, suggestions: list[str] | None = N
                                 is_error=True)
 
 
-async def serve_stdio(config: Config, *, agent_id: str, sender: str, call_timeout_s: float) -> int:
+async def serve(config: Config, *, agent_id: str, sender: str, call_timeout_s: float,
+                http: tuple[str, int] | None = None) -> int:
     bus = Bus.from_settings(config.redis, redis_url(config))
     inbox = ReplyInbox(bus, new_instance_id("mcp"), block_ms=200)
     await inbox.start()
@@ -116,19 +137,44 @@ async def serve_stdio(config: Config, *, agent_id: str, sender: str, call_timeou
                                  on_call_tool=tools.call_tool,
                                  instructions=f"The tools of Pincer's agent {agent_id!r}, run by its Hands pool.")
     try:
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+        if http is None:
+            async with stdio_server() as (read, write):
+                await server.run(read, write, server.create_initialization_options())
+        else:
+            await _serve_http(config, bus, server, host=http[0], port=http[1])
     finally:
         await inbox.close()
         await bus.close()
     return 0
 
 
-def main(config: Config, *, agent_id: str, sender: str, call_timeout_s: float) -> int:
-    # stdout carries the protocol: every log line goes to stderr.
-    setup_logging("mcp", "stdio", config.runtime.log_level, fmt=config.runtime.log_format)
+async def _serve_http(config: Config, bus: Bus, server: Server[Any], *, host: str, port: int) -> None:
+    import uvicorn
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    from bus.metrics import Meter
+    from gateway.config import GatewaySettings
+    from gateway.guard import Guard
+    from gateway.tokens import TokenStore, read_owner_token
+
+    settings = config.section("gateway", GatewaySettings).model_copy(update={"host": host, "port": port})
+    static = settings.static_token() or read_owner_token(config.runtime.data_path)
+    # Host and Origin are the guard's to check, as for the Gateway (one rule, one home).
+    app = server.streamable_http_app(streamable_http_path="/mcp", host=host,
+                                     max_request_body_size=settings.max_body_bytes,
+                                     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    guarded = Guard(app, settings=settings, tokens=TokenStore(bus.redis, bus.keys, static=static), meter=Meter())
+    log.info("serving MCP over streamable HTTP at http://%s:%d/mcp (a Pincer token is required)", host, port)
+    await uvicorn.Server(uvicorn.Config(guarded, host=host, port=port, log_level="warning",
+                                        lifespan="on")).serve()
+
+
+def main(config: Config, *, agent_id: str, sender: str, call_timeout_s: float,
+         http: tuple[str, int] | None = None) -> int:
+    # Over stdio, stdout carries the protocol: every log line goes to stderr.
+    setup_logging("mcp", "stdio" if http is None else "http", config.runtime.log_level, fmt=config.runtime.log_format)
     try:
-        return run_loop(serve_stdio(config, agent_id=agent_id, sender=sender, call_timeout_s=call_timeout_s))
+        return run_loop(serve(config, agent_id=agent_id, sender=sender, call_timeout_s=call_timeout_s, http=http))
     except KeyboardInterrupt:
         return 130
     finally:

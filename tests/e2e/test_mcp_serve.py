@@ -83,3 +83,65 @@ async def _exercise(bus: Bus, processes: Processes) -> None:
         await session.initialize()
         narrow = sorted(tool.name for tool in (await session.list_tools()).tools)
         assert "exec" not in narrow and "memory_read" in narrow
+
+
+async def test_over_http_a_token_is_needed_and_names_the_sender(bus: Bus, processes: Processes,
+                                                               pincer_env: dict[str, str]) -> None:
+    import httpx
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    from bus.redis_server import free_port
+
+    workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-mcp-"))
+    workspace.chmod(0o755)
+    (workspace / "notes.txt").write_text("served over HTTP\n")
+    port = free_port()
+    processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace),
+                     "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
+                     "PINCER_HANDS__TOOLS__OWNER_ONLY": "[exec]", "PINCER_HANDS__TOOLS__OWNERS": "[alice]"}
+    tokens = {}
+    for name, extra in (("alice", []), ("bob", []), ("carol", ["--agent", "other"])):
+        made = processes.run("token", "create", name, *extra)
+        assert made.returncode == 0, made.stderr
+        tokens[name] = made.stdout.strip()
+    processes.start("hands", name="hands")
+    processes.start("mcp", "serve", "--http", str(port), name="mcp-http")
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        await async_wait_until(lambda: alive(bus, "hands"), timeout=60, what="a Hands worker")
+        await async_wait_until(lambda: "streamable HTTP" in (processes.tmp_path / "mcp-http.log").read_text(),
+                               timeout=60, what="the MCP HTTP server listening")
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                            "clientInfo": {"name": "t", "version": "1"}}}
+        accept = {"Accept": "application/json, text/event-stream"}
+        async with httpx.AsyncClient(timeout=10) as raw:
+            assert (await raw.post(url, json=hello, headers=accept)).status_code == 401
+            wrong = await raw.post(url, json=hello, headers={**accept, "Authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            rebound = await raw.post(url, json=hello, headers={**accept, "Host": "evil.example:80",
+                                                                "Authorization": f"Bearer {tokens['alice']}"})
+            assert rebound.status_code == 403 and "host" in rebound.text.lower()
+            foreign = await raw.post(url, json=hello, headers={**accept, "Origin": "https://evil.example",
+                                                                "Authorization": f"Bearer {tokens['alice']}"})
+            assert foreign.status_code == 403
+
+        async def session_of(name: str):
+            client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=30)
+            return client, streamable_http_client(url, http_client=client)
+
+        for name in ("alice", "bob", "carol"):
+            client, transport = await session_of(name)
+            async with client, transport as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                if name == "carol":  # her token is for agent `other` only
+                    refused = await session.call_tool("read_file", {"path": "notes.txt"})
+                    assert refused.is_error and json.loads(refused.content[0].text)["error"] == "FORBIDDEN"
+                    continue
+                names = {tool.name for tool in (await session.list_tools()).tools}
+                assert ("exec" in names) is (name == "alice")  # owner_only: the token's name is the sender
+                read = await session.call_tool("read_file", {"path": "notes.txt"})
+                assert not read.is_error and "served over HTTP" in read.content[0].text
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
