@@ -33,7 +33,7 @@ TOOLS = [
     tool("die"), tool("fail"), tool("slow"), tool("cancelled"), tool("grow"), tool("peek"),
     tool("huge", {"type": "object", "properties": {"mb": {"type": "number"}}}),
     tool("a.b"), tool("a_b"), tool("bad_schema", {"type": "object", "properties": {"a": {"type": "banana"}}}), tool("not_an_object", {"type": "string"}),
-    tool("image"),
+    tool("image"), tool("noop"),
 ]
 
 
