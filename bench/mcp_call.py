@@ -61,7 +61,7 @@ async def measure(url: str, *, rounds: int, in_flight: int, total: int) -> dict[
         for kind, tool in tools.items():
             slots = asyncio.Semaphore(in_flight)
 
-            async def bounded(tool: str = tool) -> None:
+            async def bounded(tool: str = tool, slots: asyncio.Semaphore = slots) -> None:
                 async with slots:
                     await one_call(bus, inbox, tool)
 

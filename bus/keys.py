@@ -89,6 +89,14 @@ class Keys:
         """Hash describing a background job: owner worker, status, exit code, output tail."""
         return f"{self.prefix}job:{job_id}"
 
+    def mcp_owner(self, server: str) -> str:
+        """Which Hands worker runs a ``stateful`` MCP server now (a lease it renews)."""
+        return f"{self.prefix}mcp:{server}:owner"
+
+    def mcp_tools(self, server: str) -> str:
+        """The tools an MCP server listed last (JSON), for workers that do not run it (stateful, lazy)."""
+        return f"{self.prefix}mcp:{server}:tools"
+
     def session_jobs(self, session_id: str) -> str:
         return f"{self.prefix}session:{{{session_id}}}:jobs"
 

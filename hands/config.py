@@ -176,6 +176,11 @@ class McpServerSettings(Section):
     start_timeout_s: float = Field(default=20.0, gt=0, le=600)  # for the handshake and the first tool list
     max_concurrency: int | None = Field(default=None, ge=1)  # calls at once to this server, from one worker
     idempotent: bool = False  # unknown side effects: never run twice unless the entry says so
+    # One copy in the whole pool (a server that keeps state between calls): the worker holding its
+    # lease runs it, and the others send its calls there, as they do for a background job's.
+    stateful: bool = False
+    # Start at the first call, not with the worker (its tools come from the last list any worker saw).
+    lazy: bool = False
     category: Literal["file", "network", "code", "memory", "skill"] = "skill"
     # Sandbox (stdio servers): directories it may read (its install, e.g. a venv or node_modules; the
     # command's own directory is added), whether it may use the network, and limits of its own.
@@ -189,6 +194,9 @@ class McpServerSettings(Section):
         if (self.command is None) == (self.url is None):
             raise ValueError("give either command (a stdio server) or url (a streamable HTTP server), not both "
                              "and not neither")
+        if self.stateful and self.lazy:
+            raise ValueError("a server is stateful (one copy, started by the worker holding its lease) or lazy "
+                             "(started at its first call in every worker), not both")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r} must start with http:// or https://")
         return self
@@ -199,6 +207,7 @@ class McpSettings(Section):
 
     servers: dict[str, McpServerSettings] = Field(default_factory=dict)
     restart_max_s: float = Field(default=60.0, ge=1)  # longest wait between restarts of a dead server
+    lease_s: float = Field(default=15.0, ge=1, le=600)  # a stateful server's owner: renewed every third of it
 
     @field_validator("servers")
     @classmethod

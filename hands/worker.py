@@ -73,7 +73,8 @@ class HandsWorker:
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
                                  approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys), pool=self.pool,
                                  progress=bus.publish, meter=self.meter)
-        self.mcp = McpServers(settings.mcp, self.registry, self.sandbox, on_change=self._tools_changed)
+        self.mcp = McpServers(settings.mcp, self.registry, self.sandbox, bus=bus, worker_id=worker_id,
+                              on_change=self._tools_changed)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s, details=self._details)
         self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s)
         # Hold as many as can run or wait in the limiter's queue, no more, and read at once no more
@@ -108,8 +109,11 @@ class HandsWorker:
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         match message:
             case ToolExecute():
-                owner = await self._job_owner(message) if message.tool == "process" else None
-                if owner is not None:  # the job runs elsewhere: its owner answers
+                owner = None
+                if stream != self.bus.keys.hands_worker(self.worker_id):  # handed to us: never handed on
+                    owner = await self._job_owner(message) if message.tool == "process" \
+                        else self.mcp.owner_elsewhere(message.tool)
+                if owner is not None:  # the job, or the stateful MCP server, runs elsewhere: its owner answers
                     await self.bus.publish(self.bus.keys.hands_worker(owner), message)
                     return []
                 return [(message.reply_to, await self._execute(message))]

@@ -48,6 +48,7 @@ class McpConnection:
         self._running: Running | None = None
         self._ended = asyncio.Event()  # the last stdio program is stopped and its exit known
         self._abandoned: set[asyncio.Task[Any]] = set()
+        self._settled = asyncio.Event()  # ready, or failed for good: what a lazy first call waits for
 
     def status(self) -> dict[str, Any]:
         return {"state": self.state, "tools": len(self.tools), "starts": self.starts,
@@ -64,12 +65,14 @@ class McpConnection:
                 await self._serve_once(stop)
             except ServerConfigError as exc:
                 self.state, self.error = "failed", str(exc)
+                self._settled.set()
                 log.error("MCP server %s cannot start: %s", self.name, exc)
                 return  # a config error does not fix itself: no restart loop
             except Exception as exc:
                 self.error = self.error or _describe(exc)
             finally:
                 self._session = None
+                self._settled.clear()
             if stop.is_set():
                 break
             failures = 1 if loop.time() - began > 60 else failures + 1  # a long good run resets the backoff
@@ -96,6 +99,7 @@ class McpConnection:
                 raise
             self._session, self.state, self.error = session, "ready", None
             self._set_tools(tools)
+            self._settled.set()
             log.info("MCP server %s ready: %d tools", self.name, len(tools))
             while not stop.is_set() and not self._gone.is_set():
                 waits = [asyncio.ensure_future(e.wait()) for e in (stop, self._gone, self._refresh)]
@@ -140,6 +144,11 @@ class McpConnection:
                 self.error = breach[0] if breach else self._exit_note(running)
             self._running = None
             ended.set()
+
+    async def wait_ready(self) -> None:
+        """Until the server is ready or has failed for good, at most its start timeout."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._settled.wait(), self.settings.start_timeout_s)
 
     def _exit_note(self, running: Running) -> str:
         code = running.process.returncode

@@ -36,6 +36,7 @@ async def engine(bus: Bus, tmp_path: Path, engine_defaults: dict[str, Any]):
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "a.txt").write_text("alpha")
     running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+    stopped: set[str] = set()
 
     async def start(*, extra_tools: list[ToolDefinition] = (), **overrides: Any) -> HandsWorker:
         settings = HandsSettings.model_validate({"workspace": tmp_path / "ws", "skill_dirs": [SHIPPED_SKILLS],
@@ -45,9 +46,17 @@ async def engine(bus: Bus, tmp_path: Path, engine_defaults: dict[str, Any]):
             worker.registry.register(tool)
         stop = asyncio.Event()
         running.append((stop, asyncio.create_task(worker.run(stop))))
-        await async_wait_until(lambda: _alive(bus, len(running)), what="worker alive")
+        await async_wait_until(lambda: _alive(bus, len(running) - len(stopped)), what="worker alive")
         return worker
 
+    async def stop_worker(worker: HandsWorker) -> None:
+        """Stop one worker as a shutdown would (the rest keep running)."""
+        stop, task = running[int(worker.worker_id[1:])]
+        stop.set()
+        await task
+        stopped.add(worker.worker_id)
+
+    start.stop = stop_worker  # type: ignore[attr-defined]
     yield start
     for stop, _ in running:
         stop.set()

@@ -138,3 +138,38 @@ async def test_a_secret_comes_from_the_environment_not_the_config(engine, ws, ra
     await async_wait_until(lambda: worker.mcp.status()["raw"]["state"] == "failed", timeout=10,
                            what="the server refused")
     assert "export PINCER_TEST_MISSING" in worker.mcp.status()["raw"]["error"]
+
+
+async def test_a_stateful_server_runs_once_and_its_calls_find_it(engine, call, ws: Path, raw_dir: Path) -> None:
+    config = {"workspace": ws, "mcp": {"servers": {"st": raw(raw_dir, stateful=True)}, "lease_s": 1},
+              "sandbox": {"allow_degraded": True}}
+    first, second = await engine(**config), await engine(**config)
+
+    def one_runs_it() -> bool:
+        states = sorted(w.mcp.status()["st"]["state"] for w in (first, second))
+        return states in (["on w0", "ready"], ["on w1", "ready"])
+    await async_wait_until(one_runs_it, timeout=30, what="one worker running the stateful server, one knowing where")
+    await async_wait_until(lambda: all("mcp_st_count" in w.registry.names() for w in (first, second)), timeout=10,
+                           what="both workers listing its tools")
+    counts = [(await call("mcp_st_count")).data["text"] for _ in range(8)]
+    assert counts == [str(n) for n in range(1, 9)]  # one process kept count, whichever worker read the call
+    owner, other = (first, second) if first.mcp.status()["st"]["state"] == "ready" else (second, first)
+    await engine.stop(owner)
+    await async_wait_until(lambda: other.mcp.status()["st"]["state"] == "ready", timeout=30,
+                           what="the other worker taking the server over")
+    assert (await call("mcp_st_count")).data["text"] == "1"  # a new copy: its state starts again
+
+
+async def test_a_lazy_server_starts_at_its_first_call(engine, call, bus, ws: Path, raw_dir: Path) -> None:
+    config = {"workspace": ws, "mcp": {"servers": {"lz": raw(raw_dir, lazy=True)}}, "sandbox": {"allow_degraded": True}}
+    await bus.redis.delete(bus.keys.mcp_tools("lz"))
+    learner = await engine(**config)  # no list cached anywhere yet: it starts to learn the tools
+    await ready(learner, "lz")
+    assert await bus.redis.get(bus.keys.mcp_tools("lz"))
+    await engine.stop(learner)
+    lazy = await engine(**config)
+    await async_wait_until(lambda: "mcp_lz_echo" in lazy.registry.names(), timeout=10,
+                           what="the lazy server's tools, from the cached list")
+    assert lazy.mcp.status()["lz"]["state"] == "not started"
+    echo = await call("mcp_lz_echo", {"text": "woken"})
+    assert echo.data["text"] == "echo: woken" and lazy.mcp.status()["lz"]["state"] == "ready"

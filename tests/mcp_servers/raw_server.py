@@ -13,6 +13,7 @@ import time
 MODE = sys.argv[1] if len(sys.argv) > 1 else "normal"
 lock = threading.Lock()
 cancelled: list = []
+counted: list = []
 extra_tools: list = []
 
 
@@ -33,7 +34,7 @@ TOOLS = [
     tool("die"), tool("fail"), tool("slow"), tool("cancelled"), tool("grow"), tool("peek"),
     tool("huge", {"type": "object", "properties": {"mb": {"type": "number"}}}),
     tool("a.b"), tool("a_b"), tool("bad_schema", {"type": "object", "properties": {"a": {"type": "banana"}}}), tool("not_an_object", {"type": "string"}),
-    tool("image"), tool("noop"),
+    tool("image"), tool("noop"), tool("count"),
 ]
 
 
@@ -80,6 +81,9 @@ def call(request_id, name: str, args: dict) -> None:
                       "params": {"progressToken": token, "progress": 1, "total": 300, "message": "working"}})
             time.sleep(0.1)
         send({"jsonrpc": "2.0", "id": request_id, "result": text("slow done")})
+    elif name == "count":
+        counted.append(1)
+        send({"jsonrpc": "2.0", "id": request_id, "result": text(str(len(counted)))})
     elif name == "cancelled":
         send({"jsonrpc": "2.0", "id": request_id, "result": text(json.dumps(cancelled))})
     elif name == "grow":
