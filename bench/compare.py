@@ -10,7 +10,7 @@ throughput with 64 calls in flight):
   between rounds cancels out;
 - Celery 5 (Redis broker and result backend, solo pool): `.delay().get()`, 1 and 2 workers;
 - I/O-bound scaling: Pincer's `nap` skill (50 ms asleep) with 1, 2 and 4 workers.
-Writes a section to bench/RESULTS.md and the chart bench/results.png.
+Writes a section to bench/compare-results.md and the chart bench/results.png.
 
 Run: .venv/bin/pip install -e '.[bench]' && .venv/bin/python bench/compare.py
 """
@@ -211,11 +211,10 @@ def _redis_version() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sequential", type=int, default=300, help="sequential calls per round")
-    # 10,000: on a VM of the reference kind a round of 3,200 lasts ~0.15 s, short enough for one
-    # scheduler hiccup to move it; rounds of ~0.5 s gave steadier ratios (session 6).
+    # Rounds of ~0.5 s: shorter ones let one scheduler hiccup move the ratio.
     parser.add_argument("--total", type=int, default=10_000, help="calls with 64 in flight, per round")
     parser.add_argument("--naps", type=int, default=2000)
-    parser.add_argument("--no-write", action="store_true", help="print, do not touch bench/RESULTS.md")
+    parser.add_argument("--no-write", action="store_true", help="print, do not touch bench/compare-results.md")
     parser.add_argument("--rounds", type=int, default=15, help="alternating floor/Pincer rounds (medians)")
     parser.add_argument("--only", nargs="+", choices=["pincer", "celery", "naps"],
                         default=["pincer", "celery", "naps"],
@@ -243,7 +242,7 @@ def main() -> None:
     section = write(rows, naps, ROOT / "bench" / "results.png")
     print(section)
     if not args.no_write:
-        results = ROOT / "bench" / "RESULTS.md"
+        results = ROOT / "bench" / "compare-results.md"
         head = results.read_text() if results.exists() else HEADER
         results.write_text(head.rstrip() + "\n\n" + section)
 

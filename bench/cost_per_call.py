@@ -41,7 +41,7 @@ def cpu_s(pid: int) -> float:
 
 def writes(pid: int) -> int:
     """The process's write system calls so far: each one a socket send that may wake a reader,
-    which on a small VM costs more than most of the Python around it (session 7)."""
+    which on a small VM costs more than most of the Python around it."""
     io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
     return int(io["syscw"])
 

@@ -142,9 +142,7 @@ class GroupConsumer:
         self.bus, self.streams, self.group, self.consumer = bus, list(streams), group, consumer
         self.handler = handler
         self.aside_limit, self._aside_count = aside, 0
-        # Entries per read, as the floor reads. Session 7, CPU per call (64 in flight, one worker):
-        # 32 cut the worker's writes per call from 0.19 to ~0.15 and its CPU by ~2.5 µs, Redis' by
-        # ~2.5; 64 was no better; 16 had looked as good in calls/s, too noisy a measure to decide on.
+        # Entries per read, as the floor reads (why 32: docs/design-notes.md, Scale-out and reliability).
         self.batch, self.block_ms = batch, block_ms
         # How many more entries the handler could start at once, if it queues the rest: a read takes
         # no more than that (at least one), so a burst is shared by the consumers with room for it

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
+from bus.presence import alive
 from bus.redis_server import free_port
-from tests.conftest import ROOT
+from bus.streams import Bus
+from tests.conftest import ROOT, Processes, gateway_client, gateway_health, wait_until
 from tests.scripted_llm import ScriptedLLM
 
 
@@ -60,3 +64,61 @@ def installed_env(tmp_path: Path, scripted_llm: ScriptedLLM) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
     })
     return env
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def wait_for(bus: Bus, role: str, n: int) -> list[str]:
+    """The ``n`` live instances of ``role``, once there are exactly that many."""
+    for _ in range(600):
+        found = await alive(bus, role)
+        if len(found) == n:
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"expected {n} {role} alive")
+
+
+def start_stack(processes: Processes, *, hands: int = 2, brain: bool = True) -> None:
+    """A Gateway, a Brain and ``hands`` workers, as separate processes, once /healthz counts them."""
+    processes.start("gateway", name="gateway")
+    if brain:
+        processes.start("brain", name="brain")
+    for i in range(hands):
+        processes.start("hands", name=f"hands-{i}")
+    wait_until(lambda: (h := gateway_health(processes.env)) and h.get("brains") == int(brain) and h.get("hands") == hands,
+               timeout=60, what=f"gateway healthz with {int(brain)} brain and {hands} hands")
+
+
+def send(env: dict[str, str], text: str, session: str = "e2e") -> httpx.Response:
+    """One chat message through the Gateway's HTTP API, answered when the turn ends."""
+    with gateway_client(env) as client:
+        return client.post(f"/v1/sessions/{session}/messages", json={"text": text})

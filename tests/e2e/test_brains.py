@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bus.presence import alive
 from bus.protocol import ChatError, ChatMessage, ChatReply, Message, decode
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from memory.sessions import SessionStore
 from tests.conftest import SHIPPED_SKILLS, Processes, async_wait_until, gateway_client, make_skill, wait_until
+from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -58,15 +58,6 @@ def runs(log: Path) -> list[dict]:
 
 def stamp(tool: str, tag: str, log: Path, s: float = 0.0) -> str:
     return f"CALL {tool} " + json.dumps({"s": s, "tag": tag, "log": str(log)})
-
-
-async def wait_for(bus: Bus, role: str, n: int) -> list[str]:
-    for _ in range(600):
-        found = await alive(bus, role)
-        if len(found) == n:
-            return found
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"expected {n} {role} alive")
 
 
 class Client:

@@ -23,7 +23,7 @@ from bus.redis_server import EmbeddedRedis
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from tests.conftest import SHIPPED_SKILLS, Processes, make_skill, nothing_pending
-from tests.e2e.test_brains import wait_for
+from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
 

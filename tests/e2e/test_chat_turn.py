@@ -9,25 +9,11 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.conftest import TOOL_NAMES, Processes, gateway_client, gateway_health, gateway_url, wait_until
+from tests.conftest import TOOL_NAMES, Processes, gateway_client, gateway_url, wait_until
+from tests.e2e.conftest import send, start_stack
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
-
-
-def start_stack(processes: Processes, *, hands: int = 2, brain: bool = True) -> None:
-    processes.start("gateway", name="gateway")
-    if brain:
-        processes.start("brain", name="brain")
-    for i in range(hands):
-        processes.start("hands", name=f"hands-{i}")
-    wait_until(lambda: (h := gateway_health(processes.env)) and h.get("brains") == int(brain) and h.get("hands") == hands,
-               timeout=60, what=f"gateway healthz with {int(brain)} brain and {hands} hands")
-
-
-def send(env: dict[str, str], text: str, session: str = "e2e") -> httpx.Response:
-    with gateway_client(env) as client:
-        return client.post(f"/v1/sessions/{session}/messages", json={"text": text})
 
 
 @pytest.fixture
@@ -187,7 +173,7 @@ def test_cancel_through_the_gateway_kills_the_running_command(processes: Process
     import tempfile
     import threading
 
-    from tests.integration.test_sandbox import processes_matching
+    from tests.conftest import processes_matching
 
     workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-cancel-"))
     workspace.chmod(0o755)

@@ -11,8 +11,7 @@ import pytest
 
 from gateway.daemon import DaemonState, Proc, start_time
 from tests.conftest import wait_until
-from tests.e2e.conftest import Installed, installed_env
-from tests.e2e.test_pincer_up import alive, descendants
+from tests.e2e.conftest import Installed, descendants, installed_env, pid_alive
 from tests.scripted_llm import ScriptedLLM
 
 # The first test to use the installed wheel builds it and installs its dependencies from the package
@@ -64,12 +63,12 @@ def test_detach_status_logs_restart_and_stop(installed: Installed, tmp_path: Pat
         assert restarted.returncode == 0, restarted.stderr
         new = state_of(env)
         assert new.supervisor.pid != state.supervisor.pid and set(new.children) == set(state.children)
-        assert not [pid for pid in tree if alive(pid)], "restart left the old processes running"
+        assert not [pid for pid in tree if pid_alive(pid)], "restart left the old processes running"
         tree = descendants(new.supervisor.pid) | {new.supervisor.pid}
     finally:
         stopped = run(installed, env, "stop")
     assert stopped.returncode == 0 and "stopped" in stopped.stderr, stopped.stderr
-    assert not [pid for pid in tree if alive(pid)], "pincer stop left processes behind"
+    assert not [pid for pid in tree if pid_alive(pid)], "pincer stop left processes behind"
     assert not (Path(env["PINCER_DATA_DIR"]) / "pincer.json").exists()
     assert run(installed, env, "stop").stderr.startswith("pincer is not running here")
 

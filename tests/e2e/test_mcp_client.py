@@ -14,7 +14,7 @@ import pytest
 
 from bus.redis_server import free_port
 from tests.conftest import Processes, wait_until
-from tests.e2e.test_chat_turn import send, start_stack
+from tests.e2e.conftest import send, start_stack
 from tests.mcp_servers.installed import everything_server, time_server
 
 pytestmark = pytest.mark.e2e

@@ -15,8 +15,7 @@ from mcp.client.stdio import stdio_client
 
 from bus.presence import alive
 from bus.streams import Bus
-from tests.conftest import ROOT, Processes, async_wait_until
-from tests.integration.test_sandbox import processes_matching
+from tests.conftest import ROOT, Processes, async_wait_until, processes_matching
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,7 @@ import openai
 import pytest
 import redis
 
-from tests.conftest import OWNER_TOKEN, Processes, gateway_url, stack_healthy, wait_until
-from tests.integration.test_sandbox import processes_matching
+from tests.conftest import OWNER_TOKEN, Processes, gateway_url, processes_matching, stack_healthy, wait_until
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e

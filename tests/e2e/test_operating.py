@@ -10,7 +10,7 @@ import pytest
 from bus.protocol import ChatMessage, decode, encode
 from bus.streams import Bus
 from tests.conftest import Processes
-from tests.e2e.test_brains import wait_for
+from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 from pathlib import Path
@@ -11,39 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Processes, gateway_client, wait_until
+from tests.e2e.conftest import descendants, pid_alive
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid``, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -81,7 +51,7 @@ def test_up_runs_everything_stops_cleanly_and_keeps_transcripts(processes: Proce
     assert "pincer-42" in chat.stdout
 
     assert processes.stop(up, signal.SIGTERM, timeout=30) == 0
-    assert not [pid for pid in children if alive(pid)], "pincer up left processes behind"
+    assert not [pid for pid in children if pid_alive(pid)], "pincer up left processes behind"
     assert "stopped" in (tmp_path / "up-1.log").read_text()
 
     # A second start on the same data directory finds the transcript again (append-only file).

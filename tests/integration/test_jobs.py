@@ -9,8 +9,7 @@ import pytest
 
 from bus.protocol import ErrorCode
 from bus.streams import Bus
-from tests.conftest import async_wait_until
-from tests.integration.test_sandbox import processes_matching
+from tests.conftest import async_wait_until, processes_matching
 
 
 @pytest.fixture

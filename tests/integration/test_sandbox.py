@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bus.protocol import ErrorCode
-from tests.conftest import async_wait_until
+from tests.conftest import async_wait_until, processes_matching
 
 TIERS = ["bwrap", "landlock", "rlimits"]
 
@@ -28,19 +28,6 @@ async def sandboxed(engine, tier: str, ws: Path):
     worker = await engine(workspace=ws, sandbox={"tier": tier, "allow_degraded": True, "default_timeout_s": 5})
     assert worker.sandbox.tier == tier
     return worker
-
-
-def processes_matching(text: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmdline:
-                found.append(cmdline)
-    return found
 
 
 async def test_commands_run_in_the_workspace_as_an_unprivileged_user(sandboxed, call, tier: str, ws: Path) -> None:
