@@ -89,6 +89,14 @@ class Keys:
         """Hash describing a background job: owner worker, status, exit code, output tail."""
         return f"{self.prefix}job:{job_id}"
 
+    def session_events(self, session_id: str) -> str:
+        """A session's live events (a capped stream): what any Gateway serves over SSE and WebSocket."""
+        return f"{self.prefix}session:{{{session_id}}}:events"
+
+    def session_events_seq(self, session_id: str) -> str:
+        """The number of the session's last event: event ids are ``<n>-0``, so a gap shows in the ids."""
+        return f"{self.prefix}session:{{{session_id}}}:events-seq"
+
     def mcp_owner(self, server: str) -> str:
         """Which Hands worker runs a ``stateful`` MCP server now (a lease it renews)."""
         return f"{self.prefix}mcp:{server}:owner"
@@ -126,6 +134,14 @@ class Keys:
     def token_names(self) -> str:
         """Hash of token name -> its digest: names are unique (same hash tag as ``tokens``)."""
         return f"{self.prefix}{{tokens}}:by-name"
+
+    def login_code(self, code_digest: str) -> str:
+        """A one-time sign-in link's code (hashed): which token it stands for, for a minute or two."""
+        return f"{self.prefix}{{tokens}}:login:{code_digest}"
+
+    def web_session(self, session_digest: str) -> str:
+        """A browser's sign-in (its cookie, hashed): the identity and the token it came from."""
+        return f"{self.prefix}{{tokens}}:web:{session_digest}"
 
     def message_rate(self, token_name: str) -> str:
         """A token's message bucket (tokens left, last refill), shared by every Gateway of the pool."""

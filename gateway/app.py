@@ -15,14 +15,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from bus.log import kv
 from bus.metrics import Meter
@@ -40,14 +41,18 @@ from bus.protocol import (
 from bus.records import PendingApproval
 from bus.replies import ReplyInbox
 from bus.streams import Bus
+from gateway import ops
 from gateway.config import GatewaySettings
 from gateway.errors import TURN_STATUS, Refused, error_response, not_found
+from gateway.events import Resync, parse_after
 from gateway.guard import Guard
 from gateway.handling import caller, collect_or_cancel, read_json, session_id_of
 from gateway.limits import CallerLimits, Hold
+from gateway.live import LiveSocket
 from gateway.observe import metrics_text, readiness
 from gateway.openai_api import OpenAIRoutes
-from gateway.tokens import Identity, TokenStore
+from gateway.page import page_routes
+from gateway.tokens import Identity, TokenStore, WebSessions
 from gateway.turns import TurnRunner
 from memory.sessions import SessionStore
 
@@ -60,6 +65,9 @@ class SendMessage(BaseModel):
 
     text: str = Field(min_length=1, max_length=200_000)
     agent_id: str = Field(default="main", pattern=AGENT_ID)
+    # Answer 202 at once and run the turn to its end whoever listens: its events are read from
+    # GET /v1/sessions/{id}/events (or the WebSocket), and a dropped connection does not cancel it.
+    detach: bool = False
 
 
 class Decide(BaseModel):
@@ -75,6 +83,7 @@ class Gateway:
         self.inbox = ReplyInbox(bus, instance_id)
         self.sessions = SessionStore(bus.redis, bus.keys)
         self.tokens = tokens or TokenStore(bus.redis, bus.keys, static=settings.static_token())
+        self.web = WebSessions(bus.redis, bus.keys, self.tokens)
         self.limits = CallerLimits(bus, settings.limits)
         self.turns = TurnRunner(bus, self.inbox, self.sessions, self.limits, settings)
         self.meter = Meter()
@@ -93,7 +102,7 @@ class Gateway:
             await self.inbox.close()
 
     def app(self) -> Starlette:
-        middleware = [Middleware(Guard, settings=self.settings, tokens=self.tokens, meter=self.meter)]
+        middleware = [Middleware(Guard, settings=self.settings, tokens=self.tokens, meter=self.meter, web=self.web)]
         if self.settings.cors and self.settings.allowed_origins:
             # Outermost, so a browser's preflight (which carries no token) is answered before the guard.
             middleware.insert(0, Middleware(
@@ -104,11 +113,17 @@ class Gateway:
             routes=[
                 Route("/v1/sessions/{session_id}/messages", self.post_message, methods=["POST"]),
                 Route("/v1/sessions/{session_id}/cancel", self.cancel, methods=["POST"]),
+                Route("/v1/sessions/{session_id}/events", self.session_events, methods=["GET"]),
                 Route("/v1/sessions/{session_id}", self.get_session, methods=["GET"]),
                 Route("/v1/sessions/{session_id}", self.delete_session, methods=["DELETE"]),
                 Route("/v1/sessions", self.list_sessions, methods=["GET"]),
                 Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
                 *OpenAIRoutes(self).routes(),
+                WebSocketRoute("/v1/ws", self.live),
+                Route("/v1/me", self.me, methods=["GET"]),
+                Route("/v1/status", self.pool_status, methods=["GET"]),
+                Route("/v1/login-links", self.login_link, methods=["POST"]),
+                *page_routes(self.web),
                 Route("/metrics", self.metrics, methods=["GET"]),
                 Route("/readyz", self.readyz, methods=["GET"]),
                 Route("/healthz", self.healthz, methods=["GET"]),
@@ -122,8 +137,8 @@ class Gateway:
         session_id = session_id_of(request)
         identity = caller(request)
         body = await read_json(request, SendMessage, example='{"text": "hello"}')
-        wants_stream = "text/event-stream" in request.headers.get("accept", "") or \
-            request.query_params.get("stream") in ("1", "true")
+        wants_stream = not body.detach and ("text/event-stream" in request.headers.get("accept", "") or
+                                            request.query_params.get("stream") in ("1", "true"))
         hold = self.limits.hold_turn(identity.name, stream=wants_stream)
         try:
             message = await self.turns.admit(identity, session_id, agent_id=body.agent_id, text=body.text,
@@ -131,6 +146,10 @@ class Gateway:
         except BaseException:
             hold.release()
             raise
+        if body.detach:
+            self.turns.follow(message, hold.release)
+            return JSONResponse({"session_id": session_id, "message_id": message.message_id, "seq": message.seq,
+                                 "events": f"/v1/sessions/{session_id}/events"}, status_code=202)
         if wants_stream:
             return EventSourceResponse(self._sse(message, hold), ping=15)
         try:
@@ -161,19 +180,69 @@ class Gateway:
         finally:
             hold.release()
 
+    async def session_events(self, request: Request) -> Response:
+        """The session's events over SSE, from ``Last-Event-ID`` (or ``?after=``; ``0``: all kept) or from now."""
+        session_id = session_id_of(request)
+        identity = caller(request)
+        await self.own_session(identity, session_id)
+        raw = request.headers.get("last-event-id") or request.query_params.get("after")
+        after = parse_after(raw)
+        if raw and after is None:
+            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, f"Last-Event-ID {raw[:40]!r} is not an event id: send "
+                          "the id of the last event you saw, or 0 for every event kept")
+        hold = self.limits.hold_stream(identity.name)
+        start = after or await self.turns.log.last_id(session_id)
+        return EventSourceResponse(self._follow_log(session_id, start, hold),
+                                   ping=int(self.settings.events.heartbeat_s))
+
+    async def _follow_log(self, session_id: str, after: str, hold: Hold) -> AsyncIterator[dict[str, str]]:
+        try:
+            while True:
+                found = await self.turns.log.read(session_id, after, block_ms=int(self.settings.events.heartbeat_s
+                                                                                  * 1000))
+                if isinstance(found, Resync):
+                    yield found.sse()
+                    after = found.now
+                    continue
+                for event in found:
+                    yield event.sse()
+                    after = event.id
+        finally:
+            hold.release()
+
     async def cancel(self, request: Request) -> Response:
         """Stop the session's running turn (the Brain running it answers the turn with CANCELLED)."""
         session_id = session_id_of(request)
         identity = caller(request)
-        await self._own_session(identity, session_id)
+        await self.own_session(identity, session_id)
         await self.turns.cancel(session_id, by=identity.name)
         return JSONResponse({"session_id": session_id, "cancel": "sent"}, status_code=202)
 
     async def decide(self, request: Request) -> Response:
         """Answer a pending exec approval of a session the caller owns (or any, for an operator)."""
-        approval_id = request.path_params["approval_id"]
-        identity = caller(request)
         body = await read_json(request, Decide, example='{"decision": "allow-once"}')
+        return JSONResponse(await self.decide_approval(caller(request), request.path_params["approval_id"],
+                                                       body.decision))
+
+    async def send_detached(self, identity: Identity, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """A message whose turn runs to its end whoever listens (its events go to the session's log)."""
+        try:
+            body = SendMessage(text=fields.get("text"), agent_id=fields.get("agent_id") or "main")  # type: ignore[arg-type]
+        except ValidationError as exc:
+            raise Refused(400, ErrorCode.BAD_REQUEST, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                                              for e in exc.errors()[:5])) from None
+        hold = self.limits.hold_turn(identity.name, stream=False)
+        try:
+            message = await self.turns.admit(identity, session_id, agent_id=body.agent_id, text=body.text)
+        except BaseException:
+            hold.release()
+            raise
+        self.turns.follow(message, hold.release)
+        return {"session_id": session_id, "message_id": message.message_id, "seq": message.seq}
+
+    async def decide_approval(self, identity: Identity, approval_id: str, decision: Any) -> dict[str, Any]:
+        if decision not in ("allow-once", "allow-always", "deny"):
+            raise Refused(400, ErrorCode.BAD_REQUEST, "decision: one of allow-once, allow-always, deny")
         key = self.bus.keys.approval(approval_id)
         raw: dict[bytes, bytes] = await self.bus.redis.hgetall(key)  # type: ignore[assignment]  # bytes
         pending = PendingApproval.decode(raw)
@@ -184,14 +253,15 @@ class Gateway:
             raise gone  # not the caller's: as if it did not exist
         if not await self.bus.redis.delete(key):  # the first answer wins
             raise gone
-        await self.bus.publish(pending.reply_to, ApprovalDecision(approval_id=approval_id,
-                                                                     decision=body.decision, by=identity.name))
-        log.info("approval decided %s", kv(approval=approval_id, decision=body.decision, by=identity.name))
-        return JSONResponse({"approval_id": approval_id, "decision": body.decision, "by": identity.name})
+        decided = ApprovalDecision(approval_id=approval_id, decision=decision, by=identity.name)
+        await self.bus.publish(pending.reply_to, decided)
+        await self.turns.log.append(pending.session_id, decided)
+        log.info("approval decided %s", kv(approval=approval_id, decision=decision, by=identity.name))
+        return {"approval_id": approval_id, "decision": decision, "by": identity.name}
 
     async def get_session(self, request: Request) -> Response:
         session_id = session_id_of(request)
-        await self._own_session(caller(request), session_id, existing=True)
+        await self.own_session(caller(request), session_id, existing=True)
         entries = await self.sessions.load(session_id)
         return JSONResponse({"session_id": session_id,
                              "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries]})
@@ -199,7 +269,7 @@ class Gateway:
     async def delete_session(self, request: Request) -> Response:
         session_id = session_id_of(request)
         identity = caller(request)
-        await self._own_session(identity, session_id, existing=True)
+        await self.own_session(identity, session_id, existing=True)
         await self.sessions.delete(session_id)
         log.info("session deleted %s", kv(session=session_id, by=identity.name))
         return JSONResponse({"session_id": session_id, "deleted": True})
@@ -209,11 +279,35 @@ class Gateway:
         owner = None if identity.operator else identity.name
         return JSONResponse({"sessions": await self.sessions.list_sessions(owner=owner)})
 
-    async def _own_session(self, identity: Identity, session_id: str, *, existing: bool = False) -> None:
+    async def own_session(self, identity: Identity, session_id: str, *, existing: bool = False) -> None:
         """Refuse (404, as if it did not exist) a session that is not the caller's."""
         owner, has_transcript = await self.sessions.ownership(session_id)
         if owner is None or not identity.may_see(owner) or (existing and not has_transcript):
             raise not_found(f"no session {session_id!r}")
+
+    async def live(self, websocket: WebSocket) -> None:
+        await LiveSocket(self, websocket).serve()
+
+    async def me(self, request: Request) -> Response:
+        """Who the caller is and which agents it may use (the page's agent picker)."""
+        identity = caller(request)
+        return JSONResponse({"name": identity.name, "scope": identity.scope, "operator": identity.operator,
+                             "agents": await self.turns.agents_for(identity)})
+
+    async def pool_status(self, request: Request) -> Response:
+        """What `pincer status --json` shows of the pool: workers, load, queues, dead letters (operators)."""
+        if not caller(request).operator:
+            raise Refused(403, ErrorCode.FORBIDDEN, "the pool's status needs an operator token")
+        return JSONResponse(await ops.status(self.bus))
+
+    async def login_link(self, request: Request) -> Response:
+        """A one-time sign-in link for the browser, for the token this request carries (`pincer open`)."""
+        _, _, token = request.headers.get("authorization", "").partition(" ")
+        code = await self.web.link(token.strip())
+        if code is None:
+            raise Refused(401, ErrorCode.UNAUTHENTICATED, "a sign-in link is made with a bearer token; the browser "
+                          "session itself cannot make one")
+        return JSONResponse({"path": f"/login?code={code}", "expires_in": self.web.link_s})
 
     async def metrics(self, request: Request) -> Response:
         """The pool in Prometheus' text format; an operator's business unless gateway.metrics_public."""

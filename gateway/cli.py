@@ -81,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--token", help="Gateway token (default: $PINCER_TOKEN, gateway.token, or the one "
                       "`pincer up` made in the data dir)")
 
+    opener = sub.add_parser("open", help="open the chat page in a browser, signed in by a one-time link")
+    opener.add_argument("--print", action="store_true", help="only print the link (for another machine's browser)")
+    opener.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
+    opener.add_argument("--token", help="Gateway token (default: as for `pincer chat`)")
+
     token = sub.add_parser("token", help="Gateway tokens: create NAME | list | revoke NAME")
     token.add_argument("action", choices=["create", "list", "revoke"])
     token.add_argument("name", nargs="?", metavar="NAME", help="who the token is for (its sender name)")
@@ -195,6 +200,12 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             settings = config.section("gateway", GatewaySettings)
             token = args.token or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
             return run_chat(args.url or settings.url, args.session, args.message, token=token)
+        case "open":
+            from gateway.config import GatewaySettings
+
+            settings = config.section("gateway", GatewaySettings)
+            token = args.token or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
+            return open_page(args.url or settings.url, token, only_print=args.print)
         case "token":
             from gateway.token_cli import manage_tokens
 
@@ -216,6 +227,33 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         case "policy":
             return _explain(config, args.tool, agent=args.agent, sender=args.sender)
     raise AssertionError(args.command)
+
+
+def open_page(base_url: str, token: str | None, *, only_print: bool) -> int:
+    """Ask the Gateway for a one-time sign-in link; open it in a browser where there is one."""
+    import webbrowser
+
+    import httpx
+
+    if not token:
+        print("pincer: error: no token to sign in with: give --token, set PINCER_TOKEN, or run `pincer up` "
+              "(it makes the owner's token)", file=sys.stderr)
+        return 1
+    try:
+        made = httpx.post(f"{base_url.rstrip('/')}/v1/login-links", headers={"Authorization": f"Bearer {token}"},
+                          timeout=10)
+    except httpx.HTTPError as exc:
+        print(f"pincer: error: cannot reach the Gateway at {base_url}: {exc}", file=sys.stderr)
+        return 1
+    if made.status_code != 200:
+        print(f"pincer: error: the Gateway refused ({made.status_code}): {made.text[:300]}", file=sys.stderr)
+        return 1
+    link = f"{base_url.rstrip('/')}{made.json()['path']}"
+    print(link)
+    print(f"(works once, for {made.json()['expires_in']}s)", file=sys.stderr)
+    if not only_print and not webbrowser.open(link):
+        print("no browser found here: open the link above in one", file=sys.stderr)
+    return 0
 
 
 def chat_token(config: Config, settings: GatewaySettings) -> str | None:

@@ -13,6 +13,14 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 ANY_ADDRESS = ("0.0.0.0", "::", "")
 
 
+class EventSettings(Section):
+    """Each session's live event log (SSE and WebSocket clients read it from any Gateway)."""
+
+    keep: int = Field(default=2000, ge=10, le=1_000_000)  # events kept per session; older ones are trimmed
+    keep_s: float = Field(default=86_400.0, ge=60)  # a quiet session's log expires after this
+    heartbeat_s: float = Field(default=15.0, gt=0, le=300)  # a comment to idle SSE clients (proxies cut silence)
+
+
 class LimitSettings(Section):
     # Turns a token may have running at once (over every request kind), and of those, streamed ones.
     open_turns_per_token: int = Field(default=8, ge=1)
@@ -50,6 +58,7 @@ class GatewaySettings(Section):
     # Serve /metrics without a token (for a scraper on a private network); off: an operator token.
     metrics_public: bool = False
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    events: EventSettings = Field(default_factory=EventSettings)
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
 
     @property

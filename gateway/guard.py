@@ -23,17 +23,23 @@ from bus.metrics import Meter
 from bus.protocol import ErrorCode
 from gateway.config import GatewaySettings
 from gateway.errors import Refused, unauthenticated
-from gateway.tokens import TokenStore
+from gateway.tokens import TokenStore, WebSessions
 
 log = logging.getLogger("gateway.guard")
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# The page and its files, and the sign-in routes: what a browser needs before it has a session.
+PAGE_PATHS = frozenset({"/", "/login", "/logout"})
+PAGE_PREFIX = "/static/"
+SOCKET_PATH = "/v1/ws"  # may authenticate with its first frame (a browser cannot set headers on a WebSocket)
+COOKIE = "pincer_session"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, *, settings: GatewaySettings, tokens: TokenStore, meter: Meter) -> None:
-        self.app, self.tokens, self.meter = app, tokens, meter
+    def __init__(self, app: ASGIApp, *, settings: GatewaySettings, tokens: TokenStore, meter: Meter,
+                 web: WebSessions | None = None) -> None:
+        self.app, self.tokens, self.meter, self.web = app, tokens, meter, web
         self.open_paths = OPEN_PATHS | ({"/metrics"} if settings.metrics_public else set())
         self.max_body = settings.max_body_bytes
         self.hosts = [h.lower() for h in settings.hosts()]
@@ -49,7 +55,10 @@ class Guard:
             self._check_origin(headers, host)
             if scope["type"] == "http" and scope["method"] in BODY_METHODS:
                 receive = await self._read_body(headers, receive)
-            scope.setdefault("state", {})["identity"] = await self._identify(headers)
+            path = scope["path"]
+            optional = path in PAGE_PATHS or path.startswith(PAGE_PREFIX) or \
+                (scope["type"] == "websocket" and path == SOCKET_PATH)
+            scope.setdefault("state", {})["identity"] = await self._identify(headers, optional=optional)
         except Refused as refusal:
             self.meter.count("pincer_gateway_refusals", refusal.code.value)
             if scope["type"] == "websocket":
@@ -101,15 +110,28 @@ class Guard:
         return Refused(413, ErrorCode.PAYLOAD_TOO_LARGE,
                        f"the request body is larger than {self.max_body:,} bytes (gateway.max_body_bytes)")
 
-    async def _identify(self, headers: dict[str, str]) -> Any:
+    async def _identify(self, headers: dict[str, str], *, optional: bool = False) -> Any:
+        """The bearer token's identity, else the sign-in cookie's; None only where ``optional``."""
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
+            session = _cookie(headers.get("cookie", ""), COOKIE)
+            identity = await self.web.identify(session) if session and self.web is not None else None
+            if identity is not None or optional:
+                return identity
             raise unauthenticated("this Gateway needs a token: send `Authorization: Bearer <token>` "
-                                  "(`pincer token create NAME` makes one)")
+                                  "(`pincer token create NAME` makes one), or sign in with `pincer open`")
         identity = await self.tokens.identify(token.strip())
         if identity is None:
             raise unauthenticated("the token is not valid (revoked, mistyped, or from another pool)")
         return identity
+
+
+def _cookie(header: str, name: str) -> str | None:
+    for part in header.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
 
 
 def _headers(scope: Scope) -> dict[str, str]:

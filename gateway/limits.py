@@ -60,6 +60,14 @@ class CallerLimits:
             counter[name] += 1
         return Hold(name, counters)
 
+    def hold_stream(self, name: str) -> Hold:
+        """One of the token's open streams (an event subscription, no turn), held until ``release``."""
+        if self._streams[name] >= self.settings.open_streams_per_token:
+            raise Refused(429, ErrorCode.RATE_LIMITED, f"this token already has {self._streams[name]} streams open "
+                          "(gateway.limits.open_streams_per_token); close one first", retry_after=1)
+        self._streams[name] += 1
+        return Hold(name, [self._streams])
+
     async def take_message(self, name: str) -> None:
         """Count one message against the token's rate; refuse it when the bucket is empty."""
         per_ms = self.settings.messages_per_minute / 60_000

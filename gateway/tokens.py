@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import time
@@ -110,6 +111,12 @@ class TokenStore:
         """Whether any token would be accepted (the Gateway refuses a public bind without one)."""
         return self._static is not None or bool(await self.redis.hlen(self.keys.tokens))
 
+    async def valid_digest(self, token_digest: str) -> bool:
+        """Whether the token with this digest is still accepted (not revoked)."""
+        if self._static is not None and hmac.compare_digest(token_digest, self._static):
+            return True
+        return bool(await self.redis.hexists(self.keys.tokens, token_digest))
+
     async def identify(self, token: str) -> Identity | None:
         """The identity a presented token stands for, or None."""
         if not token or len(token) > 512:
@@ -128,6 +135,57 @@ class TokenStore:
                 self._cache.clear()
             self._cache[key] = (now + CACHE_S, identity)
         return identity
+
+
+class WebSessions:
+    """Browser sign-ins: a one-time link's code becomes an HttpOnly cookie's session, which lasts as
+    long as the token it came from (revoke the token and its browser sessions end with it)."""
+
+    def __init__(self, redis: Any, keys: Keys, tokens: TokenStore, *, link_s: int = 120,
+                 session_s: int = 7 * 86_400) -> None:
+        self.redis, self.keys, self.tokens = redis, keys, tokens
+        self.link_s, self.session_s = link_s, session_s
+
+    async def link(self, token: str) -> str | None:
+        """A one-time code for the bearer of ``token`` (None if the token is not valid)."""
+        identity = await self.tokens.identify(token)
+        if identity is None:
+            return None
+        code = secrets.token_urlsafe(24)
+        record = json.dumps({"identity": identity.model_dump(mode="json"), "token": digest(token)})
+        await self.redis.set(self.keys.login_code(digest(code)), record, ex=self.link_s)
+        return code
+
+    async def redeem(self, code: str) -> str | None:
+        """The cookie value for a code used for the first time within its life; None otherwise."""
+        if not code or len(code) > 128:
+            return None
+        record = await self.redis.getdel(self.keys.login_code(digest(code)))
+        if record is None:
+            return None
+        session = secrets.token_urlsafe(32)
+        await self.redis.set(self.keys.web_session(digest(session)), record, ex=self.session_s)
+        return session
+
+    async def sign_in(self, token: str) -> str | None:
+        """A cookie value straight from a pasted token (the page's other way in)."""
+        code = await self.link(token)
+        return await self.redeem(code) if code else None
+
+    async def identify(self, session: str) -> Identity | None:
+        if not session or len(session) > 128:
+            return None
+        raw = await self.redis.get(self.keys.web_session(digest(session)))
+        if raw is None:
+            return None
+        record = json.loads(raw)
+        if not await self.tokens.valid_digest(record["token"]):
+            await self.redis.delete(self.keys.web_session(digest(session)))
+            return None
+        return Identity.model_validate(record["identity"])
+
+    async def end(self, session: str) -> None:
+        await self.redis.delete(self.keys.web_session(digest(session)))
 
 
 def owner_token_path(data_dir: Path) -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from starlette.types import Receive
@@ -25,6 +25,7 @@ from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.config import GatewaySettings
 from gateway.errors import Refused, not_found
+from gateway.events import SessionEvents
 from gateway.limits import CallerLimits
 from gateway.tokens import Identity
 from memory.sessions import SessionStore
@@ -44,6 +45,8 @@ class TurnRunner:
     def __init__(self, bus: Bus, inbox: ReplyInbox, sessions: SessionStore, limits: CallerLimits,
                  settings: GatewaySettings) -> None:
         self.bus, self.inbox, self.sessions, self.limits, self.settings = bus, inbox, sessions, limits, settings
+        self.log = SessionEvents(bus, keep=settings.events.keep, keep_s=settings.events.keep_s)
+        self._followers: set[asyncio.Task[None]] = set()
         self._brains: tuple[float, Brains] = (0.0, Brains(0, frozenset()))
         self._cancels: set[asyncio.Task[None]] = set()
 
@@ -86,10 +89,11 @@ class TurnRunner:
         log.info("message in %s", kv(session=session_id, message=message.message_id, sender=identity.name))
         return message
 
-    async def events(self, message: ChatMessage) -> AsyncIterator[Message]:
-        """Every event of one turn, ending with its reply or error (or a Gateway-side timeout).
+    async def events(self, message: ChatMessage, *, cancel_if_abandoned: bool = True) -> AsyncIterator[Message]:
+        """Every event of one turn, ending with its reply or error (or a Gateway-side timeout), each
+        also appended to the session's event log.
 
-        A caller that stops listening before the end cancels the turn.
+        A caller that stops listening before the end cancels the turn (unless told not to).
         """
         ended = False
         opened, traceparent = otel.begin(f"invoke_agent {message.agent_id}", gen_ai__operation__name="invoke_agent",
@@ -100,6 +104,7 @@ class TurnRunner:
             async with self.inbox.expect(message.message_id) as queue:
                 token = trace.current.set(traceparent or trace.current.get())  # the Brain's work: our span's child
                 try:
+                    await self.log.append(message.session_id, message)
                     await self.bus.publish(self.bus.keys.brain_inbox, message)
                 finally:
                     trace.current.reset(token)
@@ -110,19 +115,38 @@ class TurnRunner:
                             ended = isinstance(event, (ChatReply, ChatError))
                             if ended:
                                 outcome = event.code.value if isinstance(event, ChatError) else None
+                            await self.log.append(message.session_id, event)
                             yield event
                             if ended:
                                 return
                 except TimeoutError:
                     ended, outcome = True, ErrorCode.TIMEOUT.value
-                    yield ChatError(session_id=message.session_id, message_id=message.message_id,
-                                    code=ErrorCode.TIMEOUT,
-                                    message=f"no answer from the Brain within {self.settings.turn_timeout_s:g}s "
-                                            "(gateway.turn_timeout_s)")
+                    timeout = ChatError(session_id=message.session_id, message_id=message.message_id,
+                                        code=ErrorCode.TIMEOUT,
+                                        message=f"no answer from the Brain within {self.settings.turn_timeout_s:g}s "
+                                                "(gateway.turn_timeout_s)")
+                    await self.log.append(message.session_id, timeout)
+                    yield timeout
         finally:
             otel.end(opened, error=outcome)
-            if not ended:
+            if not ended and cancel_if_abandoned:
                 self.cancel_soon(message.session_id, by=f"{message.sender} (client went away)")
+
+    def follow(self, message: ChatMessage, on_end: Callable[[], None]) -> None:
+        """Run the turn to its end in the background (its events go to the session's log only):
+        for clients that read the log, so a dropped connection does not cancel the turn."""
+        async def run() -> None:
+            try:
+                async for _ in self.events(message, cancel_if_abandoned=False):
+                    pass
+            except Exception:
+                log.exception("following a turn failed %s", kv(session=message.session_id))
+            finally:
+                on_end()
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._followers.add(task)
+        task.add_done_callback(self._followers.discard)
 
     async def cancel(self, session_id: str, *, by: str) -> None:
         await self.bus.publish(self.bus.keys.brain_control, ChatCancel(session_id=session_id, by=by))
@@ -135,6 +159,9 @@ class TurnRunner:
         task.add_done_callback(self._cancels.discard)
 
     async def close(self) -> None:
+        for follower in list(self._followers):  # the Gateway is stopping: those turns lose their follower
+            follower.cancel()
+        await asyncio.gather(*self._followers, return_exceptions=True)
         if self._cancels:
             await asyncio.gather(*self._cancels, return_exceptions=True)
 

@@ -122,6 +122,7 @@ class SessionStore:
     async def delete(self, session_id: str) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.delete(self.keys.transcript(session_id), self.keys.session_seq(session_id),
-                        self.keys.session_done(session_id), self.keys.session_owner(session_id))
+                        self.keys.session_done(session_id), self.keys.session_owner(session_id),
+                        self.keys.session_events(session_id), self.keys.session_events_seq(session_id))
             pipe.zrem(self.keys.sessions, session_id)
             await pipe.execute()

@@ -7,6 +7,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import wait_until
@@ -47,6 +48,13 @@ def test_the_wheel_runs_pincer_up_and_a_tool_turn_from_an_empty_directory(
         policy = subprocess.run([installed.pincer, "policy", "explain", "exec"], env=env, cwd=empty,
                                 capture_output=True, text=True, timeout=60)
         assert policy.returncode == 0 and "ALLOWED" in policy.stdout, policy.stderr
+        opened = subprocess.run([installed.pincer, "open", "--print"], env=env, cwd=empty, capture_output=True,
+                                text=True, timeout=60)
+        assert opened.returncode == 0, opened.stderr
+        with httpx.Client(timeout=10, follow_redirects=True) as browser:  # the page and its files, from the wheel
+            page = browser.get(opened.stdout.strip())
+            assert page.status_code == 200 and '<script src="/static/app.js"' in page.text
+            assert "DOMPurify" in browser.get(page.url.join("/static/vendor/purify.min.js")).text
     finally:
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0, log.read_text()

@@ -165,7 +165,8 @@ async def test_a_lazy_server_starts_at_its_first_call(engine, call, bus, ws: Pat
     await bus.redis.delete(bus.keys.mcp_tools("lz"))
     learner = await engine(**config)  # no list cached anywhere yet: it starts to learn the tools
     await ready(learner, "lz")
-    assert await bus.redis.get(bus.keys.mcp_tools("lz"))
+    await async_wait_until(lambda: bus.redis.get(bus.keys.mcp_tools("lz")), timeout=10,
+                           what="the server's tool list cached for other workers")
     await engine.stop(learner)
     lazy = await engine(**config)
     await async_wait_until(lambda: "mcp_lz_echo" in lazy.registry.names(), timeout=10,

@@ -1,0 +1,163 @@
+"""``/v1/ws``: one WebSocket per client for every session it follows, with the HTTP API's rules.
+
+Frames are JSON objects with a ``type``. The client sends ``auth`` (first,
+unless a header or the sign-in cookie already named it), ``subscribe``
+(``session``, optional ``after``), ``unsubscribe``, ``send`` (``session``,
+``text``, optional ``agent_id``: a detached turn), ``cancel`` and ``decide``.
+The Gateway sends ``ready``, ``event`` (one per session event, with its id),
+``resync``, ``accepted`` and ``error``. Each subscription reads the session's
+log only as fast as the client takes frames (a bounded queue), so a slow
+client costs the Gateway nothing more, and one that falls behind the log's
+cap is told to resync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from bus.protocol import ErrorCode
+from gateway.errors import Refused
+from gateway.events import Resync, parse_after
+from gateway.handling import SESSION_ID
+from gateway.tokens import Identity
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("gateway.live")
+
+AUTH_TIMEOUT_S = 10.0
+OUTBOX = 256  # frames waiting for a slow client, across its subscriptions
+MAX_FRAME = 256 * 1024
+
+
+class LiveSocket:
+    def __init__(self, gateway: Gateway, websocket: WebSocket) -> None:
+        self.gateway, self.ws = gateway, websocket
+        self.identity: Identity | None = websocket.scope.get("state", {}).get("identity")
+        self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(OUTBOX)
+        self.subscriptions: dict[str, asyncio.Task[None]] = {}
+
+    async def serve(self) -> None:
+        await self.ws.accept()
+        try:
+            if self.identity is None and not await self._authenticate():
+                return
+            hold = self.gateway.limits.hold_stream(self.identity.name)  # type: ignore[union-attr]
+        except Refused as refusal:
+            await self.ws.send_json({"type": "error", "code": refusal.code.value, "message": refusal.message})
+            await self.ws.close(1008)
+            return
+        sender = asyncio.create_task(self._send_frames())
+        try:
+            await self.ws.send_json({"type": "ready", "name": self.identity.name,  # type: ignore[union-attr]
+                                     "agents": await self.gateway.turns.agents_for(self.identity)})  # type: ignore[arg-type]
+            while True:
+                raw = await self.ws.receive_text()
+                await self._handle(raw)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            hold.release()
+            for task in [*self.subscriptions.values(), sender]:
+                task.cancel()
+            await asyncio.gather(*self.subscriptions.values(), sender, return_exceptions=True)
+
+    async def _authenticate(self) -> bool:
+        try:
+            async with asyncio.timeout(AUTH_TIMEOUT_S):
+                frame = json.loads(await self.ws.receive_text())
+        except (TimeoutError, ValueError, WebSocketDisconnect):
+            frame = {}
+        token = frame.get("token") if isinstance(frame, dict) and frame.get("type") == "auth" else None
+        self.identity = await self.gateway.tokens.identify(token) if isinstance(token, str) else None
+        if self.identity is None:
+            with contextlib.suppress(Exception):
+                await self.ws.send_json({"type": "error", "code": ErrorCode.UNAUTHENTICATED.value,
+                                         "message": 'send {"type": "auth", "token": "<token>"} first, within '
+                                                    f"{AUTH_TIMEOUT_S:g}s (or sign in: the cookie is enough)"})
+                await self.ws.close(1008)
+            return False
+        return True
+
+    async def _send_frames(self) -> None:
+        while True:
+            await self.ws.send_json(await self.outbox.get())
+
+    async def _handle(self, raw: str) -> None:
+        ref = None
+        try:
+            if len(raw) > MAX_FRAME:
+                raise Refused(413, ErrorCode.PAYLOAD_TOO_LARGE, f"a frame may hold at most {MAX_FRAME:,} bytes")
+            frame = json.loads(raw)
+            if not isinstance(frame, dict):
+                raise Refused(400, ErrorCode.BAD_REQUEST, "a frame is a JSON object with a type")
+            ref = frame.get("ref")
+            await self._dispatch(frame)
+        except ValueError:
+            await self._error(ErrorCode.BAD_REQUEST, "a frame is a JSON object with a type", ref)
+        except Refused as refusal:
+            await self._error(refusal.code, refusal.message, ref)
+
+    async def _dispatch(self, frame: dict[str, Any]) -> None:
+        identity = self.identity
+        assert identity is not None
+        kind, ref = frame.get("type"), frame.get("ref")
+        session = frame.get("session")
+        if kind in ("subscribe", "unsubscribe", "send", "cancel") and \
+                (not isinstance(session, str) or not re.match(SESSION_ID, session)):
+            raise Refused(400, ErrorCode.BAD_REQUEST, "session: a session id (letters, digits, _ . : -)")
+        session = str(session)
+        match kind:
+            case "subscribe":
+                await self.gateway.own_session(identity, session)
+                raw_after = frame.get("after")
+                after = parse_after(str(raw_after)) if raw_after is not None else None
+                if raw_after is not None and after is None:
+                    raise Refused(400, ErrorCode.BAD_REQUEST, "after: the id of the last event seen, or 0")
+                start = after or await self.gateway.turns.log.last_id(session)
+                old = self.subscriptions.pop(session, None)
+                if old is not None:
+                    old.cancel()
+                self.subscriptions[session] = asyncio.create_task(self._follow(session, start))
+                await self.outbox.put({"type": "subscribed", "session": session, "after": start, "ref": ref})
+            case "unsubscribe":
+                task = self.subscriptions.pop(session, None)
+                if task is not None:
+                    task.cancel()
+            case "send":
+                accepted = await self.gateway.send_detached(identity, session, frame)
+                await self.outbox.put({"type": "accepted", **accepted, "ref": ref})
+            case "cancel":
+                await self.gateway.own_session(identity, session)
+                await self.gateway.turns.cancel(session, by=identity.name)
+                await self.outbox.put({"type": "cancel_sent", "session": session, "ref": ref})
+            case "decide":
+                decided = await self.gateway.decide_approval(identity, str(frame.get("approval_id", "")),
+                                                             frame.get("decision"))
+                await self.outbox.put({"type": "decided", **decided, "ref": ref})
+            case _:
+                raise Refused(400, ErrorCode.BAD_REQUEST, f"unknown frame type {kind!r}: use subscribe, "
+                              "unsubscribe, send, cancel or decide")
+
+    async def _follow(self, session: str, after: str) -> None:
+        block_ms = int(self.gateway.settings.events.heartbeat_s * 1000)
+        while True:
+            found = await self.gateway.turns.log.read(session, after, block_ms=block_ms)
+            if isinstance(found, Resync):
+                await self.outbox.put({"type": "resync", "session": session, "after": found.now})
+                after = found.now
+                continue
+            for event in found:
+                await self.outbox.put({**event.frame(), "session": session})  # waits while the client lags
+                after = event.id
+
+    async def _error(self, code: ErrorCode, message: str, ref: Any) -> None:
+        await self.outbox.put({"type": "error", "code": code.value, "message": message, "ref": ref})

@@ -1,0 +1,298 @@
+// Pincer's chat page: sessions, the transcript, live events over one WebSocket, approvals.
+// Everything the model or a tool wrote is untrusted: text goes in as text, markdown through DOMPurify.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { me: null, session: null, socket: null, live: null, sessions: [], sent: [] };
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (value !== undefined && value !== null) node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return node;
+}
+
+async function api(method, path, body) {
+  const response = await fetch(path, {
+    method, credentials: "same-origin",
+    headers: body === undefined ? {} : { "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw Object.assign(new Error(data.error?.message || response.statusText), { status: response.status });
+  return data;
+}
+
+// -- markdown, safely ----------------------------------------------------------------------------
+function linksOpenApart() {
+  window.DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+    if (node.tagName === "A") { node.setAttribute("rel", "noopener noreferrer nofollow"); node.setAttribute("target", "_blank"); }
+  });
+}
+
+function markdown(text) {
+  const html = window.DOMPurify.sanitize(window.marked.parse(text || "", { gfm: true, breaks: false }),
+    { FORBID_TAGS: ["style", "form", "input", "button", "iframe", "object", "embed"], FORBID_ATTR: ["style"] });
+  const holder = el("div", { class: "msg assistant" });
+  holder.innerHTML = html;
+  for (const pre of holder.querySelectorAll("pre")) {
+    const code = pre.textContent;
+    pre.append(el("button", { class: "copy", type: "button", "aria-label": "Copy code",
+      onclick: (e) => { navigator.clipboard?.writeText(code); e.target.textContent = "Copied"; } }, "Copy"));
+  }
+  return holder;
+}
+
+// -- rendering -----------------------------------------------------------------------------------
+function userBubble(text) { return el("div", { class: "msg user" }, text); }
+
+function toolCard(entry, call) {
+  const meta = entry.metadata || {};
+  const ok = meta.success !== false;
+  const facts = [meta.error_code, meta.duration_ms !== undefined ? `${meta.duration_ms} ms` : null,
+    meta.sandbox ? `sandbox ${meta.sandbox}` : null].filter(Boolean).join(" · ");
+  const card = el("details", { class: ok ? "tool" : "tool failed", "data-call": meta.call_id || "" },
+    el("summary", {}, `${ok ? "✓" : "✗"} ${entry.name || "tool"}${facts ? " — " + facts : ""}`),
+    el("div", { class: "body" },
+      el("div", { class: "note" }, "arguments"), el("pre", {}, call ? call.function.arguments : "(unknown)"),
+      el("div", { class: "note" }, ok ? "result" : "error"), el("pre", {}, entry.content || "")));
+  return card;
+}
+
+function liveToolCard(event) {
+  let card = document.querySelector(`[data-live-call="${CSS.escape(event.call_id)}"]`);
+  if (!card) {
+    card = el("details", { class: "tool", "data-live-call": event.call_id },
+      el("summary", {}, `… ${event.tool}`), el("div", { class: "body" }, el("pre", { class: "args" }, event.summary || "")),
+      el("pre", { class: "progress", hidden: "" }));
+    append(card);
+  }
+  const summary = card.querySelector("summary");
+  if (event.status === "progress") {
+    const progress = card.querySelector(".progress");
+    progress.hidden = false;
+    progress.textContent = event.summary;
+  } else if (event.status === "finished") {
+    const ok = event.summary === "ok";
+    card.className = ok ? "tool" : "tool failed";
+    summary.textContent = `${ok ? "✓" : "✗"} ${event.tool}${ok ? "" : " — " + event.summary}`;
+  }
+}
+
+function approvalCard(event) {
+  const decide = async (decision) => {
+    card.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+    send({ type: "decide", approval_id: event.approval_id, decision });
+  };
+  const card = el("div", { class: "approval", "data-approval": event.approval_id, role: "group",
+    "aria-label": `Approval for ${event.tool}` },
+    el("strong", {}, `${event.tool} asks to run:`), el("pre", {}, event.summary),
+    el("div", { class: "actions" },
+      el("button", { type: "button", onclick: () => decide("allow-once") }, "Allow once"),
+      event.always_allowed ? el("button", { type: "button", onclick: () => decide("allow-always") }, "Allow always") : "",
+      el("button", { type: "button", onclick: () => decide("deny") }, "Deny")));
+  append(card);
+  card.querySelector("button").focus();
+}
+
+function append(node) {
+  const box = $("transcript");
+  const atEnd = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+  box.append(node);
+  if (atEnd) box.scrollTop = box.scrollHeight;
+}
+
+function renderTranscript(entries) {
+  const box = $("transcript");
+  box.replaceChildren();
+  const calls = new Map();
+  for (const entry of entries) {
+    if (entry.role === "user") box.append(userBubble(entry.content || ""));
+    else if (entry.role === "assistant") {
+      for (const call of entry.tool_calls || []) calls.set(call.id, call);
+      if (entry.content) box.append(markdown(entry.content));
+    } else if (entry.role === "tool") box.append(toolCard(entry, calls.get(entry.tool_call_id)));
+  }
+  box.scrollTop = box.scrollHeight;
+}
+
+// -- sessions ------------------------------------------------------------------------------------
+async function loadSessions() {
+  const { sessions } = await api("GET", "/v1/sessions");
+  state.sessions = sessions;
+  const list = $("sessions");
+  list.replaceChildren(...sessions.map((s) => {
+    const id = s.session_id || s.id || s;
+    return el("li", {}, el("button", { type: "button", "aria-current": String(id === state.session),
+      onclick: () => openSession(id) }, s.title || id));
+  }));
+}
+
+async function openSession(id, { fresh = false } = {}) {
+  state.session = id;
+  state.subscribed = null;
+  state.live = null;
+  $("session-title").textContent = fresh ? "New chat" : id;
+  history.replaceState(null, "", `#${encodeURIComponent(id)}`);
+  if (fresh) $("transcript").replaceChildren();
+  else {
+    try { renderTranscript((await api("GET", `/v1/sessions/${encodeURIComponent(id)}`)).entries); }
+    catch (error) { if (error.status !== 404) status(error.message, true); $("transcript").replaceChildren(); }
+  }
+  subscribe();
+  loadSessions().catch(() => {});
+  $("text").focus();
+}
+
+function newSessionId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(8));
+  return "web-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+// -- the socket ----------------------------------------------------------------------------------
+function connect() {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const socket = new WebSocket(`${scheme}://${location.host}/v1/ws`);
+  state.socket = socket;
+  socket.addEventListener("open", () => status(""));
+  socket.addEventListener("message", (message) => onFrame(JSON.parse(message.data)));
+  socket.addEventListener("close", () => {
+    status("Reconnecting…");
+    setTimeout(connect, 1500);
+  });
+}
+
+function send(frame) {
+  if (state.socket?.readyState === WebSocket.OPEN) state.socket.send(JSON.stringify(frame));
+  else status("Not connected; retrying…", true);
+}
+
+// A session that does not exist yet cannot be followed (it is nobody's): a new chat subscribes once
+// its first message is accepted, from the log's start.
+function subscribe(after) {
+  if (state.session && state.socket?.readyState === WebSocket.OPEN)
+    send({ type: "subscribe", session: state.session, ref: "subscribe", ...(after ? { after } : {}) });
+}
+
+function onFrame(frame) {
+  switch (frame.type) {
+    case "ready": subscribe(); break;
+    case "subscribed": state.subscribed = frame.session; break;
+    case "event": if (frame.session === state.session) onEvent(frame); break;
+    case "resync": if (frame.session === state.session) openSession(state.session); break;
+    case "error":
+      if (frame.ref === "subscribe" && frame.code === "NOT_FOUND") break;  // a new chat: see subscribe()
+      status(`${frame.code}: ${frame.message}`, true); busy(false); break;
+    case "accepted":
+      busy(true);
+      if (frame.session_id === state.session && state.subscribed !== state.session) subscribe("0");
+      break;
+    default: break;
+  }
+}
+
+function onEvent(event) {
+  switch (event.event) {
+    case "message":
+      {
+        const mine = state.sent.indexOf(event.text);  // this page showed it when it was sent
+        if (mine >= 0) state.sent.splice(mine, 1); else append(userBubble(event.text));
+      }
+      busy(true);
+      break;
+    case "delta":
+      if (!state.live) { state.live = { text: "", node: el("div", { class: "msg assistant" }) }; append(state.live.node); }
+      state.live.text += event.text;
+      state.live.node.textContent = state.live.text;
+      break;
+    case "tool": liveToolCard(event); break;
+    case "approval": approvalCard(event); break;
+    case "approval_decided": {
+      const card = document.querySelector(`[data-approval="${CSS.escape(event.approval_id)}"]`);
+      if (card) card.replaceWith(el("p", { class: "note" }, `${event.decision} by ${event.by}`));
+      break;
+    }
+    case "reply": case "error": case "cancelled":
+      busy(false);
+      state.live = null;
+      if (event.event !== "reply") status(event.event === "cancelled" ? "Stopped." : `${event.code}: ${event.message}`,
+        event.event === "error");
+      openSession(state.session);  // the transcript has every card in full now
+      break;
+    default: break;
+  }
+}
+
+function busy(on) { $("stop").disabled = !on; $("send").disabled = on; }
+function status(text, failed = false) { const s = $("status"); s.textContent = text; s.classList.toggle("error", failed); }
+
+// -- pool view (operators) -----------------------------------------------------------------------
+async function showPool() {
+  const pool = $("pool");
+  const data = await api("GET", "/v1/status");
+  const table = (head, rows) => el("table", {}, el("tr", {}, ...head.map((h) => el("th", {}, h))),
+    ...rows.map((r) => el("tr", {}, ...r.map((c) => el("td", {}, c ?? "")))));
+  pool.replaceChildren(
+    el("h3", {}, "Hands workers"),
+    table(["worker", "running", "queued", "capacity", "sandbox"], data.instances.hands.map((w) =>
+      [w.id, w.running, w.queued, w.capacity, w.sandbox])),
+    el("h3", {}, "Brains"), table(["brain", "in flight", "capacity"], data.instances.brain.map((b) =>
+      [b.id, b.in_flight, b.capacity])),
+    el("h3", {}, "Queues"), table(["stream", "pending", "undelivered"], data.streams.map((q) =>
+      [q.stream, q.pending, q.undelivered])),
+    el("p", {}, `dead letters: ${data.dead}`));
+}
+
+// -- start ---------------------------------------------------------------------------------------
+async function start() {
+  try { state.me = await api("GET", "/v1/me"); }
+  catch (error) { $("signin").hidden = false; $("token").focus(); return; }
+  $("signin").hidden = true;
+  $("app").hidden = false;
+  $("whoami").textContent = state.me.name;
+  $("agent").replaceChildren(...state.me.agents.map((a) => el("option", { value: a }, a)));
+  if (state.me.operator) $("toggle-pool").hidden = false;
+  connect();
+  const wanted = decodeURIComponent(location.hash.slice(1));
+  await openSession(wanted || newSessionId(), { fresh: !wanted });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  linksOpenApart();
+  $("signin-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try { await api("POST", "/login", { token: $("token").value }); $("token").value = ""; start(); }
+    catch (error) { $("signin-error").textContent = error.message; }
+  });
+  $("composer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = $("text").value.trim();
+    if (!text) return;
+    append(userBubble(text));
+    state.sent.push(text);
+    send({ type: "send", session: state.session, text, agent_id: $("agent").value });
+    $("text").value = "";
+  });
+  $("text").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("composer").requestSubmit(); }
+  });
+  $("stop").addEventListener("click", () => send({ type: "cancel", session: state.session }));
+  $("new-session").addEventListener("click", () => openSession(newSessionId(), { fresh: true }));
+  $("delete-session").addEventListener("click", async () => {
+    if (!confirm("Delete this conversation?")) return;
+    await api("DELETE", `/v1/sessions/${encodeURIComponent(state.session)}`).catch(() => {});
+    openSession(newSessionId(), { fresh: true });
+  });
+  $("signout").addEventListener("click", async () => { await api("POST", "/logout", {}); location.reload(); });
+  $("toggle-pool").addEventListener("click", () => {
+    const pool = $("pool");
+    pool.hidden = !pool.hidden;
+    $("app").classList.toggle("with-pool", !pool.hidden);
+    if (!pool.hidden) showPool().catch((e) => status(e.message, true));
+  });
+  start();
+});
