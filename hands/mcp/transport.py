@@ -65,6 +65,7 @@ async def start_stdio(name: str, settings: McpServerSettings, sandbox: Sandbox) 
     env = sandbox_env(None) | expand(name, "env", settings.env)
     limits = sandbox.settings.model_copy(update={"memory_mb": settings.memory_mb, "cpu_s": settings.cpu_s})
     extra = Extras(read_only=command_dirs(settings), network=settings.network, limits=limits,
+                   workspace=settings.workspace,
                    line_bytes=MAX_MESSAGE_BYTES)
     workdir = ""
     if settings.cwd:

@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from bus.errors import PincerError
 from bus.metrics import Meter
@@ -166,6 +167,7 @@ class Extras:
 
     read_only: tuple[Path, ...] = ()
     network: bool = False
+    workspace: Literal["rw", "ro", "none"] = "rw"  # how the workspace is mounted (bwrap; landlock: rw only)
     limits: SandboxSettings | None = None
     line_bytes: int = 2**16  # the longest stdout line the caller's readline takes (asyncio's default)
 
@@ -222,6 +224,9 @@ class Sandbox:
         if extra.network and self.tier == "landlock":
             raise SandboxUnavailable("the landlock tier cannot give a command the network (it has no network "
                                      "namespace to share); install bubblewrap, or do without network")
+        if extra.workspace != "rw" and self.tier == "landlock":
+            raise SandboxUnavailable(f"the landlock tier always gives the workspace read-write, not "
+                                     f"{extra.workspace!r}; install bubblewrap for that")
         limits = extra.limits or self.settings
         seccomp = _seccomp_fd(self.tier, network=extra.network) if self.tier in ("bwrap", "landlock") else None
         cgroup = RunCgroup.create(memory_mb=limits.memory_mb, pids_max=limits.processes)
@@ -287,12 +292,14 @@ class Sandbox:
                 args += ["--symlink", f"usr/{link}", f"/{link}"]
         for name in ETC_FILES:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * 1024 * 1024), "--tmpfs", "/tmp",
-                 "--bind", str(self.workspace), "/workspace"]
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * 1024 * 1024), "--tmpfs", "/tmp"]
+        if extra.workspace != "none":
+            args += ["--bind" if extra.workspace == "rw" else "--ro-bind", str(self.workspace), "/workspace"]
         for path in extra.read_only:  # at the same path, so a program's own absolute paths still hold
             args += ["--ro-bind", str(path), str(path)]
         args += ["--remount-ro", "/",
-                 "--chdir", f"/workspace/{workdir}".rstrip("/").replace("/./", "/") or "/workspace"]
+                 "--chdir", "/tmp" if extra.workspace == "none"
+                 else f"/workspace/{workdir}".rstrip("/").replace("/./", "/") or "/workspace"]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         return args

@@ -174,3 +174,15 @@ async def test_a_lazy_server_starts_at_its_first_call(engine, call, bus, ws: Pat
     assert lazy.mcp.status()["lz"]["state"] == "not started"
     echo = await call("mcp_lz_echo", {"text": "woken"})
     assert echo.data["text"] == "echo: woken" and lazy.mcp.status()["lz"]["state"] == "ready"
+
+
+@pytest.mark.parametrize(("mount", "said"), [("rw", "wrote in /workspace"), ("ro", "refused 30 in /workspace"),
+                                             ("none", "refused 2 in /tmp")])
+async def test_the_workspace_is_mounted_as_the_entry_says(engine, call, ws: Path, raw_dir: Path, mount: str,
+                                                          said: str) -> None:
+    worker = await engine(workspace=ws, mcp={"servers": {"w": raw(raw_dir, workspace=mount)}},
+                          sandbox={"tier": "bwrap"})
+    await ready(worker, "w")
+    touched = await call("mcp_w_touch")
+    assert touched.data["text"] == said
+    assert (ws / "mcp-touched.txt").exists() is (mount == "rw")

@@ -34,7 +34,7 @@ TOOLS = [
     tool("die"), tool("fail"), tool("slow"), tool("cancelled"), tool("grow"), tool("peek"),
     tool("huge", {"type": "object", "properties": {"mb": {"type": "number"}}}),
     tool("a.b"), tool("a_b"), tool("bad_schema", {"type": "object", "properties": {"a": {"type": "banana"}}}), tool("not_an_object", {"type": "string"}),
-    tool("image"), tool("noop"), tool("count"),
+    tool("image"), tool("noop"), tool("count"), tool("touch"),
 ]
 
 
@@ -81,6 +81,14 @@ def call(request_id, name: str, args: dict) -> None:
                       "params": {"progressToken": token, "progress": 1, "total": 300, "message": "working"}})
             time.sleep(0.1)
         send({"jsonrpc": "2.0", "id": request_id, "result": text("slow done")})
+    elif name == "touch":
+        try:
+            with open("/workspace/mcp-touched.txt", "w") as file:
+                file.write("touched")
+            said = "wrote"
+        except OSError as exc:
+            said = f"refused {exc.errno}"
+        send({"jsonrpc": "2.0", "id": request_id, "result": text(f"{said} in {os.getcwd()}")})
     elif name == "count":
         counted.append(1)
         send({"jsonrpc": "2.0", "id": request_id, "result": text(str(len(counted)))})
