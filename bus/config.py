@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from bus.errors import PincerError
 from bus.keys import DEFAULT_PREFIX
@@ -61,7 +61,13 @@ class Section(BaseModel):
 
 
 class RedisSettings(Section):
-    url: str | None = None
+    url: str | None = None  # redis://, rediss:// (TLS: ?ssl_ca_certs=PATH) or unix://
+    # Sentinel instead of a URL: the sentinels ("host:port") and the master they watch. Every process
+    # asks them where the master is and follows a failover on its own.
+    sentinels: list[str] = Field(default_factory=list)
+    sentinel_master: str = "mymaster"
+    sentinel_password: SecretStr | None = None  # the sentinels' own (their requirepass)
+    password: SecretStr | None = None  # the master's, when no URL carries it
     prefix: str = DEFAULT_PREFIX
     embedded_port: int = Field(default=0, ge=0, le=65535)
     # Connections one process opens at most; past it, commands wait for one to come free.
@@ -77,6 +83,16 @@ class RedisSettings(Section):
     # On SIGTERM a consumer stops reading and waits this long for what it runs; the rest it
     # hands back (marked idle, so another consumer's reaper takes it at its next pass).
     drain_timeout_s: float = Field(default=30.0, ge=0)
+
+
+    @field_validator("sentinels")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"sentinel {address!r}: write host:port, e.g. 10.0.0.5:26379")
+        return value
 
 
 class RuntimeSettings(Section):

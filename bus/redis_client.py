@@ -115,6 +115,30 @@ def connect(url: str, *, max_connections: int = 128) -> Redis:
     return redis
 
 
+def connect_sentinel(sentinels: Sequence[str], master: str, *, password: str | None = None,
+                     sentinel_password: str | None = None, max_connections: int = 128) -> Redis:
+    """A client of whichever server the sentinels name master now: a failover is followed on reconnect
+    (redis-py's own Sentinel support, with the same waiting pool and hiredis packing as ``connect``)."""
+    from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+    class WaitingSentinelPool(WaitingPool, SentinelConnectionPool):
+        pass
+
+    addresses = [(host.strip("[]"), int(port)) for host, _, port in (a.rpartition(":") for a in sentinels)]
+    sentinel = Sentinel(addresses, sentinel_kwargs={"password": sentinel_password, "socket_connect_timeout": 2,
+                                                    "socket_timeout": 2},
+                        socket_connect_timeout=5)
+    redis: Redis = sentinel.master_for(
+        master, redis_class=Redis, connection_pool_class=WaitingSentinelPool, password=password,
+        decode_responses=False, health_check_interval=30, socket_timeout=None, max_connections=max_connections,
+        socket_keepalive=True, socket_keepalive_options=KEEPALIVE)
+    pool = redis.connection_pool
+    if _hiredis_pack is not None:
+        base = pool.connection_class
+        pool.connection_class = type(f"Hiredis{base.__name__}", (HiredisPacking, base), {})
+    return redis
+
+
 _UNKNOWN = object()
 _PARSER_OPTIONS = frozenset({"keys", NEVER_DECODE, EMPTY_RESPONSE})
 
@@ -177,6 +201,10 @@ class HeldConnection:
             self._read = _hiredis_reader(self._connection) or _raising_reader(self._connection)
         connection, read = self._connection, self._read
         assert read is not None
+        if not connection.is_connected:
+            # connect() is the connection class's own: a Sentinel-managed one asks where the master is
+            # now (send_packed_command's implicit reconnect would go back to the old address).
+            await connection.connect()
         wire = [args for args, _ in commands]
         if transaction:
             wire = [("MULTI",), *wire, ("EXEC",)]

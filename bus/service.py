@@ -30,7 +30,10 @@ def new_instance_id(role: str) -> str:
 
 
 def redis_url(config: Config) -> str:
-    """The configured Redis, else the embedded one a local ``pincer up`` announced."""
+    """The configured Redis, else the embedded one a local ``pincer up`` announced (with sentinels
+    configured, a name for them: ``Bus.from_settings`` asks them for the master)."""
+    if config.redis.sentinels:
+        return f"sentinel://{config.redis.sentinel_master}@{','.join(config.redis.sentinels)}"
     if config.redis.url:
         return config.redis.url
     url_file = Path(config.runtime.data_dir).expanduser() / "redis.url"

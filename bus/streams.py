@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import SecretStr
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -33,7 +34,7 @@ from bus.log import kv
 from bus.loops import let_started_work_run, sleep_or_stop
 from bus.outcomes import Answers, dead_letter, dead_letter_build
 from bus.protocol import MalformedMessage, Message, decode, encode
-from bus.redis_client import HeldConnection, connect
+from bus.redis_client import HeldConnection, connect, connect_sentinel
 
 log = logging.getLogger("bus")
 
@@ -65,8 +66,14 @@ class Bus:
 
     @classmethod
     def from_settings(cls, settings: RedisSettings, url: str) -> Bus:
-        return cls(redis=connect(url, max_connections=settings.max_connections), keys=Keys(settings.prefix),
-                   settings=settings)
+        if settings.sentinels:
+            redis = connect_sentinel(settings.sentinels, settings.sentinel_master,
+                                     password=_secret(settings.password),
+                                     sentinel_password=_secret(settings.sentinel_password),
+                                     max_connections=settings.max_connections)
+        else:
+            redis = connect(url, max_connections=settings.max_connections)
+        return cls(redis=redis, keys=Keys(settings.prefix), settings=settings)
 
     async def publish(self, stream: str, message: Message) -> str:
         traceparent = trace.current.get()  # now, in the caller's task: the flush runs in the batcher's
@@ -369,3 +376,7 @@ class GroupConsumer:
 
 def _available(semaphore: asyncio.Semaphore) -> int:
     return semaphore._value  # noqa: SLF001 - asyncio offers no public read of free slots
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None

@@ -106,7 +106,9 @@ class Supervisor:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop.set)
         env = dict(self.env)
-        if not self.config.redis.url:
+        if self.config.redis.sentinels:
+            say(f"using the Redis the sentinels name master of {self.config.redis.sentinel_master!r}")
+        elif not self.config.redis.url:
             self.redis = EmbeddedRedis(Path(self.config.runtime.data_dir), port=self.config.redis.embedded_port)
             env["PINCER_REDIS_URL"] = await asyncio.to_thread(self.redis.start)
             say(f"embedded Redis on 127.0.0.1:{self.redis.port} (data in {self.redis.dir})")

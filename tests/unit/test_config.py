@@ -90,3 +90,16 @@ def test_unknown_section_and_missing_file(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.yaml", env={})
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(_write(tmp_path, "- a\n- b\n"), env={})
+
+
+def test_sentinels_are_host_and_port(tmp_path) -> None:
+    from bus.config import RedisSettings, load_config
+
+    good = RedisSettings(sentinels=["127.0.0.1:26379", "[::1]:26380"], sentinel_master="m")
+    assert good.sentinels[1] == "[::1]:26380"
+    with pytest.raises(ValueError, match=r"sentinel 'redis-a': write host:port"):
+        RedisSettings(sentinels=["redis-a"])
+    config = load_config(None, env={"PINCER_REDIS__SENTINELS": '["10.0.0.5:26379"]', "PINCER_DATA_DIR": str(tmp_path)})
+    from bus.service import redis_url
+
+    assert redis_url(config) == "sentinel://mymaster@10.0.0.5:26379"  # no embedded Redis, no URL needed

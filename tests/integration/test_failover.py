@@ -1,0 +1,87 @@
+"""Redis fails over under a running pool: a primary killed -9, a replica promoted by three sentinels."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bus.config import RedisSettings
+from bus.presence import alive
+from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
+from bus.replies import ReplyInbox
+from bus.streams import CONNECTION_ERRORS, Bus
+from hands.config import SHIPPED_SKILLS, HandsSettings
+from hands.worker import HandsWorker
+from tests.conftest import async_wait_until
+from tests.redis_topology import Topology
+
+CALL_S = 8.0  # each call's deadline: a call lost in the failover ends then, it does not hang
+
+
+@pytest.fixture
+def topology() -> Iterator[Topology]:
+    if not shutil.which("redis-server"):
+        pytest.fail("redis-server is not installed: .ci/run installs it (apt-get install redis-server)")
+    where = Path(tempfile.mkdtemp(prefix="pincer-failover-"))
+    found = Topology(where)
+    found.start()
+    yield found
+    found.stop()
+    shutil.rmtree(where, ignore_errors=True)
+
+
+async def test_the_pool_carries_on_after_a_failover(topology: Topology, tmp_path: Path) -> None:
+    settings = RedisSettings(sentinels=topology.sentinels, sentinel_master=Topology.MASTER, prefix="failover:",
+                             claim_idle_s=2, reap_interval_s=0.5)
+    worker_bus, caller_bus = Bus.from_settings(settings, ""), Bus.from_settings(settings, "")
+    (tmp_path / "ws").mkdir()
+    worker = HandsWorker(worker_bus, HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS]),
+                         worker_id="w-failover", heartbeat_s=0.5)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    inbox = ReplyInbox(caller_bus, "caller-failover", block_ms=200)
+    await inbox.start()
+    outcomes: Counter[str] = Counter()
+
+    async def one_call(n: int) -> str:
+        call = ToolExecute(tool="list_directory", args={"path": "."}, reply_to=inbox.stream,
+                           deadline=now_ms() + int(CALL_S * 1000), session_id=f"s{n % 4}")
+        try:
+            result = await inbox.request(caller_bus.keys.hands_requests, call, call.call_id, timeout=CALL_S + 2,
+                                         final=(ToolResult,))
+        except (TimeoutError, *CONNECTION_ERRORS):
+            return "lost"  # the request or its answer was in the primary's last unreplicated moment
+        assert isinstance(result, ToolResult)
+        return "ok" if result.success else result.error.code.value
+
+    try:
+        await async_wait_until(lambda: alive(caller_bus, "hands"), timeout=20, what="the worker, through the sentinels")
+        before = [await one_call(n) for n in range(20)]
+        assert before == ["ok"] * 20
+        calls = [asyncio.create_task(one_call(n)) for n in range(60)]
+        await asyncio.sleep(0)  # they are on their way
+        topology.kill_primary()
+        outcomes.update(await asyncio.gather(*calls))  # every one ends: result, WORKER_LOST, TIMEOUT or lost
+        assert sum(outcomes.values()) == 60
+        assert set(outcomes) <= {"ok", ErrorCode.WORKER_LOST.value, ErrorCode.TIMEOUT.value, "lost"}, outcomes
+        await async_wait_until(lambda: topology.master_port() == topology.replica_port, timeout=30,
+                               what="the sentinels to promote the replica")
+        after: list[str] = []
+
+        async def settled() -> bool:
+            after.append(await one_call(len(after)))
+            return after[-5:] == ["ok"] * 5
+        await async_wait_until(settled, timeout=60, what="calls succeeding against the new primary")
+        print(f"failover: {dict(outcomes)} of 60 calls in flight; {len(after) - 5} calls before the pool settled")
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        await inbox.close()
+        await worker_bus.close()
+        await caller_bus.close()

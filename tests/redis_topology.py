@@ -1,0 +1,93 @@
+"""A primary, its replica and three sentinels on loopback, each a real redis-server process, for failover tests."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from redis import Redis
+
+from bus.redis_server import free_port
+
+
+class Topology:
+    MASTER = "pincer-test"
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+        self.binary = shutil.which("redis-server") or ""
+        self.primary_port, self.replica_port = free_port(), free_port()
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def sentinels(self) -> list[str]:
+        return [f"127.0.0.1:{port}" for port in self.sentinel_ports]
+
+    def start(self) -> None:
+        self._server("primary", self.primary_port)
+        self._server("replica", self.replica_port, "--replicaof", "127.0.0.1", str(self.primary_port))
+        for index, port in enumerate(self.sentinel_ports):
+            conf = self.where / f"sentinel-{index}.conf"
+            conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {self.where}\n"
+                            f"sentinel monitor {self.MASTER} 127.0.0.1 {self.primary_port} 2\n"
+                            f"sentinel down-after-milliseconds {self.MASTER} 1000\n"
+                            f"sentinel failover-timeout {self.MASTER} 4000\n")
+            self._spawn(f"sentinel-{index}", [self.binary, str(conf), "--sentinel"])
+        self.wait(lambda: self._replica_in_sync(), "the replica in sync")
+        self.wait(lambda: all(self._sentinel_knows_replica(p) for p in self.sentinel_ports), "the sentinels ready")
+
+    def master_port(self) -> int | None:
+        for port in self.sentinel_ports:
+            try:
+                with Redis(port=port, socket_timeout=1) as sentinel:
+                    found = sentinel.sentinel_get_master_addr_by_name(self.MASTER)
+                    if found:
+                        return int(found[1])
+            except Exception:
+                continue
+        return None
+
+    def kill_primary(self) -> None:
+        process = self.processes.pop("primary")
+        process.kill()  # -9: no shutdown, no last save
+        process.wait()
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.kill()
+            process.wait()
+        self.processes.clear()
+
+    @staticmethod
+    def wait(condition, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if condition():
+                    return
+            except Exception:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def _server(self, name: str, port: int, *extra: str) -> None:
+        folder = self.where / name
+        folder.mkdir()
+        self._spawn(name, [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                           "--appendonly", "no", "--dir", str(folder), *extra])
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = (self.where / f"{name}.log").open("wb")
+        self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL)
+
+    def _replica_in_sync(self) -> bool:
+        with Redis(port=self.replica_port, socket_timeout=1) as replica:
+            return replica.info("replication").get("master_link_status") == "up"
+
+    def _sentinel_knows_replica(self, port: int) -> bool:
+        with Redis(port=port, socket_timeout=1) as sentinel:
+            return bool(sentinel.sentinel_slaves(self.MASTER))
