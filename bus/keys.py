@@ -93,6 +93,10 @@ class Keys:
         """A session's live events (a capped stream): what any Gateway serves over SSE and WebSocket."""
         return f"{self.prefix}session:{{{session_id}}}:events"
 
+    def gateway_wake(self, instance_id: str) -> str:
+        """A Gateway's own stream: one entry wakes its event reader to follow one more session."""
+        return f"{self.prefix}gateway:{instance_id}:wake"
+
     def session_events_seq(self, session_id: str) -> str:
         """The number of the session's last event: event ids are ``<n>-0``, so a gap shows in the ids."""
         return f"{self.prefix}session:{{{session_id}}}:events-seq"

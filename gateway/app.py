@@ -44,7 +44,8 @@ from bus.streams import Bus
 from gateway import ops
 from gateway.config import GatewaySettings
 from gateway.errors import TURN_STATUS, Refused, error_response, not_found
-from gateway.events import Resync, parse_after
+from gateway.events import parse_after
+from gateway.fanout import Fanout
 from gateway.guard import Guard
 from gateway.handling import caller, collect_or_cancel, read_json, session_id_of
 from gateway.limits import CallerLimits, Hold
@@ -86,6 +87,8 @@ class Gateway:
         self.web = WebSessions(bus.redis, bus.keys, self.tokens)
         self.limits = CallerLimits(bus, settings.limits)
         self.turns = TurnRunner(bus, self.inbox, self.sessions, self.limits, settings)
+        self.fanout = Fanout(bus, self.turns.log, instance_id=instance_id,
+                             block_ms=int(settings.events.heartbeat_s * 1000))
         self.meter = Meter()
         self.presence = Presence(bus, "gateway", instance_id, interval_s=heartbeat_s,
                                  details=lambda: {"metrics": self.meter.snapshot()})
@@ -97,6 +100,7 @@ class Gateway:
         try:
             yield
         finally:
+            await self.fanout.close()
             await self.turns.close()
             await self.presence.stop()
             await self.inbox.close()
@@ -197,16 +201,8 @@ class Gateway:
 
     async def _follow_log(self, session_id: str, after: str, hold: Hold) -> AsyncIterator[dict[str, str]]:
         try:
-            while True:
-                found = await self.turns.log.read(session_id, after, block_ms=int(self.settings.events.heartbeat_s
-                                                                                  * 1000))
-                if isinstance(found, Resync):
-                    yield found.sse()
-                    after = found.now
-                    continue
-                for event in found:
-                    yield event.sse()
-                    after = event.id
+            async for item in self.fanout.subscribe(session_id, after).events():
+                yield item.sse()
         finally:
             hold.release()
 

@@ -125,7 +125,7 @@ class SessionEvents:
         events = []
         for _, entries in found or []:
             for entry_id, fields in entries:
-                events.append(_event(entry_id, fields))
+                events.append(entry_event(entry_id, fields))
         return events
 
     async def _trimmed_past(self, key: str, after: str) -> bool:
@@ -137,7 +137,7 @@ class SessionEvents:
             oldest, newest = await pipe.execute()
         if not oldest:
             return False
-        first, last, seen = _id(oldest[0][0].decode()), _id(newest[0][0].decode()), _id(after)
+        first, last, seen = event_order(oldest[0][0].decode()), event_order(newest[0][0].decode()), event_order(after)
         return seen[0] + 1 < first[0] or seen > last
 
 
@@ -148,18 +148,19 @@ def parse_after(value: str | None) -> str | None:
     if value == "0":
         return "0-0"
     try:
-        _id(value)
+        event_order(value)
     except ValueError:
         return None
     return value
 
 
-def _id(value: str) -> tuple[int, int]:
+def event_order(value: str) -> tuple[int, int]:
+    """An event id as something that sorts: ``12-0`` -> (12, 0)."""
     ms, _, seq = value.partition("-")
     return int(ms), int(seq or 0)
 
 
-def _event(entry_id: Any, fields: Mapping[bytes, bytes]) -> Event:
+def entry_event(entry_id: Any, fields: Mapping[bytes, bytes]) -> Event:
     data = json.loads(fields[b"d"])
     return Event(id=entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id), kind=fields[b"k"].decode(),
                  data=data)

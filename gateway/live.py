@@ -148,16 +148,11 @@ class LiveSocket:
                               "unsubscribe, send, cancel or decide")
 
     async def _follow(self, session: str, after: str) -> None:
-        block_ms = int(self.gateway.settings.events.heartbeat_s * 1000)
-        while True:
-            found = await self.gateway.turns.log.read(session, after, block_ms=block_ms)
-            if isinstance(found, Resync):
-                await self.outbox.put({"type": "resync", "session": session, "after": found.now})
-                after = found.now
-                continue
-            for event in found:
-                await self.outbox.put({**event.frame(), "session": session})  # waits while the client lags
-                after = event.id
+        async for item in self.gateway.fanout.subscribe(session, after).events():
+            if isinstance(item, Resync):
+                await self.outbox.put({"type": "resync", "session": session, "after": item.now})
+            else:
+                await self.outbox.put({**item.frame(), "session": session})  # waits while the client lags
 
     async def _error(self, code: ErrorCode, message: str, ref: Any) -> None:
         await self.outbox.put({"type": "error", "code": code.value, "message": message, "ref": ref})

