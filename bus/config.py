@@ -70,6 +70,11 @@ class RedisSettings(Section):
     password: SecretStr | None = None  # the master's, when no URL carries it
     prefix: str = DEFAULT_PREFIX
     embedded_port: int = Field(default=0, ge=0, le=65535)
+    # The embedded Redis also on this address, for workers on other hosts (`pincer up --listen ADDR`):
+    # TLS only, with this certificate and key, and a password kept in <data_dir>/redis.password.
+    listen: str | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     # Connections one process opens at most; past it, commands wait for one to come free.
     max_connections: int = Field(default=128, ge=4, le=10_000)
     # Request streams are never capped by length (an undelivered request must not be dropped):

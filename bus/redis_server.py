@@ -56,15 +56,44 @@ def free_port() -> int:
 
 
 class EmbeddedRedis:
-    def __init__(self, data_dir: Path, *, port: int = 0) -> None:
+    """The Redis ``pincer up`` runs: loopback only, or (``listen``) also on another address for workers on
+    other hosts, then with TLS only (no plain port at all) and a password that survives restarts."""
+
+    def __init__(self, data_dir: Path, *, port: int = 0, listen: str | None = None,
+                 tls: tuple[Path, Path] | None = None) -> None:
         self.dir = data_dir.expanduser().resolve() / "redis"
         self.port = port or free_port()
-        self.password = secrets.token_urlsafe(24)
+        self.listen, self.tls = listen, tls
+        if listen is not None and tls is None:
+            raise RedisStartError(f"the embedded Redis listens on {listen} only with TLS: set redis.tls_cert_file "
+                                  "and redis.tls_key_file (a certificate for that address)")
+        self.password = self._remote_password() if listen else secrets.token_urlsafe(24)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
+        """How this machine's processes connect (over TLS on loopback too when it listens elsewhere)."""
+        if self.listen:
+            return f"rediss://:{quote(self.password, safe='')}@127.0.0.1:{self.port}/0?ssl_cert_reqs=none"
         return f"redis://:{quote(self.password, safe='')}@127.0.0.1:{self.port}/0"
+
+    @property
+    def remote_url(self) -> str | None:
+        """What a worker on another host gives as redis.url (with the CA that signed the certificate)."""
+        if not self.listen:
+            return None
+        host = f"[{self.listen}]" if ":" in self.listen else self.listen
+        return f"rediss://:{quote(self.password, safe='')}@{host}:{self.port}/0?ssl_ca_certs=CA_FILE"
+
+    def _remote_password(self) -> str:
+        """Workers elsewhere keep the password in their config: the same one at every start."""
+        path = self.dir.parent / "redis.password"
+        if path.is_file():
+            return path.read_text().strip()
+        self.dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        password = secrets.token_urlsafe(24)
+        write_private(path, password + "\n")
+        return password
 
     @property
     def url_file(self) -> Path:
@@ -82,7 +111,9 @@ class EmbeddedRedis:
         )
         self._wait_ready()
         write_private(self.url_file, self.url + "\n")
-        log.info("embedded redis-server %s listening on 127.0.0.1:%d (data in %s)", binary, self.port, self.dir)
+        log.info("embedded redis-server %s listening on 127.0.0.1%s:%d%s (data in %s)", binary,
+                 f" and {self.listen}" if self.listen else "", self.port, " (TLS only)" if self.listen else "",
+                 self.dir)
         return self.url
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -97,9 +128,14 @@ class EmbeddedRedis:
             self.process.wait()
 
     def _config(self) -> str:
+        if self.listen and self.tls:  # the same port on both addresses, TLS only: no plain port anywhere
+            cert, key = self.tls
+            network = [f"bind 127.0.0.1 {self.listen}", "port 0", f"tls-port {self.port}",
+                       f'tls-cert-file "{cert}"', f'tls-key-file "{key}"', "tls-auth-clients no"]
+        else:
+            network = ["bind 127.0.0.1", f"port {self.port}"]
         return "\n".join([
-            "bind 127.0.0.1",
-            f"port {self.port}",
+            *network,
             "protected-mode yes",
             f"requirepass {self.password}",
             f'dir "{self.dir}"',
@@ -112,7 +148,8 @@ class EmbeddedRedis:
         ])
 
     def _wait_ready(self) -> None:
-        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=1)
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=1,
+                             ssl=bool(self.listen), ssl_cert_reqs="none")
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while time.monotonic() < deadline:

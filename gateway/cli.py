@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers to start (default 1)")
     up.add_argument("-d", "--detach", action="store_true",
                     help="run in the background; return once the stack is ready")
+    up.add_argument("--listen", metavar="ADDR", help="the embedded Redis also on ADDR, for Hands workers on other "
+                    "hosts (TLS only: needs redis.tls_cert_file and redis.tls_key_file)")
 
     stop = sub.add_parser("stop", help="stop the `pincer up` of this data dir (workers drain first)")
     stop.add_argument("--timeout", type=float, metavar="S", help="seconds before what is left is killed "
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if getattr(args, "redis", None):
         os.environ["PINCER_REDIS_URL"] = args.redis
+    if getattr(args, "listen", None):
+        os.environ["PINCER_REDIS__LISTEN"] = args.listen  # the supervisor and its children see the same
     try:
         config = load_config(args.config)
         config.check_sections(SECTIONS)
@@ -142,9 +146,11 @@ def validate_all(config: Config) -> None:
     """Check every section now, so a bad value stops start-up before any process runs."""
     from brain.config import BrainSettings
     from gateway.config import GatewaySettings
+    from gateway.supervisor import listen_tls
     from hands.config import HandsSettings, check_workspace
 
     config.redis, config.runtime  # noqa: B018 - validated on access
+    listen_tls(config.redis)
     check_workspace(config.section("hands", HandsSettings), data_dir=config.runtime.data_path)
     config.section("brain", BrainSettings)
     config.section("gateway", GatewaySettings)

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bus.config import Config, ConfigError
+from bus.config import Config, ConfigError, RedisSettings
+from bus.private_file import write_private
 from bus.proc import die_with_parent
 from bus.redis_server import EmbeddedRedis
 from gateway.config import GatewaySettings
@@ -70,6 +71,26 @@ class Child:
     pump: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
+def listen_tls(settings: RedisSettings) -> tuple[Path, Path] | None:
+    """The certificate and key the embedded Redis needs to listen beyond loopback (ConfigError: exit 78)."""
+    if not settings.listen:
+        return None
+    cert, key = settings.tls_cert_file, settings.tls_key_file
+    missing = [name for name, path in (("redis.tls_cert_file", cert), ("redis.tls_key_file", key))
+               if path is None or not Path(path).expanduser().is_file()]
+    if missing:
+        raise ConfigError(f"--listen {settings.listen} (redis.listen) serves workers on other hosts, so only over "
+                          f"TLS: set {' and '.join(missing)} to a certificate for that address and its key "
+                          "(PINCER_REDIS__TLS_CERT_FILE, PINCER_REDIS__TLS_KEY_FILE)")
+    assert cert is not None and key is not None
+    return Path(cert).expanduser().resolve(), Path(key).expanduser().resolve()
+
+
+def embedded_redis(settings: RedisSettings, data_dir: Path) -> EmbeddedRedis:
+    """The embedded Redis as configured (on loopback, or also on ``redis.listen`` with TLS)."""
+    return EmbeddedRedis(data_dir, port=settings.embedded_port, listen=settings.listen, tls=listen_tls(settings))
+
+
 class Supervisor:
     def __init__(self, config: Config, *, hands: int, env: dict[str, str], argv: list[str]) -> None:
         self.config, self.hands, self.env, self.argv = config, hands, env, argv
@@ -109,9 +130,14 @@ class Supervisor:
         if self.config.redis.sentinels:
             say(f"using the Redis the sentinels name master of {self.config.redis.sentinel_master!r}")
         elif not self.config.redis.url:
-            self.redis = EmbeddedRedis(Path(self.config.runtime.data_dir), port=self.config.redis.embedded_port)
+            self.redis = embedded_redis(self.config.redis, Path(self.config.runtime.data_dir))
             env["PINCER_REDIS_URL"] = await asyncio.to_thread(self.redis.start)
             say(f"embedded Redis on 127.0.0.1:{self.redis.port} (data in {self.redis.dir})")
+            if self.redis.remote_url:
+                remote = self.redis.url_file.with_name("redis.remote-url")
+                write_private(remote, self.redis.remote_url + "\n")
+                say(f"Redis also on {self.redis.listen}:{self.redis.port}, TLS only: workers elsewhere use the URL "
+                    f"in {remote} (CA_FILE: the CA that signed redis.tls_cert_file)")
         else:
             say("using the Redis at redis.url")
         module = [sys.executable, "-m", "gateway"]

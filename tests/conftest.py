@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -237,3 +239,12 @@ def processes_matching(text: str) -> list[str]:
             if text in cmdline:
                 found.append(cmdline)
     return found
+
+
+@pytest.fixture
+def ws() -> Iterator[Path]:
+    """A workspace the sandbox uid can reach (pytest's own temp dirs are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="pincer-ws-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -91,3 +91,16 @@ class Topology:
     def _sentinel_knows_replica(self, port: int) -> bool:
         with Redis(port=port, socket_timeout=1) as sentinel:
             return bool(sentinel.sentinel_slaves(self.MASTER))
+
+
+def make_certificates(where: Path, ip: str) -> None:
+    """ca.crt/ca.key and server.crt/server.key (for ``ip``) in ``where``, made with the openssl CLI."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=pincer-test-ca",
+            "-keyout", "ca.key", "-out", "ca.crt")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={ip}", "-keyout", "server.key", "-out", "server.csr")
+    (where / "san.cnf").write_text(f"subjectAltName=IP:{ip},IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
+            "-extfile", "san.cnf", "-out", "server.crt")

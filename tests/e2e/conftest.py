@@ -122,3 +122,12 @@ def send(env: dict[str, str], text: str, session: str = "e2e") -> httpx.Response
     """One chat message through the Gateway's HTTP API, answered when the turn ends."""
     with gateway_client(env) as client:
         return client.post(f"/v1/sessions/{session}/messages", json={"text": text})
+
+
+@pytest.fixture
+def asking_stack(processes: Processes, pincer_env: dict[str, str], ws: Path) -> dict[str, str]:
+    """A Gateway, a Brain and a Hands worker, exec asking a person first, in a workspace the sandbox reaches."""
+    processes.env = {**pincer_env, "PINCER_WORKSPACE": str(ws), "PINCER_HANDS__EXEC__MODE": "ask",
+                     "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true"}
+    start_stack(processes, hands=1)
+    return processes.env

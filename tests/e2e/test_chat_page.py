@@ -7,14 +7,11 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import OWNER_TOKEN, ROOT, Processes
-from tests.e2e.conftest import start_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -25,15 +22,9 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-
 
 
 @pytest.fixture
-def page_stack(processes: Processes, pincer_env: dict[str, str]) -> Iterator[dict]:
-    workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-page-"))
-    workspace.chmod(0o755)
-    (workspace / "notes.txt").write_text("the page can read this\n")
-    processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace), "PINCER_HANDS__EXEC__MODE": "ask",
-                     "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true"}
-    start_stack(processes, hands=1)
-    yield processes.env
-    shutil.rmtree(workspace, ignore_errors=True)
+def page_stack(asking_stack: dict[str, str], ws: Path) -> dict[str, str]:
+    (ws / "notes.txt").write_text("the page can read this\n")
+    return asking_stack
 
 
 @pytest.fixture
@@ -224,4 +215,29 @@ def test_a_pasted_token_signs_in_and_a_wrong_one_is_told(page_stack: dict, brows
     page.locator("#signin button").click()
     expect(page.locator("#app")).to_be_visible()
     expect(page.locator("#whoami")).to_have_text("owner")
+    context.close()
+
+
+def test_operators_see_the_pool_and_a_session_can_be_deleted(page_stack: dict, browser) -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    page = context.new_page()
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(sign_in_link(page_stack))
+    expect(page.locator("#app")).to_be_visible()
+    page.locator("#toggle-pool").click()  # the owner's token is an operator's
+    pool = page.locator("#pool")
+    expect(pool).to_contain_text("Hands workers")
+    expect(pool.locator("td", has_text="hands-")).to_have_count(1)
+    expect(pool).to_contain_text("dead letters: 0")
+
+    page.locator("#text").fill("to be deleted")
+    page.locator("#send").click()
+    expect(page.locator(".msg.assistant").last).to_contain_text("echo: to be deleted")
+    session = page.evaluate("decodeURIComponent(location.hash.slice(1))")
+    expect(page.locator("#sessions button", has_text=session)).to_be_visible()
+    page.locator("#delete-session").click()
+    expect(page.locator("#sessions button", has_text=session)).to_have_count(0)
+    expect(page.locator("#transcript")).to_be_empty()
     context.close()

@@ -121,19 +121,9 @@ def test_bad_ids_and_other_peoples_sessions_are_refused(two_gateways, processes:
 
 
 @pytest.fixture
-def asking(processes: Processes, pincer_env: dict[str, str]) -> Iterator[dict]:
-    """One Gateway, Brain and Hands, where exec asks a person first."""
-    import shutil
-    import tempfile
-
-    workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-ws-"))
-    workspace.chmod(0o755)
-    (workspace / "notes.txt").write_text("over the socket\n")
-    processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace), "PINCER_HANDS__EXEC__MODE": "ask",
-                     "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true"}
-    start_stack(processes, hands=1)
-    yield processes.env
-    shutil.rmtree(workspace, ignore_errors=True)
+def asking(asking_stack: dict[str, str], ws: Path) -> dict[str, str]:
+    (ws / "notes.txt").write_text("over the socket\n")
+    return asking_stack
 
 
 def socket_url(env: dict) -> str:

@@ -37,16 +37,8 @@ def everything_http() -> Iterator[str]:
         log.unlink()
 
 
-@pytest.fixture
-def workspace() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="pincer-ws-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def test_real_servers_tools_are_called_through_chat_turns(processes: Processes, pincer_env: dict[str, str],
-                                                         everything_http: str, workspace: Path,
+                                                         everything_http: str, ws: Path,
                                                          tmp_path: Path) -> None:
     venv = time_server()
     entry = everything_server()
@@ -57,7 +49,7 @@ def test_real_servers_tools_are_called_through_chat_turns(processes: Processes, 
                        "read_only": [str(entry.parents[3])], "tools": ["echo", "get-sum", "get-tiny-image"]},
         "remote": {"url": everything_http, "tools": ["echo"]},
     }
-    processes.env.update({"PINCER_HANDS__MCP__SERVERS": json.dumps(servers), "PINCER_WORKSPACE": str(workspace),
+    processes.env.update({"PINCER_HANDS__MCP__SERVERS": json.dumps(servers), "PINCER_WORKSPACE": str(ws),
                           "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true"})
     start_stack(processes, hands=1)
     log = tmp_path / "hands-0.log"

@@ -4,9 +4,6 @@ with a fake LLM (``pool``) chatted with through its inbox (``chat``)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,15 +62,6 @@ async def engine(bus: Bus, tmp_path: Path, engine_defaults: dict[str, Any]):
 
 async def _alive(bus: Bus, n: int) -> bool:
     return len(await alive(bus, "hands")) == n
-
-
-@pytest.fixture
-def ws() -> Iterator[Path]:
-    """A workspace the sandbox uid can reach (pytest's own temp dirs are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="pincer-ws-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -21,13 +21,9 @@ from bus.streams import Bus
 from hands.config import SHIPPED_SKILLS, HandsSettings
 from hands.worker import HandsWorker
 from tests.conftest import async_wait_until
-from tests.redis_topology import Topology
+from tests.redis_topology import Topology, make_certificates
 
 PASSWORD = "tls-test-secret"
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
 @pytest.fixture
@@ -36,13 +32,7 @@ def tls_redis() -> Iterator[tuple[int, Path]]:
     if not shutil.which("redis-server") or not shutil.which("openssl"):
         pytest.fail("redis-server and openssl are needed: .ci/run installs redis-server (openssl comes with it)")
     where = Path(tempfile.mkdtemp(prefix="pincer-tls-"))
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=pincer-test-ca",
-             "-keyout", "ca.key", "-out", "ca.crt", cwd=where)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key",
-             "-out", "server.csr", cwd=where)
-    (where / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "1", "-extfile", "san.cnf", "-out", "server.crt", cwd=where)
+    make_certificates(where, "127.0.0.1")
     port = free_port()
     server = subprocess.Popen(
         [shutil.which("redis-server") or "", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
@@ -91,11 +81,49 @@ async def test_a_server_certificate_not_from_the_given_ca_is_refused(tls_redis: 
     port, _ = tls_redis
     other_ca = Path(tempfile.mkdtemp(prefix="pincer-tls-other-"))
     try:
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=someone-else",
-                 "-keyout", "ca.key", "-out", "ca.crt", cwd=other_ca)
+        make_certificates(other_ca, "127.0.0.1")  # a CA of its own: not the one that signed the server's
         bus = Bus.from_settings(RedisSettings(), f"rediss://:{PASSWORD}@127.0.0.1:{port}/0?ssl_ca_certs={other_ca}/ca.crt")
         with pytest.raises(RedisConnectionError, match="certificate verify failed"):
             await bus.redis.ping()
         await bus.close()
     finally:
         shutil.rmtree(other_ca, ignore_errors=True)
+
+
+def test_up_listens_beyond_loopback_only_with_tls(tmp_path: Path) -> None:
+    import os
+    import sys
+
+    env = {**os.environ, "PINCER_DATA_DIR": str(tmp_path), "PINCER_REDIS_URL": ""}
+    refused = subprocess.run([sys.executable, "-m", "gateway", "up", "--listen", "127.0.0.2"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 78, refused.stderr
+    assert "only over TLS: set redis.tls_cert_file and redis.tls_key_file" in refused.stderr
+
+
+def test_the_embedded_redis_on_another_address_is_tls_only_with_a_lasting_password(tmp_path: Path) -> None:
+    import redis
+
+    from bus.redis_server import EmbeddedRedis
+
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    make_certificates(certs, "127.0.0.2")
+    first = EmbeddedRedis(tmp_path / "data", listen="127.0.0.2", tls=(certs / "server.crt", certs / "server.key"))
+    first.start()
+    try:
+        with redis.Redis.from_url(first.url) as local:  # this machine's processes: TLS on loopback
+            assert local.ping()
+        remote_url = first.remote_url.replace("CA_FILE", str(certs / "ca.crt"))
+        with redis.Redis.from_url(remote_url.replace("127.0.0.1", "127.0.0.2")) as remote:
+            assert remote.set("from-elsewhere", "1")
+        with pytest.raises(redis.exceptions.ConnectionError), \
+                redis.Redis(host="127.0.0.2", port=first.port, password=first.password, socket_timeout=2) as plain:
+            plain.ping()  # no plain port on any address
+        with pytest.raises(redis.exceptions.AuthenticationError), redis.Redis.from_url(
+                remote_url.replace(first.password, "wrong")) as guessing:
+            guessing.ping()
+    finally:
+        first.stop()
+    again = EmbeddedRedis(tmp_path / "data", listen="127.0.0.2", tls=(certs / "server.crt", certs / "server.key"))
+    assert again.password == first.password  # workers elsewhere keep it in their config
