@@ -43,8 +43,9 @@ def _log_failure(outcome: list[Any] | Exception) -> None:
 
 
 class Batcher:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, *, replicas: tuple[int, int] | None = None) -> None:
         self.redis = redis
+        self.replicas = replicas  # (how many, ms): each flush waits for them (redis.min_replicas)
         self._queue: list[tuple[Build, asyncio.Future[list[Any]] | Done]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._held = HeldConnection(redis)  # every write goes down it
@@ -135,7 +136,7 @@ class Batcher:
         asyncio ``Script`` call is a coroutine.)
         """
         stack = cast(list[tuple[tuple[Any, ...], dict[str, Any]]], pipe.command_stack)  # as redis-py queued them
-        return await self._held.send(stack, transaction=len(stack) > 1)
+        return await self._held.send(stack, transaction=len(stack) > 1, replicas=self.replicas)
 
 
 def _settle(target: asyncio.Future[list[Any]] | Done, outcome: list[Any] | Exception) -> None:

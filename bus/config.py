@@ -68,6 +68,11 @@ class RedisSettings(Section):
     sentinel_master: str = "mymaster"
     sentinel_password: SecretStr | None = None  # the sentinels' own (their requirepass)
     password: SecretStr | None = None  # the master's, when no URL carries it
+    # Every write (a request, a reply, an ack) counts as sent only once this many replicas have it
+    # (WAIT after each flush): what a failover promotes then holds every acknowledged call. Short of
+    # it, the write fails as if Redis were away and is sent again (calls are deduplicated by id).
+    min_replicas: int = Field(default=0, ge=0, le=16)
+    replica_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
     prefix: str = DEFAULT_PREFIX
     embedded_port: int = Field(default=0, ge=0, le=65535)
     # The embedded Redis also on this address, for workers on other hosts (`pincer up --listen ADDR`):

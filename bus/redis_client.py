@@ -163,6 +163,11 @@ def _hiredis_reader(connection: AbstractConnection) -> Callable[[], Awaitable[An
     return None
 
 
+class NotReplicated(ConnectionError):
+    """Fewer replicas than ``redis.min_replicas`` confirmed a write within its timeout: it does not
+    count as sent (a failover now could lose it), so it fails as a lost connection does."""
+
+
 class HeldConnection:
     """One connection of ``redis``'s pool, taken at the first command and kept until ``aclose``.
 
@@ -184,7 +189,7 @@ class HeldConnection:
         self._callbacks: dict[str | bytes, Any] = {}  # command name -> redis-py's response callback, or None
 
     async def send(self, commands: Sequence[tuple[Sequence[Any], dict[str, Any]]], *,
-                   transaction: bool = False) -> list[Any]:
+                   transaction: bool = False, replicas: tuple[int, int] | None = None) -> list[Any]:
         """Send (args, options) commands in one write; each one's result, a refused one's error
         among them, as a redis-py pipeline gives them.
 
@@ -208,12 +213,19 @@ class HeldConnection:
         wire = [args for args, _ in commands]
         if transaction:
             wire = [("MULTI",), *wire, ("EXEC",)]
+        if replicas is not None:  # after the writes, on their connection: WAIT counts this client's writes
+            wire = [*wire, ("WAIT", *replicas)]
         try:
             await connection.send_packed_command(connection.pack_commands(wire))
             replies = [await read() for _ in wire]
         except BaseException:
             await connection.disconnect(nowait=True)
             raise
+        if replicas is not None:
+            confirmed = replies.pop()
+            if not isinstance(confirmed, int) or confirmed < replicas[0]:
+                raise NotReplicated(f"{confirmed} of the {replicas[0]} replicas redis.min_replicas asks for confirmed "
+                                    f"the write within {replicas[1]} ms")
         if transaction:
             applied = replies[-1]
             if not isinstance(applied, list):  # EXECABORT: the refusal is among the QUEUED replies

@@ -62,7 +62,9 @@ class Bus:
     _maxlens: dict[str, int | None] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.batcher = Batcher(self.redis)
+        replicas = (self.settings.min_replicas, self.settings.replica_timeout_ms) if self.settings.min_replicas \
+            else None
+        self.batcher = Batcher(self.redis, replicas=replicas)
 
     @classmethod
     def from_settings(cls, settings: RedisSettings, url: str) -> Bus:
