@@ -95,16 +95,20 @@ def main() -> None:
         env = bench_env(url, tmp)
         print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cpu, Python {platform.python_version()}")
         print("| workers | sequential p50 | sequential p99 | throughput (calls/s, "
-              f"{args.in_flight} in flight) |\n|---|---|---|---|")
+              f"{args.in_flight} in flight) | redis-server CPU per call |\n|---|---|---|---|---|")
         try:
             for n in args.workers:
                 procs = [subprocess.Popen([sys.executable, "-m", "gateway", "hands"], env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]
                 try:
                     asyncio.run(wait_for_workers(url, n))
+                    assert redis.process is not None
+                    before = _cpu_s(redis.process.pid)
                     r = run_loop(measure(url, sequential=args.sequential, total=args.total,
                                             in_flight=args.in_flight))
-                    print(f"| {n} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | {r['calls_per_s']:,.0f} |")
+                    per_call = (_cpu_s(redis.process.pid) - before) / (50 + args.sequential + args.total) * 1e6
+                    print(f"| {n} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | {r['calls_per_s']:,.0f} | "
+                          f"{per_call:.0f} µs |")
                 finally:
                     for proc in procs:
                         proc.terminate()
@@ -113,6 +117,12 @@ def main() -> None:
                     asyncio.run(_forget_workers(url))
         finally:
             redis.stop()
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _forget_workers(url: str) -> None:
