@@ -147,7 +147,7 @@ class Turn:
                         keep_from=turn_starts)
             with otel.span(f"chat {self.model_name}", kind="client", gen_ai__operation__name="chat",
                            gen_ai__request__model=self.model_name, gen_ai__conversation__id=msg.session_id) as opened:
-                completion = await deps.llm.complete(shown, tools, self._stream_text)  # type: ignore[union-attr]
+                completion = await deps.llm.complete(shown, tools, self._stream_text)  # type: ignore[union-attr]  # checked: a model is configured
                 otel.set_attributes(opened, gen_ai__response__model=completion.model,
                                     gen_ai__usage__input_tokens=completion.usage.get("prompt_tokens"),
                                     gen_ai__usage__output_tokens=completion.usage.get("completion_tokens"))
@@ -270,7 +270,7 @@ class Turn:
                 result = await self._execute(call_id, call.name, args, prior)
         await self._publish(ChatTool(
             session_id=msg.session_id, message_id=msg.message_id, call_id=call_id, tool=call.name,
-            status="finished", summary="ok" if result.success else f"{result.error.code}: {result.error.message}"[:300],  # type: ignore[union-attr]
+            status="finished", summary="ok" if result.success else f"{result.error.code}: {result.error.message}"[:300],  # type: ignore[union-attr]  # failed: has error
         ))
         return result
 

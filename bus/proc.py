@@ -19,4 +19,4 @@ def make_undumpable() -> bool:
     uid: a command run as the same user (the rlimits tier without root) cannot read its secrets."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    return libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0
+    return bool(libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0)

@@ -76,7 +76,8 @@ class WaitingPool(ConnectionPool):
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-        return await super().get_connection(*args, **kwargs)  # type: ignore[no-any-return]
+        # redis-py leaves get_connection unannotated: its return is the pool's connection class
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-any-return,no-untyped-call]
 
     async def release(self, connection: AbstractConnection) -> None:
         await super().release(connection)
@@ -125,8 +126,8 @@ def connect_sentinel(sentinels: Sequence[str], master: str, *, password: str | N
         pass
 
     addresses = [(host.strip("[]"), int(port)) for host, _, port in (a.rpartition(":") for a in sentinels)]
-    sentinel = Sentinel(addresses, sentinel_kwargs={"password": sentinel_password, "socket_connect_timeout": 2,
-                                                    "socket_timeout": 2},
+    sentinel_kwargs = {"password": sentinel_password, "socket_connect_timeout": 2, "socket_timeout": 2}
+    sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_kwargs,  # type: ignore[no-untyped-call]  # unannotated
                         socket_connect_timeout=5)
     redis: Redis = sentinel.master_for(
         master, redis_class=Redis, connection_pool_class=WaitingSentinelPool, password=password,
@@ -201,7 +202,7 @@ class HeldConnection:
         mid-read) drops the connection rather than leave replies unread on it.
         """
         if self._connection is None:
-            self._connection = await self.redis.connection_pool.get_connection()
+            self._connection = await self.redis.connection_pool.get_connection()  # type: ignore[no-untyped-call]  # redis-py: unannotated
             # How its replies are read is fixed for its life (its parser survives reconnects).
             self._read = _hiredis_reader(self._connection) or _raising_reader(self._connection)
         connection, read = self._connection, self._read

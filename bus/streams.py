@@ -80,7 +80,7 @@ class Bus:
     async def publish(self, stream: str, message: Message) -> str:
         traceparent = trace.current.get()  # now, in the caller's task: the flush runs in the batcher's
         (entry_id,) = await self.batcher.run(lambda pipe: self.add(pipe, stream, message, traceparent))
-        return entry_id.decode()
+        return str(entry_id.decode())
 
     def send(self, stream: str, message: Message) -> None:
         """Publish without waiting: for events (text deltas, tool progress) whose order matters but

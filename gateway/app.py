@@ -133,7 +133,7 @@ class Gateway:
                 Route("/healthz", self.healthz, methods=["GET"]),
             ],
             middleware=middleware,
-            exception_handlers={Refused: self._refused},  # type: ignore[dict-item]
+            exception_handlers={Refused: self._refused},  # type: ignore[dict-item]  # Starlette types handlers loosely
             lifespan=self.lifespan,
         )
 
@@ -223,7 +223,7 @@ class Gateway:
     async def send_detached(self, identity: Identity, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
         """A message whose turn runs to its end whoever listens (its events go to the session's log)."""
         try:
-            body = SendMessage(text=fields.get("text"), agent_id=fields.get("agent_id") or "main")  # type: ignore[arg-type]
+            body = SendMessage.model_validate({"text": fields.get("text"), "agent_id": fields.get("agent_id") or "main"})
         except ValidationError as exc:
             raise Refused(400, ErrorCode.BAD_REQUEST, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
                                                               for e in exc.errors()[:5])) from None

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
-from httpx_sse import SSEError, connect_sse
+from httpx_sse import ServerSentEvent, SSEError, connect_sse
 from rich.console import Console
 from rich.text import Text
 
@@ -57,7 +59,7 @@ class ChatClient:
         except httpx.HTTPError:
             self.err.print("\n(could not reach the Gateway to cancel)", highlight=False)
 
-    def _render(self, events) -> str:  # type: ignore[no-untyped-def]
+    def _render(self, events: Iterator[ServerSentEvent]) -> str:
         streamed = False
         for event in events:
             data = json.loads(event.data)
@@ -81,7 +83,7 @@ class ChatClient:
                     self.out.print()
                 elif data["text"]:
                     self.out.print(plain(data["text"]), markup=False, highlight=False)
-                return data["text"]
+                return str(data["text"])
             elif event.event == "error":
                 if streamed:
                     self.out.print()
@@ -89,7 +91,7 @@ class ChatClient:
         raise ChatFailed("the Gateway closed the stream before the turn ended")
 
 
-    def _approve(self, request: dict) -> None:
+    def _approve(self, request: dict[str, Any]) -> None:
         """Ask the person at the terminal, then send their answer to the Gateway."""
         always = request.get("always_allowed", True)
         self.err.print(Text("Approve running this? ", style="bold yellow") + Text(f"({plain(request['tool'])})"),

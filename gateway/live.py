@@ -50,15 +50,17 @@ class LiveSocket:
         try:
             if self.identity is None and not await self._authenticate():
                 return
-            hold = self.gateway.limits.hold_stream(self.identity.name)  # type: ignore[union-attr]
+            identity = self.identity
+            assert identity is not None
+            hold = self.gateway.limits.hold_stream(identity.name)
         except Refused as refusal:
             await self.ws.send_json({"type": "error", "code": refusal.code.value, "message": refusal.message})
             await self.ws.close(1008)
             return
         sender = asyncio.create_task(self._send_frames())
         try:
-            await self.ws.send_json({"type": "ready", "name": self.identity.name,  # type: ignore[union-attr]
-                                     "agents": await self.gateway.turns.agents_for(self.identity)})  # type: ignore[arg-type]
+            await self.ws.send_json({"type": "ready", "name": identity.name,
+                                     "agents": await self.gateway.turns.agents_for(identity)})
             while True:
                 raw = await self.ws.receive_text()
                 await self._handle(raw)

@@ -35,7 +35,7 @@ def main(config: Config, *, port: int | None = None) -> int:
             lifespan="on", timeout_graceful_shutdown=5,
         ))
         # Our loop owns SIGTERM/SIGINT (run_service); uvicorn must not take them over.
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # the hook uvicorn offers
         serving = asyncio.create_task(server.serve())
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from bus.protocol import ErrorCode
 from gateway.errors import Refused
@@ -45,13 +45,13 @@ class Hardened:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def with_headers(message: dict) -> None:  # type: ignore[type-arg]
+        async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []),
                                       *[(k.lower().encode(), v.encode()) for k, v in HEADERS.items()
                                         if k != "Cache-Control"]]
             await send(message)
-        await self.app(scope, receive, with_headers)  # type: ignore[arg-type]
+        await self.app(scope, receive, with_headers)
 
 
 def page_routes(web: WebSessions) -> list[BaseRoute]:

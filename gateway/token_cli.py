@@ -27,7 +27,7 @@ async def manage_tokens(config: Config, action: str, name: str | None, *, scope:
             store = TokenStore(bus.redis, bus.keys, static=settings.static_token())
             if action == "create":
                 assert name is not None
-                token = await store.create(name, scope=scope, agents=agents or None)  # type: ignore[arg-type]
+                token = await store.create(name, scope=scope, agents=agents or None)  # type: ignore[arg-type]  # argparse choices
                 print(token)
                 print(f"token {name!r} ({scope}{', agents ' + ', '.join(agents) if agents else ''}) created; "
                       "it is shown this once: keep it somewhere safe", file=sys.stderr)

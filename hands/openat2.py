@@ -33,7 +33,7 @@ def openat2(dir_fd: int, path: str, flags: int, mode: int = 0, resolve: int = ST
     how = _OpenHow(flags=flags | os.O_CLOEXEC, mode=mode if flags & os.O_CREAT else 0, resolve=resolve)
     fd = _libc.syscall(_SYSCALL, dir_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
     if fd >= 0:
-        return fd
+        return int(fd)
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EPERM, errno.E2BIG):
         _usable = False  # remembered: walk from now on

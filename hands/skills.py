@@ -222,7 +222,7 @@ class _NoAliasLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]  # PyYAML's stubs leave it bare
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a SKILL.md",
                                               event.start_mark)
         return super().compose_node(parent, index)

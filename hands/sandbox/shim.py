@@ -55,7 +55,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def abi() -> int:
     """The Landlock ABI version of this kernel; 0 when Landlock is off or missing."""
     version = _libc.syscall(SYS_CREATE, None, 0, CREATE_RULESET_VERSION)
-    return max(version, 0)
+    return max(int(version), 0)
 
 
 def restrict(*, read_only: list[str], writable: list[str]) -> int:

@@ -77,7 +77,7 @@ def _from_search(url: str, ctx: ToolContext) -> str:
     if index > len(found):
         raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"url {url!r}: the search before it found {len(found)} "
                           "result(s)", suggestions=[f"use #1 to #{len(found)}"] if found else [])
-    return found[index - 1]
+    return str(found[index - 1])
 
 
 async def _get(client: httpx.AsyncClient, url: str, target: Target, max_bytes: int,
