@@ -22,7 +22,7 @@ from bus.protocol import ToolExecute, ToolResult, now_ms
 from bus.redis_server import EmbeddedRedis
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from tests.conftest import SHIPPED_SKILLS, Processes, make_skill, nothing_pending
+from tests.conftest import SHIPPED_SKILLS, Processes, async_wait_until, make_skill, nothing_pending
 from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -91,8 +91,7 @@ async def test_2000_calls_survive_a_worker_killed_mid_run(bus: Bus, processes: P
         calls = [caller.call("nap_once", {"s": 0.05, "log": str(log)}, slots) if i % 10 == 0
                  else caller.call("nap", {"s": 0.05}, slots) for i in range(2000)]
         running = asyncio.gather(*calls)
-        while len(caller.results) < 600:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: len(caller.results) >= 600, timeout=120, what="600 calls answered")
         processes.stop(workers[0], signal.SIGKILL)  # mid-run: it holds calls it will never answer
         await asyncio.wait_for(running, 120)
     finally:
@@ -124,8 +123,7 @@ async def test_calls_end_and_the_pool_recovers_when_redis_restarts(processes: Pr
         await caller.inbox.start()
         slots = asyncio.Semaphore(60)
         running = asyncio.gather(*(caller.call("nap", {"s": 0.05}, slots, deadline_s=30) for _ in range(2000)))
-        while len(caller.results) < 600:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: len(caller.results) >= 600, timeout=120, what="600 calls answered")
         await asyncio.to_thread(server.stop)  # SIGTERM: redis writes its append-only file and exits
         await asyncio.sleep(1.0)
         await asyncio.to_thread(server.start)  # same port, password and data
@@ -161,9 +159,9 @@ async def test_sigterm_drains_a_worker_and_leaves_nothing_pending(bus: Bus, proc
     try:
         slots = asyncio.Semaphore(40)
         running = asyncio.gather(*(caller.call("nap", {"s": 0.5}, slots) for _ in range(40)))
-        while caller.sent < 40:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)  # the worker holds all 40 (20 running, 20 queued)
+        async def holds_all() -> bool:  # the worker holds all 40 (20 running, 20 queued)
+            return (await bus.redis.xpending(bus.keys.hands_requests, "hands"))["pending"] == 40
+        await async_wait_until(holds_all, timeout=30, what="the leaving worker holding all 40 calls")
         processes.start("hands", name="hands-staying")
         started = time.monotonic()
         assert await asyncio.to_thread(processes.stop, leaving, signal.SIGTERM, 30) == 0

@@ -114,9 +114,9 @@ async def test_a_worker_reads_no_more_than_it_can_run_or_queue_the_rest_waits_in
 
 async def test_queue_wait_expires(engine, call) -> None:
     gate = asyncio.Event()
-    await engine(extra_tools=[gated("slow", gate)], concurrency={"global": 1}, queue={"wait_s": 0.3})
+    worker = await engine(extra_tools=[gated("slow", gate)], concurrency={"global": 1}, queue={"wait_s": 0.3})
     first = asyncio.create_task(call("slow"))
-    await asyncio.sleep(0.1)
+    await async_wait_until(lambda: worker.executor.limiter.room == 0, what="the first call holding the slot")
     late = await call("slow")
     assert late.error.code is ErrorCode.QUEUE_TIMEOUT and "0.3s" in late.error.message
     gate.set()

@@ -96,7 +96,10 @@ async def test_a_consumer_whose_group_vanished_recreates_it_and_answers_again(bu
 async def test_a_read_cut_short_never_leaves_its_reply_for_the_next_command(bus: Bus) -> None:
     reader = bus.reader()
     waiting = asyncio.create_task(reader.execute("BLPOP", "queue", 5))
-    await asyncio.sleep(0.2)  # the BLPOP is blocking in Redis
+
+    async def blocked() -> bool:  # Redis lists the client as blocked in BLPOP
+        return any(c.get("cmd") == "blpop" and "b" in c.get("flags", "") for c in await bus.redis.client_list())
+    await async_wait_until(blocked, timeout=10, what="the BLPOP blocking in Redis")
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting

@@ -7,6 +7,7 @@ import asyncio
 from brain.session_order import SessionOrder
 from bus.protocol import ChatMessage
 from bus.streams import Bus
+from tests.conftest import async_wait_until
 
 
 def message(session: str, seq: int | None) -> ChatMessage:
@@ -56,7 +57,7 @@ async def test_the_lease_is_renewed_while_a_long_turn_runs(bus: Bus) -> None:
             log.append("long end")
 
     async def second() -> None:
-        await asyncio.sleep(0.1)
+        await async_wait_until(lambda: bus.redis.exists(bus.keys.session_lease("s")), what="the long turn's lease")
         async with other.turn(message("s", None)):
             log.append("second start")
 
@@ -90,13 +91,9 @@ async def test_a_turn_whose_lease_another_brain_took_stops_and_leaves_the_entry_
     await bus.publish(bus.keys.brain_inbox, message("s", None))
     stop = asyncio.Event()
     running = asyncio.create_task(consumer.run(stop))
-    for _ in range(100):
-        if seen:
-            break
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.2)
+    await async_wait_until(lambda: seen, timeout=10, what="the stalled turn checking its lease")
     stop.set()
-    await running
+    await running  # the consumer drains: the handler has finished, without acknowledging
     assert seen == ["checked"]
     pending = await bus.redis.xpending(bus.keys.brain_inbox, "brain")
     assert pending["pending"] == 1  # not acknowledged: the Brain holding the lease answers it
