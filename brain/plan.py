@@ -31,12 +31,12 @@ def plan(calls: Sequence[ToolCall], specs: Mapping[str, ToolSpec]) -> Plan:
     graph: dict[int, set[int]] = {index: set() for index in range(len(calls))}
     for index, call in enumerate(calls):
         spec = specs.get(call.name)
-        wanted = set(spec.metadata.get("after", ())) if spec else set()
+        wanted = set(spec.meta.after) if spec else set()
         if not wanted:
             continue
         for other_index, other in enumerate(calls):
             other_spec = specs.get(other.name)
-            category = f"category:{other_spec.metadata.get('category')}" if other_spec else ""
+            category = f"category:{other_spec.meta.category}" if other_spec else ""
             if other.name != call.name and (other.name in wanted or category in wanted):
                 graph[index].add(other_index)
     refused: dict[int, str] = {}

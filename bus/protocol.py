@@ -81,6 +81,24 @@ class _Message(BaseModel):
 # --- tools ------------------------------------------------------------------
 
 
+class ToolMeta(BaseModel):
+    """What Hands says of a tool besides its schema: ``ToolSpec.metadata`` on the wire, one home for
+    the side that writes it (the registry) and the side that reads it (the Brain's planner)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)  # a newer Hands may say more
+
+    category: str = ""
+    idempotent: bool = True
+    # Tools (by name, or ``category:<name>``) whose calls in the same model response run first.
+    after: tuple[str, ...] = ()
+    timeout_s: float | None = None
+    max_concurrency: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_defaults=True, exclude={"idempotent"}) | \
+            {"category": self.category, "idempotent": self.idempotent}
+
+
 class ToolSpec(BaseModel):
     """What the LLM may see of a tool: never its handler or permissions."""
 
@@ -90,6 +108,14 @@ class ToolSpec(BaseModel):
     description: str
     parameters: dict[str, Any]
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def meta(self) -> ToolMeta:
+        """The metadata, typed (unknown keys kept; a malformed value reads as the default)."""
+        try:
+            return ToolMeta.model_validate(self.metadata)
+        except ValidationError:
+            return ToolMeta()
 
 
 class ToolError(BaseModel):

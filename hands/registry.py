@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field
 
-from bus.protocol import ErrorCode, SkillInfo, ToolSpec
+from bus.protocol import ErrorCode, SkillInfo, ToolMeta, ToolSpec
 from hands.config import HandsSettings
 from hands.errors import ToolFailure
 from hands.workspace import Workspace
@@ -112,13 +112,10 @@ class ToolDefinition(BaseModel):
     source: str = "builtin"  # or the SKILL.md it came from
 
     def spec(self) -> ToolSpec:
-        metadata: dict[str, Any] = {"category": self.category.value, "idempotent": self.idempotent}
-        if self.after:
-            metadata["after"] = list(self.after)
-        for key in ("timeout_s", "max_concurrency"):
-            if getattr(self, key) is not None:
-                metadata[key] = getattr(self, key)
-        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters, metadata=metadata)
+        meta = ToolMeta(category=self.category.value, idempotent=self.idempotent, after=self.after,
+                        timeout_s=self.timeout_s, max_concurrency=self.max_concurrency)
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters,
+                        metadata=meta.to_wire())
 
 
 class ArgsValidator:

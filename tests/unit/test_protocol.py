@@ -143,3 +143,20 @@ def test_every_exception_in_the_drawing_is_a_pincer_error() -> None:
     for name, module in drawn:
         found = getattr(importlib.import_module(module if module != "hands.sandbox" else "hands.sandbox.runner"), name)
         assert issubclass(found, bus.errors.PincerError), name
+
+
+def test_tool_metadata_has_one_typed_home_for_both_sides() -> None:
+    from bus.protocol import ToolMeta, ToolSpec
+    from hands.registry import Category, ToolDefinition
+
+    tool = ToolDefinition(name="t", description="d", parameters={"type": "object"}, handler=lambda a, c: None,
+                          category=Category.CODE, after=("category:file_operation",), timeout_s=7, idempotent=False)
+    spec = tool.spec()
+    assert spec.metadata == {"category": "code_execution", "idempotent": False, "after": ["category:file_operation"],
+                             "timeout_s": 7.0}  # the wire as it was
+    assert spec.meta == ToolMeta(category="code_execution", idempotent=False, after=("category:file_operation",),
+                                 timeout_s=7)
+    newer = ToolSpec(name="n", description="", parameters={}, metadata={"category": "skill", "cost": "high"})
+    assert newer.meta.category == "skill" and newer.meta.model_extra == {"cost": "high"}
+    broken = ToolSpec(name="b", description="", parameters={}, metadata={"after": 5})
+    assert broken.meta == ToolMeta()  # a malformed value reads as the default, not a crash
