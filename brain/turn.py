@@ -40,7 +40,7 @@ from bus.protocol import (
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from memory.longterm import LongTermMemory
-from memory.sessions import SessionStore, TranscriptEntry
+from memory.sessions import Marks, SessionStore, TranscriptEntry
 
 log = logging.getLogger("brain.turn")
 
@@ -114,7 +114,7 @@ class Turn:
         msg, sessions = self.message, self.deps.sessions
         history = await sessions.load(msg.session_id)
         start = next((i for i in range(len(history) - 1, -1, -1) if history[i].role == "user"
-                      and history[i].metadata.get("message_id") == msg.message_id), None)
+                      and history[i].marks.message_id == msg.message_id), None)
         if start is not None:
             log.info("turn resumed from the transcript %s",
                      kv(session=msg.session_id, message=msg.message_id, entries=len(history) - start))
@@ -165,8 +165,8 @@ class Turn:
             final = not completion.tool_calls
             assistant = self._entry(role="assistant", content=completion.text or None,
                                     tool_calls=[call.to_openai() for call in completion.tool_calls] or None,
-                                    model=completion.model, iteration=iteration, usage=dict(self.usage),
-                                    **({"final": True} if final else {}))  # type: ignore[arg-type]  # metadata
+                                    **Marks(model=completion.model, iteration=iteration, usage=dict(self.usage),
+                                            final=final).metadata())
             await deps.sessions.append(msg.session_id, assistant)
             messages.append(assistant.to_llm())
             self.unanswered = list(completion.tool_calls)
@@ -193,7 +193,7 @@ class Turn:
         for entry in turn:
             if entry.role != "assistant":
                 continue
-            iteration = entry.metadata.get("iteration", iteration + 1)
+            iteration = entry.marks.iteration if entry.marks.iteration is not None else iteration + 1
             calls = [ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
                      for c in entry.tool_calls or ()]
             self.model_calls += 1
@@ -201,7 +201,7 @@ class Turn:
             self.tools_used.extend(call.name for call in calls)
             self.unanswered = [call for call in calls if call.id not in answered]
             self._number(calls, iteration)
-            self.usage = dict(entry.metadata.get("usage") or self.usage)
+            self.usage = dict(entry.marks.usage or self.usage)
         return iteration
 
     def _number(self, calls: list[ToolCall], iteration: int) -> None:
@@ -321,7 +321,8 @@ class Turn:
                 + f", {self.usage.get('total_tokens', 0):,} tokens")
         told = (f"{reason}; {len(stopped)} tool call(s) stopped. Done so far: {done}; "
                 "the results are in the session transcript")
-        note = self._entry(role="assistant", content=f"[{reason}]", cancelled=True, stopped=code.value, told=told)
+        note = self._entry(role="assistant", content=f"[{reason}]",
+                           **Marks(cancelled=True, stopped=code.value, told=told).metadata())
         await deps.sessions.append(msg.session_id, *stopped, note)
         log.info("turn stopped %s: %s", kv(session=msg.session_id, message=msg.message_id, code=code), reason)
         return ChatError(session_id=msg.session_id, message_id=msg.message_id, code=code, message=told)
@@ -365,13 +366,13 @@ def _finished(message: ChatMessage, turn: list[TranscriptEntry]) -> ChatReply | 
     last = turn[-1]
     if last.role != "assistant":
         return None
-    if last.metadata.get("final"):
+    marks = last.marks
+    if marks.final:
         return ChatReply(session_id=message.session_id, message_id=message.message_id, text=last.content or "",
-                         model=last.metadata.get("model", ""), usage=last.metadata.get("usage") or {})
-    if last.metadata.get("stopped"):
-        return ChatError(session_id=message.session_id, message_id=message.message_id,
-                         code=ErrorCode(last.metadata["stopped"]),
-                         message=str(last.metadata.get("told") or last.content or last.metadata["stopped"]))
+                         model=marks.model, usage=marks.usage)
+    if marks.stopped:
+        return ChatError(session_id=message.session_id, message_id=message.message_id, code=ErrorCode(marks.stopped),
+                         message=marks.told or last.content or marks.stopped)
     return None
 
 

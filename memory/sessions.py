@@ -6,10 +6,29 @@ import time
 from typing import Any, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus.keys import Keys
 from bus.protocol import now_ms
+
+
+class Marks(BaseModel):
+    """What an entry's metadata says of its turn: the protocol by which a Brain resumes a dead
+    Brain's turn (where it was, what it cost, whether it ended). One home for writer and reader."""
+
+    model_config = ConfigDict(extra="allow")  # tool entries add their result's facts
+
+    message_id: str | None = None  # every entry of a turn carries its message's id
+    iteration: int | None = None  # an assistant entry: which model call of the turn
+    model: str = ""
+    usage: dict[str, Any] = Field(default_factory=dict)  # tokens so far in the turn
+    final: bool = False  # the turn's answer
+    stopped: str | None = None  # the turn ended early with this error code ...
+    told: str | None = None  # ... and the person was told this
+    cancelled: bool = False  # a tool call (or the note) closed by a stop
+
+    def metadata(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_defaults=True)
 
 
 class TranscriptEntry(BaseModel):
@@ -24,6 +43,14 @@ class TranscriptEntry(BaseModel):
     name: str | None = None
     timestamp: int = Field(default_factory=now_ms)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def marks(self) -> Marks:
+        """The metadata, typed (an entry with a malformed mark reads as unmarked)."""
+        try:
+            return Marks.model_validate(self.metadata)
+        except ValidationError:
+            return Marks()
 
     def to_llm(self) -> dict[str, Any]:
         """The entry as the LLM reads it: no timestamps or metadata."""
