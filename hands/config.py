@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from bus.config import ConfigError, Section
 
@@ -43,8 +43,11 @@ class QueueSettings(Section):
     wait_s: float = Field(default=30.0, gt=0)
 
 
-class RetrySettings(Section):
-    """Default retry policy for retryable errors (a tool may set its own)."""
+class RetryPolicy(Section):
+    """How retryable failures of idempotent tools are retried: the worker's default (``hands.retry``),
+    or a tool's own (a skill's ``retry``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     retries: int = Field(default=2, ge=0, le=10)
     base_s: float = Field(default=1.0, ge=0)
@@ -225,7 +228,7 @@ class HandsSettings(Section):
     concurrency: ConcurrencySettings = Field(default_factory=ConcurrencySettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
-    retry: RetrySettings = Field(default_factory=RetrySettings)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     web: WebSettings = Field(default_factory=WebSettings)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     RetryError,
     retry_if_exception,
     stop_after_attempt,
@@ -35,7 +35,6 @@ from hands.limits import Limiter, check_memory
 from hands.permissions import PermissionPolicy
 from hands.registry import (
     Category,
-    RetryPolicy,
     ToolContext,
     ToolDefinition,
     ToolRegistry,
@@ -84,7 +83,7 @@ class Executor:
         self.workspace = Workspace(settings.workspace, owner=sandbox.owner if sandbox else None)
         self.policy = PermissionPolicy(settings.policy, self.workspace.root)
         self.limiter = Limiter(settings.concurrency, settings.queue)
-        self._retry_policy = RetryPolicy(**settings.retry.model_dump())
+        self._retry_policy = settings.retry
         self.tool_policy = ToolPolicy(settings.tools)
         self.memory, self.sandbox, self.jobs, self.progress = memory, sandbox, jobs, progress
         self.meter = meter or Meter()  # what /metrics shows of this worker's calls (sent with its heartbeat)
@@ -183,7 +182,8 @@ class Executor:
             retry=retry_if_exception(lambda exc: _retryable(exc) and call.deadline > now_ms()),
         )
         try:
-            await asyncio.sleep(_first_wait(policy))
+            # tenacity's own pause before attempt two (the first ran without its machinery, above)
+            await asyncio.sleep(retrying.wait(RetryCallState(retrying, fn=None, args=(), kwargs={})))
             async for attempt in retrying:
                 with attempt:
                     state.attempts = attempt.retry_state.attempt_number + 1
@@ -291,11 +291,6 @@ class Executor:
 
 
 _validate_result: Callable[[dict[str, Any]], ToolResult] = ToolResult.__pydantic_validator__.validate_python
-
-
-def _first_wait(policy: RetryPolicy) -> float:
-    """The pause before the first retry: tenacity's exponential-with-jitter at attempt one."""
-    return min(policy.base_s + random.uniform(0, policy.base_s), policy.max_s)
 
 
 def _retryable(exc: BaseException) -> bool:

@@ -17,7 +17,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field
 
 from bus.protocol import ErrorCode, SkillInfo, ToolMeta, ToolSpec
-from hands.config import HandsSettings
+from hands.config import HandsSettings, RetryPolicy
 from hands.errors import ToolFailure
 from hands.workspace import Workspace
 
@@ -51,14 +51,6 @@ class Permissions(BaseModel):
     filesystem_write: list[str] = Field(default_factory=list)
     network: list[str] = Field(default_factory=list)
     execute: list[str] = Field(default_factory=list)
-
-
-class RetryPolicy(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    retries: int = Field(default=2, ge=0, le=10)
-    base_s: float = Field(default=1.0, ge=0)
-    max_s: float = Field(default=10.0, ge=0)
 
 
 SendProgress = Callable[[str], Awaitable[Any]]

@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus.errors import PincerError
 from bus.protocol import ErrorCode, SkillInfo
+from hands.config import RetryPolicy
 from hands.errors import ToolFailure
 from hands.permissions import PermissionPolicy
 from hands.registry import (
     Category,
     Permissions,
-    RetryPolicy,
     ToolDefinition,
     ToolRegistry,
 )

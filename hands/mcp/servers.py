@@ -20,11 +20,11 @@ from mcp import types
 
 from bus.protocol import ErrorCode
 from bus.streams import CONNECTION_ERRORS, Bus
-from hands.config import McpServerSettings, McpSettings
+from hands.config import McpServerSettings, McpSettings, RetryPolicy
 from hands.errors import ToolFailure
 from hands.mcp.connection import McpConnection
 from hands.mcp.translate import ToolRefused, description, parameters, result_data, tool_name
-from hands.registry import Category, Handler, RetryPolicy, ToolContext, ToolDefinition, ToolRegistry
+from hands.registry import Category, Handler, ToolContext, ToolDefinition, ToolRegistry
 from hands.sandbox.runner import Sandbox
 
 log = logging.getLogger("hands.mcp")

@@ -15,8 +15,8 @@ from bus.presence import alive
 from bus.protocol import ChatError, ChatMessage, ChatReply, Message, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from hands.config import HandsSettings
-from hands.registry import Category, RetryPolicy, ToolDefinition
+from hands.config import HandsSettings, RetryPolicy
+from hands.registry import Category, ToolDefinition
 from hands.worker import HandsWorker
 from tests.conftest import SHIPPED_SKILLS, async_wait_until
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bus.protocol import ErrorCode, ToolExecute, now_ms
-from hands.config import HandsSettings
+from hands.config import HandsSettings, RetryPolicy
 from hands.executor import Executor
-from hands.registry import Category, RetryPolicy, ToolDefinition
+from hands.registry import Category, ToolDefinition
 from hands.shaping import shape, size_of
 from hands.worker import build_registry
 
