@@ -4,7 +4,7 @@ their acks, in the batcher's one transaction) or a dead letter."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio.client import Pipeline
@@ -16,13 +16,15 @@ from bus.log import kv
 from bus.records import DeadLetter
 
 if TYPE_CHECKING:
-    from bus.streams import Bus, GroupConsumer, Reply
+    from bus.streams import Bus, Reply
 
 log = logging.getLogger("bus")
 
 Entry = tuple[str, str, dict[bytes, bytes], Sequence["Reply"], bool]
 """An answered entry: (stream, entry id, its fields, its replies, whether it was set aside)."""
 Key = tuple[str, str]  # (stream, entry id)
+Written = Callable[["Answers", "list[Any] | Exception"], None]
+"""Told when a round came back from Redis (the consumer releases its entries, or retries)."""
 
 
 class Answers:
@@ -36,26 +38,30 @@ class Answers:
     be read there) is acknowledged with its round; the consumer copies its entry to ``dead``
     with the reason."""
 
-    __slots__ = ("attempt", "consumer", "entries")
+    __slots__ = ("attempt", "bus", "done", "entries", "group")
 
-    def __init__(self, consumer: GroupConsumer, attempt: int = 0, entries: list[Entry] | None = None) -> None:
-        self.consumer, self.attempt = consumer, attempt
+    def __init__(self, bus: Bus, group: str, done: Written, attempt: int = 0,
+                 entries: list[Entry] | None = None) -> None:
+        self.bus, self.group, self.done, self.attempt = bus, group, done, attempt
         self.entries = entries if entries is not None else []
 
+    def again(self) -> Answers:
+        """The same round, as the next attempt (after Redis was away)."""
+        return Answers(self.bus, self.group, self.done, self.attempt + 1, self.entries)
+
     def __call__(self, pipe: Pipeline) -> None:
-        bus = self.consumer.bus
         for _stream, _entry_id, fields, replies, _aside in self.entries:
             traceparent = trace.from_entry(fields)  # an answer goes on in its request's trace
             for target, reply in replies:
-                bus.add(pipe, target, reply, traceparent)
+                self.bus.add(pipe, target, reply, traceparent)
         for stream, ids in self._ids_by_stream().items():
-            pipe.xack(stream, self.consumer.group, *ids)
+            pipe.xack(stream, self.group, *ids)
 
     def send(self) -> None:
-        self.consumer.bus.batcher.send(self, done=self.written)
+        self.bus.batcher.send(self, done=self.written)
 
     def written(self, outcome: list[Any] | Exception) -> None:
-        self.consumer._written(self, outcome)  # noqa: SLF001 - the consumer's own callback
+        self.done(self, outcome)
 
     def _ids_by_stream(self) -> dict[str, list[str]]:
         by_stream: dict[str, list[str]] = {}

@@ -338,7 +338,7 @@ class GroupConsumer:
         self._writing += 1
         answers = self._answers
         if answers is None or self.bus.batcher.last_queued is not answers:
-            answers = self._answers = Answers(self)
+            answers = self._answers = Answers(self.bus, self.group, self._written)
             answers.send()
         answers.entries.append((stream, entry_id, fields, replies, aside))
 
@@ -348,8 +348,7 @@ class GroupConsumer:
             if answers.attempt == 0:
                 log.warning("Redis away while answering %d entr%s; retrying", len(answers.entries),
                             "y" if len(answers.entries) == 1 else "ies")
-            again = Answers(self, answers.attempt + 1, answers.entries)
-            asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[answers.attempt], again.send)
+            asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[answers.attempt], answers.again().send)
             return
         pending, refused = answers.failures(outcome)
         for stream, entry_id, fields, _replies, aside in answers.entries:
