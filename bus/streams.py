@@ -151,7 +151,7 @@ class GroupConsumer:
         self.bus, self.streams, self.group, self.consumer = bus, list(streams), group, consumer
         self.handler = handler
         self.aside_limit, self._aside_count = aside, 0
-        # Entries per read, as the floor reads (why 32: docs/design-notes.md, Scale-out and reliability).
+        # Entries per read, as the floor reads (why 32: docs/bus.md, Scale-out and reliability).
         self.batch, self.block_ms = batch, block_ms
         # How many more entries the handler could start at once, if it queues the rest: a read takes
         # no more than that (at least one), so a burst is shared by the consumers with room for it
