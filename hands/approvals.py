@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, now_ms
+from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, ToolExecute, now_ms
 from bus.records import PendingApproval
 from bus.replies import ReplyInbox
 from bus.streams import Bus
@@ -140,7 +140,7 @@ class ApprovalGate:
     def __init__(self, settings: ExecSettings, *, bus: Bus | None, inbox: ReplyInbox | None) -> None:
         self.settings, self.bus, self.inbox = settings, bus, inbox
 
-    async def check(self, *, command: str | None, argv: list[str] | None, call: Any, summary: str) -> None:
+    async def check(self, *, command: str | None, argv: list[str] | None, call: ToolExecute, summary: str) -> None:
         """Return when the command may run; raise ``PERMISSION_DENIED`` / ``APPROVAL_DENIED`` otherwise."""
         mode = self.settings.mode
         if mode == "full":

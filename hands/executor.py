@@ -45,11 +45,8 @@ from hands.toolpolicy import ToolPolicy
 from hands.workspace import Workspace
 
 if TYPE_CHECKING:  # the worker's services, passed in (they import nothing of the executor)
-    from hands.approvals import ApprovalGate
-    from hands.jobs import JobManager
     from hands.pool_limits import PoolLimits
-    from hands.sandbox.runner import Sandbox
-    from memory.longterm import LongTermMemory
+    from hands.seams import ApprovalAsking, JobKeeping, NoteKeeping, Sandboxing
 
 log = logging.getLogger("hands.executor")
 
@@ -75,8 +72,8 @@ class _CallState:
 
 class Executor:
     def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str,
-                 memory: LongTermMemory | None = None, sandbox: Sandbox | None = None, jobs: JobManager | None = None,
-                 approvals: ApprovalGate | None = None, pool: PoolLimits | None = None,
+                 memory: NoteKeeping | None = None, sandbox: Sandboxing | None = None, jobs: JobKeeping | None = None,
+                 approvals: ApprovalAsking | None = None, pool: PoolLimits | None = None,
                  progress: ProgressSink = _drop_progress, meter: Meter | None = None) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
         # Resolved once, not per call; files it creates belong to the sandbox's uid.

@@ -21,13 +21,10 @@ from hands.config import HandsSettings, RetryPolicy
 from hands.errors import ToolFailure
 from hands.workspace import Workspace
 
-if TYPE_CHECKING:  # the services a handler may use (they import this module: no import at run time)
+if TYPE_CHECKING:  # the services a handler may use, as Protocols (hands/seams.py): real ones or fakes
     from bus.protocol import ToolExecute
-    from hands.approvals import ApprovalGate
-    from hands.jobs import JobManager
     from hands.permissions import PermissionPolicy
-    from hands.sandbox.runner import Sandbox
-    from memory.longterm import LongTermMemory
+    from hands.seams import ApprovalAsking, JobKeeping, NoteKeeping, Sandboxing
 
 class Category(StrEnum):
     FILE = "file_operation"
@@ -67,11 +64,11 @@ class ToolContext:
     worker_id: str
     settings: HandsSettings
     workspace: Workspace
-    memory: LongTermMemory | None = None  # when the worker has Redis
-    sandbox: Sandbox | None = None  # for tools that run commands
+    memory: NoteKeeping | None = None  # when the worker has Redis
+    sandbox: Sandboxing | None = None  # for tools that run commands
     policy: PermissionPolicy | None = None  # for tools that check each target themselves
-    jobs: JobManager | None = None  # for commands that outlive their call
-    approvals: ApprovalGate | None = None  # for commands that may need a person's yes
+    jobs: JobKeeping | None = None  # for commands that outlive their call
+    approvals: ApprovalAsking | None = None  # for commands that may need a person's yes
     call: ToolExecute | None = None  # the tool:execute being served
     send_progress: SendProgress | None = None
     notes: dict[str, Any] = field(default_factory=dict)  # e.g. {"sandbox": "bwrap"}, copied into the metadata

@@ -1,0 +1,56 @@
+"""The services a tool may use, as Protocols: the real ones satisfy them, and so do the fakes in
+``tests/fakes.py`` that unit tests put in their place (no Redis, no sandbox needed)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from bus.protocol import ToolExecute
+    from hands.jobs import Job
+    from hands.sandbox.runner import Extras, Running, RunResult
+
+Notes = list[dict[str, Any]]  # a method named list would shadow the builtin in the annotations below
+
+
+class NoteKeeping(Protocol):
+    """The agent's long-term notes (``memory.longterm.LongTermMemory``)."""
+
+    async def write(self, agent_id: str, key: str, content: str, *, append: bool = False) -> str: ...
+    async def read(self, agent_id: str, key: str) -> str | None: ...
+    async def list(self, agent_id: str) -> Notes: ...
+    async def search(self, agent_id: str, query: str, *, limit: int = 10) -> Notes: ...
+
+
+class ApprovalAsking(Protocol):
+    """Exec approvals (``hands.approvals.ApprovalGate``): returns when a command may run, raises when not."""
+
+    async def check(self, *, command: str | None, argv: list[str] | None, call: ToolExecute, summary: str) -> None: ...
+
+
+class Sandboxing(Protocol):
+    """Where commands run (``hands.sandbox.runner.Sandbox``)."""
+
+    tier: str
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """Who must own workspace files for commands to write them (the sandbox uid, as root)."""
+
+    async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
+                    capture_stdout: bool = True) -> Running: ...
+
+    async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
+                  stdin: bytes | None = None) -> RunResult: ...
+
+
+class JobKeeping(Protocol):
+    """Commands that outlive their call (``hands.jobs.JobManager``)."""
+
+    jobs: dict[str, Job]
+
+    def room_for(self, session_id: str) -> str | None: ...
+    async def adopt(self, running: Running, *, session_id: str, command: str, timeout_s: float) -> Job: ...
+    def local(self, job_id: str, *, session_id: str | None = None) -> Job: ...
+    async def owner(self, job_id: str) -> str | None: ...
+    async def listing(self, session_id: str) -> Notes: ...

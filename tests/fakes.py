@@ -1,0 +1,89 @@
+"""One fake behind each seam a unit test replaces (the Protocols in hands/seams.py, and the LLM's in
+tests/integration/brain_fakes.py): no Redis, no sandbox, no network."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from bus.protocol import ErrorCode, ToolExecute
+from hands.errors import ToolFailure
+from hands.sandbox.runner import Extras, Running, RunResult
+from hands.seams import Notes
+
+
+class FakeNotes:
+    """Long-term memory in a dict."""
+
+    def __init__(self) -> None:
+        self.notes: dict[tuple[str, str], str] = {}
+
+    async def write(self, agent_id: str, key: str, content: str, *, append: bool = False) -> str:
+        old = self.notes.get((agent_id, key), "") if append else ""
+        self.notes[agent_id, key] = old + content
+        return self.notes[agent_id, key]
+
+    async def read(self, agent_id: str, key: str) -> str | None:
+        return self.notes.get((agent_id, key))
+
+    async def list(self, agent_id: str) -> Notes:
+        return [{"key": key, "chars": len(text)} for (agent, key), text in sorted(self.notes.items())
+                if agent == agent_id]
+
+    async def search(self, agent_id: str, query: str, *, limit: int = 10) -> Notes:
+        return [{"key": key, "snippet": text[:80]} for (agent, key), text in sorted(self.notes.items())
+                if agent == agent_id and query.lower() in text.lower()][:limit]
+
+
+class FakeApprovals:
+    """Answers every ask with ``allow`` (True) or a denial, and remembers what it was asked."""
+
+    def __init__(self, *, allow: bool) -> None:
+        self.allow = allow
+        self.asked: list[str] = []
+
+    async def check(self, *, command: str | None, argv: list[str] | None, call: ToolExecute, summary: str) -> None:
+        self.asked.append(summary)
+        if not self.allow:
+            raise ToolFailure(ErrorCode.APPROVAL_DENIED, "denied by the fake person", recoverable=False)
+
+
+class FakeSandbox:
+    """Runs commands unsandboxed, as this user, in the workspace: for the tools' own logic only."""
+
+    tier = "fake"
+    owner = None  # files stay this user's
+
+    def __init__(self, workspace: Path) -> None:
+        self.workspace = workspace
+        self.started: list[list[str]] = []
+
+    async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
+                    capture_stdout: bool = True) -> Running:
+        self.started.append(argv)
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=self.workspace / workdir, env={"PATH": "/usr/bin:/bin", **env}, start_new_session=True)
+        return Running(process, self.tier, 200_000, capture_stdout=capture_stdout)
+
+    async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
+                  stdin: bytes | None = None) -> RunResult:
+        running = await self.start(argv, workdir=workdir, env=env)
+        try:
+            if stdin is not None:
+                await running.write(stdin, close=True)
+            await running.wait(timeout_s)
+        finally:
+            await running.stop()
+        return running.result()
+
+
+def _satisfies() -> Any:  # checked by mypy: each fake fits its seam
+    from hands.seams import ApprovalAsking, NoteKeeping, Sandboxing
+
+    notes: NoteKeeping = FakeNotes()
+    approvals: ApprovalAsking = FakeApprovals(allow=True)
+    sandbox: Sandboxing = FakeSandbox(Path("."))
+    return notes, approvals, sandbox
