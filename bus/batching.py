@@ -132,7 +132,7 @@ class Batcher:
         rounds). It also means a flush is applied whole or not at all: a command Redis refuses
         while queueing (out of memory, an ACL, a read-only replica) fails every caller of the
         flush, as a lost connection does, and a worker's acks never land without the replies
-        they follow (``bus.outcomes.Answers``). (Lua scripts cannot be queued: redis-py's
+        they follow (``bus.answers.Answers``). (Lua scripts cannot be queued: redis-py's
         asyncio ``Script`` call is a coroutine.)
         """
         stack = cast(list[tuple[tuple[Any, ...], dict[str, Any]]], pipe.command_stack)  # as redis-py queued them

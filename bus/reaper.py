@@ -28,10 +28,10 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
+from bus.answers import dead_letter
 from bus.config import RedisSettings
 from bus.log import kv
 from bus.loops import every, finish
-from bus.outcomes import dead_letter
 from bus.presence import alive
 from bus.protocol import MalformedMessage, Message, decode
 from bus.streams import Bus, GroupConsumer, Reply

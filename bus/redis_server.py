@@ -21,7 +21,7 @@ import redis
 
 from bus.errors import PincerError
 from bus.private_file import write_private
-from bus.proc import die_with_parent
+from bus.process_guard import die_with_parent
 
 log = logging.getLogger("bus.redis")
 

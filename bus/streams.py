@@ -4,7 +4,7 @@
 - ``GroupConsumer`` reads a consumer group (its own pending entries first, then
   new ones), runs a handler per message within a concurrency limit, and writes
   the handler's replies and the XACK in one transaction, so no ack lands
-  without its reply (``bus/outcomes.py``). Garbage is
+  without its reply (``bus/answers.py``). Garbage is
   acknowledged, logged and copied to the ``dead`` stream; the loop keeps going.
 Reading streams outside a group (a process's reply inbox, broadcasts) is in
 ``bus/replies.py``.
@@ -26,13 +26,13 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from bus import trace
+from bus.answers import Answers, dead_letter, dead_letter_build
 from bus.batching import Batcher
 from bus.config import RedisSettings
 from bus.errors import PincerError
 from bus.keys import Keys
 from bus.log import kv
 from bus.loops import let_started_work_run, sleep_or_stop
-from bus.outcomes import Answers, dead_letter, dead_letter_build
 from bus.protocol import MalformedMessage, Message, decode, encode
 from bus.redis_client import HeldConnection, connect, connect_sentinel
 

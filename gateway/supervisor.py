@@ -26,7 +26,7 @@ from typing import Any
 
 from bus.config import Config, ConfigError, RedisSettings
 from bus.private_file import write_private
-from bus.proc import die_with_parent
+from bus.process_guard import die_with_parent
 from bus.redis_server import EmbeddedRedis
 from gateway.config import GatewaySettings
 from gateway.daemon import AlreadyRunning, DaemonState, DataDirLock, Proc, StateFile, start_time, this_process

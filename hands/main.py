@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from bus.config import Config
-from bus.proc import make_undumpable
+from bus.process_guard import make_undumpable
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
 from hands.config import HandsSettings

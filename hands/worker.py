@@ -20,7 +20,7 @@ from bus.reaper import Reaper
 from bus.replies import ReplyInbox
 from bus.streams import CONNECTION_ERRORS, Bus, GroupConsumer, Reply, delivery
 from hands.approvals import ApprovalGate
-from hands.calls import CallRecords
+from hands.call_records import CallRecords
 from hands.config import HandsSettings
 from hands.errors import ToolFailure
 from hands.executor import Executor

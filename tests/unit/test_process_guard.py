@@ -1,4 +1,4 @@
-"""Process hardening helpers (bus/proc.py)."""
+"""Process hardening helpers (bus/process_guard.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 def test_a_hands_process_closes_its_proc_files_to_its_own_uid() -> None:
     import sys
 
-    probe = ("from bus.proc import make_undumpable; import ctypes; ok = make_undumpable(); "
+    probe = ("from bus.process_guard import make_undumpable; import ctypes; ok = make_undumpable(); "
              "print(ok, ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parents[2])

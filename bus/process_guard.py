@@ -1,4 +1,4 @@
-"""Child-process helpers shared by everything that starts other processes."""
+"""Child-process hygiene shared by everything that starts other processes: die with the parent, stay undumpable."""
 
 from __future__ import annotations
 
