@@ -45,8 +45,7 @@ from hands.toolpolicy import ToolPolicy
 from hands.workspace import Workspace
 
 if TYPE_CHECKING:  # the worker's services, passed in (they import nothing of the executor)
-    from hands.pool_limits import PoolLimits
-    from hands.seams import ApprovalAsking, JobKeeping, NoteKeeping, Sandboxing
+    from hands.seams import ApprovalAsking, JobKeeping, NoteKeeping, PoolGates, Sandboxing
 
 log = logging.getLogger("hands.executor")
 
@@ -73,7 +72,7 @@ class _CallState:
 class Executor:
     def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str,
                  memory: NoteKeeping | None = None, sandbox: Sandboxing | None = None, jobs: JobKeeping | None = None,
-                 approvals: ApprovalAsking | None = None, pool: PoolLimits | None = None,
+                 approvals: ApprovalAsking | None = None, pool: PoolGates | None = None,
                  progress: ProgressSink = _drop_progress, meter: Meter | None = None) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
         # Resolved once, not per call; files it creates belong to the sandbox's uid.

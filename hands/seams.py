@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -42,6 +43,14 @@ class Sandboxing(Protocol):
 
     async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
                   stdin: bytes | None = None) -> RunResult: ...
+
+
+class PoolGates(Protocol):
+    """Limits across every worker of the pool (``hands.pool_limits.PoolLimits``)."""
+
+    limits: dict[str, int]
+
+    def slot(self, gate_names: list[str]) -> AbstractAsyncContextManager[None]: ...
 
 
 class JobKeeping(Protocol):

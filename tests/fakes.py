@@ -4,7 +4,9 @@ tests/integration/brain_fakes.py): no Redis, no sandbox, no network."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +82,35 @@ class FakeSandbox:
         return running.result()
 
 
+class FakePoolGates:
+    """Pool-wide limits kept in this process: a semaphore per gate, and the most seen at once."""
+
+    def __init__(self, limits: dict[str, int]) -> None:
+        self.limits = limits
+        self._gates = {name: asyncio.Semaphore(n) for name, n in limits.items()}
+        self.holding: dict[str, int] = dict.fromkeys(limits, 0)
+        self.most: dict[str, int] = dict.fromkeys(limits, 0)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, gate_names: list[str]) -> AsyncIterator[None]:
+        names = [n for n in gate_names if n in self._gates]
+        async with contextlib.AsyncExitStack() as held:
+            for name in names:
+                await held.enter_async_context(self._gates[name])
+                self.holding[name] += 1
+                self.most[name] = max(self.most[name], self.holding[name])
+                held.callback(self._left, name)
+            yield
+
+    def _left(self, name: str) -> None:
+        self.holding[name] -= 1
+
+
 def _satisfies() -> Any:  # checked by mypy: each fake fits its seam
-    from hands.seams import ApprovalAsking, NoteKeeping, Sandboxing
+    from hands.seams import ApprovalAsking, NoteKeeping, PoolGates, Sandboxing
 
     notes: NoteKeeping = FakeNotes()
     approvals: ApprovalAsking = FakeApprovals(allow=True)
     sandbox: Sandboxing = FakeSandbox(Path("."))
-    return notes, approvals, sandbox
+    pool: PoolGates = FakePoolGates({})
+    return notes, approvals, sandbox, pool

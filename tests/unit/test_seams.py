@@ -47,3 +47,23 @@ async def test_an_allowed_command_runs_and_reports_its_tier(tmp_path: Path) -> N
     ran = await run(hands, "exec", argv=["echo", "hello"])
     assert ran.success and ran.data["stdout"] == "hello\n" and ran.metadata.sandbox == "fake"
     assert sandbox.started == [["echo", "hello"]]
+
+
+async def test_pool_limits_hold_through_the_fake_gates(tmp_path: Path) -> None:
+    import asyncio
+
+    from hands.registry import Category, ToolDefinition
+    from tests.fakes import FakePoolGates
+
+    gates = FakePoolGates({"tool:licensed": 2})
+    hands = executor(tmp_path, pool=gates)
+
+    async def licensed(_args, _ctx):
+        await asyncio.sleep(0.01)  # the work the licence covers
+        return "done"
+
+    hands.registry.register(ToolDefinition(name="licensed", description="d", parameters={"type": "object"},
+                                           handler=licensed, category=Category.SKILL))
+    results = await asyncio.gather(*(run(hands, "licensed") for _ in range(8)))
+    assert all(r.success for r in results)
+    assert gates.most["tool:licensed"] == 2 and gates.holding["tool:licensed"] == 0  # never more than the pool's 2
