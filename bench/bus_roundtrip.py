@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,16 +31,21 @@ from bus.service import run_loop  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 
 
-async def one_call(bus: Bus, inbox: ReplyInbox) -> float:
-    call = ToolExecute(tool="noop", args={}, reply_to=inbox.stream, deadline=now_ms() + 30_000)
+async def one_call(bus: Bus, inbox: ReplyInbox, tool: str = "noop") -> float:
+    call = ToolExecute(tool=tool, args={}, reply_to=inbox.stream, deadline=now_ms() + 30_000)
     started = time.perf_counter()
     result = await inbox.request(bus.keys.hands_requests, call, call.call_id, timeout=30)
     assert result.success, result
     return time.perf_counter() - started
 
 
-async def measure(url: str, *, sequential: int, total: int, in_flight: int) -> dict[str, float]:
-    bus = Bus.from_settings(RedisSettings(), url)
+async def measure(url: str, *, sequential: int, total: int, in_flight: int,
+                  settings: RedisSettings | None = None, before: Callable[[Bus], Awaitable[None]] | None = None,
+                  ) -> dict[str, float]:
+    """Sequential latency, then throughput with ``in_flight`` calls at once (``before``: a step first)."""
+    bus = Bus.from_settings(settings or RedisSettings(), url)
+    if before is not None:
+        await before(bus)
     inbox = ReplyInbox(bus, "bench", block_ms=1000)
     await inbox.start()
     try:

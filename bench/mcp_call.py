@@ -24,20 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bus_roundtrip import bench_env, wait_for_workers  # noqa: E402
+from bench.bus_roundtrip import bench_env, one_call, wait_for_workers  # noqa: E402
 from bus.config import RedisSettings  # noqa: E402
-from bus.protocol import ToolExecute, now_ms  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
 from bus.replies import ReplyInbox  # noqa: E402
 from bus.streams import Bus  # noqa: E402
-
-
-async def one_call(bus: Bus, inbox: ReplyInbox, tool: str) -> float:
-    call = ToolExecute(tool=tool, args={}, reply_to=inbox.stream, deadline=now_ms() + 30_000)
-    started = time.perf_counter()
-    result = await inbox.request(bus.keys.hands_requests, call, call.call_id, timeout=30)
-    assert result.success, result
-    return time.perf_counter() - started
 
 
 async def measure(url: str, *, rounds: int, in_flight: int, total: int) -> dict[str, dict[str, float]]:

@@ -25,12 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 from redis import Redis  # noqa: E402
 
-from bench.bus_roundtrip import bench_env  # noqa: E402
-from bench.mcp_call import one_call  # noqa: E402
+from bench.bus_roundtrip import bench_env, measure  # noqa: E402
 from bus.config import RedisSettings  # noqa: E402
 from bus.presence import alive  # noqa: E402
 from bus.redis_server import free_port  # noqa: E402
-from bus.replies import ReplyInbox  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 
 
@@ -39,31 +37,6 @@ def server(where: Path, name: str, port: int, *extra: str) -> subprocess.Popen[b
     return subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "",
                              "--appendonly", "no", "--dir", str(where / name), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-async def measure(url: str, min_replicas: int, *, sequential: int, total: int) -> dict[str, float]:
-    bus = Bus.from_settings(RedisSettings(min_replicas=min_replicas, prefix=f"wait{min_replicas}:"), url)
-    await wait_for_worker(bus)
-    inbox = ReplyInbox(bus, f"bench-wait-{min_replicas}", block_ms=1000)
-    await inbox.start()
-    try:
-        for _ in range(50):
-            await one_call(bus, inbox, "noop")
-        latencies = sorted([await one_call(bus, inbox, "noop") for _ in range(sequential)])
-        slots = asyncio.Semaphore(64)
-
-        async def bounded() -> None:
-            async with slots:
-                await one_call(bus, inbox, "noop")
-
-        started = time.perf_counter()
-        await asyncio.gather(*(bounded() for _ in range(total)))
-        elapsed = time.perf_counter() - started
-    finally:
-        await inbox.close()
-        await bus.close()
-    return {"p50": statistics.median(latencies) * 1000, "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000,
-            "rate": total / elapsed}
 
 
 def main() -> None:
@@ -94,8 +67,10 @@ def main() -> None:
                            "PINCER_REDIS__PREFIX": f"wait{setting}:"}
                     worker = subprocess.Popen([sys.executable, "-m", "hands"], env=env, cwd=ROOT)
                     try:
-                        rows[setting].append(asyncio.run(measure(url, setting, sequential=args.sequential,
-                                                                 total=args.total)))
+                        rows[setting].append(asyncio.run(measure(
+                            url, sequential=args.sequential, total=args.total, in_flight=64,
+                            settings=RedisSettings(min_replicas=setting, prefix=f"wait{setting}:"),
+                            before=wait_for_worker)))
                     finally:
                         worker.terminate()
                         worker.wait(30)
@@ -106,8 +81,9 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cpu, Python {platform.python_version()}")
     print("| redis.min_replicas | sequential p50 | p99 | calls/s, 64 in flight |\n|---|---|---|---|")
     for setting, found in rows.items():
-        print(f"| {setting} | {statistics.median(r['p50'] for r in found):.2f} ms | "
-              f"{statistics.median(r['p99'] for r in found):.2f} ms | {statistics.median(r['rate'] for r in found):.0f} |")
+        print(f"| {setting} | {statistics.median(r['p50_ms'] for r in found):.2f} ms | "
+              f"{statistics.median(r['p99_ms'] for r in found):.2f} ms | "
+              f"{statistics.median(r['calls_per_s'] for r in found):.0f} |")
 
 
 async def wait_for_worker(bus: Bus) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from bus.protocol import ErrorCode, ToolExecute
 from hands.errors import ToolFailure
-from hands.sandbox.runner import Extras, Running, RunResult
+from hands.sandbox.runner import Extras, Running, RunResult, run_to_end
 from hands.seams import Notes
 
 
@@ -72,14 +72,7 @@ class FakeSandbox:
 
     async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
                   stdin: bytes | None = None) -> RunResult:
-        running = await self.start(argv, workdir=workdir, env=env)
-        try:
-            if stdin is not None:
-                await running.write(stdin, close=True)
-            await running.wait(timeout_s)
-        finally:
-            await running.stop()
-        return running.result()
+        return await run_to_end(await self.start(argv, workdir=workdir, env=env), timeout_s=timeout_s, stdin=stdin)
 
 
 class FakePoolGates:

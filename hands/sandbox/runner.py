@@ -207,14 +207,7 @@ class Sandbox:
     async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
                   stdin: bytes | None = None) -> RunResult:
         """Run to the end (or the timeout, which kills the whole tree)."""
-        running = await self.start(argv, workdir=workdir, env=env)
-        try:
-            if stdin is not None:
-                await running.write(stdin, close=True)
-            await running.wait(timeout_s)
-        finally:
-            await running.stop()
-        return running.result()
+        return await run_to_end(await self.start(argv, workdir=workdir, env=env), timeout_s=timeout_s, stdin=stdin)
 
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
                     capture_stdout: bool = True) -> Running:
@@ -351,6 +344,17 @@ class Sandbox:
         if done.returncode != 0:
             log.warning("bubblewrap is installed but unusable here: %s", done.stderr.decode(errors="replace").strip())
         return done.returncode == 0
+
+
+async def run_to_end(running: Running, *, timeout_s: float, stdin: bytes | None = None) -> RunResult:
+    """A started command to its end (or its timeout, which kills the whole tree), then its result."""
+    try:
+        if stdin is not None:
+            await running.write(stdin, close=True)
+        await running.wait(timeout_s)
+    finally:
+        await running.stop()
+    return running.result()
 
 
 def _shim() -> list[str]:

@@ -49,6 +49,17 @@ def shoot(page, name: str, tmp_path: Path) -> Path:
     return path
 
 
+def signed_in(browser, env: dict, **options):  # type: ignore[no-untyped-def]
+    """A new browser context and page, signed in through a one-time link."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(**options)
+    page = context.new_page()
+    page.goto(sign_in_link(env))
+    expect(page.locator("#app")).to_be_visible()
+    return context, page
+
+
 def sign_in_link(env: dict) -> str:
     made = subprocess.run([sys.executable, "-m", "gateway", "open", "--print"], env={**env, "PINCER_TOKEN": OWNER_TOKEN},
                           capture_output=True, text=True, timeout=60)
@@ -144,10 +155,7 @@ def test_model_output_cannot_run_script(page_stack: dict, browser) -> None:
 def test_a_reload_mid_turn_picks_up_the_rest(page_stack: dict, browser) -> None:
     from playwright.sync_api import expect
 
-    context = browser.new_context()
-    page = context.new_page()
-    page.goto(sign_in_link(page_stack))
-    expect(page.locator("#app")).to_be_visible()
+    context, page = signed_in(browser, page_stack)
     page.locator("#text").fill("SLEEP 3")
     page.locator("#send").click()
     expect(page.locator("#stop")).to_be_enabled()  # the turn runs
@@ -159,10 +167,7 @@ def test_a_reload_mid_turn_picks_up_the_rest(page_stack: dict, browser) -> None:
 def test_another_token_sees_none_of_the_owners_sessions(page_stack: dict, browser, processes: Processes) -> None:
     from playwright.sync_api import expect
 
-    owner = browser.new_context()
-    page = owner.new_page()
-    page.goto(sign_in_link(page_stack))
-    expect(page.locator("#app")).to_be_visible()
+    owner, page = signed_in(browser, page_stack)
     page.locator("#text").fill("owner's secret plan")
     page.locator("#send").click()
     expect(page.locator(".msg.assistant").last).to_contain_text("echo: owner's secret plan")
@@ -185,10 +190,8 @@ def test_another_token_sees_none_of_the_owners_sessions(page_stack: dict, browse
 def test_small_screen_and_keyboard_only(page_stack: dict, browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
-    page = context.new_page()
-    page.goto(sign_in_link(page_stack))
-    expect(page.locator("#app")).to_be_visible()
+    context, page = signed_in(browser, page_stack, viewport={"width": 390, "height": 844}, is_mobile=True,
+                              has_touch=True)
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     page.locator("#text").focus()
     page.keyboard.type("typed only")
