@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from redis import Redis
 
+from bus.config import RedisSettings
 from bus.redis_server import free_port
+from bus.streams import Bus
+
+if TYPE_CHECKING:
+    from bus.replies import ReplyInbox
 
 
 class Topology:
@@ -104,3 +113,31 @@ def make_certificates(where: Path, ip: str) -> None:
     (where / "san.cnf").write_text(f"subjectAltName=IP:{ip},IP:127.0.0.1\n")
     openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
             "-extfile", "san.cnf", "-out", "server.crt")
+
+
+@contextlib.asynccontextmanager
+async def worker_and_caller(settings: RedisSettings, url: str, workspace: Path,
+                            name: str) -> AsyncIterator[tuple[Bus, ReplyInbox]]:
+    """A Hands worker and a caller, each on its own connection to the given Redis, once the worker is alive."""
+    from bus.presence import alive
+    from bus.replies import ReplyInbox
+    from hands.config import SHIPPED_SKILLS, HandsSettings
+    from hands.worker import HandsWorker
+    from tests.conftest import async_wait_until
+
+    worker_bus, caller_bus = Bus.from_settings(settings, url), Bus.from_settings(settings, url)
+    worker = HandsWorker(worker_bus, HandsSettings(workspace=workspace, skill_dirs=[SHIPPED_SKILLS]),
+                         worker_id=f"w-{name}", heartbeat_s=0.5)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    inbox = ReplyInbox(caller_bus, f"caller-{name}", block_ms=200)
+    try:
+        await async_wait_until(lambda: alive(caller_bus, "hands"), timeout=20, what=f"the worker ({name})")
+        await inbox.start()
+        yield caller_bus, inbox
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        await inbox.close()
+        await worker_bus.close()
+        await caller_bus.close()

@@ -12,14 +12,11 @@ from pathlib import Path
 import pytest
 
 from bus.config import RedisSettings
-from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import CONNECTION_ERRORS, Bus
-from hands.config import SHIPPED_SKILLS, HandsSettings
-from hands.worker import HandsWorker
 from tests.conftest import async_wait_until
-from tests.redis_topology import Topology
+from tests.redis_topology import Topology, worker_and_caller
 
 CALL_S = 8.0  # each call's deadline: a call lost in the failover ends then, it does not hang
 
@@ -42,14 +39,14 @@ async def test_the_pool_carries_on_after_a_failover(topology: Topology, tmp_path
     still ends at its deadline); with redis.min_replicas: 1 no acknowledged write is."""
     settings = RedisSettings(sentinels=topology.sentinels, sentinel_master=Topology.MASTER, prefix="failover:",
                              claim_idle_s=2, reap_interval_s=0.5, min_replicas=min_replicas)
-    worker_bus, caller_bus = Bus.from_settings(settings, ""), Bus.from_settings(settings, "")
     (tmp_path / "ws").mkdir()
-    worker = HandsWorker(worker_bus, HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS]),
-                         worker_id="w-failover", heartbeat_s=0.5)
-    stop = asyncio.Event()
-    running = asyncio.create_task(worker.run(stop))
-    inbox = ReplyInbox(caller_bus, "caller-failover", block_ms=200)
-    await inbox.start()
+    async with worker_and_caller(settings, "", tmp_path / "ws", "failover") as (bus, inbox):
+        outcomes = await _fail_over_under_load(topology, bus, inbox)
+    if min_replicas:
+        assert outcomes["lost"] == 0, outcomes  # every write counted as sent was on the replica
+
+
+async def _fail_over_under_load(topology: Topology, caller_bus: Bus, inbox: ReplyInbox) -> Counter[str]:
     outcomes: Counter[str] = Counter()
 
     async def one_call(n: int) -> str:
@@ -63,31 +60,21 @@ async def test_the_pool_carries_on_after_a_failover(topology: Topology, tmp_path
         assert isinstance(result, ToolResult)
         return "ok" if result.success else result.error.code.value
 
-    try:
-        await async_wait_until(lambda: alive(caller_bus, "hands"), timeout=20, what="the worker, through the sentinels")
-        before = [await one_call(n) for n in range(20)]
-        assert before == ["ok"] * 20
-        calls = [asyncio.create_task(one_call(n)) for n in range(60)]
-        await asyncio.sleep(0)  # they are on their way
-        topology.kill_primary()
-        outcomes.update(await asyncio.gather(*calls))  # every one ends: result, WORKER_LOST, TIMEOUT or lost
-        assert sum(outcomes.values()) == 60
-        assert set(outcomes) <= {"ok", ErrorCode.WORKER_LOST.value, ErrorCode.TIMEOUT.value, "lost"}, outcomes
-        await async_wait_until(lambda: topology.master_port() == topology.replica_port, timeout=30,
-                               what="the sentinels to promote the replica")
-        after: list[str] = []
+    before = [await one_call(n) for n in range(20)]
+    assert before == ["ok"] * 20
+    calls = [asyncio.create_task(one_call(n)) for n in range(60)]
+    await asyncio.sleep(0)  # they are on their way
+    topology.kill_primary()
+    outcomes.update(await asyncio.gather(*calls))  # every one ends: result, WORKER_LOST, TIMEOUT or lost
+    assert sum(outcomes.values()) == 60
+    assert set(outcomes) <= {"ok", ErrorCode.WORKER_LOST.value, ErrorCode.TIMEOUT.value, "lost"}, outcomes
+    await async_wait_until(lambda: topology.master_port() == topology.replica_port, timeout=30,
+                           what="the sentinels to promote the replica")
+    after: list[str] = []
 
-        async def settled() -> bool:
-            after.append(await one_call(len(after)))
-            return after[-5:] == ["ok"] * 5
-        await async_wait_until(settled, timeout=60, what="calls succeeding against the new primary")
-        print(f"failover (min_replicas {min_replicas}): {dict(outcomes)} of 60 calls in flight; "
-              f"{len(after) - 5} calls before the pool settled")
-        if min_replicas:
-            assert outcomes["lost"] == 0, outcomes  # every write counted as sent was on the replica
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, 30)
-        await inbox.close()
-        await worker_bus.close()
-        await caller_bus.close()
+    async def settled() -> bool:
+        after.append(await one_call(len(after)))
+        return after[-5:] == ["ok"] * 5
+    await async_wait_until(settled, timeout=60, what="calls succeeding against the new primary")
+    print(f"failover: {dict(outcomes)} of 60 calls in flight; {len(after) - 5} calls before the pool settled")
+    return outcomes

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
 import tempfile
@@ -13,15 +12,10 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bus.config import RedisSettings
-from bus.presence import alive
 from bus.protocol import ToolExecute, ToolResult, now_ms
 from bus.redis_server import free_port
-from bus.replies import ReplyInbox
 from bus.streams import Bus
-from hands.config import SHIPPED_SKILLS, HandsSettings
-from hands.worker import HandsWorker
-from tests.conftest import async_wait_until
-from tests.redis_topology import Topology, make_certificates
+from tests.redis_topology import Topology, make_certificates, worker_and_caller
 
 PASSWORD = "tls-test-secret"
 
@@ -52,29 +46,13 @@ def tls_redis() -> Iterator[tuple[int, Path]]:
 async def test_a_worker_and_a_caller_over_rediss(tls_redis: tuple[int, Path], tmp_path: Path) -> None:
     port, where = tls_redis
     url = f"rediss://:{PASSWORD}@127.0.0.1:{port}/0?ssl_ca_certs={where / 'ca.crt'}"
-    settings = RedisSettings(prefix="tls:")
-    worker_bus, caller_bus = Bus.from_settings(settings, url), Bus.from_settings(settings, url)
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "over-tls.txt").write_text("encrypted on the wire")
-    worker = HandsWorker(worker_bus, HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS]),
-                         worker_id="w-tls", heartbeat_s=0.5)
-    stop = asyncio.Event()
-    running = asyncio.create_task(worker.run(stop))
-    inbox = ReplyInbox(caller_bus, "caller-tls", block_ms=200)
-    try:
-        await async_wait_until(lambda: alive(caller_bus, "hands"), timeout=20, what="the worker over TLS")
-        await inbox.start()
+    async with worker_and_caller(RedisSettings(prefix="tls:"), url, tmp_path / "ws", "tls") as (bus, inbox):
         call = ToolExecute(tool="read_file", args={"path": "over-tls.txt"}, reply_to=inbox.stream,
                            deadline=now_ms() + 10_000)
-        result = await inbox.request(caller_bus.keys.hands_requests, call, call.call_id, timeout=10,
-                                     final=(ToolResult,))
-        assert result.success and result.data["content"] == "encrypted on the wire"
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, 30)
-        await inbox.close()
-        await worker_bus.close()
-        await caller_bus.close()
+        result = await inbox.request(bus.keys.hands_requests, call, call.call_id, timeout=10, final=(ToolResult,))
+    assert result.success and result.data["content"] == "encrypted on the wire"
 
 
 async def test_a_server_certificate_not_from_the_given_ca_is_refused(tls_redis: tuple[int, Path]) -> None:
