@@ -250,7 +250,8 @@ class Turn:
         """Run one tool call in Hands; every path ends in a result, never a hang."""
         msg = self.message
         await self._publish(ChatTool(session_id=msg.session_id, message_id=msg.message_id, call_id=call_id,
-                                     tool=call.name, status="started", summary=summary(call)))
+                                     tool=call.name, status="started", summary=summary(call),
+                                     arguments=(call.arguments or "{}")[:4000]))
         try:
             args = json.loads(call.arguments or "{}")
             if not isinstance(args, dict):
@@ -268,9 +269,12 @@ class Turn:
                 )
             else:
                 result = await self._execute(call_id, call.name, args, prior)
+        error = result.error
         await self._publish(ChatTool(
             session_id=msg.session_id, message_id=msg.message_id, call_id=call_id, tool=call.name,
-            status="finished", summary="ok" if result.success else f"{result.error.code}: {result.error.message}"[:300],  # type: ignore[union-attr]  # failed: has error
+            status="finished", summary="ok" if error is None else f"{error.code}: {error.message}"[:300],
+            error_code=None if error is None else error.code.value, duration_ms=result.metadata.duration_ms,
+            sandbox=result.metadata.sandbox,
         ))
         return result
 

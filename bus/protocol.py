@@ -280,6 +280,12 @@ class ChatTool(_ChatEvent):
     tool: str
     status: Literal["started", "progress", "finished"]
     summary: str = ""
+    # started: the arguments as the model gave them (cut at 4,000 characters);
+    # finished: the outcome's error code (None: ok), how long it ran, and where.
+    arguments: str | None = None
+    error_code: str | None = None
+    duration_ms: int | None = None
+    sandbox: str | None = None
 
 
 class ChatReply(_ChatEvent):

@@ -66,8 +66,11 @@ def describe(message: Message) -> tuple[str, dict[str, Any]] | None:
         case ChatDelta():
             return "delta", {"message_id": message.message_id, "text": message.text}
         case ChatTool():
+            extra = {k: v for k, v in (("arguments", message.arguments), ("error_code", message.error_code),
+                                       ("duration_ms", message.duration_ms), ("sandbox", message.sandbox))
+                     if v is not None}
             return "tool", {"message_id": message.message_id, "call_id": message.call_id, "tool": message.tool,
-                            "status": message.status, "summary": message.summary}
+                            "status": message.status, "summary": message.summary, **extra}
         case ApprovalRequest():
             return "approval", {"message_id": message.message_id, "approval_id": message.approval_id,
                                 "call_id": message.call_id, "tool": message.tool, "summary": message.summary,

@@ -75,7 +75,8 @@ function liveToolCard(event) {
   let card = document.querySelector(`[data-live-call="${CSS.escape(event.call_id)}"]`);
   if (!card) {
     card = el("details", { class: "tool", "data-live-call": event.call_id },
-      el("summary", {}, `… ${event.tool}`), el("div", { class: "body" }, el("pre", { class: "args" }, event.summary || "")),
+      el("summary", {}, `… ${event.tool}`), el("div", { class: "body" }, el("pre", { class: "args" },
+        event.arguments || event.summary || "")),
       el("pre", { class: "progress", hidden: "" }));
     append(card);
   }
@@ -85,9 +86,11 @@ function liveToolCard(event) {
     progress.hidden = false;
     progress.textContent = event.summary;
   } else if (event.status === "finished") {
-    const ok = event.summary === "ok";
+    const ok = !event.error_code;
+    const facts = [ok ? null : event.summary, event.duration_ms !== undefined ? `${event.duration_ms} ms` : null,
+      event.sandbox ? `sandbox ${event.sandbox}` : null].filter(Boolean).join(" · ");
     card.className = ok ? "tool" : "tool failed";
-    summary.textContent = `${ok ? "✓" : "✗"} ${event.tool}${ok ? "" : " — " + event.summary}`;
+    summary.textContent = `${ok ? "✓" : "✗"} ${event.tool}${facts ? " — " + facts : ""}`;
   }
 }
 

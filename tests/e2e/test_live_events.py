@@ -65,8 +65,9 @@ def test_a_detached_turn_is_followed_from_another_gateway_and_resumed(two_gatewa
     kinds = [e["event"] for e in seen]
     assert kinds[0] == "message" and kinds[-1] == "reply", kinds
     assert seen[0]["text"].startswith("CALL read_file") and seen[0]["message_id"] == sent["message_id"]
-    tools = [(e["tool"], e["status"]) for e in seen if e["event"] == "tool"]
-    assert ("read_file", "started") in tools and ("read_file", "finished") in tools
+    tools = {e["status"]: e for e in seen if e["event"] == "tool" and e["tool"] == "read_file"}
+    assert tools["started"]["arguments"] == '{"path": "notes.txt"}'  # what the model asked, in full
+    assert tools["finished"]["duration_ms"] >= 0 and "error_code" not in tools["finished"]
     assert "pincer-42" in seen[-1]["text"]
     ids = [e["id"] for e in seen]
     assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-")))) and len(set(ids)) == len(ids)
