@@ -18,7 +18,11 @@ from bus.streams import CONNECTION_ERRORS, Bus
 from tests.conftest import async_wait_until
 from tests.redis_topology import Topology, worker_and_caller
 
-CALL_S = 8.0  # each call's deadline: a call lost in the failover ends then, it does not hang
+CALL_S = 8.0  # each call's deadline: past it a worker answers TIMEOUT without running it
+# How long a caller waits for any answer. A failover (~1 s to notice, then an election) plus re-sends
+# with backoff, each held by WAIT's own timeout under min_replicas, can take longer than the deadline:
+# an answer that comes late is not a lost call; one that never comes is.
+PATIENCE_S = 45.0
 
 
 @pytest.fixture
@@ -53,7 +57,7 @@ async def _fail_over_under_load(topology: Topology, caller_bus: Bus, inbox: Repl
         call = ToolExecute(tool="list_directory", args={"path": "."}, reply_to=inbox.stream,
                            deadline=now_ms() + int(CALL_S * 1000), session_id=f"s{n % 4}")
         try:
-            result = await inbox.request(caller_bus.keys.hands_requests, call, call.call_id, timeout=CALL_S + 2,
+            result = await inbox.request(caller_bus.keys.hands_requests, call, call.call_id, timeout=PATIENCE_S,
                                          final=(ToolResult,))
         except (TimeoutError, *CONNECTION_ERRORS):
             return "lost"  # the request or its answer was in the primary's last unreplicated moment
