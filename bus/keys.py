@@ -20,6 +20,25 @@ class Keys:
     def hands_worker(self, worker_id: str) -> str:
         return f"{self.prefix}hands:worker:{worker_id}"
 
+    def hands_lane(self, lane: str) -> str:
+        """A lane of the pool's backlog (``category:code``, ``tool:<name>``): its stream of calls ready to
+        start. Its queues per session and counters share its hash tag (``hands/backlog.py``)."""
+        return f"{self.hands_lane_prefix}{{{lane}}}"
+
+    @property
+    def hands_lane_prefix(self) -> str:
+        return f"{self.prefix}hands:lane:"
+
+    @property
+    def hands_lanes(self) -> str:
+        """Set of the lanes any worker has read: what `pincer status` and the sweeper look at."""
+        return f"{self.prefix}hands:lanes"
+
+    @property
+    def backlog_turn(self) -> str:
+        """Whichever worker sets this (NX, one interval) answers the backlog's expired calls for the pool."""
+        return f"{self.prefix}hands:backlog-turn"
+
     @property
     def hands_control(self) -> str:
         """Broadcast to every Hands worker (each reads it all, no group): tool:cancel."""

@@ -43,6 +43,8 @@ Reply = tuple[str, Message]
 # How many times the entry being handled has been delivered (2+ means another
 # consumer, or an earlier life of this one, took it and never acknowledged it).
 delivery: ContextVar[int] = ContextVar("delivery", default=1)
+# The entry being handled (stream, entry id, fields): for a handler that moves it elsewhere itself.
+current_entry: ContextVar[tuple[str, str, dict[bytes, bytes]]] = ContextVar("current_entry")
 # Whether the entry being handled has given its slot away while it waits (GroupConsumer.set_aside).
 _aside: ContextVar[bool] = ContextVar("aside", default=False)
 Handler = Callable[[Message, str], Awaitable[Sequence[Reply]]]
@@ -122,13 +124,18 @@ class Bus:
         if stream == self.keys.dead:
             return self.settings.dead_maxlen
         if stream in (self.keys.hands_requests, self.keys.brain_inbox) or \
-                stream.startswith(self.keys.hands_worker("")):
+                stream.startswith((self.keys.hands_worker(""), self.keys.hands_lane_prefix)):
             return None
         return self.settings.reply_maxlen  # replies and the broadcast control streams
 
 
 class HandedOver(PincerError):
     """Raised by a handler that found another consumer doing its work: no reply, no ack, no dead letter."""
+
+
+class Moved(HandedOver):
+    """Raised by a handler that moved its entry to another stream and acknowledged it itself (a Hands
+    worker putting a call it cannot start now into the pool's backlog)."""
 
 
 class GroupConsumer:
@@ -146,18 +153,20 @@ class GroupConsumer:
         batch: int = 32,
         block_ms: int = 1000,
         aside: int = 0,
-        room: Callable[[], int] | None = None,
+        room: Callable[[str], int | None] | None = None,
     ) -> None:
         self.bus, self.streams, self.group, self.consumer = bus, list(streams), group, consumer
         self.handler = handler
         self.aside_limit, self._aside_count = aside, 0
         # Entries per read, as the floor reads (why 32: docs/bus.md, Scale-out and reliability).
         self.batch, self.block_ms = batch, block_ms
-        # How many more entries the handler could start at once, if it queues the rest: a read takes
-        # no more than that (at least one), so a burst is shared by the consumers with room for it
-        # instead of queueing in the first one that reads (Redis hands a whole transaction's
-        # entries to the first blocked reader).
+        # How many entries of a stream the handler could start now (None: no limit of its own). A
+        # stream without room is not read, and a read takes no more than the least room among the
+        # streams it reads: what cannot start stays in Redis for whichever consumer has room first.
         self.room = room
+        self._reading: frozenset[str] = frozenset()  # the streams of the blocking read under way
+        self._pulls: dict[str, asyncio.Task[None]] = {}  # stream -> a read of it outside the loop
+        self._pull_again: set[str] = set()
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}  # (stream, entry id) -> its handler's task
         self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
@@ -175,6 +184,24 @@ class GroupConsumer:
     def waiting(self) -> int:
         """Entries held without a slot while they wait for something else (``set_aside``)."""
         return self._aside_count
+
+    async def add_streams(self, streams: Sequence[str]) -> None:
+        """Read more streams from the next read on (their group made first)."""
+        for stream in streams:
+            if stream not in self.streams:
+                await self.bus.ensure_group(stream, self.group)
+                self.streams.append(stream)
+                self.holding.setdefault(stream, set())
+
+    def wake(self, stream: str) -> None:
+        """The handler may have room for ``stream`` again: read it now, unless the read under way
+        already includes it (a slot freed while the loop blocks on streams that have entries)."""
+        if self.stopping or stream in self._reading or stream not in self.streams:
+            return
+        if stream in self._pulls:
+            self._pull_again.add(stream)
+            return
+        self._pulls[stream] = asyncio.get_running_loop().create_task(self._pull(stream))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Read and dispatch until ``stop`` is set, then wait for in-flight work."""
@@ -207,6 +234,8 @@ class GroupConsumer:
                 log.warning("consumer group %s vanished (Redis restarted?); recreating it", self.group)
                 for stream in self.streams:
                     await self.bus.ensure_group(stream, self.group)
+            for stream in self.streams:
+                cursor.setdefault(stream, "0")  # added while running (add_streams)
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Wait for what is running; past ``timeout_s``, hand the rest back and stop it."""
@@ -265,12 +294,22 @@ class GroupConsumer:
         await self._slots.acquire()  # read only when there is room to run what we read
         free = 1 + _available(self._slots)
         self._slots.release()
-        if self.room is not None:
-            free = min(free, max(1, self.room()))
         if stop.is_set():
             return cursor
-        response = await reader.execute("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", min(self.batch, free),
-                                        "BLOCK", self.block_ms, "STREAMS", *cursor, *cursor.values())
+        count, reading = min(self.batch, free), {}
+        for stream, position in cursor.items():
+            room = self.room(stream) if self.room is not None else None
+            if room is not None and position == ">":  # our own pending entries are always read
+                if room <= 0:
+                    continue
+                count = min(count, room)
+            reading[stream] = position
+        self._reading = frozenset(reading)
+        try:
+            response = await reader.execute("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count,
+                                            "BLOCK", self.block_ms, "STREAMS", *reading, *reading.values())
+        finally:
+            self._reading = frozenset()
         for raw_stream, entries in response or []:
             stream = raw_stream.decode()
             if cursor[stream] != ">" and not entries:
@@ -284,9 +323,33 @@ class GroupConsumer:
                 # Our own pending entries (read from id 0) were delivered before: to an earlier life of us.
                 await self.dispatch(stream, raw_id.decode(), fields, times=1 if cursor[stream] == ">" else 2)
         if not response:
-            return dict.fromkeys(cursor, ">")
+            return {stream: ">" if stream in reading else position for stream, position in cursor.items()}
         await let_started_work_run(self.bus.batcher)  # their replies go out before our next read does
         return cursor
+
+    async def _pull(self, stream: str) -> None:
+        """Read new entries of one stream without blocking, as many as there is room for (``wake``)."""
+        try:
+            while True:
+                self._pull_again.discard(stream)
+                room = self.room(stream) if self.room is not None else None
+                count = min(self.batch, _available(self._slots), self.batch if room is None else room)
+                if count <= 0 or self.stopping:
+                    return
+                # execute_command, not xreadgroup: redis-py types its answer as a dict, which it is not
+                response = await self.bus.redis.execute_command(  # type: ignore[no-untyped-call]
+                    "XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, "STREAMS", stream, ">")
+                entries: list[Any] = response[0][1] if response else []
+                for raw_id, fields in entries:
+                    await self.dispatch(stream, raw_id.decode(), fields)
+                if entries:
+                    await let_started_work_run(self.bus.batcher)
+                if len(entries) < count and stream not in self._pull_again:
+                    return
+        except (*CONNECTION_ERRORS, redis_errors.ResponseError) as exc:  # the loop's next read tries again
+            log.warning("reading %s failed: %s", stream, exc)
+        finally:
+            self._pulls.pop(stream, None)
 
     async def dispatch(self, stream: str, entry_id: str, fields: dict[bytes, bytes], *, times: int = 1) -> None:
         """Run the handler for one entry in its own task (``times``: its delivery count)."""
@@ -300,6 +363,7 @@ class GroupConsumer:
         else:
             self._slots._value -= 1  # noqa: SLF001 - acquire() without its coroutine, on every message
         self.holding.setdefault(stream, set()).add(entry_id)
+        current_entry.set((stream, entry_id, fields))
         delivery.set(times)  # the task copies the context: its handler sees this count, and the trace
         trace.current.set(trace.from_entry(fields))
         self._tasks[stream, entry_id] = asyncio.get_running_loop().create_task(
@@ -313,7 +377,12 @@ class GroupConsumer:
             except asyncio.CancelledError:
                 raise
             except HandedOver as exc:  # another consumer holds the entry now: it answers and acknowledges
-                log.info("handed over %s: %s", kv(stream=stream, entry=entry_id), exc)
+                if not isinstance(exc, Moved):
+                    log.info("handed over %s: %s", kv(stream=stream, entry=entry_id), exc)
+                return
+            except CONNECTION_ERRORS as exc:  # not the message's fault: it stays pending, for a redelivery
+                log.warning("Redis away while handling %s (%s); left pending for the reaper",
+                            kv(stream=stream, entry=entry_id), exc)
                 return
             except Exception as exc:  # a handler bug must not lose the message or kill the loop
                 log.exception("handler failed %s", kv(stream=stream, entry=entry_id, type=message.type))

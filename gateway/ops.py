@@ -21,6 +21,8 @@ async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
     """The pool now; ``with_metrics``: with each instance's counters (for /metrics) as well."""
     now = time.time()
     roles: dict[str, list[dict[str, Any]]] = {}
+    backlog: dict[str, Any] = {}  # the pool's, as the worker with the freshest heartbeat measured it
+    freshest = float("inf")
     for role in ROLES:
         roles[role] = []
         for info in await instances(bus, role):
@@ -28,13 +30,19 @@ async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
             if not with_metrics:
                 info.pop("metrics", None)
             mcp = _json_field(info.pop("mcp", None))
+            lanes = _json_field(info.pop("backlog", None))
+            if role == "hands" and now - beat < freshest:
+                backlog, freshest = lanes, now - beat
             roles[role].append({**info, **({"mcp": mcp} if mcp else {}), "last_heartbeat_s": round(now - beat, 1)})
     queues = [await _stream(bus, "hands:requests", bus.keys.hands_requests, HANDS_GROUP),
               await _stream(bus, "brain:inbox", bus.keys.brain_inbox, BRAIN_GROUP)]
     async for key in bus.redis.scan_iter(match=f"{bus.keys.hands_worker('')}*", count=500, _type="stream"):
         name = key.decode()
         queues.append(await _stream(bus, name[len(bus.keys.prefix):], name, HANDS_GROUP))
-    return {"time": now, "prefix": bus.keys.prefix, "instances": roles, "streams": queues,
+    for lane in sorted(await bus.redis.smembers(bus.keys.hands_lanes)):
+        key = bus.keys.hands_lane(lane.decode() if isinstance(lane, bytes) else lane)
+        queues.append(await _stream(bus, key[len(bus.keys.prefix):], key, HANDS_GROUP))
+    return {"time": now, "prefix": bus.keys.prefix, "instances": roles, "streams": queues, "backlog": backlog,
             "dead": await bus.redis.xlen(bus.keys.dead)}
 
 

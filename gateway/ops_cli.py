@@ -94,6 +94,10 @@ async def show_status(config: Config, *, as_json: bool) -> int:
         queues.add_row(q["stream"], str(q["length"]), q["group"], str(q["consumers"]), str(q["pending"]),
                        str(q["undelivered"]), oldest)
     console.print(queues)
+    backlog = Table("lane", "ready", "waiting", "oldest", title="Backlog (calls no worker could start yet)")
+    for lane, held in found["backlog"].items():
+        backlog.add_row(lane, str(held.get("ready", "")), str(held.get("waiting", "")), f"{held.get('oldest_s', '')}s")
+    console.print(backlog if backlog.row_count else "backlog: empty")
     dead = found["dead"]
     console.print(f"dead letters: {dead}" + (" (see `pincer dead list`)" if dead else ""))
     return 0

@@ -39,7 +39,10 @@ class TimeoutSettings(Section):
 
 
 class QueueSettings(Section):
-    depth: int = Field(default=50, ge=0, le=100_000)
+    """Calls waiting for a slot: in the pool's backlog in Redis (``hands/backlog.py``), or in a worker."""
+
+    depth: int = Field(default=1000, ge=0, le=100_000)  # per live worker, for each lane of the pool
+    pool_depth: int | None = Field(default=None, ge=0)  # a lane's bound for the whole pool, when set
     wait_s: float = Field(default=30.0, gt=0)
 
 

@@ -15,16 +15,27 @@ from bus.keys import HANDS_GROUP
 from bus.log import kv
 from bus.metrics import Meter
 from bus.presence import Presence, alive
-from bus.protocol import ErrorCode, Message, ToolCancel, ToolExecute, ToolResult, ToolsAvailable, ToolsList, now_ms
+from bus.protocol import (
+    ErrorCode,
+    Message,
+    ToolCancel,
+    ToolExecute,
+    ToolProgress,
+    ToolResult,
+    ToolsAvailable,
+    ToolsList,
+    now_ms,
+)
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
-from bus.streams import CONNECTION_ERRORS, Bus, GroupConsumer, Reply, delivery
+from bus.streams import CONNECTION_ERRORS, Bus, GroupConsumer, Moved, Reply, current_entry, delivery
 from hands.approvals import ApprovalGate
 from hands.call_records import CallRecords
 from hands.config import HandsSettings
 from hands.errors import ToolFailure
 from hands.executor import Executor
 from hands.jobs import JobManager
+from hands.lanes import Lanes
 from hands.mcp.servers import McpServers
 from hands.permissions import PermissionPolicy
 from hands.pool_limits import PoolLimits
@@ -72,23 +83,24 @@ class HandsWorker:
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
                                  approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys), pool=self.pool,
-                                 progress=bus.publish, meter=self.meter)
+                                 progress=self._progress, meter=self.meter)
         self.mcp = McpServers(settings.mcp, self.registry, self.sandbox, bus=bus, worker_id=worker_id,
                               on_change=self._tools_changed)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s, details=self._details)
         self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s)
-        # Hold as many as can run or wait in the limiter's queue, no more, and read at once no more
-        # than can start (``room``): what this worker cannot take stays in the stream for the
-        # others, and a burst goes to every worker with room (QUEUE_FULL is for narrower gates).
-        running = settings.concurrency.global_
+        # A call this worker has no room for goes to the pool's backlog (hands/backlog.py); a lane's
+        # stream is read only as far as there is room in it. The consumer's own limit only bounds
+        # what is handled at once (running, parking, or waiting in the limiter's queue).
+        self.lanes = Lanes(bus, settings.queue, self.executor.limiter, self.registry, worker_id=worker_id,
+                           wake=lambda stream: self.consumer.wake(stream))
         self.consumer = GroupConsumer(
             bus,
             streams=[bus.keys.hands_requests, bus.keys.hands_worker(worker_id)],
             group=HANDS_GROUP,
             consumer=worker_id,
             handler=self.handle,
-            concurrency=running + settings.queue.depth,
-            room=lambda: self.executor.limiter.room,
+            concurrency=settings.concurrency.global_ + settings.queue.depth,
+            room=self.lanes.room_in,
         )
         self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
 
@@ -97,11 +109,20 @@ class HandsWorker:
         return {"tools": len(self.registry.names()), "in_flight": self.consumer.in_flight,
                 "running": len(self._in_flight), "capacity": self.settings.concurrency.global_,
                 "queued": self.executor.limiter.waiting, "sandbox": self.sandbox.tier,
+                "backlog": json.dumps(self.lanes.status()),
                 "metrics": self.meter.snapshot(), **({"mcp": json.dumps(self.mcp.status())} if self.mcp.connections else {})}
+
+    async def _progress(self, stream: str, progress: ToolProgress) -> None:
+        """Progress is advisory: Redis away (a restart, a failover) delays it, never fails the call."""
+        try:
+            await self.bus.publish(stream, progress)
+        except CONNECTION_ERRORS as exc:
+            log.info("progress not sent %s: %s", kv(call=progress.call_id, status=progress.status), exc)
 
     async def _tools_changed(self) -> None:
         """An MCP server's tools came or changed: a new digest tells every Brain to ask again."""
         try:
+            await self.consumer.add_streams(await self.lanes.open())
             await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
         except CONNECTION_ERRORS as exc:
             log.warning("tools digest not updated: %s", exc)
@@ -109,14 +130,25 @@ class HandsWorker:
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         match message:
             case ToolExecute():
-                owner = None
-                if stream != self.bus.keys.hands_worker(self.worker_id):  # handed to us: never handed on
-                    owner = await self._job_owner(message) if message.tool == "process" \
-                        else self.mcp.owner_elsewhere(message.tool)
-                if owner is not None:  # the job, or the stateful MCP server, runs elsewhere: its owner answers
-                    await self.bus.publish(self.bus.keys.hands_worker(owner), message)
-                    return []
-                return [(message.reply_to, await self._execute(message))]
+                gates = self.lanes.gates(message.tool)
+                if gates is None:  # a tool this worker lacks: answered at once, by the executor
+                    return await self._handle_call(message, stream)
+                self.lanes.left(stream, gates)
+                entry = current_entry.get()
+                # A call taken over from a dead worker, or handed to this one, has its own answer.
+                refused = None if delivery.get() > 1 or stream == self.bus.keys.hands_worker(self.worker_id) \
+                    else self.lanes.overdue(message, entry)
+                if refused is None and stream == self.bus.keys.hands_requests and self.lanes.room(gates) <= 0:
+                    refused = await self.lanes.park(message, entry, gates)
+                    if refused is None:
+                        raise Moved("parked in the pool's backlog")
+                if refused is not None:
+                    return [(message.reply_to, self.executor.unrun(message, refused))]
+                self.lanes.take(gates)  # before any await: the next read counts it
+                try:
+                    return await self._handle_call(message, stream)
+                finally:
+                    self.lanes.release(gates)
             case ToolsList():
                 if message.deadline is not None and message.deadline <= now_ms():
                     return []  # the asker has given up; an answer would only litter its stream
@@ -130,6 +162,15 @@ class HandsWorker:
             case _:
                 log.warning("ignored %s on %s: Hands does not handle it", message.type, stream)
                 return []
+
+    async def _handle_call(self, call: ToolExecute, stream: str) -> Sequence[Reply]:
+        owner = None
+        if stream != self.bus.keys.hands_worker(self.worker_id):  # handed to us: never handed on
+            owner = await self._job_owner(call) if call.tool == "process" else self.mcp.owner_elsewhere(call.tool)
+        if owner is not None:  # the job, or the stateful MCP server, runs elsewhere: its owner answers
+            await self.bus.publish(self.bus.keys.hands_worker(owner), call)
+            return []
+        return [(call.reply_to, await self._execute(call))]
 
     async def _execute(self, call: ToolExecute) -> ToolResult:
         """Run a call, unless (or until) a ``tool:cancel`` for it arrives."""
@@ -209,6 +250,8 @@ class HandsWorker:
         await self.control.start()
         await self.reaper.start()
         await self.pool.start()
+        await self.consumer.add_streams(await self.lanes.open())
+        await self.lanes.start()
         await self.mcp.start()
         for refusal in self.skills.refused:
             log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
@@ -219,6 +262,7 @@ class HandsWorker:
         try:
             await self.consumer.run(stop)
         finally:
+            await self.lanes.close()
             await self.mcp.close()
             await self.reaper.close()
             await self.pool.close()

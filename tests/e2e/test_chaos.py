@@ -2,7 +2,9 @@
 
 (a) 2,000 calls across 3 workers, one SIGKILLed mid-run; (b) 2,000 calls with
 Redis restarted mid-run (append-only file on); (d) SIGTERM drains a worker and
-leaves nothing pending. (c), poison entries, is in tests/integration/test_reaper.py.
+leaves nothing pending; (e) a burst of 2,000 sandboxed `exec` calls published at
+once to 3 workers waits in the pool's backlog (not refused) through a worker
+SIGKILLed and Redis restarted. (c), poison entries, is in tests/integration/test_reaper.py.
 Sizes and sleeps are small so the whole file stays within CI's budget.
 """
 
@@ -61,9 +63,10 @@ class Caller:
         self.results: dict[str, ToolResult | str] = {}
         self.sent = 0
 
-    async def call(self, tool: str, args: dict, slots: asyncio.Semaphore, deadline_s: float = 60) -> None:
+    async def call(self, tool: str, args: dict, slots: asyncio.Semaphore, deadline_s: float = 60,
+                   session: str = "") -> None:
         async with slots:
-            request = ToolExecute(tool=tool, args=args, reply_to=self.inbox.stream,
+            request = ToolExecute(tool=tool, args=args, reply_to=self.inbox.stream, session_id=session,
                                   deadline=now_ms() + int(deadline_s * 1000))
             self.sent += 1
             try:
@@ -159,9 +162,12 @@ async def test_sigterm_drains_a_worker_and_leaves_nothing_pending(bus: Bus, proc
     try:
         slots = asyncio.Semaphore(40)
         running = asyncio.gather(*(caller.call("nap", {"s": 0.5}, slots) for _ in range(40)))
-        async def holds_all() -> bool:  # the worker holds all 40 (20 running, 20 queued)
-            return (await bus.redis.xpending(bus.keys.hands_requests, "hands"))["pending"] == 40
-        await async_wait_until(holds_all, timeout=30, what="the leaving worker holding all 40 calls")
+        lane = bus.keys.hands_lane("category:skill")
+        async def holds_its_share() -> bool:  # the worker runs 20; the other 20 wait in the pool's backlog
+            pending = (await bus.redis.xpending(bus.keys.hands_requests, "hands"))["pending"]
+            return pending == 20 and int(await bus.redis.get(f"{lane}:waiting") or 0) + \
+                (await bus.redis.xinfo_groups(lane))[0]["lag"] == 20
+        await async_wait_until(holds_its_share, timeout=30, what="20 calls running and 20 in the backlog")
         processes.start("hands", name="hands-staying")
         started = time.monotonic()
         assert await asyncio.to_thread(processes.stop, leaving, signal.SIGTERM, 30) == 0
@@ -172,3 +178,45 @@ async def test_sigterm_drains_a_worker_and_leaves_nothing_pending(bus: Bus, proc
     assert all(isinstance(r, ToolResult) and r.success for r in caller.results.values())
     assert drained_in < 10  # it finished what it held rather than waiting for the drain timeout
     await nothing_pending(bus, bus.keys.hands_requests, "hands")
+    await nothing_pending(bus, lane, "hands")
+
+
+async def test_a_burst_of_2000_exec_calls_is_queued_through_a_kill_and_a_redis_restart(
+        processes: Processes, chaos_env: dict[str, str], tmp_path: Path, prefix: str, ws: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "own-redis")
+    url = server.start()
+    processes.env = {**chaos_env, "PINCER_REDIS_URL": url, "PINCER_WORKSPACE": str(ws),
+                     "PINCER_HANDS__CONCURRENCY__GLOBAL": "10",
+                     "PINCER_HANDS__CONCURRENCY__CODE": "2",
+                     "PINCER_HANDS__QUEUE__WAIT_S": "600"}  # a waiting call waits: this run is about refusals
+    bus = Bus.from_settings(RedisSettings(prefix=prefix), url)
+    caller = Caller(bus)
+    try:
+        workers = [processes.start("hands", name=f"hands-{i}") for i in range(3)]
+        await wait_for(bus, "hands", 3)
+        await caller.inbox.start()
+        everything = asyncio.Semaphore(2000)  # all published at once
+        running = asyncio.gather(*(caller.call("exec", {"command": f"echo c{i} >> ledger.txt"}, everything,
+                                               deadline_s=600, session=f"s{i % 7}") for i in range(2000)))
+        await async_wait_until(lambda: len(caller.results) >= 400, timeout=300, what="400 calls answered")
+        processes.stop(workers[0], signal.SIGKILL)  # mid-run: it holds calls it will never answer
+        await async_wait_until(lambda: len(caller.results) >= 900, timeout=300, what="900 calls answered")
+        await asyncio.to_thread(server.stop)  # SIGTERM: redis writes its append-only file and exits
+        await asyncio.to_thread(server.start)  # same port, password and data
+        await asyncio.wait_for(running, 600)
+    finally:
+        await caller.inbox.close()
+        await bus.close()
+        processes.stop_all()
+        server.stop()
+    assert len(caller.results) == 2000  # every call answered, once
+    outcomes = Counter("ok" if isinstance(r, ToolResult) and r.success else
+                       r.error.code.value if isinstance(r, ToolResult) else r for r in caller.results.values())
+    failures = {r.error.message for r in caller.results.values() if isinstance(r, ToolResult) and r.error
+                and r.error.code.value != "WORKER_LOST"}
+    assert set(outcomes) <= {"ok", "WORKER_LOST"}, (outcomes, sorted(failures)[:3])  # none refused, none timed out
+    assert outcomes["ok"] >= 1900, outcomes
+    effects = side_effects(ws / "ledger.txt")
+    assert max(effects.values()) == 1  # no side effect twice
+    assert len(effects) >= outcomes["ok"]  # every call answered ok left its line
+    print(f"burst outcomes: {dict(outcomes)}")

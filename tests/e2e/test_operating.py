@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
-from bus.protocol import ChatMessage, decode, encode
+from bus.protocol import ChatMessage, ToolExecute, decode, encode, now_ms
 from bus.streams import Bus
-from tests.conftest import Processes
+from tests.conftest import Processes, async_wait_until
 from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -48,6 +49,28 @@ async def test_status_shows_workers_queues_and_dead_letters(bus: Bus, processes:
 
     table = await run(processes, "status")
     assert table.returncode == 0 and "hands:requests" in table.stdout and "dead letters: 1" in table.stdout
+
+
+async def test_status_shows_the_pools_backlog_per_lane(bus: Bus, processes: Processes, ws: Path) -> None:
+    processes.start("hands", name="hands-0", extra_env={"PINCER_HANDS__CONCURRENCY__GLOBAL": "1",
+                                                        "PINCER_WORKSPACE": str(ws)})
+    await wait_for(bus, "hands", 1)
+    for i in range(5):  # one runs; four wait in the lane of code calls
+        await bus.publish(bus.keys.hands_requests, ToolExecute(
+            tool="exec", args={"command": "sleep 20"}, session_id=f"s{i}", reply_to="nowhere",
+            deadline=now_ms() + 60_000))
+
+    async def backlog_shown() -> dict | None:
+        found = json.loads((await run(processes, "status", "--json")).stdout)
+        lane = found["backlog"].get("category:code")
+        return found if lane and lane["ready"] + lane["waiting"] == 4 else None
+
+    found = await async_wait_until(backlog_shown, timeout=30, what="four calls in the backlog")
+    assert found["backlog"]["category:code"]["oldest_s"] > 0
+    lane = next(s for s in found["streams"] if s["stream"] == "hands:lane:{category:code}")
+    assert lane["consumers"] == 1 and lane["pending"] == 0  # nothing taken: no room
+    table = (await run(processes, "status")).stdout
+    assert "Backlog" in table and "category:code" in table
 
 
 async def test_dead_list_show_retry_and_purge(bus: Bus, processes: Processes) -> None:

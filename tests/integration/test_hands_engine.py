@@ -83,42 +83,55 @@ async def test_permission_denied_at_call_time_with_suggestions(engine, call, tmp
 # --- limits -------------------------------------------------------------------
 
 
-async def test_a_burst_beyond_a_narrow_gates_queue_is_refused_and_the_queue_drains(engine, call) -> None:
+async def test_a_burst_beyond_a_narrow_gates_backlog_is_refused_and_the_backlog_drains(bus, engine, call) -> None:
     gate = asyncio.Event()
-    worker = await engine(extra_tools=[gated("slow", gate, limit=1)])
+    worker = await engine(extra_tools=[gated("slow", gate, limit=1)], queue={"depth": 50})
     calls = [asyncio.create_task(call("slow", timeout=60)) for _ in range(60)]
     await async_wait_until(lambda: sum(t.done() for t in calls) == 9, what="9 refusals")
     refused = [t.result() for t in calls if t.done()]
     assert {r.error.code for r in refused} == {ErrorCode.QUEUE_FULL}
-    assert "50 calls are already waiting" in refused[0].error.message
-    assert worker.executor.limiter.waiting == 50
+    assert "50 calls already wait in lane tool:slow" in refused[0].error.message
+    assert "hands.queue.depth 50 x 1 live worker" in refused[0].error.message
+    assert worker.executor.limiter.waiting == 0  # they wait in Redis, not in the worker
+    lane = bus.keys.hands_lane("tool:slow")
+    assert int(await bus.redis.get(f"{lane}:waiting")) + (await bus.redis.xinfo_groups(lane))[0]["lag"] == 50
     gate.set()
     results = await asyncio.gather(*calls)
     assert sum(r.success for r in results) == 51
 
 
-async def test_a_worker_reads_no_more_than_it_can_run_or_queue_the_rest_waits_in_the_stream(
-        bus, engine, call) -> None:
+async def test_a_worker_takes_no_more_than_it_can_start_the_rest_waits_in_the_pool(bus, engine, call) -> None:
     gate = asyncio.Event()
     worker = await engine(extra_tools=[gated("slow", gate)], concurrency={"global": 1})
     calls = [asyncio.create_task(call("slow", timeout=60)) for _ in range(60)]
-    await async_wait_until(lambda: worker.executor.limiter.waiting == 50, what="the queue full")
-    await asyncio.sleep(0.2)
+    lane = bus.keys.hands_lane("category:skill")
+
+    async def backlog() -> int:
+        waiting = await bus.redis.get(f"{lane}:waiting")
+        return int(waiting or 0) + (await bus.redis.xinfo_groups(lane))[0]["lag"]
+
+    await async_wait_until(lambda: _equals(backlog(), 59), what="59 calls in the pool's backlog")
     assert not any(t.done() for t in calls)  # nothing refused: the rest is left for any worker
-    group = (await bus.redis.xinfo_groups(bus.keys.hands_requests))[0]
-    assert group["pending"] == 51 and group["lag"] == 9
+    assert (await bus.redis.xpending(bus.keys.hands_requests, "hands"))["pending"] == 1
+    assert worker.consumer.in_flight == 1 and worker.executor.limiter.waiting == 0
     gate.set()
     results = await asyncio.gather(*calls)
     assert all(r.success for r in results)
 
 
-async def test_queue_wait_expires(engine, call) -> None:
+async def _equals(value: Any, expected: Any) -> bool:
+    return await value == expected
+
+
+async def test_queue_wait_expires_in_the_pool(engine, call, tmp_path: Path) -> None:
     gate = asyncio.Event()
     worker = await engine(extra_tools=[gated("slow", gate)], concurrency={"global": 1}, queue={"wait_s": 0.3})
     first = asyncio.create_task(call("slow"))
-    await async_wait_until(lambda: worker.executor.limiter.room == 0, what="the first call holding the slot")
+    await async_wait_until(lambda: worker.lanes.room(worker.lanes.gates("slow")) == 0,
+                           what="the first call holding the slot")
     late = await call("slow")
-    assert late.error.code is ErrorCode.QUEUE_TIMEOUT and "0.3s" in late.error.message
+    assert late.error.code is ErrorCode.QUEUE_TIMEOUT and "hands.queue.wait_s (0.3s)" in late.error.message
+    assert not first.done()  # answered while the slot was still taken: it never ran
     gate.set()
     assert (await first).success
 

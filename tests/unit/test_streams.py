@@ -6,6 +6,7 @@ import asyncio
 
 import fakeredis
 import pytest
+from redis import exceptions as redis_errors
 
 from bus.config import RedisSettings
 from bus.keys import Keys
@@ -18,7 +19,7 @@ from bus.protocol import (
     now_ms,
 )
 from bus.replies import ReplyInbox
-from bus.streams import Bus, GroupConsumer
+from bus.streams import Bus, GroupConsumer, delivery
 from tests.conftest import async_wait_until, nothing_pending
 
 
@@ -119,6 +120,33 @@ async def test_a_crashing_handler_dead_letters_the_message_and_keeps_serving(fak
     await _consume_until(fake_bus, stream, handler, lambda: seen == ["c2"], "second message")
     dead = await fake_bus.redis.xrange(fake_bus.keys.dead)
     assert dead[0][1][b"dead:reason"] == b"handler crashed: RuntimeError: bug"
+
+
+async def test_a_handler_cut_off_from_redis_leaves_its_entry_pending_for_a_redelivery(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    await fake_bus.publish(stream, _execute(1))
+    tries: list[int] = []
+
+    async def handler(message, _stream):
+        tries.append(delivery.get())
+        if len(tries) == 1:  # Redis went away mid-handling (a restart): not the message's fault
+            raise redis_errors.ConnectionError("Connection closed by server.")
+        return []
+
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler, block_ms=50)
+    stop, task = await _run(consumer)
+    try:
+        await async_wait_until(lambda: tries, what="the first try")
+        pending = await fake_bus.redis.xpending(stream, "g")
+        assert pending["pending"] == 1 and await fake_bus.redis.xlen(fake_bus.keys.dead) == 0
+        assert not consumer.holding[stream]  # given up: the reaper's to hand out again
+        for raw_id, fields in (await fake_bus.redis.xrange(stream)):  # as the reaper's take-over would
+            await consumer.dispatch(stream, raw_id.decode(), fields, times=2)
+        await async_wait_until(lambda: tries == [1, 2], what="the redelivery")
+        await nothing_pending(fake_bus, stream, "g")
+    finally:
+        stop.set()
+        await task
 
 
 async def test_two_consumers_share_one_group(fake_bus: Bus) -> None:

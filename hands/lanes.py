@@ -1,0 +1,168 @@
+"""A worker's side of the pool's backlog: a call's lane, this worker's room in it, parking, upkeep.
+
+The Redis side (the lanes, the scripts) is ``hands/backlog.py``; the worker asks
+here whether a call starts now (``room``), takes its place while it runs
+(``take``/``release``), and otherwise parks it (``park``). A keeper task
+counts the live workers every half second, feeds and measures every lane of
+the pool, and, one worker per interval, sends back what waited too long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from bus.loops import every, finish
+from bus.presence import alive
+from bus.protocol import ErrorCode, ToolExecute, now_ms
+from bus.streams import Bus
+from hands.backlog import Backlog, LaneState, describe, queued_ms
+from hands.config import QueueSettings
+from hands.errors import ToolFailure
+from hands.limits import Limiter
+from hands.registry import ToolRegistry
+
+log = logging.getLogger("hands.lanes")
+
+Gates = tuple[tuple[str, int], ...]
+Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields), as bus.streams.current_entry holds it
+KEEP_INTERVAL_S = 0.5
+
+
+class Lanes:
+    def __init__(self, bus: Bus, queue: QueueSettings, limiter: Limiter, registry: ToolRegistry, *,
+                 worker_id: str, wake: Callable[[str], None]) -> None:
+        self.bus, self.queue, self.limiter, self.registry = bus, queue, limiter, registry
+        self.worker_id, self._wake = worker_id, wake
+        self.backlog = Backlog(bus, queue)
+        self.streams: dict[str, Gates] = {}  # this worker's lane streams -> their gates
+        self.states: dict[str, LaneState] = {}  # every lane of the pool, as last measured
+        self.live_workers = 1
+        # Calls taken on, per gate, counted when the worker decides (before any await): its room in
+        # a lane. The limiter's slots are taken later, as a call runs; counting here keeps one read
+        # from taking more than can start.
+        self._taken: Counter[str] = Counter()
+        self._busy: set[str] = set()  # lane streams known to hold calls: read as soon as there is room
+        self._stop = asyncio.Event()
+        self._keeper: asyncio.Task[None] | None = None
+
+    def gates(self, tool: str) -> Gates | None:
+        """The gates a call to ``tool`` passes, widest first (None for a tool this worker lacks)."""
+        if tool not in self.registry:
+            return None
+        definition = self.registry.get(tool)
+        return self.limiter.gates(definition.category, definition.name, definition.max_concurrency)
+
+    def room(self, gates: Gates) -> int:
+        taken = self._taken
+        return min(capacity - taken[gate] for gate, capacity in gates)
+
+    def room_in(self, stream: str) -> int | None:
+        """How many calls of a lane's stream this worker could start now (None: not a lane)."""
+        gates = self.streams.get(stream)
+        return None if gates is None else self.room(gates)
+
+    def take(self, gates: Gates) -> None:
+        for gate, _ in gates:
+            self._taken[gate] += 1
+
+    def release(self, gates: Gates) -> None:
+        """A call ended: its place is free, so read the lanes known to hold calls that fit now."""
+        for gate, _ in gates:
+            self._taken[gate] -= 1
+        self._wake_busy()
+
+    def _wake_busy(self) -> None:
+        for stream in self._busy:
+            if self.room(self.streams[stream]) > 0:
+                self._wake(stream)
+
+    def left(self, stream: str, gates: Gates) -> None:
+        """A call was read from ``stream``: if it is a lane's, refill the lane from its queues."""
+        if stream in self.streams:
+            self.backlog.feed_soon(gates[-1][0], self._cap(gates))
+
+    def overdue(self, call: ToolExecute, entry: Entry) -> ToolFailure | None:
+        """QUEUE_TIMEOUT for a call that waited in the pool longer than ``hands.queue.wait_s``."""
+        _stream, entry_id, fields = entry
+        waited_s = (now_ms() - queued_ms(entry_id, fields)) / 1000
+        if waited_s <= self.queue.wait_s:
+            return None
+        return ToolFailure(ErrorCode.QUEUE_TIMEOUT, f"waited {waited_s:.1f}s in the pool for a free slot, longer than "
+                           f"hands.queue.wait_s ({self.queue.wait_s:g}s); it was not run",
+                           suggestions=["try again later, or with fewer calls at once"], recoverable=True)
+
+    async def park(self, call: ToolExecute, entry: Entry, gates: Gates) -> ToolFailure | None:
+        """Put a call read from ``hands:requests`` in its lane (None: parked and acknowledged), or
+        QUEUE_FULL when the lane holds its bound."""
+        lane = gates[-1][0]
+        _stream, entry_id, fields = entry
+        for _attempt in range(2):
+            bound = self._bound()
+            held = await self.backlog.park(lane, call.session_id, entry_id, fields, cap=self._cap(gates), bound=bound)
+            if held >= 0:
+                self._busy.add(self.backlog.stream(lane))
+                return None
+            await self._count_workers()
+            if self._bound() <= bound:
+                break  # the pool did not grow since the bound was taken: it stands
+        setting = "hands.queue.pool_depth" if self.queue.pool_depth is not None else \
+            f"hands.queue.depth {self.queue.depth} x {self.live_workers} live worker{'s' * (self.live_workers > 1)}"
+        return ToolFailure(ErrorCode.QUEUE_FULL, f"the pool is busy: {-held} calls already wait in lane {lane}, "
+                           f"its bound ({setting})", suggestions=["try again in a moment, or with fewer calls at once"],
+                           recoverable=True)
+
+    def _cap(self, gates: Gates) -> int:
+        """Calls a lane's stream may hold ready: what the pool could start in it at once."""
+        return min(capacity for _, capacity in gates) * self.live_workers
+
+    def _bound(self) -> int:
+        return self.queue.pool_depth if self.queue.pool_depth is not None else self.queue.depth * self.live_workers
+
+    async def _count_workers(self) -> None:
+        self.live_workers = max(1, len(await alive(self.bus, "hands")))
+
+    async def open(self) -> list[str]:
+        """The lane streams of every tool this worker has (one per category, one per tool with a
+        limit), registered for the pool; returns them for the consumer to read."""
+        for name in self.registry.names():
+            gates = self.gates(name)
+            if gates is not None:
+                self.streams[self.backlog.stream(gates[-1][0])] = gates
+        await self.backlog.lanes([gates[-1][0] for gates in self.streams.values()])
+        return list(self.streams)
+
+    def status(self) -> dict[str, dict[str, float]]:
+        return describe(self.states, now_ms())
+
+    async def start(self) -> None:
+        await self._count_workers()
+        self._keeper = asyncio.create_task(self._keep(), name="lanes")
+
+    async def close(self) -> None:
+        await finish(self._keeper, self._stop, grace_s=5)
+
+    async def _keep(self) -> None:
+        async for _ in every(KEEP_INTERVAL_S, self._stop):
+            try:
+                await self.keep_once()
+            except (RedisError, OSError) as exc:  # Redis away: the next tick tries again
+                log.warning("backlog upkeep failed: %s", exc)
+
+    async def keep_once(self) -> None:
+        await self._count_workers()
+        expire = bool(await self.bus.redis.set(self.bus.keys.backlog_turn, self.worker_id, nx=True,
+                                               px=int(KEEP_INTERVAL_S * 1000) - 50))
+        states = {}
+        for lane in await self.backlog.lanes(()):
+            gates = self.streams.get(self.backlog.stream(lane))
+            cap = self._cap(gates) if gates is not None else 0  # a tool this worker lacks: fed by those with it
+            states[lane] = await self.backlog.keep(lane, cap=cap, expire=expire)
+        self.states = states
+        self._busy = {stream for stream, gates in self.streams.items()
+                      if (state := states.get(gates[-1][0])) is not None and (state.ready or state.waiting)}
+        self._wake_busy()
