@@ -47,24 +47,33 @@ class Lanes:
         # from taking more than can start.
         self._taken: Counter[str] = Counter()
         self._busy: set[str] = set()  # lane streams known to hold calls: read as soon as there is room
+        self._gates: dict[str, Gates] = {}  # tool -> its gates, until the tools change (open)
         self._stop = asyncio.Event()
         self._keeper: asyncio.Task[None] | None = None
 
     def gates(self, tool: str) -> Gates | None:
         """The gates a call to ``tool`` passes, widest first (None for a tool this worker lacks)."""
-        if tool not in self.registry:
-            return None
-        definition = self.registry.get(tool)
-        return self.limiter.gates(definition.category, definition.name, definition.max_concurrency)
+        gates = self._gates.get(tool)
+        if gates is None and tool in self.registry:
+            definition = self.registry.get(tool)
+            gates = self._gates[tool] = self.limiter.gates(definition.category, definition.name,
+                                                           definition.max_concurrency)
+        return gates
 
     def room(self, gates: Gates) -> int:
-        taken = self._taken
-        return min(capacity - taken[gate] for gate, capacity in gates)
+        taken, room = self._taken, 1 << 30
+        for gate, capacity in gates:  # a loop, not min() over a generator: on every call
+            room = min(room, capacity - taken[gate])
+        return room
 
     def room_in(self, stream: str) -> int | None:
-        """How many calls of a lane's stream this worker could start now (None: not a lane)."""
+        """How many calls of a lane's stream this worker should read now (None: not a lane). A lane
+        not known to hold calls is not read: a read takes no more than the least room among its
+        lanes, and an idle pool's reads stay the entrance's full batches."""
         gates = self.streams.get(stream)
-        return None if gates is None else self.room(gates)
+        if gates is None:
+            return None
+        return self.room(gates) if stream in self._busy else 0
 
     def take(self, gates: Gates) -> None:
         for gate, _ in gates:
@@ -74,7 +83,8 @@ class Lanes:
         """A call ended: its place is free, so read the lanes known to hold calls that fit now."""
         for gate, _ in gates:
             self._taken[gate] -= 1
-        self._wake_busy()
+        if self._busy:
+            self._wake_busy()
 
     def _wake_busy(self) -> None:
         for stream in self._busy:
@@ -129,6 +139,7 @@ class Lanes:
     async def open(self) -> list[str]:
         """The lane streams of every tool this worker has (one per category, one per tool with a
         limit), registered for the pool; returns them for the consumer to read."""
+        self._gates.clear()
         for name in self.registry.names():
             gates = self.gates(name)
             if gates is not None:
