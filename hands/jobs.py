@@ -17,8 +17,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.typing import EncodableT
+
 from bus.keys import Keys
 from bus.protocol import ErrorCode, now_ms
+from bus.store import RedisStore
 from hands.errors import ToolFailure
 from hands.sandbox.runner import Running
 
@@ -52,7 +55,7 @@ class Job:
 
 
 class JobManager:
-    def __init__(self, redis: Any, keys: Keys, *, worker_id: str, keep_s: float, max_per_session: int = 4,
+    def __init__(self, redis: RedisStore, keys: Keys, *, worker_id: str, keep_s: float, max_per_session: int = 4,
                  max_per_worker: int = 16) -> None:
         self.redis, self.keys, self.worker_id, self.keep_s = redis, keys, worker_id, keep_s
         self.max_per_session, self.max_per_worker = max_per_session, max_per_worker
@@ -120,7 +123,7 @@ class JobManager:
 
     async def _record(self, job: Job) -> None:
         summary = job.summary()
-        record = {"worker": self.worker_id, "session": job.session_id, "updated": now_ms(),
+        record: dict[EncodableT, EncodableT] = {"worker": self.worker_id, "session": job.session_id, "updated": now_ms(),
                   **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in summary.items()},
                   "tail": job.running.out.since(max(0, job.running.out.total - 2000))[0]}
         key = self.keys.job(job.id)

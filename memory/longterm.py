@@ -9,6 +9,7 @@ import msgpack
 from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import now_ms
+from bus.store import RedisStore
 
 Notes = list[dict[str, Any]]  # the method named list would shadow the builtin in annotations
 
@@ -18,7 +19,7 @@ class NoteRefused(PincerError, ValueError):
 
 
 class LongTermMemory:
-    def __init__(self, redis: Any, keys: Keys, *, max_chars: int = 100_000, max_notes: int = 1_000) -> None:
+    def __init__(self, redis: RedisStore, keys: Keys, *, max_chars: int = 100_000, max_notes: int = 1_000) -> None:
         self.redis, self.keys = redis, keys
         self.max_chars, self.max_notes = max_chars, max_notes
 

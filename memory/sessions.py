@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus.keys import Keys
 from bus.protocol import now_ms
+from bus.store import RedisStore
 
 
 class Marks(BaseModel):
@@ -75,7 +76,7 @@ return seq
 
 
 class SessionStore:
-    def __init__(self, redis: Any, keys: Keys) -> None:
+    def __init__(self, redis: RedisStore, keys: Keys) -> None:
         self.redis, self.keys = redis, keys
         self._claim = redis.register_script(CLAIM_AND_NUMBER)
 

@@ -10,10 +10,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import fakeredis
+
 from bus.protocol import ErrorCode, ToolExecute
+from bus.store import RedisStore
 from hands.errors import ToolFailure
 from hands.sandbox.runner import Extras, Running, RunResult, run_to_end
 from hands.seams import Notes
+
+
+def fake_redis() -> fakeredis.FakeAsyncRedis:
+    """Redis in memory (fakeredis) for unit tests: the stores' surface (``bus.store.RedisStore``) and the
+    bus's streams. No Lua (fakeredis runs scripts only with lupa): what runs a script is an integration test."""
+    return fakeredis.FakeAsyncRedis()
 
 
 class FakeNotes:
@@ -106,4 +115,5 @@ def _satisfies() -> Any:  # checked by mypy: each fake fits its seam
     approvals: ApprovalAsking = FakeApprovals(allow=True)
     sandbox: Sandboxing = FakeSandbox(Path("."))
     pool: PoolGates = FakePoolGates({})
-    return notes, approvals, sandbox, pool
+    store: RedisStore = fake_redis()
+    return notes, approvals, sandbox, pool, store

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-import fakeredis
 import pytest
 from redis.exceptions import ResponseError
 
 from bus.batching import Batcher
+from tests.fakes import fake_redis
 
 
 @pytest.fixture
 async def redis():
-    client = fakeredis.FakeAsyncRedis()
+    client = fake_redis()
     yield client
     await client.aclose()
 

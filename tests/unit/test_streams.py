@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import fakeredis
 import pytest
 from redis import exceptions as redis_errors
 
@@ -21,11 +20,12 @@ from bus.protocol import (
 from bus.replies import ReplyInbox
 from bus.streams import Bus, GroupConsumer, delivery
 from tests.conftest import async_wait_until, nothing_pending
+from tests.fakes import fake_redis
 
 
 @pytest.fixture
 async def fake_bus():
-    redis = fakeredis.FakeAsyncRedis()
+    redis = fake_redis()
     bus = Bus(redis=redis, keys=Keys("u:"), settings=RedisSettings(prefix="u:"))
     yield bus
     await bus.close()

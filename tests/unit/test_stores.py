@@ -1,0 +1,42 @@
+"""The stores on the shared Redis fake (``tests.fakes.fake_redis``): what they keep, read back and refuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from bus.keys import Keys
+from memory.longterm import LongTermMemory, NoteRefused
+from memory.sessions import SessionStore, TranscriptEntry
+from tests.fakes import fake_redis
+
+KEYS = Keys("u:")
+
+
+async def test_long_term_notes_round_trip_search_and_limits() -> None:
+    memory = LongTermMemory(fake_redis(), KEYS, max_chars=40, max_notes=2)
+    assert await memory.write("main", "todo", "buy milk") == "buy milk"
+    assert await memory.write("main", "todo", "call Ana", append=True) == "buy milk\ncall Ana"
+    await memory.write("main", "trip", "Lisbon in May")
+    assert [n["key"] for n in await memory.list("main")] == ["todo", "trip"]
+    assert [n["key"] for n in await memory.search("main", "ana milk")] == ["todo"]
+    with pytest.raises(NoteRefused, match="already keeps 2 notes"):
+        await memory.write("main", "third", "x")
+    with pytest.raises(NoteRefused, match="the limit is 40"):
+        await memory.write("main", "todo", "y" * 41)
+    assert await memory.read("main", "todo") == "buy milk\ncall Ana"  # a refused write changed nothing
+    assert await memory.read("other", "todo") is None  # agents keep separate notes
+    assert await memory.delete("main", "todo") and not await memory.delete("main", "todo")
+
+
+async def test_transcripts_append_load_list_and_delete() -> None:
+    store = SessionStore(fake_redis(), KEYS)
+    await store.append("s1", TranscriptEntry(role="user", content="hi"),
+                       TranscriptEntry(role="assistant", content="hello", metadata={"final": True}))
+    await store.append("s2", TranscriptEntry(role="user", content="yo"))
+    assert [e.content for e in await store.load("s1")] == ["hi", "hello"]
+    assert await store.ownership("s1") == ("", True)  # a transcript with no owner key: operators' only
+    assert await store.next_seq("s1") == 1 and await store.next_seq("s1") == 2
+    assert sorted(await store.list_sessions()) == ["s1", "s2"]
+    await store.delete("s1")
+    assert not await store.exists("s1") and await store.list_sessions() == ["s2"]
+    assert await store.ownership("s1") == (None, False)
