@@ -1,0 +1,1 @@
+"""An embedded local model: the weights (verified, assembled once) and, next, the server the Brain uses."""
