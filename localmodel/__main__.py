@@ -1,0 +1,29 @@
+"""``python -m localmodel serve --model PATH --port N``: the local model's server on loopback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import uvicorn
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localmodel")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a GGUF model over the OpenAI API on loopback")
+    serve.add_argument("--model", type=Path, required=True)
+    serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--context", type=int, default=8192)
+    args = parser.parse_args(argv)
+    from localmodel.llama import LlamaGenerator
+    from localmodel.server import LocalModelServer
+
+    server = LocalModelServer(LlamaGenerator(args.model, context=args.context))
+    uvicorn.run(server.app(), host="127.0.0.1", port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

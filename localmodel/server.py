@@ -1,0 +1,137 @@
+"""The local model as an OpenAI-compatible server on loopback, which the Brain uses like any provider.
+
+``POST /v1/chat/completions`` (streamed or not) and ``GET /v1/models``. The
+prompt is the model's own chat template (``localmodel/chat.py``); the model
+runs one generation at a time in a thread, so the event loop stays free. A
+reply that only calls tools that were not offered is generated once more
+with a note naming the tools there are; if it does it again, the answer is
+text saying so, never a call the caller cannot run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from localmodel.chat import Reply, TemplateFailed, parse, render
+
+MAX_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Generated:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Generator(Protocol):
+    """What runs the model: llama.cpp in the server, a script in the tests."""
+
+    name: str
+    template: str
+    stop: list[str]
+
+    def generate(self, prompt: str, *, max_tokens: int, temperature: float) -> Generated: ...
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # OpenAI's other knobs are accepted and not used
+
+    model: str = ""
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    stream: bool = False
+    max_tokens: int | None = Field(default=None, ge=1, le=8192)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=8192)
+    temperature: float = Field(default=0.2, ge=0, le=2)
+
+
+class LocalModelServer:
+    def __init__(self, generator: Generator) -> None:
+        self.generator = generator
+        self._one_at_a_time = asyncio.Lock()
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/v1/chat/completions", self.completions, methods=["POST"]),
+                                 Route("/v1/models", self.models, methods=["GET"])])
+
+    async def models(self, _request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": self.generator.name, "object": "model",
+                                                         "owned_by": "local"}]})
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            body = CompletionRequest.model_validate(json.loads(await request.body()))
+        except (ValueError, ValidationError) as exc:
+            return _error(400, f"not a chat completion request: {exc}")
+        tools = body.tools if body.tool_choice != "none" else None
+        offered = {t.get("function", {}).get("name") for t in tools or []} - {None}
+        limit = body.max_completion_tokens or body.max_tokens or MAX_TOKENS
+        try:
+            reply, usage = await self._reply(body.messages, tools, offered, limit, body.temperature)
+        except TemplateFailed as exc:
+            return _error(400, str(exc))
+        answer_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        finish = "tool_calls" if reply.tool_calls else "stop"
+        if body.stream:
+            return EventSourceResponse(self._chunks(answer_id, created, reply, finish, usage))
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        return JSONResponse({"id": answer_id, "object": "chat.completion", "created": created,
+                             "model": self.generator.name, "usage": usage,
+                             "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+
+    async def _reply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, offered: set[str],
+                     limit: int, temperature: float) -> tuple[Reply, dict[str, int]]:
+        used = {"prompt_tokens": 0, "completion_tokens": 0}
+        for attempt in range(2):
+            prompt = render(self.generator.template, messages, tools)
+            async with self._one_at_a_time:
+                generated = await asyncio.to_thread(self.generator.generate, prompt, max_tokens=limit,
+                                                    temperature=temperature)
+            used["prompt_tokens"] += generated.prompt_tokens
+            used["completion_tokens"] += generated.completion_tokens
+            reply = parse(generated.text, offered)
+            if reply.tool_calls or not reply.refused:
+                break
+            if attempt == 0:  # it called only tools that do not exist: once more, told which exist
+                messages = [*messages, {"role": "system", "content": "Those tools do not exist: " +
+                                        "; ".join(reply.refused) + ". Use one of the offered tools, or answer."}]
+            else:
+                reply = Reply(content="I could not use the tools I meant to: " + "; ".join(reply.refused) + ".")
+        return reply, {**used, "total_tokens": used["prompt_tokens"] + used["completion_tokens"]}
+
+    async def _chunks(self, answer_id: str, created: int, reply: Reply, finish: str,
+                      usage: dict[str, int]) -> AsyncIterator[str]:
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
+            return json.dumps({"id": answer_id, "object": "chat.completion.chunk", "created": created,
+                               "model": self.generator.name, **extra,
+                               "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+
+        yield chunk({"role": "assistant", "content": ""})
+        if reply.content:
+            yield chunk({"content": reply.content})
+        for index, call in enumerate(reply.tool_calls):
+            yield chunk({"tool_calls": [{"index": index, **call}]})
+        yield chunk({}, finish, usage=usage)
+        yield "[DONE]"
+
+
+def _error(status: int, message: str) -> Response:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": None}},
+                        status_code=status)

@@ -1,0 +1,111 @@
+"""The local model's OpenAI-compatible server, on loopback, through the Brain's own client (litellm's road
+and the openai SDK's) with a scripted generator in the model's place: what the Brain gets back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import uvicorn
+
+from brain.llm import LiteLLMClient
+from bus.protocol import ToolSpec
+from bus.redis_server import free_port
+from localmodel.server import Generated, LocalModelServer
+
+TEMPLATE = """{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}{% if message.tool_calls %}{{ message.tool_calls | tojson }}{% endif %}<|im_end|>
+{% endfor %}{% if tools %}TOOLS {{ tools | map(attribute='function.name') | join(',') }}
+{% endif %}<|im_start|>assistant
+"""
+TOOLS = [ToolSpec(name="read_file", description="read a file", parameters={"type": "object"})]
+
+
+class Scripted:
+    """Replies in order; keeps the prompts it was given."""
+
+    name, template, stop = "qwen-local", TEMPLATE, ["<|im_end|>"]
+
+    def __init__(self, *replies: str) -> None:
+        self.replies, self.prompts = list(replies), []
+
+    def generate(self, prompt: str, *, max_tokens: int, temperature: float) -> Generated:
+        self.prompts.append(prompt)
+        return Generated(self.replies.pop(0), prompt_tokens=len(prompt.split()), completion_tokens=5)
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator:
+    servers: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
+
+    async def start(generator: Scripted) -> str:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(LocalModelServer(generator).app(), host="127.0.0.1", port=port,
+                                               log_level="warning"))
+        servers.append((server, asyncio.create_task(server.serve())))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        return f"http://127.0.0.1:{port}/v1"
+
+    yield start
+    for server, task in servers:
+        server.should_exit = True
+        await task
+
+
+def brain_client(api_base: str, *, direct: bool) -> LiteLLMClient:
+    return LiteLLMClient(model="openai/qwen-local", api_base=api_base, api_key="local", timeout_s=20, retries=0,
+                         openai_direct=direct)
+
+
+async def ignore(_text: str) -> None:
+    return None
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["litellm", "openai-direct"])
+async def test_the_brain_gets_structured_tool_calls_then_the_answer(serve, direct: bool) -> None:
+    model = Scripted('<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call>',
+                     "The file says alpha.")
+    client = brain_client(await serve(model), direct=direct)
+    asked = [{"role": "user", "content": "What does a.txt say?"}]
+    first = await client.complete(asked, TOOLS, ignore)
+    assert [(c.name, json.loads(c.arguments)) for c in first.tool_calls] == [("read_file", {"path": "a.txt"})]
+    streamed: list[str] = []
+
+    async def keep(text: str) -> None:
+        streamed.append(text)
+
+    answered = [*asked, {"role": "assistant", "content": None, "tool_calls": [c.to_openai() for c in first.tool_calls]},
+                {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "alpha"}]
+    second = await client.complete(answered, TOOLS, keep)
+    assert second.text == "The file says alpha." and "".join(streamed) == second.text and not second.tool_calls
+    assert "TOOLS read_file" in model.prompts[0]  # the offered tools reached the model's template
+    assert '"arguments": {"path": "a.txt"}' in model.prompts[1]  # its own call, read back as an object
+    assert second.usage["completion_tokens"] == 5
+
+
+async def test_an_invented_tool_is_asked_again_then_refused_in_words(serve) -> None:
+    model = Scripted('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',
+                     '<tool_call>{"name": "read_file", "arguments": {"path": "b"}}</tool_call>',
+                     '<tool_call>{"name": "format_disk", "arguments": {}}</tool_call>',
+                     '<tool_call>{"name": "format_disk", "arguments": {}}</tool_call>')
+    client = brain_client(await serve(model), direct=True)
+    fixed = await client.complete([{"role": "user", "content": "tidy up"}], TOOLS, ignore)
+    assert [c.name for c in fixed.tool_calls] == ["read_file"]
+    assert "Those tools do not exist: 'rm_rf' is not one of the offered tools (read_file)" in model.prompts[1]
+    refused = await client.complete([{"role": "user", "content": "wipe it"}], TOOLS, ignore)
+    assert not refused.tool_calls and refused.text.startswith("I could not use the tools I meant to: 'format_disk'")
+
+
+async def test_a_malformed_request_is_told_what_is_wrong(serve) -> None:
+    api_base = await serve(Scripted())
+    async with httpx.AsyncClient() as http:
+        empty = await http.post(f"{api_base}/chat/completions", json={"model": "x", "messages": []})
+        garbage = await http.post(f"{api_base}/chat/completions", content=b"{not json")
+        listed = await http.get(f"{api_base}/models")
+    assert empty.status_code == 400 and "messages" in empty.json()["error"]["message"]
+    assert garbage.status_code == 400 and "not a chat completion request" in garbage.json()["error"]["message"]
+    assert [m["id"] for m in listed.json()["data"]] == ["qwen-local"]
