@@ -160,13 +160,15 @@ class GroupConsumer:
         self.aside_limit, self._aside_count = aside, 0
         # Entries per read, as the floor reads (why 32: docs/bus.md, Scale-out and reliability).
         self.batch, self.block_ms = batch, block_ms
-        # How many entries of a stream the handler could start now (None: no limit of its own). A
-        # stream without room is not read, and a read takes no more than the least room among the
-        # streams it reads: what cannot start stays in Redis for whichever consumer has room first.
+        # How many entries of a gated stream (``add_gated``) the handler could start now. Each gated
+        # stream is read by a loop of its own, no more than that per read and not at all without
+        # room, so what cannot start stays in Redis for whichever consumer has room first; one
+        # XREADGROUP has one COUNT for all its streams, hence a loop (and a connection) each.
         self.room = room
-        self._reading: frozenset[str] = frozenset()  # the streams of the blocking read under way
-        self._pulls: dict[str, asyncio.Task[None]] = {}  # stream -> a read of it outside the loop
-        self._pull_again: set[str] = set()
+        self._gated: dict[str, asyncio.Event] = {}  # gated stream -> set when room may have come
+        self._waiting_for_room: set[str] = set()
+        self._gated_loops: list[asyncio.Task[None]] = []
+        self._stop: asyncio.Event | None = None
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}  # (stream, entry id) -> its handler's task
         self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
@@ -185,43 +187,67 @@ class GroupConsumer:
         """Entries held without a slot while they wait for something else (``set_aside``)."""
         return self._aside_count
 
-    async def add_streams(self, streams: Sequence[str]) -> None:
-        """Read more streams from the next read on (their group made first)."""
+    async def add_gated(self, streams: Sequence[str]) -> None:
+        """Read more streams, each by a loop of its own as far as ``room`` allows (group made first)."""
         for stream in streams:
-            if stream not in self.streams:
-                await self.bus.ensure_group(stream, self.group)
-                self.streams.append(stream)
-                self.holding.setdefault(stream, set())
+            if stream in self._gated:
+                continue
+            await self.bus.ensure_group(stream, self.group)
+            self.streams.append(stream)
+            self.holding.setdefault(stream, set())
+            self._gated[stream] = asyncio.Event()
+            if self._stop is not None:
+                self._start_gated(stream, self._stop)
 
-    def wake(self, stream: str) -> None:
-        """The handler may have room for ``stream`` again: read it now, unless the read under way
-        already includes it (a slot freed while the loop blocks on streams that have entries)."""
-        if self.stopping or stream in self._reading or stream not in self.streams:
-            return
-        if stream in self._pulls:
-            self._pull_again.add(stream)
-            return
-        self._pulls[stream] = asyncio.get_running_loop().create_task(self._pull(stream))
+    def room_freed(self) -> None:
+        """The handler's room grew: the gated streams waiting for room look again."""
+        if self._waiting_for_room:
+            for stream in list(self._waiting_for_room):
+                if self.room is not None and (self.room(stream) or 0) > 0:
+                    self._gated[stream].set()
+
+    def _start_gated(self, stream: str, stop: asyncio.Event) -> None:
+        async def read() -> None:
+            reader = self.bus.reader()
+            try:
+                await self._read_until(stop, reader, {stream: "0"}, gated=stream)
+            finally:
+                await reader.aclose()
+
+        self._gated_loops.append(asyncio.get_running_loop().create_task(read(), name=f"read:{stream}"))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Read and dispatch until ``stop`` is set, then wait for in-flight work."""
         for stream in self.streams:
             await self.bus.ensure_group(stream, self.group)
+        self._stop = stop
+        for stream in self._gated:
+            self._start_gated(stream, stop)
         # After a restart, our own unacknowledged entries come first.
-        cursor = dict.fromkeys(self.streams, "0")
+        cursor = {stream: "0" for stream in self.streams if stream not in self._gated}
         reader = self.bus.reader()
         try:
             await self._read_until(stop, reader, cursor)
         finally:
             await reader.aclose()
         self.stopping = True
+        if self._gated_loops:  # each ends within one block_ms of stop
+            await asyncio.wait(self._gated_loops, timeout=self.block_ms / 1000 + 5)
         await self.drain(self.bus.settings.drain_timeout_s)
 
-    async def _read_until(self, stop: asyncio.Event, reader: HeldConnection, cursor: dict[str, str]) -> None:
+    async def _read_until(self, stop: asyncio.Event, reader: HeldConnection, cursor: dict[str, str], *,
+                          gated: str | None = None) -> None:
         failures = 0
         while not stop.is_set():
+            count = None
+            if gated is not None:
+                self._gated[gated].clear()
+                count = self.room(gated) if self.room is not None else None
+                if count is not None and count <= 0 and cursor[gated] == ">":  # own pending: always read
+                    await self._wait_for_room(gated, stop)
+                    continue
             try:
-                cursor = await self._read_once(reader, cursor, stop)
+                cursor = await self._read_once(reader, cursor, stop, count)
                 failures = 0
             except CONNECTION_ERRORS as exc:
                 delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
@@ -234,8 +260,6 @@ class GroupConsumer:
                 log.warning("consumer group %s vanished (Redis restarted?); recreating it", self.group)
                 for stream in self.streams:
                     await self.bus.ensure_group(stream, self.group)
-            for stream in self.streams:
-                cursor.setdefault(stream, "0")  # added while running (add_streams)
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Wait for what is running; past ``timeout_s``, hand the rest back and stop it."""
@@ -290,26 +314,25 @@ class GroupConsumer:
         self._aside_count -= 1
         _aside.set(False)
 
-    async def _read_once(self, reader: HeldConnection, cursor: dict[str, str], stop: asyncio.Event) -> dict[str, str]:
+    async def _wait_for_room(self, stream: str, stop: asyncio.Event) -> None:
+        self._waiting_for_room.add(stream)
+        try:  # a slot freeing sets the event (room_freed); the timeout is a safety net
+            await asyncio.wait_for(self._gated[stream].wait(), self.block_ms / 1000)
+        except TimeoutError:
+            pass
+        finally:
+            self._waiting_for_room.discard(stream)
+
+    async def _read_once(self, reader: HeldConnection, cursor: dict[str, str], stop: asyncio.Event,
+                         room: int | None = None) -> dict[str, str]:
         await self._slots.acquire()  # read only when there is room to run what we read
         free = 1 + _available(self._slots)
         self._slots.release()
         if stop.is_set():
             return cursor
-        count, reading = min(self.batch, free), {}
-        for stream, position in cursor.items():
-            room = self.room(stream) if self.room is not None else None
-            if room is not None and position == ">":  # our own pending entries are always read
-                if room <= 0:
-                    continue
-                count = min(count, room)
-            reading[stream] = position
-        self._reading = frozenset(reading)
-        try:
-            response = await reader.execute("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count,
-                                            "BLOCK", self.block_ms, "STREAMS", *reading, *reading.values())
-        finally:
-            self._reading = frozenset()
+        count = min(self.batch, free, max(room, 1) if room is not None else self.batch)
+        response = await reader.execute("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count,
+                                        "BLOCK", self.block_ms, "STREAMS", *cursor, *cursor.values())
         for raw_stream, entries in response or []:
             stream = raw_stream.decode()
             if cursor[stream] != ">" and not entries:
@@ -323,33 +346,9 @@ class GroupConsumer:
                 # Our own pending entries (read from id 0) were delivered before: to an earlier life of us.
                 await self.dispatch(stream, raw_id.decode(), fields, times=1 if cursor[stream] == ">" else 2)
         if not response:
-            return {stream: ">" if stream in reading else position for stream, position in cursor.items()}
+            return dict.fromkeys(cursor, ">")
         await let_started_work_run(self.bus.batcher)  # their replies go out before our next read does
         return cursor
-
-    async def _pull(self, stream: str) -> None:
-        """Read new entries of one stream without blocking, as many as there is room for (``wake``)."""
-        try:
-            while True:
-                self._pull_again.discard(stream)
-                room = self.room(stream) if self.room is not None else None
-                count = min(self.batch, _available(self._slots), self.batch if room is None else room)
-                if count <= 0 or self.stopping:
-                    return
-                # execute_command, not xreadgroup: redis-py types its answer as a dict, which it is not
-                response = await self.bus.redis.execute_command(  # type: ignore[no-untyped-call]
-                    "XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, "STREAMS", stream, ">")
-                entries: list[Any] = response[0][1] if response else []
-                for raw_id, fields in entries:
-                    await self.dispatch(stream, raw_id.decode(), fields)
-                if entries:
-                    await let_started_work_run(self.bus.batcher)
-                if len(entries) < count and stream not in self._pull_again:
-                    return
-        except (*CONNECTION_ERRORS, redis_errors.ResponseError) as exc:  # the loop's next read tries again
-            log.warning("reading %s failed: %s", stream, exc)
-        finally:
-            self._pulls.pop(stream, None)
 
     async def dispatch(self, stream: str, entry_id: str, fields: dict[bytes, bytes], *, times: int = 1) -> None:
         """Run the handler for one entry in its own task (``times``: its delivery count)."""

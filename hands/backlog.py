@@ -33,6 +33,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import msgpack
 from redis.asyncio.client import Pipeline
@@ -213,6 +214,13 @@ class Backlog:
         results = await self.bus.batcher.run(lambda pipe: pipe.eval(
             PARK, 1, self.bus.keys.hands_requests, self.group, base, session, entry_id, cap, bound, packed))
         return int(results[0])
+
+    async def give_back(self, stream: str, entry: tuple[str, str, dict[bytes, bytes]]) -> None:
+        """A call read from a lane's stream that this worker cannot start after all: to the stream's
+        end again and acknowledged, in one transaction (a worker blocked on the lane takes it)."""
+        _stream, entry_id, fields = entry
+        copy: dict[Any, Any] = fields  # redis-py's field type is invariant
+        await self.bus.batcher.run(lambda pipe: [pipe.xadd(stream, copy), pipe.xack(stream, self.group, entry_id)])
 
     def feed_soon(self, lane: str, cap: int) -> None:
         """Refill a lane's stream from its queues, once for every call of this loop turn that left it."""

@@ -35,9 +35,9 @@ KEEP_INTERVAL_S = 0.5
 
 class Lanes:
     def __init__(self, bus: Bus, queue: QueueSettings, limiter: Limiter, registry: ToolRegistry, *,
-                 worker_id: str, wake: Callable[[str], None]) -> None:
+                 worker_id: str, freed: Callable[[], None]) -> None:
         self.bus, self.queue, self.limiter, self.registry = bus, queue, limiter, registry
-        self.worker_id, self._wake = worker_id, wake
+        self.worker_id, self._freed = worker_id, freed
         self.backlog = Backlog(bus, queue)
         self.streams: dict[str, Gates] = {}  # this worker's lane streams -> their gates
         self.states: dict[str, LaneState] = {}  # every lane of the pool, as last measured
@@ -46,7 +46,6 @@ class Lanes:
         # a lane. The limiter's slots are taken later, as a call runs; counting here keeps one read
         # from taking more than can start.
         self._taken: Counter[str] = Counter()
-        self._busy: set[str] = set()  # lane streams known to hold calls: read as soon as there is room
         self._gates: dict[str, Gates] = {}  # tool -> its gates, until the tools change (open)
         self._stop = asyncio.Event()
         self._keeper: asyncio.Task[None] | None = None
@@ -67,29 +66,19 @@ class Lanes:
         return room
 
     def room_in(self, stream: str) -> int | None:
-        """How many calls of a lane's stream this worker should read now (None: not a lane). A lane
-        not known to hold calls is not read: a read takes no more than the least room among its
-        lanes, and an idle pool's reads stay the entrance's full batches."""
+        """How many calls of a lane's stream this worker could start now (None: not a lane)."""
         gates = self.streams.get(stream)
-        if gates is None:
-            return None
-        return self.room(gates) if stream in self._busy else 0
+        return None if gates is None else self.room(gates)
 
     def take(self, gates: Gates) -> None:
         for gate, _ in gates:
             self._taken[gate] += 1
 
     def release(self, gates: Gates) -> None:
-        """A call ended: its place is free, so read the lanes known to hold calls that fit now."""
+        """A call ended: its place is free (the lanes waiting for room look again)."""
         for gate, _ in gates:
             self._taken[gate] -= 1
-        if self._busy:
-            self._wake_busy()
-
-    def _wake_busy(self) -> None:
-        for stream in self._busy:
-            if self.room(self.streams[stream]) > 0:
-                self._wake(stream)
+        self._freed()
 
     def left(self, stream: str, gates: Gates) -> None:
         """A call was read from ``stream``: if it is a lane's, refill the lane from its queues."""
@@ -115,7 +104,6 @@ class Lanes:
             bound = self._bound()
             held = await self.backlog.park(lane, call.session_id, entry_id, fields, cap=self._cap(gates), bound=bound)
             if held >= 0:
-                self._busy.add(self.backlog.stream(lane))
                 return None
             await self._count_workers()
             if self._bound() <= bound:
@@ -174,6 +162,3 @@ class Lanes:
             cap = self._cap(gates) if gates is not None else 0  # a tool this worker lacks: fed by those with it
             states[lane] = await self.backlog.keep(lane, cap=cap, expire=expire)
         self.states = states
-        self._busy = {stream for stream, gates in self.streams.items()
-                      if (state := states.get(gates[-1][0])) is not None and (state.ready or state.waiting)}
-        self._wake_busy()

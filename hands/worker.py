@@ -92,7 +92,7 @@ class HandsWorker:
         # stream is read only as far as there is room in it. The consumer's own limit only bounds
         # what is handled at once (running, parking, or waiting in the limiter's queue).
         self.lanes = Lanes(bus, settings.queue, self.executor.limiter, self.registry, worker_id=worker_id,
-                           wake=lambda stream: self.consumer.wake(stream))
+                           freed=lambda: self.consumer.room_freed())
         self.consumer = GroupConsumer(
             bus,
             streams=[bus.keys.hands_requests, bus.keys.hands_worker(worker_id)],
@@ -122,7 +122,7 @@ class HandsWorker:
     async def _tools_changed(self) -> None:
         """An MCP server's tools came or changed: a new digest tells every Brain to ask again."""
         try:
-            await self.consumer.add_streams(await self.lanes.open())
+            await self.consumer.add_gated(await self.lanes.open())
             await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
         except CONNECTION_ERRORS as exc:
             log.warning("tools digest not updated: %s", exc)
@@ -138,10 +138,16 @@ class HandsWorker:
                 # A call taken over from a dead worker, or handed to this one, has its own answer.
                 refused = None if delivery.get() > 1 or stream == self.bus.keys.hands_worker(self.worker_id) \
                     else self.lanes.overdue(message, entry)
-                if refused is None and stream == self.bus.keys.hands_requests and self.lanes.room(gates) <= 0:
-                    refused = await self.lanes.park(message, entry, gates)
-                    if refused is None:
-                        raise Moved("parked in the pool's backlog")
+                if refused is None and self.lanes.room(gates) <= 0:
+                    if stream == self.bus.keys.hands_requests:
+                        refused = await self.lanes.park(message, entry, gates)
+                        if refused is None:
+                            raise Moved("parked in the pool's backlog")
+                    elif stream in self.lanes.streams and delivery.get() == 1:
+                        # Read by a lane loop that blocked while there was room, which calls from the
+                        # entrance have taken since: back to the lane, for a worker with room.
+                        await self.lanes.backlog.give_back(stream, entry)
+                        raise Moved("given back to its lane")
                 if refused is not None:
                     return [(message.reply_to, self.executor.unrun(message, refused))]
                 self.lanes.take(gates)  # before any await: the next read counts it
@@ -250,7 +256,7 @@ class HandsWorker:
         await self.control.start()
         await self.reaper.start()
         await self.pool.start()
-        await self.consumer.add_streams(await self.lanes.open())
+        await self.consumer.add_gated(await self.lanes.open())
         await self.lanes.start()
         await self.mcp.start()
         for refusal in self.skills.refused:

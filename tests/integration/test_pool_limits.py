@@ -33,8 +33,14 @@ def shared_tool(state: dict[str, Any]) -> ToolDefinition:
 
 
 async def _both_reading(bus: Bus) -> bool:
-    """Two consumers blocked in XREADGROUP right now: both workers are waiting for calls."""
-    return sum(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in await bus.redis.client_list()) >= 2
+    """Both workers read the entrance and the skill lane (a consumer is made by its first XREADGROUP)."""
+    for stream in (bus.keys.hands_requests, bus.keys.hands_lane("category:skill")):
+        if not await bus.redis.exists(stream):
+            return False
+        names = {c["name"] for c in await bus.redis.xinfo_consumers(stream, "hands")}
+        if not {b"w0", b"w1"} <= {n if isinstance(n, bytes) else n.encode() for n in names}:
+            return False
+    return True
 
 
 async def test_two_workers_never_run_more_than_the_pool_limit(bus: Bus, engine, call) -> None:
