@@ -99,17 +99,31 @@ CASES = [
     Case("Download https://httpbin.org/json and tell me the slideshow title.", "web_fetch", has("url", "httpbin"),
          '{"slideshow": {"title": "Sample Slide Show"}}', "Sample"),
     Case("Remember that my favourite colour is green (key: colour).", "memory_write",
-         lambda a: has("content", "green")(a), "saved", "green"),
+         lambda a: has("content", "green")(a), "saved", "colour"),
     Case("Please note for later under 'meeting': Friday 10am.", "memory_write", has("content", "friday"), "saved",
-         "Friday"),
+         "meeting"),
     Case("Store the note 'deploy on Monday' with key deploy.", "memory_write", has("content", "monday"), "saved",
-         "Monday"),
+         "deploy"),
     Case("What did I ask you to remember under 'colour'?", "memory_read", has("key", "colo"), "green", "green"),
     Case("Recall my note called meeting.", "memory_read", has("key", "meeting"), "Friday 10am", "Friday"),
     Case("Look up the note with key 'deploy'.", "memory_read", has("key", "deploy"), "deploy on Monday", "Monday"),
     Case("Read the file a.txt", "read_file", has("path", "a.txt"), "alpha", "alpha"),
     Case("Run ls -la in the workspace", "exec", has("command", "ls"), "total 8\n-rw-r--r-- a.txt", "a.txt"),
 ]
+
+
+def as_pincer_returns(case: Case, args: dict[str, Any]) -> str:
+    """The canned result shaped as Pincer's built-in tool returns it (JSON, as the Brain passes it on)."""
+    shaped: dict[str, Any] = {
+        "read_file": {"path": args.get("path"), "content": case.result},
+        "write_file": {"path": args.get("path"), "written": case.result},
+        "list_dir": {"path": args.get("path"), "entries": case.result.split("\n")},
+        "exec": {"exit_code": 0, "stdout": case.result, "stderr": ""},
+        "web_fetch": {"url": args.get("url"), "status": 200, "text": case.result},
+        "memory_write": {"key": args.get("key"), "saved": True},
+        "memory_read": {"key": args.get("key"), "content": case.result},
+    }[case.tool]
+    return json.dumps(shaped, ensure_ascii=False)
 
 
 async def run(api_base: str) -> dict[str, Any]:
@@ -131,7 +145,8 @@ async def run(api_base: str) -> dict[str, Any]:
         ok = len(calls) >= 1 and calls[0].name == case.tool and case.check(json.loads(calls[0].arguments))
         if ok:
             messages += [{"role": "assistant", "content": None, "tool_calls": [calls[0].to_openai()]},
-                         {"role": "tool", "tool_call_id": calls[0].id, "content": case.result}]
+                         {"role": "tool", "tool_call_id": calls[0].id,
+                          "content": as_pincer_returns(case, json.loads(calls[0].arguments))}]
             started = time.perf_counter()
             second = await client.complete(messages, TOOLS, ignore)
             latencies.append(time.perf_counter() - started)

@@ -8,9 +8,10 @@ reply turned back into text or structured tool calls.
   message gains ``AFTER_TOOLS`` (answer from a tool's result rather than
   calling again).
 - The reply's tool calls are read from the formats such models write:
-  ``<tool_call>{...}</tool_call>`` (Qwen2.5, Hermes), a fenced ```json block,
-  or a reply that is a bare JSON object; each is ``{"name": ..., "arguments":
-  {...}}``. A call to a tool that was not offered is refused: it never
+  ``<tool_call>{...}</tool_call>`` (Qwen2.5, Hermes; or ``<tools>``, which a
+  small model echoes from its prompt), a fenced ```json block, or a reply
+  that is a bare JSON object; each is ``{"name": ..., "arguments": {...}}``
+  or OpenAI's ``{"type": "function", "function": {...}}``. A call to a tool that was not offered is refused: it never
   reaches the caller as a call, and the reason is given so the server can
   ask again or say so. Nothing here is tied to one model beyond these
   formats, which Qwen2.5 and Hermes-style models share.
@@ -32,7 +33,8 @@ from bus.errors import PincerError
 
 AFTER_TOOLS = ("When a tool result is in the conversation, answer the user from it in plain words. "
                "Call a tool again only if the result shows an error or more is clearly needed.")
-_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+# Qwen2.5 is told <tool_call>; at 1.5B it sometimes echoes the <tools> tag of its prompt instead.
+_TAGGED = re.compile(r"<(tool_call|tools)>\s*(.*?)\s*(?:</\1>|$)", re.DOTALL)
 _FENCED = re.compile(r"```(?:json|tool_call)?\s*(\{.*?\})\s*```", re.DOTALL)
 
 
@@ -66,7 +68,7 @@ def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, 
 
 def parse(text: str, offered: set[str]) -> Reply:
     """The model's raw reply as text and tool calls; calls to tools not in ``offered`` are refused."""
-    candidates = _TAGGED.findall(text)
+    candidates = [body for _tag, body in _TAGGED.findall(text)]
     rest = _TAGGED.sub("", text) if candidates else text
     if not candidates:
         fenced = _FENCED.findall(text)
@@ -94,6 +96,8 @@ def _call(raw: str) -> tuple[str, dict[str, Any]] | None:
         data = json.loads(raw)
     except ValueError:
         return None
+    if isinstance(data, dict) and isinstance(data.get("function"), dict):  # OpenAI's own shape, echoed
+        data = data["function"]
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     arguments = data.get("arguments", data.get("parameters", {}))

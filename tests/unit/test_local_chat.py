@@ -55,6 +55,8 @@ def test_a_template_cannot_reach_outside_its_sandbox() -> None:
     'Let me look.\n```json\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n```',
     '{"name": "read_file", "arguments": "{\\"path\\": \\"a.txt\\"}"}',
     '<tool_call>{"name": "read_file", "parameters": {"path": "a.txt"}}',  # cut off before its closing tag
+    '<tools>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tools>',  # its prompt's tag, echoed
+    '<tools>{"type": "function", "function": {"name": "read_file", "arguments": {"path": "a.txt"}}}</tools>',
 ])
 def test_tool_calls_are_read_from_the_formats_small_models_write(text: str) -> None:
     reply = parse(text, {"read_file", "exec"})
