@@ -33,7 +33,6 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import msgpack
 from redis.asyncio.client import Pipeline
@@ -102,14 +101,17 @@ local function feed(base, group, cap)
 end
 """
 
-# KEYS: hands:requests. ARGV: group, lane base key, session, entry id, cap, bound, packed call.
+# KEYS: the stream the call was read from (hands:requests; the lane's own when given back). ARGV: group,
+# lane base key, session, entry id, cap, bound, packed call, 'front' to put it first in its session's queue.
 # Returns the calls the lane holds with this one, or -(what it holds) when it is full (nothing done).
 PARK = _LANE_LUA + """
 local group, base, session = ARGV[1], ARGV[2], ARGV[3]
 local held = unread(base, group) + tonumber(redis.call('GET', base .. ':waiting') or '0')
 if held >= tonumber(ARGV[6]) then return -held end
 local queue = base .. ':session:' .. session
-if redis.call('RPUSH', queue, ARGV[7]) == 1 then redis.call('RPUSH', base .. ':rotation', session) end
+if redis.call(ARGV[8] == 'front' and 'LPUSH' or 'RPUSH', queue, ARGV[7]) == 1 then
+  redis.call('RPUSH', base .. ':rotation', session)
+end
 redis.call('INCR', base .. ':waiting')
 feed(base, group, tonumber(ARGV[5]))
 redis.call('XACK', KEYS[1], group, ARGV[4])
@@ -200,9 +202,11 @@ class Backlog:
         return self.bus.keys.hands_lane(lane)
 
     async def park(self, lane: str, session: str, entry_id: str, fields: dict[bytes, bytes], *,
-                   cap: int, bound: int) -> int:
+                   cap: int, bound: int, given_back: bool = False) -> int:
         """Put a call read from ``hands:requests`` in its lane and acknowledge it, in one script.
-        Returns how many calls the lane holds with it; negative (minus what it holds) when full."""
+        Returns how many calls the lane holds with it; negative (minus what it holds) when full.
+        ``given_back``: a call read from the lane's own stream that this worker cannot start after
+        all goes back first in its session's queue."""
         queued = queued_ms(entry_id, fields)
         flat: list[bytes | int] = [queued]
         for name, value in fields.items():
@@ -211,16 +215,11 @@ class Backlog:
         flat += [QUEUED_FIELD, str(queued).encode()]
         packed = msgpack.packb(flat, use_bin_type=False)  # Redis' cmsgpack reads no bin type: raw strings
         base = self.stream(lane)
+        source = base if given_back else self.bus.keys.hands_requests
         results = await self.bus.batcher.run(lambda pipe: pipe.eval(
-            PARK, 1, self.bus.keys.hands_requests, self.group, base, session, entry_id, cap, bound, packed))
+            PARK, 1, source, self.group, base, session, entry_id, cap, bound, packed,
+            "front" if given_back else "back"))
         return int(results[0])
-
-    async def give_back(self, stream: str, entry: tuple[str, str, dict[bytes, bytes]]) -> None:
-        """A call read from a lane's stream that this worker cannot start after all: to the stream's
-        end again and acknowledged, in one transaction (a worker blocked on the lane takes it)."""
-        _stream, entry_id, fields = entry
-        copy: dict[Any, Any] = fields  # redis-py's field type is invariant
-        await self.bus.batcher.run(lambda pipe: [pipe.xadd(stream, copy), pipe.xack(stream, self.group, entry_id)])
 
     def feed_soon(self, lane: str, cap: int) -> None:
         """Refill a lane's stream from its queues, once for every call of this loop turn that left it."""

@@ -35,8 +35,12 @@ KEEP_INTERVAL_S = 0.5
 
 class Lanes:
     def __init__(self, bus: Bus, queue: QueueSettings, limiter: Limiter, registry: ToolRegistry, *,
-                 worker_id: str, freed: Callable[[], None]) -> None:
+                 worker_id: str, freed: Callable[[], None], pool_limits: dict[str, int] | None = None) -> None:
         self.bus, self.queue, self.limiter, self.registry = bus, queue, limiter, registry
+        # Pool-wide limits (hands.pool_limits): their free slots as last counted (every keeper tick), plus
+        # what this worker took and gave back since. Another worker's takes show at the next count.
+        self.pool_limits = pool_limits or {}
+        self._pool_free = dict(self.pool_limits)
         self.worker_id, self._freed = worker_id, freed
         self.backlog = Backlog(bus, queue)
         self.streams: dict[str, Gates] = {}  # this worker's lane streams -> their gates
@@ -55,14 +59,19 @@ class Lanes:
         gates = self._gates.get(tool)
         if gates is None and tool in self.registry:
             definition = self.registry.get(tool)
-            gates = self._gates[tool] = self.limiter.gates(definition.category, definition.name,
-                                                           definition.max_concurrency)
+            gates = self.limiter.gates(definition.category, definition.name, definition.max_concurrency)
+            own = f"tool:{definition.name}"
+            if own in self.pool_limits and all(gate != own for gate, _ in gates):  # its own lane, pool-wide
+                gates = (*gates, (own, self.pool_limits[own]))
+            self._gates[tool] = gates
         return gates
 
     def room(self, gates: Gates) -> int:
-        taken, room = self._taken, 1 << 30
+        taken, room, pool = self._taken, 1 << 30, self._pool_free
         for gate, capacity in gates:  # a loop, not min() over a generator: on every call
             room = min(room, capacity - taken[gate])
+            if gate in pool:
+                room = min(room, pool[gate])
         return room
 
     def room_in(self, stream: str) -> int | None:
@@ -73,11 +82,15 @@ class Lanes:
     def take(self, gates: Gates) -> None:
         for gate, _ in gates:
             self._taken[gate] += 1
+            if gate in self._pool_free:
+                self._pool_free[gate] -= 1
 
     def release(self, gates: Gates) -> None:
         """A call ended: its place is free (the lanes waiting for room look again)."""
         for gate, _ in gates:
             self._taken[gate] -= 1
+            if gate in self._pool_free:
+                self._pool_free[gate] += 1
         self._freed()
 
     def left(self, stream: str, gates: Gates) -> None:
@@ -114,6 +127,13 @@ class Lanes:
                            f"its bound ({setting})", suggestions=["try again in a moment, or with fewer calls at once"],
                            recoverable=True)
 
+    async def give_back(self, call: ToolExecute, entry: Entry, gates: Gates) -> None:
+        """A call read from its lane that this worker cannot start after all (the room it blocked
+        with was taken meanwhile): first in its session's queue again, for a worker with room."""
+        _stream, entry_id, fields = entry
+        await self.backlog.park(gates[-1][0], call.session_id, entry_id, fields, cap=self._cap(gates),
+                                bound=1 << 62, given_back=True)
+
     def _cap(self, gates: Gates) -> int:
         """Calls a lane's stream may hold ready: what the pool could start in it at once."""
         return min(capacity for _, capacity in gates) * self.live_workers
@@ -135,6 +155,23 @@ class Lanes:
         await self.backlog.lanes([gates[-1][0] for gates in self.streams.values()])
         return list(self.streams)
 
+    async def _count_pool_slots(self) -> None:
+        """Free slots of each pool-wide limit: its capacity less the leases not yet run out. A call
+        this worker took but has not yet given its lease counts against it too."""
+        if not self.pool_limits:
+            return
+        now = now_ms()
+        async with self.bus.redis.pipeline(transaction=False) as pipe:
+            for gate in self.pool_limits:
+                pipe.zcount(self.bus.keys.pool_limit(gate), now, "+inf")
+            held = await pipe.execute()
+        before = dict(self._pool_free)
+        for (gate, capacity), holders in zip(self.pool_limits.items(), held, strict=True):
+            taken_here = self._taken[gate]  # includes calls not yet holding their lease
+            self._pool_free[gate] = capacity - max(int(holders), taken_here)
+        if any(self._pool_free[gate] > before[gate] for gate in before):
+            self._freed()
+
     def status(self) -> dict[str, dict[str, float]]:
         return describe(self.states, now_ms())
 
@@ -154,6 +191,7 @@ class Lanes:
 
     async def keep_once(self) -> None:
         await self._count_workers()
+        await self._count_pool_slots()
         expire = bool(await self.bus.redis.set(self.bus.keys.backlog_turn, self.worker_id, nx=True,
                                                px=int(KEEP_INTERVAL_S * 1000) - 50))
         states = {}

@@ -92,7 +92,7 @@ class HandsWorker:
         # stream is read only as far as there is room in it. The consumer's own limit only bounds
         # what is handled at once (running, parking, or waiting in the limiter's queue).
         self.lanes = Lanes(bus, settings.queue, self.executor.limiter, self.registry, worker_id=worker_id,
-                           freed=lambda: self.consumer.room_freed())
+                           freed=lambda: self.consumer.room_freed(), pool_limits=settings.pool_limits)
         self.consumer = GroupConsumer(
             bus,
             streams=[bus.keys.hands_requests, bus.keys.hands_worker(worker_id)],
@@ -133,7 +133,6 @@ class HandsWorker:
                 gates = self.lanes.gates(message.tool)
                 if gates is None:  # a tool this worker lacks: answered at once, by the executor
                     return await self._handle_call(message, stream)
-                self.lanes.left(stream, gates)
                 entry = current_entry.get()
                 # A call taken over from a dead worker, or handed to this one, has its own answer.
                 refused = None if delivery.get() > 1 or stream == self.bus.keys.hands_worker(self.worker_id) \
@@ -146,8 +145,9 @@ class HandsWorker:
                     elif stream in self.lanes.streams and delivery.get() == 1:
                         # Read by a lane loop that blocked while there was room, which calls from the
                         # entrance have taken since: back to the lane, for a worker with room.
-                        await self.lanes.backlog.give_back(stream, entry)
+                        await self.lanes.give_back(message, entry, gates)
                         raise Moved("given back to its lane")
+                self.lanes.left(stream, gates)  # answered or run here: if from a lane, refill it
                 if refused is not None:
                     return [(message.reply_to, self.executor.unrun(message, refused))]
                 self.lanes.take(gates)  # before any await: the next read counts it

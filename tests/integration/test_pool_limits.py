@@ -13,6 +13,7 @@ from bus.streams import Bus
 from hands.config import HandsSettings
 from hands.registry import Category, ToolDefinition
 from tests.conftest import async_wait_until
+from tests.integration.conftest import gated
 
 
 def shared_tool(state: dict[str, Any]) -> ToolDefinition:
@@ -53,6 +54,24 @@ async def test_two_workers_never_run_more_than_the_pool_limit(bus: Bus, engine, 
     assert all(r.success for r in results)
     assert state["most"] == 2  # each worker alone would have run 4 (its global limit)
     assert len(state["workers"]) == 2  # and both workers took part
+
+
+async def test_calls_past_a_pool_wide_limit_wait_in_the_pool_not_in_a_worker(bus: Bus, engine, call) -> None:
+    gate = asyncio.Event()
+    worker = await engine(extra_tools=[gated("scarce", gate)], pool_limits={"tool:scarce": 1},
+                          concurrency={"global": 10})
+    calls = [asyncio.create_task(call("scarce", timeout=60)) for _ in range(5)]
+    lane = bus.keys.hands_lane("tool:scarce")  # a pool-limited tool has a lane of its own
+
+    async def four_in_the_lane() -> bool:
+        groups = await bus.redis.xinfo_groups(lane) if await bus.redis.exists(lane) else []
+        return int(await bus.redis.get(f"{lane}:waiting") or 0) + (groups[0]["lag"] if groups else 0) == 4
+
+    await async_wait_until(four_in_the_lane, what="four calls waiting in the lane")
+    assert worker.consumer.in_flight == 1  # the worker holds the one that can run, not five
+    assert (await call("read_file", {"path": "a.txt"})).success  # and the rest of its room is free
+    gate.set()
+    assert all(r.success for r in await asyncio.gather(*calls))
 
 
 async def test_a_dead_workers_lapsed_slot_is_free_and_a_live_one_is_waited_for(bus: Bus, engine, call) -> None:
