@@ -15,6 +15,7 @@ from brain.llm import LiteLLMClient
 from bus.protocol import ToolSpec
 from bus.redis_server import free_port
 from localmodel.server import Generated, LocalModelServer
+from tests.conftest import async_wait_until
 
 TEMPLATE = """{%- for message in messages %}<|im_start|>{{ message.role }}
 {{ message.content }}{% if message.tool_calls %}{{ message.tool_calls | tojson }}{% endif %}<|im_end|>
@@ -46,8 +47,7 @@ async def serve() -> AsyncIterator:
         server = uvicorn.Server(uvicorn.Config(LocalModelServer(generator).app(), host="127.0.0.1", port=port,
                                                log_level="warning"))
         servers.append((server, asyncio.create_task(server.serve())))
-        while not server.started:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: server.started, what="the local model server listening")
         return f"http://127.0.0.1:{port}/v1"
 
     yield start
