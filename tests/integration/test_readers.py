@@ -5,6 +5,7 @@ several commands as one transaction; replies come out as redis-py's pipelines gi
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -103,6 +104,9 @@ async def test_a_read_cut_short_never_leaves_its_reply_for_the_next_command(bus:
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
+    # The connection was dropped; Redis notices a closed socket on its next turn, and until then
+    # it would still hand the item to the BLPOP (to a socket nobody reads): wait for that fact.
+    await async_wait_until(lambda: _not(blocked()), timeout=10, what="Redis seeing the BLPOP's connection gone")
     await bus.redis.lpush("queue", "item")
     # Had the connection been kept, the BLPOP would have taken the item and its reply would
     # now answer the PING.
@@ -192,3 +196,7 @@ async def test_a_round_redis_refuses_while_queueing_it_is_not_applied_and_stays_
     assert "reply not written" in caplog.text and "maxmemory" in caplog.text
     assert await bus.redis.xlen("answers") == 0
     assert (await bus.redis.xpending(stream, "hands"))["pending"] == 1
+
+
+async def _not(condition: Any) -> bool:
+    return not await condition
