@@ -167,10 +167,13 @@ async def tail(bus: Bus, stream: str, *, start: str, block_ms: int,
             try:
                 response = await reader.execute("XREAD", "COUNT", 512, "BLOCK", block_ms, "STREAMS", stream, last)
                 failures = 0
-            except CONNECTION_ERRORS as exc:
+            except (redis_errors.RedisError, OSError) as exc:  # never end: its waiters would wait for ever
                 delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
                 failures += 1
-                log.warning("%s unreachable, retrying in %.2fs: %s", stream, delay, exc)
+                if isinstance(exc, CONNECTION_ERRORS):
+                    log.warning("%s unreachable, retrying in %.2fs: %s", stream, delay, exc)
+                else:
+                    log.error("reading %s refused, retrying in %.2fs: %s", stream, delay, exc)
                 await asyncio.sleep(delay)
                 continue
             for _stream, entries in response or []:

@@ -249,17 +249,20 @@ class GroupConsumer:
             try:
                 cursor = await self._read_once(reader, cursor, stop, count)
                 failures = 0
-            except CONNECTION_ERRORS as exc:
+            except Exception as exc:  # a read loop that ended would leave its streams unread, silently
                 delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
                 failures += 1
-                log.warning("redis unreachable, retrying in %.2fs: %s", delay, exc)
+                if isinstance(exc, redis_errors.ResponseError) and "NOGROUP" in str(exc):
+                    log.warning("consumer group %s vanished (Redis restarted?); recreating it", self.group)
+                    with contextlib.suppress(*CONNECTION_ERRORS):  # else the next read says NOGROUP again
+                        for stream in self.streams:
+                            await self.bus.ensure_group(stream, self.group)
+                    continue
+                if isinstance(exc, CONNECTION_ERRORS):
+                    log.warning("redis unreachable, retrying in %.2fs: %s", delay, exc)
+                else:
+                    log.exception("reading %s failed; retrying in %.2fs", ", ".join(cursor), delay)
                 await sleep_or_stop(stop, delay)
-            except redis_errors.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                log.warning("consumer group %s vanished (Redis restarted?); recreating it", self.group)
-                for stream in self.streams:
-                    await self.bus.ensure_group(stream, self.group)
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Wait for what is running; past ``timeout_s``, hand the rest back and stop it."""

@@ -11,6 +11,7 @@ Sizes and sleeps are small so the whole file stays within CI's budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
@@ -23,7 +24,7 @@ from bus.config import RedisSettings
 from bus.protocol import ToolExecute, ToolResult, now_ms
 from bus.redis_server import EmbeddedRedis
 from bus.replies import ReplyInbox
-from bus.streams import Bus
+from bus.streams import CONNECTION_ERRORS, Bus
 from tests.conftest import SHIPPED_SKILLS, Processes, async_wait_until, make_skill, nothing_pending
 from tests.e2e.conftest import wait_for
 
@@ -62,6 +63,7 @@ class Caller:
         self.bus, self.inbox = bus, ReplyInbox(bus, name, block_ms=200)
         self.results: dict[str, ToolResult | str] = {}
         self.sent = 0
+        self.waiting: set[str] = set()  # call ids sent and not yet answered
 
     async def call(self, tool: str, args: dict, slots: asyncio.Semaphore, deadline_s: float = 60,
                    session: str = "") -> None:
@@ -69,6 +71,7 @@ class Caller:
             request = ToolExecute(tool=tool, args=args, reply_to=self.inbox.stream, session_id=session,
                                   deadline=now_ms() + int(deadline_s * 1000))
             self.sent += 1
+            self.waiting.add(request.call_id)
             try:
                 result = await self.inbox.request(self.bus.keys.hands_requests, request, request.call_id,
                                                   timeout=deadline_s + 5, final=(ToolResult,))
@@ -76,6 +79,45 @@ class Caller:
                 result = "timeout"
             assert request.call_id not in self.results
             self.results[request.call_id] = result
+            self.waiting.discard(request.call_id)
+
+
+async def where_calls_wait(bus: Bus, call_ids: set[str]) -> dict[str, object]:
+    """Where in Redis the unanswered calls are: what a hung chaos run prints to be diagnosed."""
+    found: Counter[str] = Counter()
+    report: dict[str, object] = {"unanswered": len(call_ids)}
+    needles = [call_id.encode() for call_id in call_ids]
+    lanes = sorted(m.decode() for m in await bus.redis.smembers(bus.keys.hands_lanes))
+    for stream in [bus.keys.hands_requests, *(bus.keys.hands_lane(lane) for lane in lanes)]:
+        groups = await bus.redis.xinfo_groups(stream) if await bus.redis.exists(stream) else []
+        pending = await bus.redis.xpending(stream, "hands") if groups else {}
+        report[stream] = {"len": await bus.redis.xlen(stream), "groups": groups,
+                          "pending": pending.get("consumers") if pending else None}
+        held = {row["message_id"] for row in await bus.redis.xpending_range(stream, "hands", "-", "+", 10_000)} \
+            if groups else set()
+        last = groups[0]["last-delivered-id"] if groups else b"0-0"
+        for entry_id, fields in await bus.redis.xrange(stream):
+            if any(needle in b"".join(fields.values()) for needle in needles):
+                state = "pending" if entry_id in held else "unread" if _after(entry_id, last) else "acked"
+                found[f"{stream} {state}"] += 1
+    for lane in lanes:
+        base = bus.keys.hands_lane(lane)
+        for key in await bus.redis.keys(base + ":*"):
+            kind = await bus.redis.type(key)
+            if kind == b"list":
+                items = await bus.redis.lrange(key, 0, -1)
+                found[key.decode()] += sum(any(n in item for n in needles) for item in items)
+                report[key.decode()] = len(items)
+            elif kind == b"string":
+                report[key.decode()] = await bus.redis.get(key)
+    report["found"] = dict(found)
+    return report
+
+
+def _after(entry_id: bytes, last: bytes) -> bool:
+    def parts(raw: bytes) -> tuple[int, ...]:
+        return tuple(int(part) for part in raw.split(b"-"))
+    return parts(entry_id) > parts(last)
 
 
 def side_effects(log: Path) -> Counter[str]:
@@ -203,7 +245,11 @@ async def test_a_burst_of_2000_exec_calls_is_queued_through_a_kill_and_a_redis_r
         await async_wait_until(lambda: len(caller.results) >= 900, timeout=300, what="900 calls answered")
         await asyncio.to_thread(server.stop)  # SIGTERM: redis writes its append-only file and exits
         await asyncio.to_thread(server.start)  # same port, password and data
-        await asyncio.wait_for(running, 600)
+        done, _ = await asyncio.wait([running], timeout=75)
+        if not done:
+            with contextlib.suppress(*CONNECTION_ERRORS):  # a pooled connection from before the restart
+                await bus.redis.ping()
+            pytest.fail(f"calls hang: {await where_calls_wait(bus, caller.waiting)}")
     finally:
         await caller.inbox.close()
         await bus.close()

@@ -149,6 +149,31 @@ async def test_a_handler_cut_off_from_redis_leaves_its_entry_pending_for_a_redel
         await task
 
 
+async def test_a_read_that_fails_unexpectedly_is_logged_and_the_loop_reads_on(
+        fake_bus: Bus, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    stream = fake_bus.keys.hands_requests
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=None, block_ms=50)
+    read_once, failed = consumer._read_once, []
+
+    async def flaky(*args, **kwargs):
+        if not failed:  # a refusal no branch expects (say, a script's error): once
+            failed.append(True)
+            raise redis_errors.ResponseError("ERR something no one planned for")
+        return await read_once(*args, **kwargs)
+
+    monkeypatch.setattr(consumer, "_read_once", flaky)
+    seen: list[str] = []
+    consumer.handler = _recorder(seen)
+    await fake_bus.publish(stream, _execute(1))
+    stop, task = await _run(consumer)
+    try:
+        await async_wait_until(lambda: seen == ["c1"], what="the entry read after the failed read")
+    finally:
+        stop.set()
+        await task
+    assert any("reading u:hands:requests failed" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
 async def test_two_consumers_share_one_group(fake_bus: Bus) -> None:
     stream = fake_bus.keys.hands_requests
     seen: dict[str, list[str]] = {"w1": [], "w2": []}
