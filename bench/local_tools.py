@@ -1,7 +1,7 @@
 """How well the local model calls tools: 32 prompts written for it, each needing one call.
 
-For each prompt the model gets the tools below (the shapes Pincer's built-ins
-have) through `localmodel/server.py` and the Brain's own client. A case counts
+For each prompt the model gets Pincer's built-in tools (all of them, as a
+Brain offers them from a default pool) through `localmodel/server.py` and the Brain's own client. A case counts
 as right on the first try when the first reply calls the expected tool with
 arguments that pass the check, and the reply after the tool's (canned) result
 is an answer in words that uses it, not another call. Latency is per reply.
@@ -30,24 +30,14 @@ sys.path.insert(0, str(ROOT))
 from bus.protocol import ToolSpec  # noqa: E402
 
 
-def obj(**properties: str) -> dict[str, Any]:
-    return {"type": "object", "properties": {k: {"type": "string", "description": v} for k, v in properties.items()},
-            "required": list(properties)}
+def builtin_tools() -> list[ToolSpec]:
+    """The tools a Brain offers from a default Hands pool: Pincer's built-ins, as the model sees them."""
+    from hands.worker import build_registry
+
+    return build_registry().brain_view()
 
 
-TOOLS = [
-    ToolSpec(name="read_file", description="Read a text file in the workspace", parameters=obj(path="file path")),
-    ToolSpec(name="write_file", description="Write text to a file in the workspace",
-             parameters=obj(path="file path", content="text to write")),
-    ToolSpec(name="list_dir", description="List the entries of a directory in the workspace",
-             parameters=obj(path="directory path")),
-    ToolSpec(name="exec", description="Run a shell command in the sandbox and return its output",
-             parameters=obj(command="the shell command")),
-    ToolSpec(name="web_fetch", description="Fetch a web page and return its text", parameters=obj(url="http(s) URL")),
-    ToolSpec(name="memory_write", description="Remember a note under a key for later conversations",
-             parameters=obj(key="note name", content="note text")),
-    ToolSpec(name="memory_read", description="Recall the note stored under a key", parameters=obj(key="note name")),
-]
+SAME = {"exec": {"exec", "execute_shell"}}  # the same tool under two names: either is right
 
 
 @dataclass
@@ -77,11 +67,11 @@ CASES = [
     Case("Write 'done' into status.txt", "write_file", lambda a: has("path", "status.txt")(a)
          and has("content", "done")(a), "wrote 4 bytes", "status"),
     Case("Put the line 'x=1' in vars.env", "write_file", has("content", "x=1"), "wrote 3 bytes", "vars"),
-    Case("What files are in the src directory?", "list_dir", has("path", "src"), "main.py\nutil.py", "main.py"),
-    Case("List the workspace's top folder.", "list_dir", lambda a: isinstance(a.get("path"), str), "docs\nsrc",
+    Case("What files are in the src directory?", "list_directory", has("path", "src"), "main.py\nutil.py", "main.py"),
+    Case("List the workspace's top folder.", "list_directory", lambda a: isinstance(a.get("path"), str), "docs\nsrc",
          "docs"),
-    Case("Which files does the docs folder have?", "list_dir", has("path", "docs"), "index.md", "index"),
-    Case("Show me what's in the tests directory", "list_dir", has("path", "tests"), "test_a.py", "test_a"),
+    Case("Which files does the docs folder have?", "list_directory", has("path", "docs"), "index.md", "index"),
+    Case("Show me what's in the tests directory", "list_directory", has("path", "tests"), "test_a.py", "test_a"),
     Case("Run `uname -a` and tell me the kernel.", "exec", has("command", "uname"), "Linux vm 6.1.0", "Linux"),
     Case("How much disk space is free? Use df -h.", "exec", has("command", "df"), "/dev/vda 40G 12G", "40G"),
     Case("Run the command `python3 --version`", "exec", has("command", "python3", "version"), "Python 3.11.7",
@@ -117,7 +107,7 @@ def as_pincer_returns(case: Case, args: dict[str, Any]) -> str:
     shaped: dict[str, Any] = {
         "read_file": {"path": args.get("path"), "content": case.result},
         "write_file": {"path": args.get("path"), "written": case.result},
-        "list_dir": {"path": args.get("path"), "entries": case.result.split("\n")},
+        "list_directory": {"path": args.get("path"), "entries": case.result.split("\n")},
         "exec": {"exit_code": 0, "stdout": case.result, "stderr": ""},
         "web_fetch": {"url": args.get("url"), "status": 200, "text": case.result},
         "memory_write": {"key": args.get("key"), "saved": True},
@@ -129,6 +119,7 @@ def as_pincer_returns(case: Case, args: dict[str, Any]) -> str:
 async def run(api_base: str) -> dict[str, Any]:
     from brain.llm import LiteLLMClient
 
+    tools = builtin_tools()
     client = LiteLLMClient(model="openai/local", api_base=api_base, api_key="local", timeout_s=300, retries=0,
                            openai_direct=True)
 
@@ -139,16 +130,16 @@ async def run(api_base: str) -> dict[str, Any]:
     for case in CASES:
         messages: list[dict[str, Any]] = [{"role": "user", "content": case.prompt}]
         started = time.perf_counter()
-        first = await client.complete(messages, TOOLS, ignore)
+        first = await client.complete(messages, tools, ignore)
         latencies.append(time.perf_counter() - started)
         calls = first.tool_calls
-        ok = len(calls) >= 1 and calls[0].name == case.tool and case.check(json.loads(calls[0].arguments))
+        ok = len(calls) >= 1 and calls[0].name in SAME.get(case.tool, {case.tool}) and case.check(json.loads(calls[0].arguments))
         if ok:
             messages += [{"role": "assistant", "content": None, "tool_calls": [calls[0].to_openai()]},
                          {"role": "tool", "tool_call_id": calls[0].id,
                           "content": as_pincer_returns(case, json.loads(calls[0].arguments))}]
             started = time.perf_counter()
-            second = await client.complete(messages, TOOLS, ignore)
+            second = await client.complete(messages, tools, ignore)
             latencies.append(time.perf_counter() - started)
             ok = not second.tool_calls and case.expect.lower() in second.text.lower()
             detail = second.text[:80]

@@ -27,8 +27,16 @@ class AgentSettings(Section):
     context_window_tokens: int | None = Field(default=None, ge=1000)
 
 
+class LocalModelSettings(Section):
+    """The local model (``brain.model: local``), which `pincer up` runs as its own process."""
+
+    model_path: str | None = None  # None: the pinned model, assembled in the data dir
+    context_tokens: int = Field(default=8192, ge=512, le=131_072)
+
+
 class BrainSettings(Section):
-    model: str = ""
+    model: str = ""  # "local": the local model, served by `pincer up`
+    local: LocalModelSettings = Field(default_factory=LocalModelSettings)
     api_base: str | None = None
     api_key: str | None = None
     instructions: str = DEFAULT_INSTRUCTIONS

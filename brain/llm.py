@@ -31,10 +31,13 @@ PROVIDER_DEFAULTS = (
 )
 
 NOT_CONFIGURED = (
-    "No LLM model is configured. Set PINCER_MODEL to any litellm model string (e.g. openai/gpt-4o-mini) "
-    "and the provider's key (e.g. OPENAI_API_KEY), or brain.model in config.yaml; for a local "
-    "OpenAI-compatible server also set PINCER_LLM_API_BASE (e.g. http://127.0.0.1:11434/v1)."
+    "No LLM model is configured. Either set PINCER_MODEL to any litellm model string (e.g. openai/gpt-4o-mini) "
+    "and the provider's key (e.g. OPENAI_API_KEY), or brain.model in config.yaml; or, for a local "
+    "OpenAI-compatible server, also set PINCER_LLM_API_BASE (e.g. http://127.0.0.1:11434/v1); or run "
+    "`pincer up --local-model` for a small model on this machine with no key (its first start fetches "
+    "about 1.1 GB and builds llama.cpp's bindings, about 5 minutes; brain.model: local is served by `pincer up`)."
 )
+LOCAL = "local"  # brain.model: the local model, which only `pincer up` serves (it gives the Brain its address)
 
 
 class LLMError(PincerError):
@@ -71,6 +74,8 @@ class LLMClient(Protocol):
 
 
 def resolve_model(configured: str, env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+    if configured == LOCAL:
+        return None  # not served here: `pincer up` hands the Brain the local server's address instead
     if configured:
         return configured
     return next((model for key, model in PROVIDER_DEFAULTS if env.get(key)), None)

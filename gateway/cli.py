@@ -27,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers to start (default 1)")
     up.add_argument("-d", "--detach", action="store_true",
                     help="run in the background; return once the stack is ready")
+    up.add_argument("--local-model", action="store_true",
+                    help="chat with a small model on this machine, no key needed (brain.model: local); the first "
+                    "start fetches ~1.1 GB and builds llama.cpp's bindings (~5 min), later starts are offline")
     up.add_argument("--listen", metavar="ADDR", help="the embedded Redis also on ADDR, for Hands workers on other "
                     "hosts (TLS only: needs redis.tls_cert_file and redis.tls_key_file)")
 
@@ -278,12 +281,14 @@ def _up(args: argparse.Namespace, config: Config) -> int:
     env = dict(os.environ)
     if config.source is not None:
         env["PINCER_CONFIG"] = str(Path(config.source).resolve())
-    argv = ["up", "--hands", str(args.hands)]
+    argv = ["up", "--hands", str(args.hands), *(["--local-model"] if args.local_model else [])]
     if args.detach:
         from gateway.daemon import detach
 
-        return detach(argv, data_dir=config.runtime.data_path, log_dir=config.runtime.logs_path, env=env)
-    return asyncio.run(Supervisor(config, hands=args.hands, env=env, argv=argv).run())
+        # A first local-model start installs and fetches for minutes: wait for it, saying so.
+        return detach(argv, data_dir=config.runtime.data_path, log_dir=config.runtime.logs_path, env=env,
+                      **({"timeout_s": 1800} if args.local_model else {}))
+    return asyncio.run(Supervisor(config, hands=args.hands, env=env, argv=argv, local_model=args.local_model).run())
 
 
 def _stop(args: argparse.Namespace, config: Config) -> int:

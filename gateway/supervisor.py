@@ -24,14 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brain.config import BrainSettings
+from brain.llm import LOCAL, NOT_CONFIGURED, resolve_model
 from bus.config import Config, ConfigError, RedisSettings
 from bus.private_file import write_private
 from bus.process_guard import die_with_parent
-from bus.redis_server import EmbeddedRedis
+from bus.redis_server import EmbeddedRedis, free_port
 from gateway.config import GatewaySettings
 from gateway.daemon import AlreadyRunning, DaemonState, DataDirLock, Proc, StateFile, start_time, this_process
 from gateway.logfiles import RoleLog
 from gateway.tokens import TokenError, ensure_owner_token, owner_token_path
+from localmodel.provision import prepare
+from localmodel.weights import WeightsError
 
 QUICK_EXIT_S = 5.0
 MAX_QUICK_EXITS = 3
@@ -92,8 +96,12 @@ def embedded_redis(settings: RedisSettings, data_dir: Path) -> EmbeddedRedis:
 
 
 class Supervisor:
-    def __init__(self, config: Config, *, hands: int, env: dict[str, str], argv: list[str]) -> None:
+    def __init__(self, config: Config, *, hands: int, env: dict[str, str], argv: list[str],
+                 local_model: bool = False) -> None:
         self.config, self.hands, self.env, self.argv = config, hands, env, argv
+        self.brain = config.section("brain", BrainSettings)
+        self.local_model = local_model or self.brain.model == LOCAL
+        self.model_file: Path | None = None
         self.gateway = config.section("gateway", GatewaySettings)
         self.runtime = config.runtime
         self.redis: EmbeddedRedis | None = None
@@ -115,6 +123,15 @@ class Supervisor:
             return 1
         try:
             self.state_file.write(self.state)
+            if self.local_model:
+                try:  # before any child: the first start installs and fetches for minutes
+                    self.model_file = await asyncio.to_thread(
+                        prepare, self.runtime.data_path, self.brain.local.model_path, say, progress=sys.stdout.isatty())
+                except WeightsError as exc:
+                    say(f"error: the local model is not ready: {exc}")
+                    return 1
+            elif not self.brain.api_base and resolve_model(self.brain.model, self.env) is None:
+                say(f"warning: {NOT_CONFIGURED}")
             return await self._run()
         finally:
             self.state_file.remove()
@@ -141,13 +158,27 @@ class Supervisor:
         else:
             say("using the Redis at redis.url")
         module = [sys.executable, "-m", "gateway"]
-        children = [Child("gateway", [*module, "gateway"], self._gateway_env(), role="gateway"),
-                    Child("brain", [*module, "brain"], role="brain")]
+        children, brain_env = [], {}
+        if self.model_file is not None:
+            port = free_port()
+            children.append(Child("model", [sys.executable, "-m", "localmodel", "serve", "--model", str(self.model_file),
+                                            "--port", str(port), "--context", str(self.brain.local.context_tokens)],
+                                  role="model"))
+            # Loopback never goes through a proxy the environment names for the internet.
+            bypass = ",".join(filter(None, [env.get("NO_PROXY") or env.get("no_proxy"), "127.0.0.1", "localhost"]))
+            brain_env = {"PINCER_MODEL": f"openai/{LOCAL}", "PINCER_LLM_API_BASE": f"http://127.0.0.1:{port}/v1",
+                         "PINCER_LLM_API_KEY": LOCAL, "NO_PROXY": bypass, "no_proxy": bypass}
+        children += [Child("gateway", [*module, "gateway"], self._gateway_env(), role="gateway"),
+                     Child("brain", [*module, "brain"], brain_env, role="brain")]
         children += [Child(f"hands-{i}", [*module, "hands"], role="hands") for i in range(1, self.hands + 1)]
         try:
             for child in children:
                 await self._start(child, env)
-            watchers = [asyncio.create_task(self._watch(child, env)) for child in children]
+                if child.name == "model" and not await self._model_answers(child, brain_env["PINCER_LLM_API_BASE"]):
+                    self.failed = "the local model's server did not start (see its lines above)"
+                    self.stop.set()
+                    break
+            watchers = [asyncio.create_task(self._watch(child, env)) for child in children if child.process]
             announce = asyncio.create_task(self._announce())
             await self.stop.wait()
             announce.cancel()
@@ -227,6 +258,17 @@ class Supervisor:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(child.pump, 2)
 
+    async def _model_answers(self, child: Child, api_base: str) -> bool:
+        """Wait while the model loads (seconds) until its server answers, or its process ends."""
+        while not self.stop.is_set():
+            if child.process is None or child.process.returncode is not None:
+                return False
+            if await asyncio.to_thread(_health, f"{api_base}/models"):
+                say(f"local model serving on {api_base}")
+                return True
+            await asyncio.sleep(0.5)
+        return False
+
     async def _announce(self) -> None:
         """Say where the Gateway listens once it answers."""
         url = self.gateway.url
@@ -241,11 +283,14 @@ class Supervisor:
             await asyncio.sleep(0.5)
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
+
+
 def _health(url: str) -> dict[str, Any]:
     """The Gateway's /healthz answer (503 included), or {} while it does not answer. urllib, not httpx:
     the supervisor stays small (httpx with its CLI's imports is ~9 MB of an idle daemon)."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with _DIRECT.open(url, timeout=2) as response:
             body = response.read()
     except urllib.error.HTTPError as refused:
         body = refused.read()

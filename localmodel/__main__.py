@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--context", type=int, default=8192)
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     from localmodel.llama import LlamaGenerator
     from localmodel.server import LocalModelServer
 

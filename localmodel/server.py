@@ -3,15 +3,19 @@
 ``POST /v1/chat/completions`` (streamed or not) and ``GET /v1/models``. The
 prompt is the model's own chat template (``localmodel/chat.py``); the model
 runs one generation at a time in a thread, so the event loop stays free. A
-reply that only calls tools that were not offered is generated once more
-with a note naming the tools there are; if it does it again, the answer is
-text saying so, never a call the caller cannot run.
+reply the handler finds wrong (``chat.review``: only tools that were not
+offered, arguments that do not fit, the call just answered made again, a tool
+named instead of called) is generated once more with a note saying what was
+wrong; calls to tools that were not offered never reach the caller (twice
+over, the answer is text saying so), the rest goes out as the second try
+gives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,9 +29,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from localmodel.chat import Reply, TemplateFailed, parse, render
+from localmodel.chat import Reply, TemplateFailed, parse, render, review
 
 MAX_TOKENS = 1024
+log = logging.getLogger("localmodel")
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     max_tokens: int | None = Field(default=None, ge=1, le=8192)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=8192)
-    temperature: float = Field(default=0.2, ge=0, le=2)
+    temperature: float = Field(default=0.0, ge=0, le=2)  # greedy unless asked: steadier tool calls
 
 
 class LocalModelServer:
@@ -99,20 +104,22 @@ class LocalModelServer:
     async def _reply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, offered: set[str],
                      limit: int, temperature: float) -> tuple[Reply, dict[str, int]]:
         used = {"prompt_tokens": 0, "completion_tokens": 0}
+        asked = messages
         for attempt in range(2):
-            prompt = render(self.generator.template, messages, tools)
+            prompt = render(self.generator.template, asked, tools)
             async with self._one_at_a_time:
                 generated = await asyncio.to_thread(self.generator.generate, prompt, max_tokens=limit,
                                                     temperature=temperature)
             used["prompt_tokens"] += generated.prompt_tokens
             used["completion_tokens"] += generated.completion_tokens
             reply = parse(generated.text, offered)
-            if reply.tool_calls or not reply.refused:
+            note = review(reply, messages, tools)
+            if note is None:
                 break
-            if attempt == 0:  # it called only tools that do not exist: once more, told which exist
-                messages = [*messages, {"role": "system", "content": "Those tools do not exist: " +
-                                        "; ".join(reply.refused) + ". Use one of the offered tools, or answer."}]
-            else:
+            log.info("asking again (attempt %d): %s", attempt + 1, note)
+            if attempt == 0:  # once more, told what was wrong
+                asked = [*messages, {"role": "system", "content": note}]
+            elif reply.refused and not reply.tool_calls:  # only invented tools, twice: said in words, never passed on
                 reply = Reply(content="I could not use the tools I meant to: " + "; ".join(reply.refused) + ".")
         return reply, {**used, "total_tokens": used["prompt_tokens"] + used["completion_tokens"]}
 

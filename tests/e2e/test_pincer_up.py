@@ -78,8 +78,22 @@ def test_without_a_model_up_starts_and_chat_explains_what_to_configure(processes
     chat = processes.run("chat", "-m", "hello")
     assert chat.returncode == 1
     assert "MODEL_NOT_CONFIGURED" in chat.stderr and "PINCER_MODEL" in chat.stderr
+    assert "pincer up --local-model" in chat.stderr  # the way with no key at all, and what it downloads
+    said = (processes.tmp_path / "up-nomodel.log").read_text()
+    assert "warning: No LLM model is configured" in said and "--local-model" in said  # said at start too
     assert up.poll() is None  # nothing crashed
     assert processes.stop(up) == 0
+
+
+def test_a_local_model_that_cannot_chat_stops_startup_saying_why(processes: Processes, up_env: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    not_a_model = tmp_path / "weights.gguf"
+    not_a_model.write_text("surely a model")
+    up = processes.run("up", "--local-model", timeout=60,
+                       extra_env={"PINCER_BRAIN__LOCAL__MODEL_PATH": str(not_a_model)})
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert f"the local model is not ready: brain.local.model_path: {not_a_model} is not a GGUF model file" in up.stdout
+    assert "embedded Redis" not in up.stdout  # refused before anything started
 
 
 def test_a_bad_config_stops_startup_with_one_clear_message(processes: Processes, up_env: dict[str, str]) -> None:

@@ -109,3 +109,18 @@ async def test_a_malformed_request_is_told_what_is_wrong(serve) -> None:
     assert empty.status_code == 400 and "messages" in empty.json()["error"]["message"]
     assert garbage.status_code == 400 and "not a chat completion request" in garbage.json()["error"]["message"]
     assert [m["id"] for m in listed.json()["data"]] == ["qwen-local"]
+
+
+async def test_arguments_that_do_not_fit_are_asked_for_again_and_a_second_misfit_passes_on(serve) -> None:
+    strict = [ToolSpec(name="read_file", description="read a file", parameters={
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})]
+    echoed = '<tool_call>{"name": "read_file", "arguments": {"type": "object"}}</tool_call>'
+    model = Scripted(echoed, '<tool_call>{"name": "read_file", "arguments": {"path": "a.txt"}}</tool_call>',
+                     echoed, echoed)
+    client = brain_client(await serve(model), direct=False)
+    fixed = await client.complete([{"role": "user", "content": "read a.txt"}], strict, ignore)
+    assert [json.loads(c.arguments) for c in fixed.tool_calls] == [{"path": "a.txt"}]
+    assert "does not fit its parameters: 'path' is a required property" in model.prompts[1]
+    passed = await client.complete([{"role": "user", "content": "read a.txt"}], strict, ignore)
+    # Twice wrong: the call goes to the Brain, whose tools answer with the validation error to fix.
+    assert [json.loads(c.arguments) for c in passed.tool_calls] == [{"type": "object"}]

@@ -1,0 +1,99 @@
+"""Making the local model ready: what is said up front, what is checked every start, clear refusals."""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from localmodel import provision
+from localmodel.provision import BUILD_REQUIREMENTS, RUNTIME_REQUIREMENTS, ProvisionError, prepare
+from localmodel.weights import MODEL_FILE, WeightsError
+
+
+def gguf(path: Path, metadata: dict[str, str]) -> Path:
+    """A GGUF holding only string metadata (version 3, no tensors)."""
+    def text(value: str) -> bytes:
+        return struct.pack("<Q", len(value.encode())) + value.encode()
+
+    body = b"".join(text(k) + struct.pack("<I", 8) + text(v) for k, v in metadata.items())
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(metadata)) + body)
+    return path
+
+
+@pytest.fixture
+def said() -> list[str]:
+    return []
+
+
+def test_a_first_start_says_what_it_fetches_and_its_sizes_before_doing_it(
+        tmp_path: Path, said: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    done: list[str] = []
+    monkeypatch.setattr(provision, "runtime_installed", lambda: False)
+    monkeypatch.setattr(provision, "install_runtime", lambda say: done.append(f"runtime after {len(said)} lines"))
+    monkeypatch.setattr(provision, "fetch_weights", lambda model, say, progress: done.append(f"weights {model.name}"))
+    monkeypatch.setattr(provision, "verify", lambda model: done.append("verified"))
+    assert prepare(tmp_path, None, said.append) == tmp_path / "models" / MODEL_FILE
+    assert done == ["runtime after 1 lines", f"weights {MODEL_FILE}", "verified"]
+    assert "llama-cpp-python 0.3.36 (a 77 MB source release" in said[0] and "1.04 GiB to fetch" in said[0]
+    assert "Later starts are quick and offline" in said[0]
+
+
+def test_a_later_start_only_checks_the_pinned_file(tmp_path: Path, said: list[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provision, "runtime_installed", lambda: True)
+    model = tmp_path / "models" / MODEL_FILE
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF but not the pinned bytes")
+    with pytest.raises(WeightsError, match=r"is not the pinned model .* delete it to assemble it again"):
+        prepare(tmp_path, None, said.append)
+    assert not [line for line in said if "fetches" in line]  # nothing fetched, nothing said about it
+
+
+def test_a_gguf_of_ones_own_is_used_as_it_is_when_it_can_chat(tmp_path: Path, said: list[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provision, "runtime_installed", lambda: True)
+    own = gguf(tmp_path / "mine.gguf", {"general.name": "mine", "tokenizer.chat_template": "{{ messages }}"})
+    assert prepare(tmp_path, str(own), said.append) == own
+    assert said == [f"local model: {own} (your own GGUF: used as it is)"]
+    assert not (tmp_path / "models").exists()  # the pinned model is not fetched for it
+
+
+@pytest.mark.parametrize(("make", "error"), [
+    (lambda d: d / "absent.gguf", "brain.local.model_path: no file at"),
+    (lambda d: (d / "notes.txt").write_text("hello") and d / "notes.txt", "is not a GGUF model file"),
+    (lambda d: gguf(d / "base.gguf", {"general.name": "base"}), "carries no chat template"),
+])
+def test_a_gguf_of_ones_own_that_cannot_chat_is_refused_saying_why(tmp_path: Path, make, error: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provision, "runtime_installed", lambda: True)
+    with pytest.raises(ProvisionError, match=error):
+        prepare(tmp_path, str(make(tmp_path)), lambda _line: None)
+
+
+def test_building_the_runtime_without_a_compiler_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provision.shutil, "which", lambda tool: None if tool == "cmake" else f"/usr/bin/{tool}")
+    with pytest.raises(ProvisionError, match=r"needs cmake, not found: .*apt install build-essential cmake"):
+        provision.install_runtime(lambda _line: None)
+
+
+def test_a_failing_pip_is_reported_with_its_last_lines(tmp_path: Path, said: list[str]) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("print('Collecting llama-cpp-python'); print('ERROR: THESE PACKAGES DO NOT MATCH THE HASHES')\n"
+                      "raise SystemExit(1)\n")
+    with pytest.raises(ProvisionError, match=r"exit 1.*DO NOT MATCH THE HASHES"):
+        provision._run(["python3", str(script)], said.append)
+    assert said == ["  pip: Collecting llama-cpp-python", "  pip: ERROR: THESE PACKAGES DO NOT MATCH THE HASHES"]
+
+
+@pytest.mark.parametrize("path", [RUNTIME_REQUIREMENTS, BUILD_REQUIREMENTS], ids=["runtime", "build"])
+def test_every_requirement_of_the_extra_is_pinned_by_version_and_hash(path: Path) -> None:
+    text = path.read_text()
+    requirements = re.findall(r"^([A-Za-z0-9_.-]+)(\S*) \\\n((?:\s+--hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", text, re.M)
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith(("#", "--hash"))]
+    assert len(requirements) == len(lines) >= 3  # every requirement line has hashes after it
+    assert all(pin.startswith("==") for _name, pin, _hashes in requirements)
+    if path == RUNTIME_REQUIREMENTS:
+        assert ("llama-cpp-python", "==0.3.36") in [(name, pin) for name, pin, _ in requirements]
