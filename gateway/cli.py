@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     service.add_argument("--dry-run", action="store_true", help="print the units instead of writing them")
     service.add_argument("--system", action="store_true", help="system units in /etc/systemd/system (root)")
     service.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers pincer.service starts")
+    service.add_argument("--local-model", action="store_true", help="pincer.service runs `pincer up --local-model`")
 
     mcp = sub.add_parser("mcp", help="MCP: `pincer mcp serve` offers the pool's tools to any MCP client")
     mcp.add_argument("action", choices=["serve"])
@@ -173,7 +174,8 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             validate_all(config)
             source = Path(config.source).resolve() if config.source and args.config else None
             return service.install(hands=args.hands, system=args.system, dry_run=args.dry_run,
-                                   stop_timeout_s=int(config.redis.drain_timeout_s + 30), config=source)
+                                   stop_timeout_s=int(config.redis.drain_timeout_s + 30), config=source,
+                                   local_model=args.local_model)
         case "mcp":
             from gateway.mcp_serve import main as serve_mcp
 

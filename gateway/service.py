@@ -39,10 +39,12 @@ def pincer_command() -> str:
     return str(beside) if beside.is_file() else f"{sys.executable} -m gateway"
 
 
-def render(*, hands: int, system: bool, stop_timeout_s: int, config: Path | None) -> dict[str, str]:
+def render(*, hands: int, system: bool, stop_timeout_s: int, config: Path | None,
+           local_model: bool = False) -> dict[str, str]:
     """The unit files' text, by name."""
     command = pincer_command()
     config_arg = f" --config {config}" if config else ""
+    local_arg = " --local-model" if local_model else ""
     target = "multi-user.target" if system else "default.target"
     service = f"""\
 Type=simple
@@ -65,7 +67,7 @@ After=network-online.target
 Wants=network-online.target
 
 [Service]
-ExecStart={command}{config_arg} up --hands {hands}
+ExecStart={command}{config_arg} up --hands {hands}{local_arg}
 {service}
 [Install]
 WantedBy={target}
@@ -97,8 +99,9 @@ ENV_TEMPLATE = """\
 """
 
 
-def install(*, hands: int, system: bool, dry_run: bool, stop_timeout_s: int, config: Path | None) -> int:
-    units = render(hands=hands, system=system, stop_timeout_s=stop_timeout_s, config=config)
+def install(*, hands: int, system: bool, dry_run: bool, stop_timeout_s: int, config: Path | None,
+            local_model: bool = False) -> int:
+    units = render(hands=hands, system=system, stop_timeout_s=stop_timeout_s, config=config, local_model=local_model)
     where = unit_dir(system=system)
     if dry_run:
         for name, text in units.items():

@@ -38,6 +38,7 @@ from localmodel.provision import prepare
 from localmodel.weights import WeightsError
 
 QUICK_EXIT_S = 5.0
+LOCAL_LLM_TIMEOUT_S = 600.0
 MAX_QUICK_EXITS = 3
 
 
@@ -167,7 +168,9 @@ class Supervisor:
             # Loopback never goes through a proxy the environment names for the internet.
             bypass = ",".join(filter(None, [env.get("NO_PROXY") or env.get("no_proxy"), "127.0.0.1", "localhost"]))
             brain_env = {"PINCER_MODEL": f"openai/{LOCAL}", "PINCER_LLM_API_BASE": f"http://127.0.0.1:{port}/v1",
-                         "PINCER_LLM_API_KEY": LOCAL, "NO_PROXY": bypass, "no_proxy": bypass}
+                         "PINCER_LLM_API_KEY": LOCAL, "NO_PROXY": bypass, "no_proxy": bypass,
+                         # On a CPU the first reply reads the whole prompt (~40 s for 13 tools on 2 cores).
+                         "PINCER_BRAIN__LLM_TIMEOUT_S": str(max(self.brain.llm_timeout_s, LOCAL_LLM_TIMEOUT_S))}
         children += [Child("gateway", [*module, "gateway"], self._gateway_env(), role="gateway"),
                      Child("brain", [*module, "brain"], brain_env, role="brain")]
         children += [Child(f"hands-{i}", [*module, "hands"], role="hands") for i in range(1, self.hands + 1)]

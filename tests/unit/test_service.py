@@ -28,6 +28,8 @@ def test_the_units_run_pincer_restart_on_failure_but_never_on_a_bad_config(confi
         assert f"EnvironmentFile=-{config_home / 'pincer' / 'env'}" in unit
     system = service.render(hands=1, system=True, stop_timeout_s=60, config=Path("/etc/pincer/config.yaml"))
     assert "WantedBy=multi-user.target" in system["pincer.service"]
+    local = service.render(hands=2, system=False, stop_timeout_s=60, config=None, local_model=True)
+    assert f"ExecStart={service.pincer_command()} up --hands 2 --local-model\n" in local["pincer.service"]
     assert "--config /etc/pincer/config.yaml up --hands 1" in system["pincer.service"]
 
 
