@@ -159,18 +159,11 @@ class Supervisor:
         else:
             say("using the Redis at redis.url")
         module = [sys.executable, "-m", "gateway"]
-        children, brain_env = [], {}
+        children: list[Child] = []
+        brain_env: dict[str, str] = {}
         if self.model_file is not None:
-            port = free_port()
-            children.append(Child("model", [sys.executable, "-m", "localmodel", "serve", "--model", str(self.model_file),
-                                            "--port", str(port), "--context", str(self.brain.local.context_tokens)],
-                                  role="model"))
-            # Loopback never goes through a proxy the environment names for the internet.
-            bypass = ",".join(filter(None, [env.get("NO_PROXY") or env.get("no_proxy"), "127.0.0.1", "localhost"]))
-            brain_env = {"PINCER_MODEL": f"openai/{LOCAL}", "PINCER_LLM_API_BASE": f"http://127.0.0.1:{port}/v1",
-                         "PINCER_LLM_API_KEY": LOCAL, "NO_PROXY": bypass, "no_proxy": bypass,
-                         # On a CPU the first reply reads the whole prompt (~40 s for 13 tools on 2 cores).
-                         "PINCER_BRAIN__LLM_TIMEOUT_S": str(max(self.brain.llm_timeout_s, LOCAL_LLM_TIMEOUT_S))}
+            model, brain_env = self._local_model(self.model_file, env)
+            children.append(model)
         children += [Child("gateway", [*module, "gateway"], self._gateway_env(), role="gateway"),
                      Child("brain", [*module, "brain"], brain_env, role="brain")]
         children += [Child(f"hands-{i}", [*module, "hands"], role="hands") for i in range(1, self.hands + 1)]
@@ -178,8 +171,9 @@ class Supervisor:
             for child in children:
                 await self._start(child, env)
                 if child.name == "model" and not await self._model_answers(child, brain_env["PINCER_LLM_API_BASE"]):
-                    self.failed = "the local model's server did not start (see its lines above)"
-                    self.stop.set()
+                    if not self.stop.is_set():  # not a Ctrl-C while it loaded
+                        self.failed = "the local model's server did not start (see its lines above)"
+                        self.stop.set()
                     break
             watchers = [asyncio.create_task(self._watch(child, env)) for child in children if child.process]
             announce = asyncio.create_task(self._announce())
@@ -198,6 +192,18 @@ class Supervisor:
             return 1
         say("stopped")
         return 0
+
+    def _local_model(self, model_file: Path, env: dict[str, str]) -> tuple[Child, dict[str, str]]:
+        """The model's server as a child on a free loopback port, and what the Brain needs to use it."""
+        port = free_port()
+        child = Child("model", [sys.executable, "-m", "localmodel", "serve", "--model", str(model_file),
+                                "--port", str(port), "--context", str(self.brain.local.context_tokens)], role="model")
+        # Loopback never goes through a proxy the environment names for the internet.
+        bypass = ",".join(filter(None, [env.get("NO_PROXY") or env.get("no_proxy"), "127.0.0.1", "localhost"]))
+        return child, {"PINCER_MODEL": f"openai/{LOCAL}", "PINCER_LLM_API_BASE": f"http://127.0.0.1:{port}/v1",
+                       "PINCER_LLM_API_KEY": LOCAL, "NO_PROXY": bypass, "no_proxy": bypass,
+                       # On a CPU the first reply reads the whole prompt (~40 s for 13 tools on 2 cores).
+                       "PINCER_BRAIN__LLM_TIMEOUT_S": str(max(self.brain.llm_timeout_s, LOCAL_LLM_TIMEOUT_S))}
 
     def _gateway_env(self) -> dict[str, str]:
         """The owner token for the Gateway alone: made on first start, kept 0600 in the data dir."""
