@@ -77,6 +77,8 @@ class Presence:
                 await self.beat()
             except (redis_errors.RedisError, OSError) as exc:
                 log.warning("heartbeat failed: %s", exc)
+            except Exception:  # a heartbeat that ended would make a live instance look dead
+                log.exception("heartbeat failed unexpectedly; the next one tries again")
 
 
 async def alive(bus: Bus, role: str) -> list[str]:

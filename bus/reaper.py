@@ -69,6 +69,8 @@ class Reaper:
                 await self.reap_once()
             except (redis_errors.RedisError, OSError) as exc:
                 log.warning("reaper pass failed: %s", exc)
+            except Exception:  # a reaper that ended would leave dead workers' calls unanswered, silently
+                log.exception("reaper pass failed unexpectedly; the next pass tries again")
 
     async def reap_once(self) -> None:
         for stream in self.consumer.streams:

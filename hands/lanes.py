@@ -188,6 +188,8 @@ class Lanes:
                 await self.keep_once()
             except (RedisError, OSError) as exc:  # Redis away: the next tick tries again
                 log.warning("backlog upkeep failed: %s", exc)
+            except Exception:  # an upkeep that ended would stop feeding the lanes, silently
+                log.exception("backlog upkeep failed unexpectedly; the next tick tries again")
 
     async def keep_once(self) -> None:
         await self._count_workers()
