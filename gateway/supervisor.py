@@ -196,8 +196,10 @@ class Supervisor:
     def _local_model(self, model_file: Path, env: dict[str, str]) -> tuple[Child, dict[str, str]]:
         """The model's server as a child on a free loopback port, and what the Brain needs to use it."""
         port = free_port()
+        warm = self.runtime.data_path / "models" / f"{model_file.name}.prefix.txt"  # read ahead at each start
         child = Child("model", [sys.executable, "-m", "localmodel", "serve", "--model", str(model_file),
-                                "--port", str(port), "--context", str(self.brain.local.context_tokens)], role="model")
+                                "--port", str(port), "--context", str(self.brain.local.context_tokens),
+                                "--warm-file", str(warm)], role="model")
         # Loopback never goes through a proxy the environment names for the internet.
         bypass = ",".join(filter(None, [env.get("NO_PROXY") or env.get("no_proxy"), "127.0.0.1", "localhost"]))
         return child, {"PINCER_MODEL": f"openai/{LOCAL}", "PINCER_LLM_API_BASE": f"http://127.0.0.1:{port}/v1",

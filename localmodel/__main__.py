@@ -17,12 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--model", type=Path, required=True)
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--context", type=int, default=8192)
+    serve.add_argument("--warm-file", type=Path, help="keep the prompt's prefix here; read it ahead on start")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     from localmodel.llama import LlamaGenerator
     from localmodel.server import LocalModelServer
 
-    server = LocalModelServer(LlamaGenerator(args.model, context=args.context))
+    server = LocalModelServer(LlamaGenerator(args.model, context=args.context), warm_file=args.warm_file)
     uvicorn.run(server.app(), host="127.0.0.1", port=args.port, log_level="warning")
     return 0
 

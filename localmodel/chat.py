@@ -89,6 +89,17 @@ def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, 
         raise TemplateFailed(f"the model's chat template failed: {exc}") from None
 
 
+_MARK = "\u2063pincer-prefix\u2063"
+
+
+def prompt_prefix(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    """The part of every prompt of this conversation's kind that comes before its first user message
+    (the system message and the tools): what a model can read ahead of a request."""
+    system = [messages[0]] if messages and messages[0].get("role") == "system" else []
+    rendered = render(template, [*system, {"role": "user", "content": _MARK}], tools)
+    return rendered.split(_MARK, 1)[0] if _MARK in rendered else ""
+
+
 def parse(text: str, offered: set[str]) -> Reply:
     """The model's raw reply as text and tool calls; calls to tools not in ``offered`` are refused."""
     candidates = [body for _tag, body in _TAGGED.findall(text)]

@@ -24,6 +24,10 @@ class LlamaGenerator:
         eos = self.llama.token_eos()
         self.stop = [self.llama.detokenize([eos]).decode(errors="ignore"), "<|im_end|>", "<|endoftext|>"]
 
+    def warm(self, prompt: str) -> None:
+        self.llama.reset()
+        self.llama.eval(self.llama.tokenize(prompt.encode(), add_bos=False, special=True))
+
     def generate(self, prompt: str, *, max_tokens: int, temperature: float) -> Generated:
         out = self.llama.create_completion(prompt, max_tokens=max_tokens, temperature=temperature,
                                            stop=[s for s in self.stop if s])

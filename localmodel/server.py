@@ -14,12 +14,14 @@ gives it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,7 +31,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from localmodel.chat import Reply, TemplateFailed, parse, render, review
+from bus.private_file import write_private
+from localmodel.chat import Reply, TemplateFailed, parse, prompt_prefix, render, review
 
 MAX_TOKENS = 1024
 log = logging.getLogger("localmodel")
@@ -51,6 +54,9 @@ class Generator(Protocol):
 
     def generate(self, prompt: str, *, max_tokens: int, temperature: float) -> Generated: ...
 
+    def warm(self, prompt: str) -> None:
+        """Read ``prompt`` into the model's cache, for a later prompt that starts with it."""
+
 
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")  # OpenAI's other knobs are accepted and not used
@@ -66,13 +72,51 @@ class CompletionRequest(BaseModel):
 
 
 class LocalModelServer:
-    def __init__(self, generator: Generator) -> None:
-        self.generator = generator
+    """``warm_file``: where the last prompt's prefix (system message and tools, no conversation) is kept,
+    to be read into the model's cache when the server starts again: the first reply after a restart then
+    skips reading it (~40 s for Pincer's built-ins on 2 cores)."""
+
+    def __init__(self, generator: Generator, *, warm_file: Path | None = None) -> None:
+        self.generator, self.warm_file = generator, warm_file
         self._one_at_a_time = asyncio.Lock()
+        self._kept_prefix: str | None = None
+        self.warmed = asyncio.Event()  # set once the start's warm-up is done (or there was none)
 
     def app(self) -> Starlette:
+        @contextlib.asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            warming = asyncio.create_task(self._warm_up())  # in the background: /v1/models answers meanwhile
+            yield
+            warming.cancel()
+
         return Starlette(routes=[Route("/v1/chat/completions", self.completions, methods=["POST"]),
-                                 Route("/v1/models", self.models, methods=["GET"])])
+                                 Route("/v1/models", self.models, methods=["GET"])], lifespan=lifespan)
+
+    async def _warm_up(self) -> None:
+        try:
+            prefix = self.warm_file.read_text() if self.warm_file and self.warm_file.is_file() else ""
+            if prefix:
+                self._kept_prefix = prefix
+                async with self._one_at_a_time:  # a request arriving meanwhile waits, then finds it read
+                    started = time.monotonic()
+                    await asyncio.to_thread(self.generator.warm, prefix)
+                log.info("read last run's prompt prefix ahead (%d chars, %.1f s)", len(prefix),
+                         time.monotonic() - started)
+        except Exception as exc:  # best effort: the first request reads it then
+            log.warning("prompt prefix not read ahead: %s", exc)
+        finally:
+            self.warmed.set()
+
+    async def _keep_prefix(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
+        if self.warm_file is None:
+            return
+        prefix = prompt_prefix(self.generator.template, messages, tools)
+        if prefix and prefix != self._kept_prefix:
+            self._kept_prefix = prefix
+            try:  # private: the system message may hold the agent's notes
+                await asyncio.to_thread(write_private, self.warm_file, prefix)
+            except OSError as exc:
+                log.warning("prompt prefix not kept in %s: %s", self.warm_file, exc)
 
     async def models(self, _request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": self.generator.name, "object": "model",
@@ -88,6 +132,7 @@ class LocalModelServer:
         limit = body.max_completion_tokens or body.max_tokens or MAX_TOKENS
         try:
             reply, usage = await self._reply(body.messages, tools, offered, limit, body.temperature)
+            await self._keep_prefix(body.messages, tools)
         except TemplateFailed as exc:
             return _error(400, str(exc))
         answer_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

@@ -109,10 +109,17 @@ def test_up_with_the_local_model_chats_calls_a_tool_refuses_an_invented_one_and_
     try:
         later_s = ready(up, second_log, timeout=300)
         assert "first start fetches" not in second_log.read_text()
+        # The last run's prompt prefix (system message and tools, kept 0600) is read ahead at start.
+        assert (data / "models" / f"{MODEL_FILE}.prefix.txt").stat().st_mode & 0o077 == 0
+        wait_until(lambda: "read last run's prompt prefix ahead" in second_log.read_text(), timeout=300,
+                   what="the prompt prefix read ahead")
+        asked = time.monotonic()
         again = chat(installed, env, "What does the file notes.txt say? Read it with read_file.", "local-again")
+        first_turn_s = time.monotonic() - asked
         assert "pincer-42" in again.stdout
     finally:
         stop(up, second_log)
     disk = sum(f.stat().st_size for f in (data / "models").rglob("*") if f.is_file())
-    print(f"local model: first start {first_s:.0f} s, later start {later_s:.1f} s, model process {rss:.0f} MiB "
+    print(f"local model: first start {first_s:.0f} s, later start {later_s:.1f} s, a tool turn after the prefix was "
+          f"read ahead {first_turn_s:.1f} s, model process {rss:.0f} MiB "
           f"resident, {disk / 2**30:.2f} GiB on disk; {os.cpu_count()} cpu")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -31,7 +32,10 @@ class Scripted:
     name, template, stop = "qwen-local", TEMPLATE, ["<|im_end|>"]
 
     def __init__(self, *replies: str) -> None:
-        self.replies, self.prompts = list(replies), []
+        self.replies, self.prompts, self.warmed = list(replies), [], []
+
+    def warm(self, prompt: str) -> None:
+        self.warmed.append(prompt)
 
     def generate(self, prompt: str, *, max_tokens: int, temperature: float) -> Generated:
         self.prompts.append(prompt)
@@ -42,10 +46,10 @@ class Scripted:
 async def serve() -> AsyncIterator:
     servers: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
 
-    async def start(generator: Scripted) -> str:
+    async def start(generator: Scripted, warm_file: Path | None = None) -> str:
         port = free_port()
-        server = uvicorn.Server(uvicorn.Config(LocalModelServer(generator).app(), host="127.0.0.1", port=port,
-                                               log_level="warning"))
+        app = LocalModelServer(generator, warm_file=warm_file).app()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         servers.append((server, asyncio.create_task(server.serve())))
         await async_wait_until(lambda: server.started, what="the local model server listening")
         return f"http://127.0.0.1:{port}/v1"
@@ -124,3 +128,20 @@ async def test_arguments_that_do_not_fit_are_asked_for_again_and_a_second_misfit
     passed = await client.complete([{"role": "user", "content": "read a.txt"}], strict, ignore)
     # Twice wrong: the call goes to the Brain, whose tools answer with the validation error to fix.
     assert [json.loads(c.arguments) for c in passed.tool_calls] == [{"type": "object"}]
+
+
+async def test_the_prompts_prefix_is_kept_private_and_read_ahead_by_the_next_start(serve, tmp_path: Path) -> None:
+    kept = tmp_path / "models" / "model.gguf.prefix.txt"
+    kept.parent.mkdir()
+    first = Scripted("The file says alpha.")
+    client = brain_client(await serve(first, kept), direct=True)
+    asked = [{"role": "system", "content": "You are Pincer."}, {"role": "user", "content": "my secret is 1234"}]
+    await client.complete(asked, TOOLS, ignore)
+    prefix = kept.read_text()
+    assert first.prompts[0].startswith(prefix) and "You are Pincer." in prefix
+    assert "1234" not in prefix  # the conversation is never kept, only what precedes it
+    assert kept.stat().st_mode & 0o077 == 0
+    assert first.warmed == []  # nothing kept before this run
+    second = Scripted()
+    await serve(second, kept)
+    await async_wait_until(lambda: second.warmed == [prefix], what="the kept prefix read ahead at start")
