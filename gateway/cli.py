@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
     logs = sub.add_parser("logs", help="read the logs `pincer up` writes (runtime.log_dir)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
-    logs.add_argument("--role", help="one role: gateway, brain, hands-1, supervisor, ...")
+    logs.add_argument("--role", help="one role: gateway, brain, hands-1, model, supervisor, ...")
     logs.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="last N lines of each (default 50)")
 
     hands = sub.add_parser("hands", help="run one Hands worker (joins the pool on the configured Redis)")

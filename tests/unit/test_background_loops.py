@@ -4,7 +4,6 @@ unseen and leaving an instance that looks dead, or dead workers' calls never tak
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -69,6 +68,9 @@ async def test_the_backlog_upkeep_goes_on(fake_bus: Bus, monkeypatch: pytest.Mon
     monkeypatch.setattr("hands.lanes.KEEP_INTERVAL_S", 0.05)
     lanes = Lanes(fake_bus, QueueSettings(), limiter=None, registry=None, worker_id="w1",  # type: ignore[arg-type]
                   freed=lambda: None)
-    monkeypatch.setattr(lanes, "_count_workers", lambda: asyncio.sleep(0))
+    async def one_worker() -> None:
+        lanes.live_workers = 1
+
+    monkeypatch.setattr(lanes, "_count_workers", one_worker)
     await run_until_ticked(lanes, "keep_once", lanes.start, lanes.close, monkeypatch)
     assert "backlog upkeep failed unexpectedly" in caplog.text and "KeyError" in caplog.text
