@@ -80,7 +80,6 @@ class LocalModelServer:
         self.generator, self.warm_file = generator, warm_file
         self._one_at_a_time = asyncio.Lock()
         self._kept_prefix: str | None = None
-        self.warmed = asyncio.Event()  # set once the start's warm-up is done (or there was none)
 
     def app(self) -> Starlette:
         @contextlib.asynccontextmanager
@@ -104,8 +103,6 @@ class LocalModelServer:
                          time.monotonic() - started)
         except Exception as exc:  # best effort: the first request reads it then
             log.warning("prompt prefix not read ahead: %s", exc)
-        finally:
-            self.warmed.set()
 
     async def _keep_prefix(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
         if self.warm_file is None:
