@@ -21,10 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bus.config import RedisSettings
+from bus.consumer import GroupConsumer, Reply
 from bus.keys import HANDS_GROUP
 from bus.protocol import Message, ResultMetadata, ToolExecute, ToolResult, decode
 from bus.service import run_loop
-from bus.streams import Bus, GroupConsumer, Reply
+from bus.streams import Bus
 
 
 def result_for(message: Message) -> ToolResult:

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bus.consumer import HandedOver
 from bus.keys import Keys
 from bus.log import kv
 from bus.loops import every, finish
 from bus.protocol import ChatMessage
-from bus.streams import HandedOver
 
 log = logging.getLogger("brain.session_order")
 

@@ -15,13 +15,14 @@ from brain.llm import LiteLLMClient, LLMClient, resolve_model, takes_litellm, wa
 from brain.session_order import SessionOrder
 from brain.turn import Turn, TurnDeps
 from bus.broadcast import BroadcastReader
+from bus.consumer import GroupConsumer, HandedOver, Reply, delivery
 from bus.keys import BRAIN_GROUP
 from bus.log import kv
 from bus.presence import Presence
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
-from bus.streams import Bus, GroupConsumer, HandedOver, Reply, delivery
+from bus.streams import Bus
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
 

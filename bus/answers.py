@@ -16,7 +16,8 @@ from bus.log import kv
 from bus.records import DeadLetter
 
 if TYPE_CHECKING:
-    from bus.streams import Bus, Reply
+    from bus.consumer import Reply
+    from bus.streams import Bus
 
 log = logging.getLogger("bus")
 

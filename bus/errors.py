@@ -5,7 +5,7 @@
     ├── RedisUnreachable       bus.config        Redis did not answer at start (exit 1; a restart may help)
     ├── RedisStartError        bus.redis_server  the embedded redis-server would not start
     ├── MalformedMessage       bus.protocol      a stream entry that is not a Pincer message (also ValueError)
-    ├── HandedOver             bus.streams       another consumer took an entry over: it answers
+    ├── HandedOver             bus.consumer      another consumer took an entry over: it answers
     ├── NoteRefused            memory.longterm   a memory note past a limit; nothing stored (also ValueError)
     ├── ToolFailure            hands.errors      a tool call failed: becomes its ToolError (the model reads it)
     ├── SandboxUnavailable     hands.sandbox     no tier may run commands here, and why
@@ -15,7 +15,11 @@
     ├── Refused                gateway.errors    an HTTP request the Gateway will not serve (one JSON body)
     ├── TokenError             gateway.tokens    a token cannot be made or revoked as asked
     ├── AlreadyRunning         gateway.daemon    another `pincer up` owns the data dir
-    └── ChatFailed             gateway.chat_client  `pincer chat`'s turn or connection failed
+    ├── ChatFailed             gateway.chat_client  `pincer chat`'s turn or connection failed
+    ├── WeightsError           localmodel.weights  the local model's files are not what was pinned
+    │   (ProvisionError        localmodel.provision  its runtime or weights could not be made ready)
+    ├── NotGGUF                localmodel.gguf   a file that is not a GGUF model this reader knows
+    └── TemplateFailed         localmodel.chat   a model's chat template could not render the messages
 
 Lower layers' errors are translated where they enter: redis-py's in the bus
 (``CONNECTION_ERRORS``, and the batcher settling every caller), litellm's and

@@ -8,7 +8,7 @@ Then one consumer of the pool per interval (the one that sets the stream's
 ``reaper_turn`` key, ``SET NX PX``) does the rest for everyone:
 2. takes over entries idle longer than ``claim_idle_s`` (``XAUTOCLAIM``,
    following its cursor, which counts a delivery) and handles them, telling
-   the handler it is a redelivery (``bus.streams.delivery``);
+   the handler it is a redelivery (``bus.consumer.delivery``);
 3. moves an entry delivered more than ``max_deliveries`` times to ``dead``
    instead, after letting ``on_poison`` answer whoever waits for it;
 4. removes from the group the consumers that are gone (no heartbeat, idle past
@@ -30,11 +30,12 @@ from redis import exceptions as redis_errors
 
 from bus.answers import dead_letter
 from bus.config import RedisSettings
+from bus.consumer import GroupConsumer, Reply
 from bus.log import kv
 from bus.loops import every, finish
 from bus.presence import alive
 from bus.protocol import MalformedMessage, Message, decode
-from bus.streams import Bus, GroupConsumer, Reply
+from bus.streams import Bus
 
 log = logging.getLogger("bus.reaper")
 

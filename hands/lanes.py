@@ -29,7 +29,7 @@ from hands.registry import ToolRegistry
 log = logging.getLogger("hands.lanes")
 
 Gates = tuple[tuple[str, int], ...]
-Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields), as bus.streams.current_entry holds it
+Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields), as bus.consumer.current_entry holds it
 KEEP_INTERVAL_S = 0.5
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from bus import otel
 from bus.broadcast import BroadcastReader
+from bus.consumer import GroupConsumer, Moved, Reply, current_entry, delivery
 from bus.keys import HANDS_GROUP
 from bus.log import kv
 from bus.metrics import Meter
@@ -28,7 +29,7 @@ from bus.protocol import (
 )
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
-from bus.streams import CONNECTION_ERRORS, Bus, GroupConsumer, Moved, Reply, current_entry, delivery
+from bus.streams import CONNECTION_ERRORS, Bus
 from hands.approvals import ApprovalGate
 from hands.call_records import CallRecords
 from hands.config import HandsSettings

@@ -11,10 +11,11 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from bus.consumer import GroupConsumer
 from bus.protocol import ToolCancel, ToolExecute, ToolResult, decode, now_ms
 from bus.redis_client import _hiredis_reader
 from bus.replies import ReplyInbox
-from bus.streams import Bus, GroupConsumer
+from bus.streams import Bus
 from tests.conftest import async_wait_until
 
 

@@ -73,7 +73,7 @@ async def test_a_message_whose_predecessor_never_came_goes_on_after_the_wait(bus
 
 
 async def test_a_turn_whose_lease_another_brain_took_stops_and_leaves_the_entry_to_it(bus: Bus) -> None:
-    from bus.streams import GroupConsumer
+    from bus.consumer import GroupConsumer
 
     order = SessionOrder(bus.redis, bus.keys, "stalled", lease_s=1, wait_s=30)
     seen: list[str] = []

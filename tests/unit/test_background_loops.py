@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from bus.config import RedisSettings
+from bus.consumer import GroupConsumer
 from bus.keys import Keys
 from bus.presence import Presence
 from bus.reaper import Reaper
-from bus.streams import Bus, GroupConsumer
+from bus.streams import Bus
 from hands.config import QueueSettings
 from hands.lanes import Lanes
 from tests.conftest import async_wait_until

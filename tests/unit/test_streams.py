@@ -8,6 +8,7 @@ import pytest
 from redis import exceptions as redis_errors
 
 from bus.config import RedisSettings
+from bus.consumer import GroupConsumer, delivery
 from bus.keys import Keys
 from bus.protocol import (
     ChatCancel,
@@ -18,7 +19,7 @@ from bus.protocol import (
     now_ms,
 )
 from bus.replies import ReplyInbox
-from bus.streams import Bus, GroupConsumer, delivery
+from bus.streams import Bus
 from tests.conftest import async_wait_until, nothing_pending
 from tests.fakes import fake_redis
 
