@@ -285,11 +285,14 @@ def _up(args: argparse.Namespace, config: Config) -> int:
         env["PINCER_CONFIG"] = str(Path(config.source).resolve())
     argv = ["up", "--hands", str(args.hands), *(["--local-model"] if args.local_model else [])]
     if args.detach:
+        from brain.config import BrainSettings
+        from brain.llm import LOCAL
         from gateway.daemon import detach
 
-        # A first local-model start installs and fetches for minutes: wait for it, saying so.
+        # A first local-model start installs and fetches for minutes: wait that long for it.
+        local = args.local_model or config.section("brain", BrainSettings).model == LOCAL
         return detach(argv, data_dir=config.runtime.data_path, log_dir=config.runtime.logs_path, env=env,
-                      **({"timeout_s": 1800} if args.local_model else {}))
+                      **({"timeout_s": 1800} if local else {}))
     return asyncio.run(Supervisor(config, hands=args.hands, env=env, argv=argv, local_model=args.local_model).run())
 
 
