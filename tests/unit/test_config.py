@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+import typing
 from pathlib import Path
 
 import pytest
+import yaml
+from pydantic import BaseModel
 
 from brain.config import BrainSettings
-from bus.config import DEFAULT_CONFIG, ConfigError, load_config
+from bus.config import DEFAULT_CONFIG, ConfigError, RedisSettings, RuntimeSettings, Section, load_config
 from gateway.cli import SECTIONS, validate_all
 from gateway.config import GatewaySettings
 from hands.config import HandsSettings
@@ -27,6 +31,47 @@ def test_shipped_config_is_valid_and_equals_the_defaults() -> None:
     assert config.section("gateway", GatewaySettings) == GatewaySettings()
     assert config.section("brain", BrainSettings) == BrainSettings()
     assert config.redis.prefix == "pincer:" and config.redis.url is None
+
+
+def test_the_shipped_config_shows_every_key() -> None:
+    """Every setting is a key of the shipped file (or, where its default depends on the machine, a
+    commented ``# key:`` line); a map of named entries names every entry key in its comments."""
+    text = DEFAULT_CONFIG.read_text()
+    lines = text.splitlines()
+    missing: list[str] = []
+
+    def comments_around(path: str) -> str:
+        at = 0
+        for depth, key in enumerate(path.split(".")):  # the key's line under each of its parents in turn
+            at = next(i for i in range(at, len(lines)) if lines[i].startswith(f"{'  ' * depth}{key}:"))
+        above = [line for line in reversed(lines[:at]) if line.lstrip().startswith("#")]
+        below = [line for line in lines[at + 1:] if line.lstrip().startswith("#")]
+        return " ".join(above[:12] + below[:12])
+
+    def walk(model: type[BaseModel], node: object, path: str) -> None:
+        for name, field in model.model_fields.items():
+            key = field.alias or name
+            where = f"{path}.{key}"
+            shown = isinstance(node, dict) and key in node
+            if not shown and not re.search(rf"^\s*# {key}:", text, re.MULTILINE):
+                missing.append(where)
+                continue
+            annotation = field.annotation
+            if typing.get_origin(annotation) is dict:  # named entries: each entry's keys in the comments
+                entry = typing.get_args(annotation)[1]
+                if isinstance(entry, type) and issubclass(entry, Section):
+                    said = comments_around(where)
+                    missing.extend(f"{where}.<name>.{k}" for k in entry.model_fields if not re.search(rf"\b{k}\b", said))
+            elif isinstance(annotation, type) and issubclass(annotation, Section) and shown:
+                walk(annotation, node[key], where)  # type: ignore[index]
+
+    shipped = yaml.safe_load(text)
+    models = {"redis": RedisSettings, "runtime": RuntimeSettings, "hands": HandsSettings,
+              "brain": BrainSettings, "gateway": GatewaySettings}
+    assert set(models) == SECTIONS
+    for section, model in models.items():
+        walk(model, shipped[section], section)
+    assert not missing, f"config.yaml leaves out: {missing}"
 
 
 def test_env_overrides_nested_keys_and_shortcuts(tmp_path: Path) -> None:
