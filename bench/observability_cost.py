@@ -33,8 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bus_roundtrip import bench_env, measure, wait_for_workers  # noqa: E402
 from bus import trace  # noqa: E402
+from bus.codec import decode, encode  # noqa: E402
 from bus.metrics import Meter  # noqa: E402
-from bus.protocol import ToolResult, decode, encode  # noqa: E402
+from bus.protocol import ToolResult  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
 from bus.service import run_loop  # noqa: E402
 

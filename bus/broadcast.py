@@ -12,7 +12,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from bus.protocol import MalformedMessage, Message, decode
+from bus.codec import MalformedMessage, decode
+from bus.protocol import Message
 from bus.replies import tail
 from bus.streams import Bus
 

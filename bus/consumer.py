@@ -21,10 +21,11 @@ from redis import exceptions as redis_errors
 
 from bus import trace
 from bus.answers import Answers, dead_letter, dead_letter_build
+from bus.codec import MalformedMessage, decode
 from bus.errors import PincerError
 from bus.log import kv
 from bus.loops import let_started_work_run, sleep_or_stop
-from bus.protocol import MalformedMessage, Message, decode
+from bus.protocol import Message
 from bus.redis_client import HeldConnection
 from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
 

@@ -4,7 +4,7 @@
     ├── ConfigError            bus.config        a person must fix the configuration (exit 78)
     ├── RedisUnreachable       bus.config        Redis did not answer at start (exit 1; a restart may help)
     ├── RedisStartError        bus.redis_server  the embedded redis-server would not start
-    ├── MalformedMessage       bus.protocol      a stream entry that is not a Pincer message (also ValueError)
+    ├── MalformedMessage       bus.codec         a stream entry that is not a Pincer message (also ValueError)
     ├── HandedOver             bus.consumer      another consumer took an entry over: it answers
     ├── NoteRefused            memory.longterm   a memory note past a limit; nothing stored (also ValueError)
     ├── ToolFailure            hands.errors      a tool call failed: becomes its ToolError (the model reads it)

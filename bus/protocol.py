@@ -1,9 +1,7 @@
 """The wire: every message Pincer processes exchange, and the one error-code enum.
 
-A message is one Redis stream entry with the fields ``type``, ``id``, ``data``
-(a msgpack map of the model's fields) and, where it applies, ``reply_to``.
-``encode`` and ``decode`` are the only two doors in and out; anything that
-does not decode raises ``MalformedMessage`` with a reason a person can act on.
+Each message is a pydantic model tagged by its ``type``; ``Message`` is their
+union. How a message becomes a Redis stream entry and back is ``bus.codec``.
 """
 
 from __future__ import annotations
@@ -13,10 +11,7 @@ import time
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from bus.errors import PincerError
 
 
 class ErrorCode(StrEnum):
@@ -69,7 +64,7 @@ def new_id() -> str:
     return os.urandom(16).hex()
 
 
-class _Message(BaseModel):
+class BaseMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @property
@@ -140,7 +135,7 @@ class ResultMetadata(BaseModel):
     sandbox: str | None = None  # the isolation a command ran in: bwrap | landlock | rlimits
 
 
-class ToolsList(_Message):
+class ToolsList(BaseMessage):
     type: Literal["tools:list"] = "tools:list"
     request_id: str = Field(default_factory=new_id)
     reply_to: str
@@ -160,7 +155,7 @@ class SkillInfo(BaseModel):
     location: str
 
 
-class ToolsAvailable(_Message):
+class ToolsAvailable(BaseMessage):
     type: Literal["tools:available"] = "tools:available"
     request_id: str
     tools: list[ToolSpec]
@@ -182,7 +177,7 @@ class PriorResult(BaseModel):
     data: Any = None
 
 
-class ToolExecute(_Message):
+class ToolExecute(BaseMessage):
     type: Literal["tool:execute"] = "tool:execute"
     call_id: str = Field(default_factory=new_id)
     tool: str
@@ -201,7 +196,7 @@ class ToolExecute(_Message):
     prior: list[PriorResult] = Field(default_factory=list)
 
 
-class ToolResult(_Message):
+class ToolResult(BaseMessage):
     type: Literal["tool:result"] = "tool:result"
     call_id: str
     success: bool
@@ -215,7 +210,7 @@ class ToolResult(_Message):
         return self.call_id
 
 
-class ToolProgress(_Message):
+class ToolProgress(BaseMessage):
     type: Literal["tool:progress"] = "tool:progress"
     call_id: str
     status: Literal["started", "running", "output"]
@@ -230,7 +225,7 @@ class ToolProgress(_Message):
 # --- chat -------------------------------------------------------------------
 
 
-class ChatMessage(_Message):
+class ChatMessage(BaseMessage):
     type: Literal["chat:message"] = "chat:message"
     session_id: str
     message_id: str = Field(default_factory=new_id)
@@ -246,13 +241,13 @@ class ChatMessage(_Message):
     instructions: str | None = None
 
 
-class ChatCancel(_Message):
+class ChatCancel(BaseMessage):
     type: Literal["chat:cancel"] = "chat:cancel"
     session_id: str
     by: str = ""
 
 
-class ToolCancel(_Message):
+class ToolCancel(BaseMessage):
     """Stop a call wherever it runs: the worker that has it answers ``CANCELLED`` and kills its processes."""
 
     type: Literal["tool:cancel"] = "tool:cancel"
@@ -260,7 +255,7 @@ class ToolCancel(_Message):
     reason: str = ""
 
 
-class _ChatEvent(_Message):
+class _ChatEvent(BaseMessage):
     session_id: str
     message_id: str
 
@@ -304,7 +299,7 @@ class ChatError(_ChatEvent):
 # --- approvals --------------------------------------------------------------
 
 
-class ApprovalRequest(_Message):
+class ApprovalRequest(BaseMessage):
     type: Literal["approval:request"] = "approval:request"
     approval_id: str = Field(default_factory=new_id)
     call_id: str
@@ -322,7 +317,7 @@ class ApprovalRequest(_Message):
         return self.message_id
 
 
-class ApprovalDecision(_Message):
+class ApprovalDecision(BaseMessage):
     type: Literal["approval:decision"] = "approval:decision"
     approval_id: str
     decision: Literal["allow-once", "allow-always", "deny"]
@@ -337,70 +332,3 @@ Message = Annotated[
     ToolsList | ToolsAvailable | ToolExecute | ToolResult | ToolProgress | ToolCancel | ChatMessage | ChatCancel | ChatDelta | ChatTool | ChatReply | ChatError | ApprovalRequest | ApprovalDecision,
     Field(discriminator="type"),
 ]
-# Each type's own pydantic-core validator: picking it by the entry's ``type`` field is
-# ~1.5 µs cheaper per message than a union adapter's discriminator and Python wrapper.
-_VALIDATORS = {model.model_fields["type"].default: model.__pydantic_validator__
-               for model in Message.__origin__.__args__}  # type: ignore[attr-defined]  # Annotated[Union] at run time
-MESSAGE_TYPES: frozenset[str] = frozenset(_VALIDATORS)
-
-
-# Bounds on what one entry may decode to: a 10 MB entry of empty arrays is 644 MB of Python lists.
-MAX_DATA_BYTES = 16 * 2**20
-MAX_ITEMS = 100_000  # elements of one array, or pairs of one map
-
-
-class MalformedMessage(PincerError, ValueError):
-    """A stream entry that is not a Pincer message; the reason says why."""
-
-
-def encode(message: _Message, *, message_id: str | None = None, traceparent: str | None = None) -> dict[bytes, bytes]:
-    """The stream-entry fields for a message (with the W3C ``traceparent`` of the work it belongs to)."""
-    # pydantic-core's serializer itself: model_dump's Python wrapper doubles the cost (~2 µs a message).
-    data = message.__pydantic_serializer__.to_python(message, mode="json", exclude_none=True)
-    del data["type"]  # it travels as its own field
-    fields = {
-        b"type": message.type.encode(),  # type: ignore[attr-defined]  # every member has a Literal type
-        b"id": (message_id or new_id()).encode(),
-        b"data": msgpack.packb(data, use_bin_type=True),
-    }
-    # A model's fields live in its __dict__; getattr on a model without the field is ~5 µs (pydantic raises).
-    reply_to = message.__dict__.get("reply_to")
-    if reply_to:
-        fields[b"reply_to"] = reply_to.encode()
-    if traceparent:
-        fields[b"traceparent"] = traceparent.encode()
-    return fields
-
-
-def decode(fields: dict[bytes, bytes]) -> Message:
-    """A stream entry's fields back into a message, or ``MalformedMessage``."""
-    try:
-        kind = fields[b"type"].decode()
-        raw = fields[b"data"]
-    except KeyError as missing:
-        raise MalformedMessage(f"entry has no {missing.args[0].decode()!r} field") from None
-    except UnicodeDecodeError:
-        raise MalformedMessage("field 'type' is not UTF-8 text") from None
-    validator = _VALIDATORS.get(kind)
-    if validator is None:
-        raise MalformedMessage(f"unknown message type {kind!r}")
-    if len(raw) > MAX_DATA_BYTES:
-        raise MalformedMessage(f"field 'data' is {len(raw):,} bytes; the most an entry may carry is {MAX_DATA_BYTES:,}")
-    try:  # msgpack's own C unpacker also refuses nesting past its stack (StackError)
-        data = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_array_len=MAX_ITEMS, max_map_len=MAX_ITEMS)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise MalformedMessage(f"field 'data' is not msgpack: {exc}") from None
-    if not isinstance(data, dict):
-        raise MalformedMessage(f"field 'data' must be a map, got {type(data).__name__}")
-    try:
-        data["type"] = kind  # a fresh dict from msgpack: no copy needed
-        return validator.validate_python(data)  # type: ignore[no-any-return]  # pydantic-core is untyped here
-    except ValidationError as exc:
-        raise MalformedMessage(f"{kind}: {_describe(exc)}") from None
-
-
-def _describe(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-        for err in exc.errors()
-    )

@@ -29,12 +29,13 @@ from typing import Any
 from redis import exceptions as redis_errors
 
 from bus.answers import dead_letter
+from bus.codec import MalformedMessage, decode
 from bus.config import RedisSettings
 from bus.consumer import GroupConsumer, Reply
 from bus.log import kv
 from bus.loops import every, finish
 from bus.presence import alive
-from bus.protocol import MalformedMessage, Message, decode
+from bus.protocol import Message
 from bus.streams import Bus
 
 log = logging.getLogger("bus.reaper")

@@ -18,9 +18,10 @@ from redis.asyncio.client import Pipeline
 
 from bus import trace
 from bus.batching import Batcher
+from bus.codec import encode
 from bus.config import RedisSettings
 from bus.keys import Keys
-from bus.protocol import Message, encode
+from bus.protocol import Message
 from bus.redis_client import HeldConnection, connect, connect_sentinel
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)

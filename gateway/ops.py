@@ -10,9 +10,9 @@ import json
 import time
 from typing import Any, cast
 
+from bus.codec import MalformedMessage, decode
 from bus.keys import BRAIN_GROUP, HANDS_GROUP
 from bus.presence import ROLES, instances
-from bus.protocol import MalformedMessage, decode
 from bus.records import DeadLetter
 from bus.streams import Bus
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bus.protocol import ChatError, ChatMessage, ChatReply, Message, decode
+from bus.codec import decode
+from bus.protocol import ChatError, ChatMessage, ChatReply, Message
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from memory.sessions import SessionStore

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bus.protocol import ChatMessage, ToolExecute, decode, encode, now_ms
+from bus.codec import decode, encode
+from bus.protocol import ChatMessage, ToolExecute, now_ms
 from bus.streams import Bus
 from tests.conftest import Processes, async_wait_until
 from tests.e2e.conftest import wait_for

@@ -11,8 +11,9 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from bus.codec import decode
 from bus.consumer import GroupConsumer
-from bus.protocol import ToolCancel, ToolExecute, ToolResult, decode, now_ms
+from bus.protocol import ToolCancel, ToolExecute, ToolResult, now_ms
 from bus.redis_client import _hiredis_reader
 from bus.replies import ReplyInbox
 from bus.streams import Bus

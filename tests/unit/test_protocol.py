@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from bus.codec import MESSAGE_TYPES, MalformedMessage, decode, encode
 from bus.protocol import (
-    MESSAGE_TYPES,
     ApprovalDecision,
     ApprovalRequest,
     ChatCancel,
@@ -16,7 +16,6 @@ from bus.protocol import (
     ChatReply,
     ChatTool,
     ErrorCode,
-    MalformedMessage,
     ResultMetadata,
     ToolCancel,
     ToolError,
@@ -26,8 +25,6 @@ from bus.protocol import (
     ToolsAvailable,
     ToolsList,
     ToolSpec,
-    decode,
-    encode,
 )
 
 SAMPLES = [

@@ -7,17 +7,11 @@ import asyncio
 import pytest
 from redis import exceptions as redis_errors
 
+from bus.codec import decode
 from bus.config import RedisSettings
 from bus.consumer import GroupConsumer, delivery
 from bus.keys import Keys
-from bus.protocol import (
-    ChatCancel,
-    ToolExecute,
-    ToolsAvailable,
-    ToolsList,
-    decode,
-    now_ms,
-)
+from bus.protocol import ChatCancel, ToolExecute, ToolsAvailable, ToolsList, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from tests.conftest import async_wait_until, nothing_pending
