@@ -22,14 +22,17 @@ from bus.keys import Keys
 from bus.log import kv
 from bus.loops import every, finish
 from bus.protocol import ChatMessage
+from bus.streams import CONNECTION_ERRORS
 
 log = logging.getLogger("brain.session_order")
 
 # KEYS: done, lease. ARGV: seq (0: none), owner, lease ms.  1: taken, 0: leased to another turn, -1: earlier turn due
+# The owner names the Brain and the message: a turn this Brain left when Redis went away is its own to resume.
 ACQUIRE = """
 local seq = tonumber(ARGV[1])
 if seq > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < seq - 1 then return -1 end
 if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return 1 end
+if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('PEXPIRE', KEYS[2], ARGV[3]) return 1 end
 return 0
 """
 # KEYS: lease. ARGV: owner, lease ms. A lease that lapsed while nobody took it is still ours.
@@ -83,9 +86,19 @@ class SessionOrder:
         renewing = asyncio.create_task(self._keep(lease, owner, stop))
         try:
             yield lease
-        finally:
+        except CONNECTION_ERRORS:
+            # Redis went away mid-turn: the message stays pending and its redelivery resumes the turn,
+            # so the session is freed for it but not counted done (its later messages keep waiting).
+            await finish(renewing, stop, grace_s=5)
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await self._release(keys=keys, args=[owner, 0])
+            raise
+        except BaseException:
             await finish(renewing, stop, grace_s=5)
             await self._release(keys=keys, args=[owner, seq])
+            raise
+        await finish(renewing, stop, grace_s=5)
+        await self._release(keys=keys, args=[owner, seq])
 
     async def _wait_for_turn(self, message: ChatMessage, owner: str, keys: list[str], seq: int,
                              on_wait: Callable[[], object]) -> None:

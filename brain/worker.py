@@ -22,7 +22,7 @@ from bus.presence import Presence
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
-from bus.streams import Bus
+from bus.streams import CONNECTION_ERRORS, Bus
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
 
@@ -97,6 +97,12 @@ class BrainWorker:
                 final = await turn.cancel(self._cancels[message.session_id])
             except HandedOver:
                 raise  # another Brain holds the session now: it finishes the turn and answers
+            except CONNECTION_ERRORS as exc:
+                # Not the turn's fault: its message stays pending and is delivered again once Redis is
+                # back (a failover, a restart); that delivery resumes the turn from its transcript.
+                log.warning("Redis away mid-turn; the turn resumes when its message is redelivered %s: %s",
+                            kv(session=message.session_id, message=message.message_id), exc)
+                raise
             except Exception as exc:  # the person must always hear back
                 log.exception("turn crashed %s", kv(session=message.session_id))
                 final = ChatError(session_id=message.session_id, message_id=message.message_id,

@@ -164,6 +164,13 @@ def _hiredis_reader(connection: AbstractConnection) -> Callable[[], Awaitable[An
     return None
 
 
+def _closed_by_server(connection: AbstractConnection) -> bool:
+    """Whether the server closed the connection (its end of stream has been read): checked without I/O,
+    as redis-py's pool does for the connections it hands out (those of a HeldConnection it never sees)."""
+    reader = connection._reader  # noqa: SLF001 - redis-py has no public way to see the close without a read
+    return reader is not None and reader.at_eof()
+
+
 class NotReplicated(ConnectionError):
     """Fewer replicas than ``redis.min_replicas`` confirmed a write within its timeout: it does not
     count as sent (a failover now could lose it), so it fails as a lost connection does."""
@@ -207,6 +214,10 @@ class HeldConnection:
             self._read = _hiredis_reader(self._connection) or _raising_reader(self._connection)
         connection, read = self._connection, self._read
         assert read is not None
+        if connection.is_connected and _closed_by_server(connection):
+            # Redis restarted or failed over since the last send: nothing is sent yet, so reconnecting
+            # now loses nothing, where sending would fail the whole batch ("Connection closed by server").
+            await connection.disconnect(nowait=True)
         if not connection.is_connected:
             # connect() is the connection class's own: a Sentinel-managed one asks where the master is
             # now (send_packed_command's implicit reconnect would go back to the old address).

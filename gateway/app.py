@@ -43,7 +43,7 @@ from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway import ops
 from gateway.config import GatewaySettings
-from gateway.errors import TURN_STATUS, Refused, error_response, not_found
+from gateway.errors import REDIS_AWAY, TURN_STATUS, Refused, error_response, not_found, redis_away
 from gateway.events import parse_after
 from gateway.fanout import Fanout
 from gateway.guard import Guard
@@ -133,7 +133,8 @@ class Gateway:
                 Route("/healthz", self.healthz, methods=["GET"]),
             ],
             middleware=middleware,
-            exception_handlers={Refused: self._refused},  # type: ignore[dict-item]  # Starlette types handlers loosely
+            exception_handlers={Refused: self._refused,  # type: ignore[dict-item]  # Starlette types handlers loosely
+                                **dict.fromkeys(REDIS_AWAY, self._redis_away)},
             lifespan=self.lifespan,
         )
 
@@ -321,6 +322,10 @@ class Gateway:
     async def _refused(self, _request: Request, exc: Refused) -> Response:
         self.meter.count("pincer_gateway_refusals", exc.code.value)
         return exc.response()
+
+    async def _redis_away(self, request: Request, exc: Exception) -> Response:
+        log.warning("Redis did not answer %s: %s", kv(path=request.url.path), exc)
+        return await self._refused(request, redis_away(exc))
 
     async def healthz(self, _request: Request) -> Response:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis import exceptions as redis_errors
 from starlette.responses import JSONResponse
 
 from bus.errors import PincerError
@@ -33,6 +34,10 @@ TURN_STATUS = {
     ErrorCode.TIMEOUT: 504,
     ErrorCode.INVALID_ARGUMENTS: 400,
 }
+
+
+# Redis not answering (restarting, failing over, or gone): what a request that needs it is told.
+REDIS_AWAY = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 
 
 class Refused(PincerError):
@@ -66,3 +71,10 @@ def unauthenticated(message: str) -> Refused:
 
 def not_found(message: str) -> Refused:
     return Refused(404, ErrorCode.NOT_FOUND, message)
+
+
+def redis_away(exc: Exception) -> Refused:
+    """503 with Retry-After for a request Redis did not answer: nothing was started, so it may be sent again."""
+    return Refused(503, ErrorCode.SERVICE_UNAVAILABLE,
+                   f"Pincer's Redis did not answer ({exc}); it may be restarting or failing over: "
+                   "try again in a few seconds", retry_after=2)

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from bus.metrics import Meter
 from bus.protocol import ErrorCode
 from gateway.config import GatewaySettings
-from gateway.errors import Refused, unauthenticated
+from gateway.errors import REDIS_AWAY, Refused, redis_away, unauthenticated
 from gateway.tokens import TokenStore, WebSessions
 
 log = logging.getLogger("gateway.guard")
@@ -58,11 +58,15 @@ class Guard:
             path = scope["path"]
             optional = path in PAGE_PATHS or path.startswith(PAGE_PREFIX) or \
                 (scope["type"] == "websocket" and path == SOCKET_PATH)
-            scope.setdefault("state", {})["identity"] = await self._identify(headers, optional=optional)
+            try:
+                scope.setdefault("state", {})["identity"] = await self._identify(headers, optional=optional)
+            except REDIS_AWAY as exc:
+                raise redis_away(exc) from None
         except Refused as refusal:
             self.meter.count("pincer_gateway_refusals", refusal.code.value)
             if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
+                code = 1013 if refusal.status == 503 else 1008  # 1013: try again later
+                await send({"type": "websocket.close", "code": code, "reason": refusal.message[:120]})
                 return
             await refusal.response()(scope, receive, send)
             return

@@ -1,4 +1,8 @@
-"""A primary, its replica and three sentinels on loopback, each a real redis-server process, for failover tests."""
+"""A primary, two replicas and three sentinels on loopback, each a real redis-server process, for failover tests.
+
+Two replicas: after the primary dies one is promoted and the other follows it, so a pool that asks for one
+replica's confirmation (``redis.min_replicas: 1``) still gets it. That is the deployment the option needs.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ class Topology:
     def __init__(self, where: Path) -> None:
         self.where = where
         self.binary = shutil.which("redis-server") or ""
-        self.primary_port, self.replica_port = free_port(), free_port()
+        self.primary_port = free_port()
+        self.replica_ports = [free_port(), free_port()]
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -37,7 +42,8 @@ class Topology:
 
     def start(self) -> None:
         self._server("primary", self.primary_port)
-        self._server("replica", self.replica_port, "--replicaof", "127.0.0.1", str(self.primary_port))
+        for index, port in enumerate(self.replica_ports):
+            self._server(f"replica-{index}", port, "--replicaof", "127.0.0.1", str(self.primary_port))
         for index, port in enumerate(self.sentinel_ports):
             conf = self.where / f"sentinel-{index}.conf"
             conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {self.where}\n"
@@ -45,7 +51,7 @@ class Topology:
                             f"sentinel down-after-milliseconds {self.MASTER} 1000\n"
                             f"sentinel failover-timeout {self.MASTER} 4000\n")
             self._spawn(f"sentinel-{index}", [self.binary, str(conf), "--sentinel"])
-        self.wait(lambda: self._replica_in_sync(), "the replica in sync")
+        self.wait(lambda: all(self._replica_in_sync(port) for port in self.replica_ports), "the replicas in sync")
         self.wait(lambda: all(self._sentinel_knows_replica(p) for p in self.sentinel_ports), "the sentinels ready")
 
     def master_port(self) -> int | None:
@@ -58,6 +64,16 @@ class Topology:
             except Exception:
                 continue
         return None
+
+    def promoted(self) -> bool:
+        """Whether the sentinels name a replica as the master and the other replica follows it."""
+        master = self.master_port()
+        if master not in self.replica_ports:
+            return False
+        (other,) = (port for port in self.replica_ports if port != master)
+        with Redis(port=other, socket_timeout=1) as replica:
+            info = replica.info("replication")
+            return int(info.get("master_port", 0)) == master and info.get("master_link_status") == "up"
 
     def kill_primary(self) -> None:
         process = self.processes.pop("primary")
@@ -93,13 +109,13 @@ class Topology:
         self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL)
 
-    def _replica_in_sync(self) -> bool:
-        with Redis(port=self.replica_port, socket_timeout=1) as replica:
+    def _replica_in_sync(self, port: int) -> bool:
+        with Redis(port=port, socket_timeout=1) as replica:
             return replica.info("replication").get("master_link_status") == "up"
 
     def _sentinel_knows_replica(self, port: int) -> bool:
         with Redis(port=port, socket_timeout=1) as sentinel:
-            return bool(sentinel.sentinel_slaves(self.MASTER))
+            return len(sentinel.sentinel_slaves(self.MASTER)) == len(self.replica_ports)
 
 
 def make_certificates(where: Path, ip: str) -> None:

@@ -4,7 +4,8 @@
 Redis restarted mid-run (append-only file on); (d) SIGTERM drains a worker and
 leaves nothing pending; (e) a burst of 2,000 sandboxed `exec` calls published at
 once to 3 workers waits in the pool's backlog (not refused) through a worker
-SIGKILLed and Redis restarted. (c), poison entries, is in tests/integration/test_reaper.py.
+SIGKILLed and Redis restarted; (f) while Redis is away the Gateway answers 503 with Retry-After, and a
+chat turn caught mid-way goes on once it is back. (c), poison entries, is in tests/integration/test_reaper.py.
 Sizes and sleeps are small so the whole file stays within CI's budget.
 """
 
@@ -18,6 +19,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 
 from bus.config import RedisSettings
@@ -25,8 +28,18 @@ from bus.protocol import ToolExecute, ToolResult, now_ms
 from bus.redis_server import EmbeddedRedis
 from bus.replies import ReplyInbox
 from bus.streams import CONNECTION_ERRORS, Bus
-from tests.conftest import SHIPPED_SKILLS, Processes, async_wait_until, make_skill, nothing_pending
-from tests.e2e.conftest import wait_for
+from tests.conftest import (
+    OWNER_TOKEN,
+    SHIPPED_SKILLS,
+    Processes,
+    async_wait_until,
+    gateway_client,
+    gateway_url,
+    make_skill,
+    nothing_pending,
+)
+from tests.e2e.conftest import send, start_stack, wait_for
+from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
 
@@ -266,3 +279,45 @@ async def test_a_burst_of_2000_exec_calls_is_queued_through_a_kill_and_a_redis_r
     assert max(effects.values()) == 1  # no side effect twice
     assert len(effects) >= outcomes["ok"]  # every call answered ok left its line
     print(f"burst outcomes: {dict(outcomes)}")
+
+
+async def test_while_redis_is_away_the_gateway_says_503_and_a_turn_goes_on_after(
+        processes: Processes, pincer_env: dict[str, str], scripted_llm: ScriptedLLM, tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "own-redis")
+    url = server.start()
+    processes.env = {**pincer_env, "PINCER_REDIS_URL": url, "PINCER_REDIS__CLAIM_IDLE_S": "1",
+                     "PINCER_REDIS__REAP_INTERVAL_S": "0.3"}
+    try:
+        start_stack(processes, hands=1)
+        assert send(processes.env, "hello", session="before").json()["text"] == "echo: hello"
+        # A turn whose model is still thinking when Redis stops: its answer cannot be kept in the transcript.
+        thinking = asyncio.create_task(asyncio.to_thread(send, processes.env, "SLEEP 2", "through"))
+        await async_wait_until(lambda: any("SLEEP 2" in str(r["messages"]) for r in scripted_llm.requests),
+                               what="the turn at the model")
+        await asyncio.to_thread(server.stop)  # SIGTERM: Redis writes its append-only file and exits
+        await async_wait_until(lambda: "Redis away mid-turn" in processes.logs(), timeout=30,
+                               what="the Brain leaving the turn for its redelivery")
+
+        with gateway_client(processes.env) as client:
+            refused = client.post("/v1/sessions/during/messages", json={"text": "hello?"})
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "2", refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "SERVICE_UNAVAILABLE" and "Redis did not answer" in error["message"], error
+        sdk = openai.OpenAI(base_url=f"{gateway_url(processes.env)}/v1", api_key=OWNER_TOKEN, max_retries=0)
+        try:
+            sdk.chat.completions.create(model="pincer", messages=[{"role": "user", "content": "hi"}])
+            raise AssertionError("the OpenAI endpoint answered while Redis was away")
+        except openai.InternalServerError as exc:
+            assert exc.status_code == 503 and "Redis did not answer" in str(exc.body), exc.body
+        health = await asyncio.to_thread(httpx.get, f"{gateway_url(processes.env)}/healthz", timeout=5)
+        assert health.status_code == 503
+
+        await asyncio.to_thread(server.start)  # same port, password and data
+        answered = await asyncio.wait_for(thinking, 90)
+        assert answered.status_code == 200 and answered.json()["text"] == "slept 2s", answered.text
+        again = await asyncio.to_thread(send, processes.env, "again", "after")
+        assert again.status_code == 200 and again.json()["text"] == "echo: again", again.text
+        assert all(proc.poll() is None for _, proc, _ in processes.started)
+    finally:
+        processes.stop_all()
+        server.stop()

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from redis.exceptions import ConnectionError
 
-from bus.redis_client import WaitingPool, connect
+from bus.redis_client import HeldConnection, WaitingPool, connect
 from tests.conftest import async_wait_until
 
 
@@ -60,4 +60,21 @@ async def test_no_connection_in_time_is_a_clear_error(redis_url: str, monkeypatc
             await redis.get("x")
         await asyncio.gather(*holders)
     finally:
+        await redis.aclose()
+
+
+async def test_a_held_connection_the_server_closed_reconnects_before_sending(redis_url: str) -> None:
+    """As after a Redis restart or failover: the next send goes out on a new connection, not into the old one."""
+    redis = connect(redis_url)
+    held = HeldConnection(redis)
+    try:
+        own_id = await held.execute("CLIENT", "ID")
+        old = held._connection
+        assert old is not None and isinstance(old._reader, asyncio.StreamReader)
+        assert await redis.execute_command("CLIENT", "KILL", "ID", own_id) == 1  # the server closes it
+        await async_wait_until(lambda: old._reader is not None and old._reader.at_eof(), what="the close seen")
+        assert await held.execute("XADD", "after-close", "*", "k", "v")  # not "Connection closed by server"
+        assert await redis.xlen("after-close") == 1
+    finally:
+        await held.aclose()
         await redis.aclose()

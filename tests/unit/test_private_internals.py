@@ -32,6 +32,14 @@ def test_redis_py_reads_replies_through_a_hiredis_parser() -> None:
     assert type(connection).read_response is AbstractConnection.read_response
 
 
+def test_redis_py_connections_keep_their_stream_reader_in_reader() -> None:
+    # bus.redis_client.HeldConnection asks connection._reader.at_eof() whether Redis closed it.
+    from redis.asyncio.connection import AbstractConnection, Connection
+    assert "_reader" in AbstractConnection.__slots__
+    assert Connection()._reader is None  # set to an asyncio.StreamReader on connect (integration: test_redis_pool)
+    assert inspect.signature(asyncio.StreamReader.at_eof).parameters.keys() == {"self"}
+
+
 def test_redis_py_pipelines_queue_args_and_options_in_command_stack() -> None:
     # bus.batching sends a pipeline's command_stack itself: (args, options) pairs.
     import redis.asyncio as aioredis
