@@ -37,7 +37,6 @@ def builtin_tools() -> list[ToolSpec]:
     return build_registry().brain_view()
 
 
-SAME = {"exec": {"exec", "execute_shell"}}  # the same tool under two names: either is right
 
 
 @dataclass
@@ -133,7 +132,7 @@ async def run(api_base: str) -> dict[str, Any]:
         first = await client.complete(messages, tools, ignore)
         latencies.append(time.perf_counter() - started)
         calls = first.tool_calls
-        ok = len(calls) >= 1 and calls[0].name in SAME.get(case.tool, {case.tool}) and case.check(json.loads(calls[0].arguments))
+        ok = len(calls) >= 1 and calls[0].name == case.tool and case.check(json.loads(calls[0].arguments))
         if ok:
             messages += [{"role": "assistant", "content": None, "tool_calls": [calls[0].to_openai()]},
                          {"role": "tool", "tool_call_id": calls[0].id,

@@ -99,6 +99,13 @@ class ToolDefinition(BaseModel):
     # finish before this one runs; it then sees their results (``ToolExecute.prior``).
     after: tuple[str, ...] = ()
     source: str = "builtin"  # or the SKILL.md it came from
+    # Other names a caller may use for this tool. Not listed (the model reads each tool once); policy
+    # entries naming an alias apply to the tool, as OpenClaw reads bash as exec.
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
 
     def spec(self) -> ToolSpec:
         meta = ToolMeta(category=self.category.value, idempotent=self.idempotent, after=self.after,
@@ -149,14 +156,16 @@ def _path(parts: Any) -> str:
 class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, ToolDefinition] = {}
+        self._aliases: dict[str, str] = {}  # alias -> the tool's name
         self._validators: dict[str, ArgsValidator] = {}
         self._async: dict[str, bool] = {}  # handler is a coroutine function: awaited on the loop, not in a thread
         self._view: list[ToolSpec] | None = None
         self._instructions: dict[str, SkillInfo] = {}
 
     def register(self, tool: ToolDefinition) -> None:
-        if tool.name in self._tools:
-            raise ValueError(f"tool {tool.name!r} is already registered")
+        taken = next((name for name in tool.names if name in self._tools or name in self._aliases), None)
+        if taken is not None:
+            raise ValueError(f"tool {tool.name!r}: the name {taken!r} is already registered")
         try:
             Draft202012Validator.check_schema(tool.parameters)
         except SchemaError as exc:
@@ -166,12 +175,15 @@ class ToolRegistry:
             raise ValueError(f"tool {tool.name!r} declares an order that forms a cycle ({' → '.join(cycle)}): "
                              "remove one of these `after` entries")
         self._tools[tool.name] = tool
+        self._aliases.update(dict.fromkeys(tool.aliases, tool.name))
         self._validators[tool.name] = ArgsValidator(tool.parameters)
         self._async[tool.name] = inspect.iscoroutinefunction(tool.handler)
         self._view = None
 
     def unregister(self, name: str) -> None:
-        self._tools.pop(name, None)
+        tool = self._tools.pop(name, None)
+        for alias in tool.aliases if tool else ():
+            self._aliases.pop(alias, None)
         self._validators.pop(name, None)
         self._async.pop(name, None)
         self._view = None
@@ -183,10 +195,11 @@ class ToolRegistry:
         return [tool for name, tool in sorted(self._tools.items()) if tool.category is category]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._tools
+        return name in self._tools or name in self._aliases
 
     def get(self, name: str) -> ToolDefinition:
-        tool = self._tools.get(name)
+        """The tool called ``name`` (or known by it as an alias)."""
+        tool = self._tools.get(name) or self._tools.get(self._aliases.get(name, ""))
         if tool is None:
             raise ToolFailure(
                 ErrorCode.TOOL_NOT_FOUND,
@@ -197,7 +210,7 @@ class ToolRegistry:
         return tool
 
     def idempotent(self, name: str) -> bool:
-        return self._tools[name].idempotent
+        return self.get(name).idempotent
 
     def is_async(self, name: str) -> bool:
         return self._async[name]

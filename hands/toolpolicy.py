@@ -27,7 +27,7 @@ class Decision:
 def _matches(entry: str, tool: ToolDefinition) -> bool:
     if entry in GROUPS:
         return tool.category is GROUPS[entry]
-    return fnmatchcase(tool.name, entry)
+    return any(fnmatchcase(name, entry) for name in tool.names)  # denying an alias denies the tool
 
 
 class ToolPolicy:

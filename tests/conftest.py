@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OWNER_TOKEN = f"pcr_test-owner-{uuid.uuid4().hex}"
 SHIPPED_SKILLS = ROOT / "skills"
 # What a Hands worker offers with the shipped skills only.
-TOOL_NAMES = ["exec", "execute_python", "execute_shell", "list_directory", "memory_read", "memory_search", "memory_write",
+TOOL_NAMES = ["exec", "execute_python", "list_directory", "memory_read", "memory_search", "memory_write",
               "process", "read_file", "read_files", "read_skill", "web_fetch", "web_search", "word_count", "write_file"]
 
 

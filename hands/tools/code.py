@@ -165,14 +165,10 @@ _EXEC_DESCRIPTION = ("Run a command in a sandbox with the workspace as its curre
                      "/workspace). No network. Returns exit_code, stdout and stderr.")
 
 
-def _exec_tool(name: str) -> ToolDefinition:
-    return ToolDefinition(name=name, description=_EXEC_DESCRIPTION, parameters=_EXEC_PARAMS, handler=run_command,
-                          category=Category.CODE, permissions=_PERMS, timeout_s=120, idempotent=False)
-
-
 CODE_TOOLS = [
-    _exec_tool("exec"),
-    _exec_tool("execute_shell"),
+    # execute_shell: the name the seed gave it, still answered; listed once, it costs every prompt less.
+    ToolDefinition(name="exec", aliases=("execute_shell",), description=_EXEC_DESCRIPTION, parameters=_EXEC_PARAMS,
+                   handler=run_command, category=Category.CODE, permissions=_PERMS, timeout_s=120, idempotent=False),
     ToolDefinition(
         name="execute_python",
         description="Run Python 3 code in a sandbox (workspace as current directory, no network). "

@@ -223,6 +223,28 @@ def test_registry_view_is_cached_and_hides_handlers() -> None:
                                          parameters={"type": "nonsense"}, category=Category.SKILL))
 
 
+async def test_an_alias_runs_its_tool_and_is_listed_nowhere(executor: Executor) -> None:
+    registry = executor.registry
+    assert registry.get("execute_shell") is registry.get("exec") and "execute_shell" in registry
+    assert "execute_shell" not in registry.names()
+    assert [spec.name for spec in registry.brain_view()].count("exec") == 1
+    assert all(spec.name != "execute_shell" for spec in registry.brain_view())
+    # The wire still answers it: a caller naming execute_shell gets exec's validation (and run).
+    result = await call(executor, "execute_shell", command="")
+    assert result.error.code is ErrorCode.INVALID_ARGUMENTS and "command" in result.error.message
+    for taken in ("execute_shell", "exec"):
+        with pytest.raises(ValueError, match=f"the name {taken!r} is already registered"):
+            registry.register(ToolDefinition(name=taken, description="", handler=print,
+                                             parameters={"type": "object"}, category=Category.SKILL))
+    with pytest.raises(ValueError, match="the name 'exec' is already registered"):
+        registry.register(ToolDefinition(name="shell", aliases=("exec",), description="", handler=print,
+                                         parameters={"type": "object"}, category=Category.SKILL))
+    registry.unregister("exec")
+    assert "execute_shell" not in registry
+    registry.register(ToolDefinition(name="execute_shell", description="", handler=print,
+                                     parameters={"type": "object"}, category=Category.SKILL))
+
+
 def test_openat2_is_used_and_refuses_what_the_walk_refuses(workspace: Path, tmp_path: Path) -> None:
     import errno
 

@@ -35,8 +35,15 @@ def test_agent_layers_only_narrow() -> None:
     settings = {"profile": "coding", "agents": {"helper": {"profile": "full", "deny": ["exec", "execute_sh*"]}}}
     helper = allowed(settings, agent="helper")
     assert "web_fetch" not in helper  # the agent's "full" cannot widen the global "coding"
-    assert "exec" not in helper and "execute_shell" not in helper and "execute_python" in helper
+    assert "exec" not in helper and "execute_python" in helper
     assert "exec" in allowed(settings, agent="main")
+
+
+def test_an_entry_naming_an_alias_applies_to_its_tool() -> None:
+    # execute_shell is exec under its old name: denying either denies the command runner.
+    assert "exec" not in allowed({"deny": ["execute_shell"]})
+    assert "exec" not in allowed({"deny": ["execute_*"]}) and "read_file" in allowed({"deny": ["execute_*"]})
+    assert allowed({"allow": ["execute_shell"]}) == ["exec"]
 
 
 def test_owner_only_tools_need_an_owner() -> None:
