@@ -1,6 +1,7 @@
 """The Redis Streams transport: the ``Bus`` (publish, connections, the batcher) and what every reader shares.
 
-- ``Bus.publish`` appends one message to a stream (approximately capped).
+- ``Bus.publish`` appends one message to a stream (approximately capped);
+  ``publish_until_sent`` sends it again while Redis is away.
 - Consuming through a group (a handler per message, replies and XACK in one
   transaction) is ``bus/consumer.py``; reading streams outside a group (a
   process's reply inbox, broadcasts) is ``bus/replies.py``.
@@ -8,6 +9,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +17,7 @@ from pydantic import SecretStr
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from bus import trace
 from bus.batching import Batcher
@@ -26,6 +29,8 @@ from bus.redis_client import HeldConnection, connect, connect_sentinel
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+
+log = logging.getLogger("bus")
 
 
 @dataclass
@@ -56,6 +61,20 @@ class Bus:
         traceparent = trace.current.get()  # now, in the caller's task: the flush runs in the batcher's
         (entry_id,) = await self.batcher.run(lambda pipe: self.add(pipe, stream, message, traceparent))
         return str(entry_id.decode())
+
+    async def publish_until_sent(self, stream: str, message: Message, *, within_s: float = 20.0) -> str:
+        """``publish``, sent again while Redis is away (a restart, a failover) for up to ``within_s``, then the
+        last error. Only for messages whose receiver knows a second copy by its id: a copy may land twice
+        when Redis took it but its answer was lost (a chat message's second copy resumes its turn)."""
+        retrying = AsyncRetrying(retry=retry_if_exception_type(CONNECTION_ERRORS), stop=stop_after_delay(within_s),
+                                 wait=wait_exponential(multiplier=0.1, max=2.0), reraise=True,
+                                 before_sleep=lambda state: log.warning(
+                                     "Redis away while sending to %s, sending again: %s", stream,
+                                     state.outcome.exception() if state.outcome else ""))
+        async for attempt in retrying:
+            with attempt:
+                return await self.publish(stream, message)
+        raise AssertionError("unreachable: tenacity either returns or raises")
 
     def send(self, stream: str, message: Message) -> None:
         """Publish without waiting: for events (text deltas, tool progress) whose order matters but

@@ -22,7 +22,7 @@ from bus.log import kv
 from bus.presence import instances
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
 from bus.replies import ReplyInbox
-from bus.streams import Bus
+from bus.streams import CONNECTION_ERRORS, Bus
 from gateway.config import GatewaySettings
 from gateway.errors import Refused, not_found
 from gateway.events import SessionEvents
@@ -104,10 +104,15 @@ class TurnRunner:
             async with self.inbox.expect(message.message_id) as queue:
                 token = trace.current.set(traceparent or trace.current.get())  # the Brain's work: our span's child
                 try:
-                    await self.log.append(message.session_id, message)
-                    await self.bus.publish(self.bus.keys.brain_inbox, message)
+                    # Numbered already: a message not sent would hold the session's later ones back, so a
+                    # failover or restart is waited out (a second copy resumes the turn, never runs it twice).
+                    await self.bus.publish_until_sent(self.bus.keys.brain_inbox, message)
                 finally:
                     trace.current.reset(token)
+                try:
+                    await self.log.append(message.session_id, message)
+                except CONNECTION_ERRORS as exc:  # live followers miss the message; its turn goes on
+                    log.warning("session event log not written %s: %s", kv(session=message.session_id), exc)
                 try:
                     async with asyncio.timeout(self.settings.turn_timeout_s):
                         while True:

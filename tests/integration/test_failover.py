@@ -78,7 +78,8 @@ async def test_the_pool_carries_on_after_a_failover(topology: Topology, tmp_path
         stop_brain.set()
         await asyncio.wait_for(brain_running, 30)
         await brain_bus.close()
-    if min_replicas:  # every write counted as sent was on the replica
+    assert turns["not sent"] == 0, turns  # a chat message waits the failover out
+    if min_replicas:  # every write counted as sent was on a replica
         assert calls["lost"] == 0 and turns["lost"] == 0, (calls, turns)
 
 
@@ -99,10 +100,10 @@ async def _fail_over_under_load(topology: Topology, caller_bus: Bus, inbox: Repl
         """A chat turn as the Gateway sends one: the model reads a.txt through Hands, then answers."""
         message = ChatMessage(session_id=f"chat{n}", text="what does a.txt say?", reply_to=inbox.stream)
         async with inbox.expect(message.message_id) as events:
-            try:
-                await caller_bus.publish(caller_bus.keys.brain_inbox, message)
+            try:  # as the Gateway sends one: again while Redis is away, for a while
+                await caller_bus.publish_until_sent(caller_bus.keys.brain_inbox, message, within_s=PATIENCE_S)
             except CONNECTION_ERRORS:
-                return "not sent"  # the sender is told at once (the Gateway answers 503): nothing to lose
+                return "not sent"  # the sender is told (the Gateway answers 503): nothing to lose
             try:
                 async with asyncio.timeout(PATIENCE_S):
                     while not isinstance(event := await events.get(), ChatReply | ChatError):
@@ -125,9 +126,10 @@ async def _fail_over_under_load(topology: Topology, caller_bus: Bus, inbox: Repl
     await asyncio.sleep(0)  # they are on their way
     topology.kill_primary()
     model.go.set()  # the turns go on: a tool call each, the transcript, the answer, against a failing Redis
+    turns += [asyncio.create_task(one_turn(n)) for n in range(30, 36)]  # and new ones are sent meanwhile
     call_outcomes = Counter(await asyncio.gather(*calls))  # every one ends: result, WORKER_LOST, TIMEOUT or lost
     turn_outcomes = Counter(await asyncio.gather(*turns))  # every turn ends: answer, error, not sent or lost
-    assert sum(call_outcomes.values()) == 60 and sum(turn_outcomes.values()) == 12
+    assert sum(call_outcomes.values()) == 60 and sum(turn_outcomes.values()) == 18
     assert set(call_outcomes) <= {"ok", ErrorCode.WORKER_LOST.value, ErrorCode.TIMEOUT.value, "lost"}, call_outcomes
     assert set(turn_outcomes) <= {"ok", "answered without the file", "not sent", "lost"}, turn_outcomes
     await async_wait_until(topology.promoted, timeout=30, what="the sentinels to promote a replica")
@@ -138,6 +140,6 @@ async def _fail_over_under_load(topology: Topology, caller_bus: Bus, inbox: Repl
         return after[-5:] == ["ok"] * 5
     await async_wait_until(settled, timeout=60, what="calls succeeding against the new primary")
     assert [await one_turn(100 + n) for n in range(3)] == ["ok"] * 3  # and chat turns too
-    print(f"failover: calls {dict(call_outcomes)} of 60, chat turns {dict(turn_outcomes)} of 12 in flight; "
+    print(f"failover: calls {dict(call_outcomes)} of 60, chat turns {dict(turn_outcomes)} of 18 in flight; "
           f"{len(after) - 5} calls before the pool settled")
     return call_outcomes, turn_outcomes
