@@ -161,8 +161,9 @@ _EXEC_PARAMS = {
     },
     "additionalProperties": False,
 }
-_EXEC_DESCRIPTION = ("Run a command in a sandbox with the workspace as its current directory (mounted at "
-                     "/workspace). No network. Returns exit_code, stdout and stderr.")
+_EXEC_DESCRIPTION = ("Run a shell command (sh -c), e.g. `make test`, `grep -rn TODO .` or `pip list`, in a "
+                     "sandbox with the workspace as its current directory (mounted at /workspace). No network. "
+                     "Returns exit_code, stdout and stderr.")
 
 
 CODE_TOOLS = [
