@@ -371,24 +371,24 @@ async def _tools(config: Config, *, as_json: bool) -> int:
 
     from bus.protocol import ToolsAvailable, ToolsList
     from bus.replies import ReplyInbox
-    from bus.service import new_instance_id, redis_url
-    from bus.streams import Bus
+    from bus.service import new_instance_id
+    from gateway.ops_cli import connected_bus
 
-    bus = Bus.from_settings(config.redis, redis_url(config))
-    inbox = ReplyInbox(bus, new_instance_id("cli"), block_ms=100)
-    await inbox.start()
     try:
-        request = ToolsList(reply_to=inbox.stream)
-        reply = await inbox.request(bus.keys.hands_requests, request, request.request_id, timeout=5)
+        async with connected_bus(config) as bus:  # Redis answers first, or the error says it does not
+            inbox = ReplyInbox(bus, new_instance_id("cli"), block_ms=100)
+            await inbox.start()
+            try:
+                request = ToolsList(reply_to=inbox.stream)
+                reply = await inbox.request(bus.keys.hands_requests, request, request.request_id, timeout=5)
+            finally:
+                await inbox.close()
     except TimeoutError:
         print("pincer: error: no Hands worker answered within 5s; start one with `pincer hands`", file=sys.stderr)
         return 1
     except Exception as exc:  # Redis unreachable, auth failed: say so plainly
         print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
         return 1
-    finally:
-        await inbox.close()
-        await bus.close()
     assert isinstance(reply, ToolsAvailable)
     if as_json:
         print(json.dumps([tool.model_dump(mode="json") for tool in reply.tools], indent=2))

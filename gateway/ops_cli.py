@@ -14,7 +14,7 @@ from rich.table import Table
 
 from bus.config import Config
 from bus.service import redis_url
-from bus.streams import Bus
+from bus.streams import CONNECTION_ERRORS, Bus
 from gateway import ops
 from gateway.daemon import StateFile, describe
 
@@ -132,7 +132,9 @@ async def manage_dead(config: Config, action: str, ids: list[str], *, every: boo
                 result = await ops.dead_retry(bus, None if every else ids)
             else:
                 result = {"purged": await ops.dead_purge(bus, None if every else ids)}
-    except Exception as exc:  # redis-py's connection and auth errors, a malformed id
+    except CONNECTION_ERRORS as exc:
+        return _fail(f"cannot reach Redis: {exc}")
+    except Exception as exc:  # Redis refusing: auth, a malformed id
         return _fail(f"{type(exc).__name__}: {exc}")
     if as_json or action == "show":
         print(json.dumps(result, indent=2, default=str))

@@ -1,4 +1,4 @@
-"""Operating the pool from the command line: `pincer status` and `pincer dead`."""
+"""Operating the pool from the command line: `pincer status`, `pincer dead`, and what they say without Redis."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from bus.codec import decode, encode
 from bus.protocol import ChatMessage, ToolExecute, now_ms
+from bus.redis_server import free_port
 from bus.streams import Bus
 from tests.conftest import Processes, async_wait_until
 from tests.e2e.conftest import wait_for
@@ -104,3 +105,12 @@ async def test_dead_list_show_retry_and_purge(bus: Bus, processes: Processes) ->
     purged = await run(processes, "dead", "purge", "--all")
     assert purged.returncode == 0 and "1 entry purged" in purged.stdout
     assert await bus.redis.xlen(bus.keys.dead) == 0
+
+
+@pytest.mark.parametrize("command", [["status"], ["tools"], ["dead", "list"], ["token", "list"], ["trace", "s1"]])
+def test_every_command_says_plainly_when_redis_is_unreachable(processes: Processes, command: list[str]) -> None:
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    done = processes.run(*command, extra_env={"PINCER_REDIS_URL": nobody}, timeout=60)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "pincer: error: cannot reach Redis" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "retrying" not in done.stderr and "Hands worker" not in done.stderr, done.stderr  # the cause, alone
