@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bus.protocol import ErrorCode
-from gateway.errors import Refused
+from gateway.errors import REDIS_AWAY, Refused, redis_away
 from gateway.events import Resync, parse_after
 from gateway.handling import SESSION_ID
 from gateway.tokens import Identity
@@ -48,19 +48,22 @@ class LiveSocket:
     async def serve(self) -> None:
         await self.ws.accept()
         try:
-            if self.identity is None and not await self._authenticate():
-                return
-            identity = self.identity
-            assert identity is not None
+            try:
+                if self.identity is None and not await self._authenticate():
+                    return
+                identity = self.identity
+                assert identity is not None
+                agents = await self.gateway.turns.agents_for(identity)
+            except REDIS_AWAY as exc:
+                raise redis_away(exc) from None
             hold = self.gateway.limits.hold_stream(identity.name)
         except Refused as refusal:
             await self.ws.send_json({"type": "error", "code": refusal.code.value, "message": refusal.message})
-            await self.ws.close(1008)
+            await self.ws.close(1013 if refusal.status == 503 else 1008)  # 1013: try again later
             return
         sender = asyncio.create_task(self._send_frames())
         try:
-            await self.ws.send_json({"type": "ready", "name": identity.name,
-                                     "agents": await self.gateway.turns.agents_for(identity)})
+            await self.ws.send_json({"type": "ready", "name": identity.name, "agents": agents})
             while True:
                 raw = await self.ws.receive_text()
                 await self._handle(raw)
@@ -107,6 +110,9 @@ class LiveSocket:
             await self._error(ErrorCode.BAD_REQUEST, "a frame is a JSON object with a type", ref)
         except Refused as refusal:
             await self._error(refusal.code, refusal.message, ref)
+        except REDIS_AWAY as exc:  # this frame fails; the socket stays for the next one
+            away = redis_away(exc)
+            await self._error(away.code, away.message, ref)
 
     async def _dispatch(self, frame: dict[str, Any]) -> None:
         identity = self.identity

@@ -18,6 +18,7 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -290,6 +291,7 @@ async def test_while_redis_is_away_the_gateway_says_503_and_a_turn_goes_on_after
     try:
         start_stack(processes, hands=1)
         assert send(processes.env, "hello", session="before").json()["text"] == "echo: hello"
+        socket = await asyncio.to_thread(_signed_in_socket, processes.env)  # open before Redis goes away
         # A turn whose model is still thinking when Redis stops: its answer cannot be kept in the transcript.
         thinking = asyncio.create_task(asyncio.to_thread(send, processes.env, "SLEEP 2", "through"))
         await async_wait_until(lambda: any("SLEEP 2" in str(r["messages"]) for r in scripted_llm.requests),
@@ -311,13 +313,53 @@ async def test_while_redis_is_away_the_gateway_says_503_and_a_turn_goes_on_after
             assert exc.status_code == 503 and "Redis did not answer" in str(exc.body), exc.body
         health = await asyncio.to_thread(httpx.get, f"{gateway_url(processes.env)}/healthz", timeout=5)
         assert health.status_code == 503
+        closed = await asyncio.to_thread(_socket_while_redis_is_away, processes.env)
+        assert closed == ("SERVICE_UNAVAILABLE", 1013), closed
+        # A socket already open: that frame fails with the reason, the socket stays.
+        failed = await asyncio.to_thread(_frame, socket, {"type": "send", "session": "ws", "text": "hi", "ref": 1})
+        assert failed["type"] == "error" and failed["code"] == "SERVICE_UNAVAILABLE" and failed["ref"] == 1, failed
 
         await asyncio.to_thread(server.start)  # same port, password and data
         answered = await asyncio.wait_for(thinking, 90)
         assert answered.status_code == 200 and answered.json()["text"] == "slept 2s", answered.text
         again = await asyncio.to_thread(send, processes.env, "again", "after")
         assert again.status_code == 200 and again.json()["text"] == "echo: again", again.text
+        accepted = await asyncio.to_thread(_frame, socket, {"type": "send", "session": "ws", "text": "hi", "ref": 2})
+        assert accepted["type"] == "accepted" and accepted["ref"] == 2, accepted
+        socket.close()
         assert all(proc.poll() is None for _, proc, _ in processes.started)
     finally:
         processes.stop_all()
         server.stop()
+
+
+def _socket_while_redis_is_away(env: dict[str, str]) -> tuple[str, int | None]:
+    """What the Gateway's WebSocket says to a signed-in client while Redis is away: its error code, the close code."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{env['PINCER_GATEWAY_PORT']}/v1/ws") as socket:
+        socket.send(json.dumps({"type": "auth", "token": OWNER_TOKEN}))
+        frame = json.loads(socket.recv(timeout=30))
+        try:
+            socket.recv(timeout=10)
+        except ConnectionClosed as closed:
+            return frame.get("code", frame["type"]), closed.rcvd.code if closed.rcvd else None
+    return frame.get("code", frame["type"]), None
+
+
+def _signed_in_socket(env: dict[str, str]) -> Any:
+    from websockets.sync.client import connect
+
+    socket = connect(f"ws://127.0.0.1:{env['PINCER_GATEWAY_PORT']}/v1/ws")
+    socket.send(json.dumps({"type": "auth", "token": OWNER_TOKEN}))
+    assert json.loads(socket.recv(timeout=30))["type"] == "ready"
+    return socket
+
+
+def _frame(socket: Any, frame: dict[str, Any]) -> dict[str, Any]:
+    """Send one frame and return the first answer that is not a session event."""
+    socket.send(json.dumps(frame))
+    while (answer := json.loads(socket.recv(timeout=60)))["type"] == "event":
+        pass
+    return answer
