@@ -88,7 +88,8 @@ class HandsWorker:
         self.mcp = McpServers(settings.mcp, self.registry, self.sandbox, bus=bus, worker_id=worker_id,
                               on_change=self._tools_changed)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s, details=self._details)
-        self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s)
+        self.calls = CallRecords(bus, worker_id, keep_s=settings.call_record_s,
+                                 running_here=lambda call_id: call_id in self._in_flight)
         # A call this worker has no room for goes to the pool's backlog (hands/backlog.py); a lane's
         # stream is read only as far as there is room in it. The consumer's own limit only bounds
         # what is handled at once (running, parking, or waiting in the limiter's queue).
@@ -208,10 +209,7 @@ class HandsWorker:
         finally:
             self._in_flight.pop(call.call_id, None)
         if once:
-            try:
-                await self.calls.done(call, result)
-            except CONNECTION_ERRORS as exc:  # the answer matters more: a redelivery would say WORKER_LOST
-                log.warning("call record not written %s: %s", kv(call=call.call_id), exc)
+            await self.calls.done(call, result)
         return result
 
     def _lost(self, call: ToolExecute, times: int) -> ToolFailure:
@@ -274,6 +272,7 @@ class HandsWorker:
             await self.reaper.close()
             await self.pool.close()
             await self.jobs.stop_all()
+            await self.calls.close()
             await self.inbox.close()
             await self.control.close()
             await self.presence.stop()

@@ -25,6 +25,7 @@ import openai
 import pytest
 
 from bus.config import RedisSettings
+from bus.presence import alive
 from bus.protocol import ToolExecute, ToolResult, now_ms
 from bus.redis_server import EmbeddedRedis
 from bus.replies import ReplyInbox
@@ -107,8 +108,10 @@ async def where_calls_wait(bus: Bus, call_ids: set[str]) -> dict[str, object]:
         pending = await bus.redis.xpending(stream, "hands") if groups else {}
         report[stream] = {"len": await bus.redis.xlen(stream), "groups": groups,
                           "pending": pending.get("consumers") if pending else None}
-        held = {row["message_id"] for row in await bus.redis.xpending_range(stream, "hands", "-", "+", 10_000)} \
-            if groups else set()
+        rows = await bus.redis.xpending_range(stream, "hands", "-", "+", 10_000) if groups else []
+        held = {row["message_id"] for row in rows}
+        report[f"{stream} held"] = [(row["message_id"], row["consumer"], row["times_delivered"],
+                                     row["time_since_delivered"]) for row in rows[:5]]
         last = groups[0]["last-delivered-id"] if groups else b"0-0"
         for entry_id, fields in await bus.redis.xrange(stream):
             if any(needle in b"".join(fields.values()) for needle in needles):
@@ -124,6 +127,9 @@ async def where_calls_wait(bus: Bus, call_ids: set[str]) -> dict[str, object]:
                 report[key.decode()] = len(items)
             elif kind == b"string":
                 report[key.decode()] = await bus.redis.get(key)
+    for worker in await alive(bus, "hands"):  # held by its consumer, running in its executor, waiting for a slot
+        report[f"worker {worker}"] = await bus.redis.hmget(bus.keys.instance("hands", worker),
+                                                            "in_flight", "running", "queued")
     report["found"] = dict(found)
     return report
 
@@ -244,7 +250,8 @@ async def test_a_burst_of_2000_exec_calls_is_queued_through_a_kill_and_a_redis_r
     processes.env = {**chaos_env, "PINCER_REDIS_URL": url, "PINCER_WORKSPACE": str(ws),
                      "PINCER_HANDS__CONCURRENCY__GLOBAL": "10",
                      "PINCER_HANDS__CONCURRENCY__CODE": "2",
-                     "PINCER_HANDS__QUEUE__WAIT_S": "600"}  # a waiting call waits: this run is about refusals
+                     "PINCER_HANDS__QUEUE__WAIT_S": "600",  # a waiting call waits: this run is about refusals
+                     "PINCER_RUNTIME__LOG_LEVEL": "INFO"}  # every call's lines, for a hang's diagnosis
     bus = Bus.from_settings(RedisSettings(prefix=prefix), url)
     caller = Caller(bus)
     try:

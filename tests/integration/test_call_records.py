@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
-from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
+import msgpack
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from bus.protocol import ErrorCode, ResultMetadata, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
+from hands.call_records import CallRecords
 from hands.registry import Category, ToolDefinition
+from tests.conftest import async_wait_until
 
 
 def once_tool(runs: list[int], delay: float = 0.0) -> ToolDefinition:
@@ -60,3 +66,76 @@ async def test_a_call_whose_worker_died_mid_run_is_not_run_again(bus: Bus, engin
     assert not result.success and result.error.code is ErrorCode.WORKER_LOST
     assert result.error.recoverable and "gone-worker" in result.error.message
     assert runs == []
+
+
+async def test_this_workers_own_claim_on_a_call_it_is_not_running_runs_the_call(bus: Bus, engine, call) -> None:
+    # As when Redis went away after taking the worker's claim but before answering it: the call never started.
+    runs: list[int] = []
+    worker = await engine(extra_tools=[once_tool(runs)])
+    await bus.redis.set(bus.keys.call_record("cut-off"), f"running:{worker.worker_id}#0a1b2c3d".encode(), px=60_000)
+    result = await send(bus, call, "cut-off")
+    assert result.success and runs == [1]  # at once, not after waiting for its own claim until the deadline
+    record = await bus.redis.get(bus.keys.call_record("cut-off"))
+    assert not record.startswith(b"running:")
+
+
+class Flaky:
+    """A Redis client whose ``set`` fails with a lost connection ``failures`` times (after applying it, if
+    ``applied``: the answer is what is lost), then works."""
+
+    def __init__(self, redis: Any, failures: int, *, applied: bool) -> None:
+        self.redis, self.failures, self.applied = redis, failures, applied
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.redis, name)
+
+    async def set(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures:
+            self.failures -= 1
+            if self.applied:
+                await self.redis.set(*args, **kwargs)
+            raise RedisConnectionError("Connection closed by server.")
+        return await self.redis.set(*args, **kwargs)
+
+
+def _call(call_id: str) -> ToolExecute:
+    return ToolExecute(call_id=call_id, tool="once", args={}, reply_to="r", deadline=now_ms() + 20_000)
+
+
+async def test_a_claim_whose_answer_was_lost_is_dropped_once_redis_answers(bus: Bus) -> None:
+    records = CallRecords(SimpleNamespace(redis=Flaky(bus.redis, 1, applied=True), keys=bus.keys), "w-lost",
+                          keep_s=60)
+    try:
+        await records.claim(_call("lost-answer"))
+        raise AssertionError("the claim's lost answer was not raised")
+    except RedisConnectionError:
+        pass
+    key = bus.keys.call_record("lost-answer")
+    await async_wait_until(lambda: _gone(bus, key), what="the claim dropped")
+    # Another worker now runs the call instead of waiting for a claim nobody acts on.
+    assert await CallRecords(bus, "w-other", keep_s=60).claim(_call("lost-answer")) is None
+    await records.close()
+
+
+async def _gone(bus: Bus, key: str) -> bool:
+    return not await bus.redis.exists(key)
+
+
+async def test_a_result_redis_did_not_take_is_kept_and_written_when_it_answers(bus: Bus) -> None:
+    records = CallRecords(SimpleNamespace(redis=Flaky(bus.redis, 0, applied=False), keys=bus.keys), "w-kept",
+                          keep_s=60)
+    assert await records.claim(_call("kept")) is None  # the claim itself goes through (failures start after)
+    records.bus.redis.failures = 3
+    result = ToolResult(call_id="kept", success=True, data="ran once", metadata=ResultMetadata(tool_name="once"))
+    await records.done(_call("kept"), result)  # Redis away: kept here, the answer goes on
+    assert await records.claim(_call("kept")) == result  # a second delivery here gets it, not a second run
+    key = bus.keys.call_record("kept")
+    await async_wait_until(lambda: _is_result(bus, key), what="the record written once Redis answered")
+    assert msgpack.unpackb(await bus.redis.get(key), raw=False)["data"] == "ran once"
+    assert await CallRecords(bus, "w-other", keep_s=60).claim(_call("kept")) == result
+    await records.close()
+
+
+async def _is_result(bus: Bus, key: str) -> bool:
+    record = await bus.redis.get(key)
+    return record is not None and not record.startswith(b"running:")
