@@ -33,6 +33,13 @@ CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OS
 log = logging.getLogger("bus")
 
 
+def while_redis_away(within_s: float, **options: Any) -> AsyncRetrying:
+    """Attempts of one write, again on a lost connection with backoff (0.1 s doubling to 2 s) for up to
+    ``within_s``, then its last error: ``async for attempt in while_redis_away(20): with attempt: ...``."""
+    return AsyncRetrying(retry=retry_if_exception_type(CONNECTION_ERRORS), stop=stop_after_delay(within_s),
+                         wait=wait_exponential(multiplier=0.1, max=2.0), reraise=True, **options)
+
+
 @dataclass
 class Bus:
     redis: Redis
@@ -66,11 +73,8 @@ class Bus:
         """``publish``, sent again while Redis is away (a restart, a failover) for up to ``within_s``, then the
         last error. Only for messages whose receiver knows a second copy by its id: a copy may land twice
         when Redis took it but its answer was lost (a chat message's second copy resumes its turn)."""
-        retrying = AsyncRetrying(retry=retry_if_exception_type(CONNECTION_ERRORS), stop=stop_after_delay(within_s),
-                                 wait=wait_exponential(multiplier=0.1, max=2.0), reraise=True,
-                                 before_sleep=lambda state: log.warning(
-                                     "Redis away while sending to %s, sending again: %s", stream,
-                                     state.outcome.exception() if state.outcome else ""))
+        retrying = while_redis_away(within_s, before_sleep=lambda state: log.warning(
+            "Redis away while sending to %s, sending again: %s", stream, state.outcome.exception() if state.outcome else ""))
         async for attempt in retrying:
             with attempt:
                 return await self.publish(stream, message)

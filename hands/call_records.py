@@ -28,13 +28,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgpack
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from bus.keys import Keys
 from bus.log import kv
 from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
-from bus.streams import CONNECTION_ERRORS
+from bus.streams import CONNECTION_ERRORS, while_redis_away
 from hands.errors import ToolFailure
 
 log = logging.getLogger("hands.call_records")
@@ -120,11 +119,8 @@ class CallRecords:
                 then: Callable[[], object] = lambda: None, **kwargs: Any) -> None:
         """Run ``command`` in the background until Redis takes it (for as long as a record is kept)."""
         async def until_taken() -> None:
-            retrying = AsyncRetrying(retry=retry_if_exception_type(CONNECTION_ERRORS),
-                                     stop=stop_after_delay(self.keep_ms / 1000), wait=wait_exponential(0.1, max=2.0),
-                                     reraise=True)
             try:
-                async for attempt in retrying:
+                async for attempt in while_redis_away(self.keep_ms / 1000):
                     with attempt:
                         await command(*args, **kwargs)
                 then()
