@@ -53,6 +53,7 @@ from gateway.live import LiveSocket
 from gateway.observe import metrics_text, readiness
 from gateway.openai_api import OpenAIRoutes
 from gateway.page import page_routes
+from gateway.session_names import ALL_OWNERS, path_of, shown_to
 from gateway.tokens import Identity, TokenStore, WebSessions
 from gateway.turns import TurnRunner
 from memory.sessions import SessionStore
@@ -153,8 +154,9 @@ class Gateway:
             raise
         if body.detach:
             self.turns.follow(message, hold.release)
-            return JSONResponse({"session_id": session_id, "message_id": message.message_id, "seq": message.seq,
-                                 "events": f"/v1/sessions/{session_id}/events"}, status_code=202)
+            return JSONResponse({"session_id": shown_to(identity, session_id), "message_id": message.message_id,
+                                 "seq": message.seq, "events": path_of(identity, session_id, "/events")},
+                                status_code=202)
         if wants_stream:
             return EventSourceResponse(self._sse(message, hold), ping=15)
         try:
@@ -213,7 +215,7 @@ class Gateway:
         identity = caller(request)
         await self.own_session(identity, session_id)
         await self.turns.cancel(session_id, by=identity.name)
-        return JSONResponse({"session_id": session_id, "cancel": "sent"}, status_code=202)
+        return JSONResponse({"session_id": shown_to(identity, session_id), "cancel": "sent"}, status_code=202)
 
     async def decide(self, request: Request) -> Response:
         """Answer a pending exec approval of a session the caller owns (or any, for an operator)."""
@@ -235,7 +237,7 @@ class Gateway:
             hold.release()
             raise
         self.turns.follow(message, hold.release)
-        return {"session_id": session_id, "message_id": message.message_id, "seq": message.seq}
+        return {"session_id": shown_to(identity, session_id), "message_id": message.message_id, "seq": message.seq}
 
     async def decide_approval(self, identity: Identity, approval_id: str, decision: Any) -> dict[str, Any]:
         if decision not in ("allow-once", "allow-always", "deny"):
@@ -258,9 +260,10 @@ class Gateway:
 
     async def get_session(self, request: Request) -> Response:
         session_id = session_id_of(request)
-        await self.own_session(caller(request), session_id, existing=True)
+        identity = caller(request)
+        await self.own_session(identity, session_id, existing=True)
         entries = await self.sessions.load(session_id)
-        return JSONResponse({"session_id": session_id,
+        return JSONResponse({"session_id": shown_to(identity, session_id),
                              "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries]})
 
     async def delete_session(self, request: Request) -> Response:
@@ -269,18 +272,22 @@ class Gateway:
         await self.own_session(identity, session_id, existing=True)
         await self.sessions.delete(session_id)
         log.info("session deleted %s", kv(session=session_id, by=identity.name))
-        return JSONResponse({"session_id": session_id, "deleted": True})
+        return JSONResponse({"session_id": shown_to(identity, session_id), "deleted": True})
 
     async def list_sessions(self, request: Request) -> Response:
+        """The caller's sessions by name; an operator's ``?owner=NAME`` lists that identity's, ``?owner=*`` all."""
         identity = caller(request)
-        owner = None if identity.operator else identity.name
-        return JSONResponse({"sessions": await self.sessions.list_sessions(owner=owner)})
+        owner = request.query_params.get("owner") or identity.name
+        if owner != identity.name and not identity.operator:
+            raise Refused(403, ErrorCode.FORBIDDEN, "only an operator token may list another identity's sessions")
+        found = await self.sessions.list_sessions(owner=None if owner == ALL_OWNERS else owner)
+        return JSONResponse({"sessions": [shown_to(identity, s) if owner != ALL_OWNERS else s for s in found]})
 
     async def own_session(self, identity: Identity, session_id: str, *, existing: bool = False) -> None:
         """Refuse (404, as if it did not exist) a session that is not the caller's."""
         owner, has_transcript = await self.sessions.ownership(session_id)
         if owner is None or not identity.may_see(owner) or (existing and not has_transcript):
-            raise not_found(f"no session {session_id!r}")
+            raise not_found(f"no session {shown_to(identity, session_id)!r}")
 
     async def live(self, websocket: WebSocket) -> None:
         await LiveSocket(self, websocket).serve()

@@ -29,13 +29,18 @@ class ChatClient:
     err: Console
     token: str | None = None
 
+    def url(self, suffix: str) -> str:
+        """The session's URL: ``NAME`` is the caller's own, ``OWNER/NAME`` another's (operators)."""
+        owner, _, name = self.session_id.rpartition("/")
+        return f"{self.base_url}/v1/sessions/{name}{suffix}" + (f"?owner={owner}" if owner else "")
+
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def send(self, text: str) -> str:
         """Send one message; stream the reply to ``out``; return the final text."""
-        url = f"{self.base_url}/v1/sessions/{self.session_id}/messages"
+        url = self.url("/messages")
         try:
             with httpx.Client(timeout=httpx.Timeout(10.0, read=None)) as client, \
                     connect_sse(client, "POST", url, json={"text": text}, headers=self.headers) as source:
@@ -54,7 +59,7 @@ class ChatClient:
     def cancel(self) -> None:
         """Ctrl-C during a turn: ask the Gateway to stop it (its tool calls stop too)."""
         try:
-            httpx.post(f"{self.base_url}/v1/sessions/{self.session_id}/cancel", headers=self.headers, timeout=5)
+            httpx.post(self.url("/cancel"), headers=self.headers, timeout=5)
             self.err.print("\n(cancelled)", highlight=False)
         except httpx.HTTPError:
             self.err.print("\n(could not reach the Gateway to cancel)", highlight=False)

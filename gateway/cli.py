@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     mcp.add_argument("--redis", metavar="URL")
 
     trace = sub.add_parser("trace", help="a session's turns as timelines: model calls, tool calls, waits")
-    trace.add_argument("session")
+    trace.add_argument("session", help="NAME (the owner token's session) or OWNER/NAME")
     trace.add_argument("--turn", type=int, metavar="N", help="only turn N (1 is the first)")
     trace.add_argument("--json", action="store_true", help="print JSON")
     trace.add_argument("--redis", metavar="URL")
@@ -82,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="chat with the agent through a running Gateway")
     chat.add_argument("-m", "--message", help="send one message, print the reply and exit")
-    chat.add_argument("--session", default="main", help="session id (default: main)")
+    chat.add_argument("--session", default="main",
+                      help="session name (default: main, your own); an operator reaches another's as OWNER/NAME")
     chat.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
     chat.add_argument("--token", help="Gateway token (default: $PINCER_TOKEN, gateway.token, or the one "
                       "`pincer up` made in the data dir)")

@@ -6,22 +6,17 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from bus.protocol import ErrorCode
 from gateway.errors import Refused
+from gateway.session_names import qualify
 from gateway.tokens import Identity
 from gateway.turns import until_disconnected
 
-SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-
 B = TypeVar("B", bound=BaseModel)
-
-
-class _Session(BaseModel):
-    session_id: str = Field(pattern=SESSION_ID)
 
 
 def caller(request: Request) -> Identity:
@@ -62,14 +57,5 @@ async def collect_or_cancel(request: Request, collect: Coroutine[Any, Any, Respo
 
 
 def session_id_of(request: Request) -> str:
-    session_id: str = request.path_params["session_id"]
-    check_session_id(session_id)
-    return session_id
-
-
-def check_session_id(session_id: str) -> None:
-    try:
-        _Session(session_id=session_id)
-    except ValidationError:
-        raise Refused(400, ErrorCode.BAD_REQUEST, "session ids are 1-128 characters: letters, digits and _ . : - "
-                      "(starting with a letter or digit)") from None
+    """The wire id of the session the request names: the caller's own, or (an operator's ``?owner=``) another's."""
+    return qualify(caller(request), request.path_params["session_id"], request.query_params.get("owner"))

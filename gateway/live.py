@@ -4,7 +4,8 @@ Frames are JSON objects with a ``type``. The client sends ``auth`` (first,
 unless a header or the sign-in cookie already named it), ``subscribe``
 (``session``, optional ``after``), ``unsubscribe``, ``send`` (``session``,
 ``text``, optional ``agent_id``: a detached turn), ``cancel`` and ``decide``.
-The Gateway sends ``ready``, ``event`` (one per session event, with its id),
+A session is the caller's own by its name; an operator adds ``owner`` to
+reach another identity's (see ``gateway.session_names``). The Gateway sends ``ready``, ``event`` (one per session event, with its id),
 ``resync``, ``accepted`` and ``error``. Each subscription reads the session's
 log only as fast as the client takes frames (a bounded queue), so a slow
 client costs the Gateway nothing more, and one that falls behind the log's
@@ -17,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -25,7 +25,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from bus.protocol import ErrorCode
 from gateway.errors import REDIS_AWAY, Refused, redis_away
 from gateway.events import Resync, parse_after
-from gateway.handling import SESSION_ID
+from gateway.session_names import owner_of, qualify
 from gateway.tokens import Identity
 
 if TYPE_CHECKING:
@@ -118,11 +118,16 @@ class LiveSocket:
         identity = self.identity
         assert identity is not None
         kind, ref = frame.get("type"), frame.get("ref")
-        session = frame.get("session")
-        if kind in ("subscribe", "unsubscribe", "send", "cancel") and \
-                (not isinstance(session, str) or not re.match(SESSION_ID, session)):
-            raise Refused(400, ErrorCode.BAD_REQUEST, "session: a session id (letters, digits, _ . : -)")
-        session = str(session)
+        name = frame.get("session")
+        session, where = "", {"session": name}
+        if kind in ("subscribe", "unsubscribe", "send", "cancel"):
+            owner = frame.get("owner")
+            if not isinstance(name, str) or not (owner is None or isinstance(owner, str)):
+                raise Refused(400, ErrorCode.BAD_REQUEST, "session: a session id (letters, digits, _ . : -); "
+                              "owner (operators): an identity's name")
+            session = qualify(identity, name, owner)
+            if owner_of(session) != identity.name:  # frames of another's session say whose it is
+                where["owner"] = owner_of(session)
         match kind:
             case "subscribe":
                 await self.gateway.own_session(identity, session)
@@ -134,8 +139,8 @@ class LiveSocket:
                 old = self.subscriptions.pop(session, None)
                 if old is not None:
                     old.cancel()
-                self.subscriptions[session] = asyncio.create_task(self._follow(session, start))
-                await self.outbox.put({"type": "subscribed", "session": session, "after": start, "ref": ref})
+                self.subscriptions[session] = asyncio.create_task(self._follow(session, where, start))
+                await self.outbox.put({"type": "subscribed", **where, "after": start, "ref": ref})
             case "unsubscribe":
                 task = self.subscriptions.pop(session, None)
                 if task is not None:
@@ -146,7 +151,7 @@ class LiveSocket:
             case "cancel":
                 await self.gateway.own_session(identity, session)
                 await self.gateway.turns.cancel(session, by=identity.name)
-                await self.outbox.put({"type": "cancel_sent", "session": session, "ref": ref})
+                await self.outbox.put({"type": "cancel_sent", **where, "ref": ref})
             case "decide":
                 decided = await self.gateway.decide_approval(identity, str(frame.get("approval_id", "")),
                                                              frame.get("decision"))
@@ -155,12 +160,13 @@ class LiveSocket:
                 raise Refused(400, ErrorCode.BAD_REQUEST, f"unknown frame type {kind!r}: use subscribe, "
                               "unsubscribe, send, cancel or decide")
 
-    async def _follow(self, session: str, after: str) -> None:
+    async def _follow(self, session: str, where: dict[str, Any], after: str) -> None:
+        """Frames name the session as the client did (``where``: its name, and owner if not the client)."""
         async for item in self.gateway.fanout.subscribe(session, after).events():
             if isinstance(item, Resync):
-                await self.outbox.put({"type": "resync", "session": session, "after": item.now})
+                await self.outbox.put({"type": "resync", **where, "after": item.now})
             else:
-                await self.outbox.put({**item.frame(), "session": session})  # waits while the client lags
+                await self.outbox.put({**item.frame(), **where})  # waits while the client lags
 
     async def _error(self, code: ErrorCode, message: str, ref: Any) -> None:
         await self.outbox.put({"type": "error", "code": code.value, "message": message, "ref": ref})

@@ -26,8 +26,9 @@ from starlette.routing import Route
 
 from bus.protocol import ApprovalRequest, ChatDelta, ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, new_id
 from gateway.errors import TURN_STATUS, Refused, error_body, error_response, not_found
-from gateway.handling import caller, check_session_id, collect_or_cancel, read_json
+from gateway.handling import caller, collect_or_cancel, read_json
 from gateway.limits import Hold
+from gateway.session_names import qualify, shown_to
 from memory.sessions import TranscriptEntry
 
 if TYPE_CHECKING:
@@ -132,11 +133,9 @@ class OpenAIRoutes:
         text = text_of(turns[-1][1], turns[-1][0])
         if not text.strip():
             raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "the last user message has no text")
-        session_id = self._session_of(request, body)
-        ephemeral = session_id is None
-        if session_id is None:
-            session_id = f"oai-{new_id()}"
-        check_session_id(session_id)
+        name = self._session_of(request, body)
+        ephemeral = name is None
+        session_id = qualify(identity, name or f"oai-{new_id()}", request.query_params.get("owner"))
         context = [_entry(m, i) for i, m in turns[:-1]]
         ttl = self.settings.ephemeral_ttl_s if ephemeral else 0
         gateway = self.gateway
@@ -153,8 +152,8 @@ class OpenAIRoutes:
         except BaseException:
             hold.release()
             raise
-        turn = _Turn(self, message, body, ttl=ttl)
-        headers = {"X-Pincer-Session": session_id}
+        turn = _Turn(self, message, body, ttl=ttl, shown=shown_to(identity, session_id))
+        headers = {"X-Pincer-Session": turn.shown}
         if body.stream:
             return EventSourceResponse(turn.stream(hold), ping=15, headers=headers)
         try:
@@ -178,8 +177,10 @@ class OpenAIRoutes:
 class _Turn:
     """One completion: the turn's events in OpenAI's shapes."""
 
-    def __init__(self, routes: OpenAIRoutes, message: ChatMessage, body: CompletionRequest, *, ttl: int) -> None:
+    def __init__(self, routes: OpenAIRoutes, message: ChatMessage, body: CompletionRequest, *, ttl: int,
+                 shown: str) -> None:
         self.routes, self.message, self.body, self.ttl = routes, message, body, ttl
+        self.shown = shown  # the session as the client names it
         self.id = f"chatcmpl-{message.message_id}"
         self.created = int(time.time())
         self.inline = routes.settings.show_tools == "inline"
@@ -204,7 +205,7 @@ class _Turn:
                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(content)},
                                      "logprobs": None, "finish_reason": "stop"}],
                         "usage": _usage(event.usage),
-                        "pincer": {"session_id": self.message.session_id, "message_id": self.message.message_id,
+                        "pincer": {"session_id": self.shown, "message_id": self.message.message_id,
                                    "tool_calls": tools},
                     })
                 elif isinstance(event, ChatError):

@@ -16,6 +16,8 @@ from typing import Any
 
 from bus.config import Config
 from gateway.ops_cli import connected_bus
+from gateway.session_names import SEPARATOR
+from gateway.tokens import OWNER
 from memory.sessions import SessionStore, TranscriptEntry
 
 
@@ -67,6 +69,9 @@ def timeline(turn: list[TranscriptEntry]) -> list[dict[str, Any]]:
 
 
 async def show_trace(config: Config, session_id: str, *, turn: int | None, as_json: bool) -> int:
+    """``session_id``: ``OWNER/NAME``, or a bare ``NAME`` for the owner token's session of that name."""
+    if SEPARATOR not in session_id:
+        session_id = f"{OWNER}{SEPARATOR}{session_id}"
     try:
         async with connected_bus(config) as bus:
             entries = await SessionStore(bus.redis, bus.keys).load(session_id)

@@ -27,6 +27,7 @@ from gateway.config import GatewaySettings
 from gateway.errors import Refused, not_found
 from gateway.events import SessionEvents
 from gateway.limits import CallerLimits
+from gateway.session_names import owner_of, shown_to
 from gateway.tokens import Identity
 from memory.sessions import SessionStore
 
@@ -80,10 +81,10 @@ class TurnRunner:
             raise not_found(f"no agent named {agent_id!r}; agents: {', '.join(sorted(brains.agents))}")
         await self.limits.check_backlog()
         await self.limits.take_message(identity.name)
-        seq = await self.sessions.claim_and_number(session_id, identity.name, operator=identity.operator,
-                                                   ttl_s=ttl_s)
+        seq = await self.sessions.claim_and_number(session_id, identity.name, owner=owner_of(session_id),
+                                                   operator=identity.operator, ttl_s=ttl_s)
         if seq is None:  # someone else's: as if it did not exist
-            raise not_found(f"no session {session_id!r}")
+            raise not_found(f"no session {shown_to(identity, session_id)!r}")
         message = ChatMessage(session_id=session_id, agent_id=agent_id, sender=identity.name, text=text,
                               reply_to=self.inbox.stream, seq=seq, instructions=instructions or None)
         log.info("message in %s", kv(session=session_id, message=message.message_id, sender=identity.name))

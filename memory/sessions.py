@@ -58,16 +58,17 @@ class TranscriptEntry(BaseModel):
         return self.model_dump(include={"role", "content", "tool_calls", "tool_call_id", "name"}, exclude_none=True)
 
 
-# A session's first message makes its sender the owner; later messages are numbered only when
-# their sender owns it (or is an operator). A transcript older than owners belongs to operators.
+# A session's first message makes its owner (``ARGV[1]``) the owner of record; later messages are
+# numbered only when their sender (``ARGV[2]``) owns it, or is an operator. A transcript older than
+# owners belongs to operators.
 CLAIM_AND_NUMBER = """
 local owner = redis.call('get', KEYS[1])
 if not owner then
   if redis.call('exists', KEYS[2]) == 1 then owner = '' else redis.call('set', KEYS[1], ARGV[1]); owner = ARGV[1] end
 end
-if owner ~= ARGV[1] and ARGV[2] ~= '1' then return -1 end
+if owner ~= ARGV[2] and ARGV[3] ~= '1' then return -1 end
 local seq = redis.call('incr', KEYS[3])
-local ttl = tonumber(ARGV[3])
+local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   for i = 1, 4 do if redis.call('exists', KEYS[i]) == 1 then redis.call('pexpire', KEYS[i], ttl) end end
 end
@@ -94,14 +95,15 @@ class SessionStore:
         """Number the session's next message (1, 2, ...): the order its Brains keep."""
         return int(await self.redis.incr(self.keys.session_seq(session_id)))
 
-    async def claim_and_number(self, session_id: str, sender: str, *, operator: bool = False,
-                               ttl_s: int = 0) -> int | None:
-        """Number the sender's next message in the session, making them its owner if it is new;
-        None when the session belongs to someone else. ``ttl_s``: the session expires that long
-        after its last message."""
+    async def claim_and_number(self, session_id: str, sender: str, *, owner: str | None = None,
+                               operator: bool = False, ttl_s: int = 0) -> int | None:
+        """Number the sender's next message in the session, making ``owner`` (the sender unless
+        said) its owner if it is new; None when the session belongs to someone else. ``ttl_s``: the
+        session expires that long after its last message."""
         keys = [self.keys.session_owner(session_id), self.keys.transcript(session_id),
                 self.keys.session_seq(session_id), self.keys.session_done(session_id)]
-        seq = int(await self._claim(keys=keys, args=[sender, "1" if operator else "0", ttl_s * 1000]))
+        args = [owner or sender, sender, "1" if operator else "0", ttl_s * 1000]
+        seq = int(await self._claim(keys=keys, args=args))
         return None if seq < 0 else seq
 
     async def owner(self, session_id: str) -> str | None:

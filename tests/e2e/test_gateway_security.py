@@ -108,16 +108,25 @@ def test_a_chat_token_owns_its_sessions(secured: dict[str, str], processes: Proc
     alice, bob = create_token(processes, "alice"), create_token(processes, "bob")
     a, b = gateway_client(secured, alice), gateway_client(secured, bob)
     assert a.post("/v1/sessions/alices/messages", json={"text": "hello"}).json()["text"] == "echo: hello"
+    # Names are each identity's own: bob's "alices" is a session of bob's, never alice's.
     assert b.get("/v1/sessions/alices").status_code == 404
-    assert b.post("/v1/sessions/alices/messages", json={"text": "let me in"}).status_code == 404
     assert b.post("/v1/sessions/alices/cancel").status_code == 404
     assert b.delete("/v1/sessions/alices").status_code == 404
-    assert b.get("/v1/sessions").json() == {"sessions": []}
+    assert b.post("/v1/sessions/alices/messages", json={"text": "let me in"}).json()["text"] == "echo: let me in"
+    assert b.get("/v1/sessions").json() == {"sessions": ["alices"]}
     assert a.get("/v1/sessions").json() == {"sessions": ["alices"]}
+    assert [e["content"] for e in a.get("/v1/sessions/alices").json()["entries"]] == ["hello", "echo: hello"]
+    for path in ("/v1/sessions/alices?owner=alice", "/v1/sessions?owner=alice", "/v1/sessions?owner=*"):
+        refused = b.get(path)  # naming another owner is an operator's act, refused outright for a chat token
+        assert refused.status_code == 403 and "operator" in refused.json()["error"]["message"], path
+    assert b.post("/v1/sessions/alices/messages?owner=alice", json={"text": "x"}).status_code == 403
     owner = gateway_client(secured)
-    assert "alices" in owner.get("/v1/sessions").json()["sessions"]  # an operator sees every session
-    assert [e["role"] for e in owner.get("/v1/sessions/alices").json()["entries"]] == ["user", "assistant"]
-    assert len(a.get("/v1/sessions/alices").json()["entries"]) == 2  # bob's message never ran
+    assert owner.get("/v1/sessions").json() == {"sessions": []}  # an operator's own list is its own
+    assert owner.get("/v1/sessions/alices").status_code == 404  # and a bare name is its own name
+    assert sorted(owner.get("/v1/sessions?owner=*").json()["sessions"]) == ["alice/alices", "bob/alices"]
+    assert owner.get("/v1/sessions?owner=alice").json() == {"sessions": ["alice/alices"]}
+    on_purpose = owner.get("/v1/sessions/alices?owner=alice").json()
+    assert on_purpose["session_id"] == "alice/alices" and len(on_purpose["entries"]) == 2
 
     # The token is the sender: read_file is alice's alone, whatever the body says.
     mine = a.post("/v1/sessions/alice-file/messages", json={"text": 'CALL read_file {"path": "notes.txt"}'})
@@ -126,6 +135,46 @@ def test_a_chat_token_owns_its_sessions(secured: dict[str, str], processes: Proc
     assert "pincer-42" not in theirs.json()["text"] and "TOOL_NOT_FOUND" in theirs.json()["text"]
     smuggled = b.post("/v1/sessions/bob-2/messages", json={"text": "hi", "sender": "alice"})
     assert smuggled.status_code == 400  # no field of the body names who sends it
+
+
+def test_no_identity_can_take_anothers_default_session_through_any_door(secured: dict[str, str],
+                                                                        processes: Processes) -> None:
+    from websockets.sync.client import connect
+
+    squatter = create_token(processes, "squatter")
+    s = gateway_client(secured, squatter)
+    assert s.post("/v1/sessions/main/messages", json={"text": "over http"}).status_code == 200
+    completion = s.post("/v1/chat/completions", headers={"X-Pincer-Session": "main"},
+                        json={"model": "pincer", "messages": [{"role": "user", "content": "over openai"}]})
+    assert completion.status_code == 200 and completion.headers["x-pincer-session"] == "main"
+    with connect(f"ws://127.0.0.1:{secured['PINCER_GATEWAY_PORT']}/v1/ws") as socket:
+        socket.send(json.dumps({"type": "auth", "token": squatter}))
+        assert json.loads(socket.recv(timeout=30))["type"] == "ready"
+        socket.send(json.dumps({"type": "send", "session": "main", "text": "over the socket"}))
+        assert json.loads(socket.recv(timeout=30))["type"] == "accepted"
+        for frame in ({"type": "subscribe", "session": "main", "owner": "owner"},
+                      {"type": "send", "session": "main", "owner": "owner", "text": "in yours"},
+                      {"type": "cancel", "session": "main", "owner": "owner"}):
+            socket.send(json.dumps(frame))
+            refused = json.loads(socket.recv(timeout=30))
+            assert refused["type"] == "error" and refused["code"] == "FORBIDDEN", frame
+
+    chat = processes.run("chat", "-m", "the owner's words")  # no --session: the caller's own main
+    assert chat.returncode == 0 and "echo: the owner's words" in chat.stdout, chat.stderr
+    owner = gateway_client(secured)
+    mine = [e["content"] for e in owner.get("/v1/sessions/main").json()["entries"] if e["role"] == "user"]
+    assert mine == ["the owner's words"]
+    theirs = wait_until(lambda: [e["content"] for e in s.get("/v1/sessions/main").json()["entries"]
+                                 if e["role"] == "user"] if len(s.get("/v1/sessions/main").json()["entries"]) >= 6
+                        else None, timeout=30, what="the squatter's three turns")
+    assert sorted(theirs) == ["over http", "over openai", "over the socket"]
+    for method, path in [("GET", "/v1/sessions/main"), ("GET", "/v1/sessions/main/events"),
+                         ("POST", "/v1/sessions/main/messages"), ("POST", "/v1/sessions/main/cancel"),
+                         ("DELETE", "/v1/sessions/main"), ("POST", "/v1/chat/completions")]:
+        refused = s.request(method, f"{path}?owner=owner", json={"text": "x", "model": "pincer",
+                                                                 "messages": [{"role": "user", "content": "x"}]})
+        assert refused.status_code == 403, (method, path, refused.text)
+    assert [e["content"] for e in owner.get("/v1/sessions/main").json()["entries"] if e["role"] == "user"] == mine
 
 
 def test_only_the_sessions_owner_or_an_operator_decides_its_approvals(secured: dict[str, str],

@@ -115,7 +115,7 @@ def test_without_a_session_the_messages_are_the_context_of_one_that_expires(stac
     assert [(m["role"], m["content"]) for m in sent[1:]] == [
         ("user", "my name is Ada"), ("assistant", "Hello Ada"), ("user", "what is\nmy name?")]
     store = redis.Redis.from_url(stack["PINCER_REDIS_URL"])
-    ttl = store.ttl(f"{stack['PINCER_REDIS__PREFIX']}session:{{{session}}}:transcript")
+    ttl = store.ttl(f"{stack['PINCER_REDIS__PREFIX']}session:{{owner/{session}}}:transcript")  # the token's own
     assert 0 < ttl <= 3600  # gateway.openai.ephemeral_ttl_s
 
 

@@ -45,7 +45,7 @@ def test_a_turn_with_a_tool_call_is_one_trace_across_three_processes(processes: 
     services = {s["resource"]["attributes"]["service.name"] for s in mine}
     assert services == {"pincer-gateway", "pincer-brain", "pincer-hands"}
     root = next(s for s in mine if s["name"] == "invoke_agent main")
-    assert root["attributes"]["gen_ai.conversation.id"] == "traced"
+    assert root["attributes"]["gen_ai.conversation.id"] == "owner/traced"  # the session's id on the wire
     by_id = {s["context"]["span_id"]: s for s in mine}
     for child in (s for s in mine if s is not root):
         assert child["parent_id"] in by_id  # every span hangs from the turn's tree, none is orphaned
