@@ -135,9 +135,10 @@ class Keys:
         """Hash of a pending approval: where to send the decision, what it is for, when it expires."""
         return f"{self.prefix}approval:{approval_id}"
 
-    def exec_allowlist(self, agent_id: str) -> str:
-        """Set of allowlist entries added with allow-always (JSON), on top of hands.exec.allowlist."""
-        return f"{self.prefix}exec-allowlist:{agent_id}"
+    def exec_allowlist(self, agent_id: str, identity: str) -> str:
+        """Hash of the always-rules that cover one identity on one agent, on top of hands.exec.allowlist:
+        entry (JSON) -> who allowed it and when (JSON)."""
+        return f"{self.prefix}exec-allowlist:{agent_id}:{identity}"
 
     @property
     def sessions(self) -> str:

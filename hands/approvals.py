@@ -6,8 +6,11 @@ segment of it (split on pipes, ``;``, ``&&``, ``||``, ``&``) runs an allowed
 program; redirections, command substitution and subshells never match (they
 can do anything). In ``ask`` mode a miss becomes a question to the person:
 an ``approval:request`` goes to their Gateway, and the call waits for the
-``approval:decision`` (``allow-always`` adds the programs to the agent's
-allowlist). No answer in time is a ``deny``. Nothing runs before the answer.
+``approval:decision``. No answer in time is a ``deny``. Nothing runs before
+the answer. ``allow-always`` widens what one identity may run, never anyone
+else's: the programs join the always-rules of the call's sender on that
+agent (kept with who allowed them and when, for ``pincer policy explain``);
+the agent-wide allowlist is the operator's, in the configuration.
 """
 
 from __future__ import annotations
@@ -149,7 +152,7 @@ class ApprovalGate:
             raise ToolFailure(ErrorCode.PERMISSION_DENIED, "running commands is turned off (hands.exec.mode: deny)",
                               suggestions=["do it without running a command"])
         parts = segments(command, argv)
-        entries = [*self.settings.allowlist, *await self._remembered(call.agent_id)]
+        entries = [*self.settings.allowlist, *[r.entry for r in await remembered(self.bus, call.agent_id, call.sender)]]
         misses = [s for s in parts if not matches(s, entries)]
         if not misses:
             return
@@ -158,11 +161,12 @@ class ApprovalGate:
             raise ToolFailure(ErrorCode.PERMISSION_DENIED, f"not allowed: {why} (hands.exec.mode: allowlist)",
                               suggestions=["use only allowlisted programs, without redirections",
                                            "an operator can add entries to hands.exec.allowlist"])
-        decision = await self._ask(call, summary)
+        decision, by = await self._ask(call, summary)
         if decision == "allow-always":
-            await self._remember(call.agent_id, [m for m in parts if m.path is not None])
+            await self._remember(call, [m for m in parts if m.path is not None], by=by)
 
-    async def _ask(self, call: Any, summary: str) -> str:
+    async def _ask(self, call: Any, summary: str) -> tuple[str, str]:
+        """The person's decision and who made it."""
         if self.bus is None or self.inbox is None or not call.approvals_to:
             raise ToolFailure(ErrorCode.APPROVAL_DENIED, "this command needs a person's approval, and this call "
                               "came from no chat that could ask one")
@@ -193,17 +197,38 @@ class ApprovalGate:
         if reply.decision == "allow-always" and not whole:
             log.warning("allow-always for a command that was not shown whole taken as allow-once approval=%s",
                         request.approval_id)
-            return "allow-once"
-        return reply.decision
+            return "allow-once", reply.by
+        return reply.decision, reply.by
 
-    async def _remembered(self, agent_id: str) -> list[AllowEntry]:
-        if self.bus is None:
-            return []
-        raw = await self.bus.redis.smembers(self.bus.keys.exec_allowlist(agent_id))
-        return [AllowEntry.model_validate(json.loads(item)) for item in raw]
-
-    async def _remember(self, agent_id: str, parts: list[Segment]) -> None:
+    async def _remember(self, call: ToolExecute, parts: list[Segment], *, by: str) -> None:
         if self.bus is None or not parts:
             return
-        entries = [json.dumps(remembered_entry(p)) for p in parts]
-        await self.bus.redis.sadd(self.bus.keys.exec_allowlist(agent_id), *entries)
+        if not call.sender:  # a call from no identity: there is no one whose rules could widen
+            log.warning("allow-always for a call with no sender taken as allow-once call=%s", call.call_id)
+            return
+        why = json.dumps({"by": by, "at": now_ms()})
+        await self.bus.redis.hset(self.bus.keys.exec_allowlist(call.agent_id, call.sender),
+                                  mapping={json.dumps(remembered_entry(p)): why for p in parts})
+
+
+@dataclass(frozen=True)
+class AlwaysRule:
+    """An allow-always rule: what it allows, whom it covers, who allowed it and when (Unix ms)."""
+
+    entry: AllowEntry
+    covers: str
+    by: str
+    at: int
+
+
+async def remembered(bus: Bus | None, agent_id: str, sender: str) -> list[AlwaysRule]:
+    """The always-rules that cover ``sender`` on ``agent_id`` (none for a call with no sender)."""
+    if bus is None or not sender:
+        return []
+    raw = await bus.redis.hgetall(bus.keys.exec_allowlist(agent_id, sender))
+    rules = []
+    for entry, why in sorted(raw.items()):
+        meta = json.loads(why)
+        rules.append(AlwaysRule(AllowEntry.model_validate(json.loads(entry)), sender, str(meta.get("by", "")),
+                                int(meta.get("at", 0))))
+    return rules

@@ -6,7 +6,7 @@ import json
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -202,6 +202,63 @@ def test_only_the_sessions_owner_or_an_operator_decides_its_approvals(secured: d
     turn.join(60)
     assert decided[0].status_code == 200 and decided[0].json()["by"] == "alice"
     assert events[-1][0] == "reply" and "approved" in events[-1][1]["text"]
+
+
+def turn_deciding(env: dict[str, str], token: str, session: str, command: str,
+                  decide: Callable[[dict], None] | None) -> list[tuple[str, dict]]:
+    """One exec turn over SSE; each approval it asks is handed to ``decide`` (None: the turn may ask none)."""
+    events: list[tuple[str, dict]] = []
+    with gateway_client(env, token) as client, connect_sse(
+        client, "POST", f"/v1/sessions/{session}/messages", json={"text": f'CALL exec {{"command": "{command}"}}'},
+    ) as source:
+        for event in source.iter_sse():
+            events.append((event.event, json.loads(event.data)))
+            if event.event == "approval":
+                assert decide is not None, f"{command!r} was asked again: {events}"
+                decide(events[-1][1])
+    return events
+
+
+def test_allow_always_from_a_chat_token_covers_only_that_identity(secured: dict[str, str],
+                                                                  processes: Processes) -> None:
+    from websockets.sync.client import connect
+
+    alice, bob = create_token(processes, "alice"), create_token(processes, "bob")
+
+    def over_http(token: str, decision: str) -> Callable[[dict], None]:
+        def decide(approval: dict) -> None:
+            answer = gateway_client(secured, token).post(f"/v1/approvals/{approval['approval_id']}",
+                                                          json={"decision": decision})
+            assert answer.status_code == 200, answer.text
+        return decide
+
+    def over_the_socket(token: str, decision: str) -> Callable[[dict], None]:
+        def decide(approval: dict) -> None:
+            with connect(f"ws://127.0.0.1:{secured['PINCER_GATEWAY_PORT']}/v1/ws") as socket:
+                socket.send(json.dumps({"type": "auth", "token": token}))
+                assert json.loads(socket.recv(timeout=30))["type"] == "ready"
+                socket.send(json.dumps({"type": "decide", "approval_id": approval["approval_id"],
+                                        "decision": decision}))
+                assert json.loads(socket.recv(timeout=30))["type"] == "decided"
+        return decide
+
+    for command, door in (("date", over_http), ("uname", over_the_socket)):
+        first = turn_deciding(secured, alice, "always", command, door(alice, "allow-always"))
+        assert first[-1][0] == "reply" and "approval" in [kind for kind, _ in first]
+        again = turn_deciding(secured, alice, "always", command, None)  # alice's rule: not asked again
+        assert again[-1][0] == "reply"
+        # bob (a chat token) and the owner (an operator) are asked, and bob's "no" holds for bob
+        denied = turn_deciding(secured, bob, "theirs", command, door(bob, "deny"))
+        assert "APPROVAL_DENIED" in json.dumps(denied[-1][1])
+        asked = turn_deciding(secured, OWNER_TOKEN, "ops", command, door(OWNER_TOKEN, "allow-once"))
+        assert "approval" in [kind for kind, _ in asked]
+
+    explained = processes.run("policy", "explain", "exec", "--sender", "alice")
+    assert explained.returncode == 0, explained.stderr
+    assert "hands.exec.mode ask" in explained.stdout
+    rules = [line for line in explained.stdout.splitlines() if "allow-always by alice" in line]
+    assert len(rules) == 2 and all("allowed for alice only on agent 'main'" in r for r in rules), explained.stdout
+    assert "allow-always" not in processes.run("policy", "explain", "exec", "--sender", "bob").stdout
 
 
 def test_agents_outside_the_tokens_list_are_refused(secured: dict[str, str], processes: Processes) -> None:

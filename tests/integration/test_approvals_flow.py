@@ -10,6 +10,7 @@ import pytest
 from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
+from hands.approvals import remembered
 
 
 @pytest.fixture
@@ -22,11 +23,14 @@ async def person(bus: Bus):
 
 
 async def ask_and_answer(bus: Bus, call, person: ReplyInbox, command: str, decision: str | None,
-                         check_before: Path | None = None) -> tuple[ToolResult, ApprovalRequest]:
-    """Send exec as a chat turn would; answer its approval request with ``decision`` (None: stay silent)."""
-    message_id = "turn-1"
-    request = ToolExecute(tool="exec", args={"command": command}, session_id="s", reply_to=call.inbox.stream,
-                          deadline=now_ms() + 20_000, approvals_to=person.stream, message_id=message_id)
+                         check_before: Path | None = None, *, sender: str = "alice",
+                         by: str = "tester") -> tuple[ToolResult, ApprovalRequest]:
+    """Send exec as ``sender``'s chat turn would; answer its approval request with ``decision`` (None: stay
+    silent)."""
+    message_id = f"turn-{now_ms()}"
+    request = ToolExecute(tool="exec", args={"command": command}, session_id=f"{sender}/s", sender=sender,
+                          reply_to=call.inbox.stream, deadline=now_ms() + 20_000, approvals_to=person.stream,
+                          message_id=message_id)
     async with person.expect(message_id) as asks:
         pending = asyncio.create_task(call.inbox.request(bus.keys.hands_requests, request, request.call_id,
                                                          timeout=20, final=(ToolResult,)))
@@ -37,7 +41,7 @@ async def ask_and_answer(bus: Bus, call, person: ReplyInbox, command: str, decis
         if decision is not None:
             assert await bus.redis.exists(bus.keys.approval(asked.approval_id))
             await bus.publish(asked.reply_to, ApprovalDecision(approval_id=asked.approval_id, decision=decision,
-                                                               by="tester"))
+                                                               by=by))
         return await pending, asked
 
 
@@ -78,10 +82,39 @@ async def test_allow_always_remembers_and_silence_is_a_no(engine, call, person: 
     await engine(workspace=ws, sandbox={"allow_degraded": True}, exec={"mode": "ask", "approval_timeout_s": 0.5})
     first, _ = await ask_and_answer(bus, call, person, "date", "allow-always")
     assert first.success
-    again = await call("exec", {"command": "date"})  # no one asked this time
+    again = await call("exec", {"command": "date"}, sender="alice")  # no one asked this time
     assert again.success
     silent, _ = await ask_and_answer(bus, call, person, "touch silent.txt", None)
     assert silent.error.code is ErrorCode.APPROVAL_DENIED and "within 0.5s" in silent.error.message
     assert not (ws / "silent.txt").exists()
     nobody = await call("exec", {"command": "touch nobody.txt"})  # not from a chat: no one to ask
     assert nobody.error.code is ErrorCode.APPROVAL_DENIED and "no chat" in nobody.error.message
+
+
+async def test_allow_always_widens_only_what_the_deciding_identity_may_run(engine, call, person: ReplyInbox,
+                                                                           bus: Bus, ws: Path) -> None:
+    await engine(workspace=ws, sandbox={"allow_degraded": True}, exec={"mode": "ask", "approval_timeout_s": 0.5})
+    for command in ("date", "echo hi", "ls"):  # several programs of the class, each allowed by alice for alice
+        allowed, _ = await ask_and_answer(bus, call, person, command, "allow-always", by="alice")
+        assert allowed.success, allowed.error
+        assert (await call("exec", {"command": command}, sender="alice")).success
+        # bob's sessions are asked again (no one answers: a no), and so is a call from no identity
+        for sender in ("bob", "alice2", ""):
+            asked, request = await ask_and_answer(bus, call, person, command, None, sender=sender)
+            assert asked.error.code is ErrorCode.APPROVAL_DENIED and request.tool == "exec", (command, sender)
+        other_agent = await call("exec", {"command": command}, sender="alice", agent="coder")
+        assert other_agent.error.code is ErrorCode.APPROVAL_DENIED  # and only on the agent it was allowed for
+    rules = await remembered(bus, "main", "alice")
+    assert sorted(r.entry.path for r in rules) == sorted({"/usr/bin/date", "/usr/bin/echo", "/usr/bin/ls"})
+    assert {(r.covers, r.by) for r in rules} == {("alice", "alice")} and all(r.at > 0 for r in rules)
+    assert await remembered(bus, "main", "bob") == [] and await remembered(bus, "main", "") == []
+
+
+async def test_allow_always_for_a_call_from_no_identity_is_allow_once(engine, call, person: ReplyInbox,
+                                                                      bus: Bus, ws: Path) -> None:
+    await engine(workspace=ws, sandbox={"allow_degraded": True}, exec={"mode": "ask", "approval_timeout_s": 0.5})
+    once, _ = await ask_and_answer(bus, call, person, "date", "allow-always", sender="")
+    assert once.success
+    again, _ = await ask_and_answer(bus, call, person, "date", None, sender="")
+    assert again.error.code is ErrorCode.APPROVAL_DENIED
+    assert not [k async for k in bus.redis.scan_iter(match=bus.keys.exec_allowlist("main", "*"))]

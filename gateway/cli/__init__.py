@@ -237,7 +237,9 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         case "skills":
             return _skills(config, as_json=args.json)
         case "policy":
-            return _explain(config, args.tool, agent=args.agent, sender=args.sender)
+            from gateway.cli.policy import explain
+
+            return explain(config, args.tool, agent=args.agent, sender=args.sender)
     raise AssertionError(args.command)
 
 
@@ -310,32 +312,6 @@ def _stop(args: argparse.Namespace, config: Config) -> int:
     if config.source is not None:
         env["PINCER_CONFIG"] = str(Path(config.source).resolve())
     return detach(was.argv if was else ["up"], data_dir=data_dir, log_dir=config.runtime.logs_path, env=env)
-
-
-def _explain(config: Config, tool_name: str, *, agent: str, sender: str) -> int:
-    from hands.config import HandsSettings
-    from hands.errors import ToolFailure
-    from hands.toolpolicy import ToolPolicy
-    from hands.worker import load_registry
-
-    settings = config.section("hands", HandsSettings)
-    registry, _ = load_registry(settings)
-    try:
-        tool = registry.get(tool_name)
-    except ToolFailure as exc:
-        from hands.mcp.servers import configured_tool
-
-        found = configured_tool(settings.mcp, tool_name)
-        if found is None:
-            print(f"pincer: error: {exc.message}", file=sys.stderr)
-            return 1
-        tool = found
-    decision = ToolPolicy(settings.tools).decide(tool, agent=agent, sender=sender)
-    print(f"{tool.name} ({tool.category.value}) for agent {agent!r}, sender {sender or '(unknown)'!r}:")
-    for step in decision.trace:
-        print(f"  - {step}")
-    print(("ALLOWED: " if decision.allowed else "DENIED: ") + decision.rule)
-    return 0
 
 
 def _skills(config: Config, *, as_json: bool) -> int:
