@@ -43,11 +43,12 @@ from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway import ops
 from gateway.config import GatewaySettings
+from gateway.connections import Connections
 from gateway.errors import REDIS_AWAY, TURN_STATUS, Refused, error_response, not_found, redis_away
 from gateway.events import parse_after
 from gateway.fanout import Fanout
 from gateway.guard import Guard
-from gateway.handling import caller, collect_or_cancel, read_json, session_id_of
+from gateway.handling import caller, collect_or_cancel, credential, read_json, session_id_of
 from gateway.limits import CallerLimits, Hold
 from gateway.live import LiveSocket
 from gateway.observe import metrics_text, readiness
@@ -78,6 +79,11 @@ class Decide(BaseModel):
     decision: Literal["allow-once", "allow-always", "deny"]
 
 
+def _farewell(code: ErrorCode, message: str) -> dict[str, str]:
+    """The last event of a stream whose connection ended (its token revoked, its lifetime over)."""
+    return {"event": "error", "data": json.dumps({"code": code.value, "message": message})}
+
+
 class Gateway:
     def __init__(self, bus: Bus, settings: GatewaySettings, *, instance_id: str, heartbeat_s: float = 3.0,
                  tokens: TokenStore | None = None) -> None:
@@ -87,6 +93,7 @@ class Gateway:
         self.tokens = tokens or TokenStore(bus.redis, bus.keys, static=settings.static_token())
         self.web = WebSessions(bus.redis, bus.keys, self.tokens)
         self.limits = CallerLimits(bus, settings.limits)
+        self.connections = Connections(self.tokens, self.web, max_life_s=settings.limits.max_connection_s)
         self.turns = TurnRunner(bus, self.inbox, self.sessions, self.limits, settings)
         self.fanout = Fanout(bus, self.turns.log, instance_id=instance_id,
                              block_ms=int(settings.events.heartbeat_s * 1000))
@@ -98,9 +105,11 @@ class Gateway:
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         await self.inbox.start()
         await self.presence.start()
+        await self.connections.start()
         try:
             yield
         finally:
+            await self.connections.close()
             await self.fanout.close()
             await self.turns.close()
             await self.presence.stop()
@@ -158,7 +167,8 @@ class Gateway:
                                  "seq": message.seq, "events": path_of(identity, session_id, "/events")},
                                 status_code=202)
         if wants_stream:
-            return EventSourceResponse(self._sse(message, hold), ping=15)
+            return EventSourceResponse(self.connections.stream(credential(request), self._sse(message, hold),
+                                                               _farewell), ping=15)
         try:
             return await collect_or_cancel(request, self._collect(message))
         finally:
@@ -199,7 +209,8 @@ class Gateway:
                           "the id of the last event you saw, or 0 for every event kept")
         hold = self.limits.hold_stream(identity.name)
         start = after or await self.turns.log.last_id(session_id)
-        return EventSourceResponse(self._follow_log(session_id, start, hold),
+        return EventSourceResponse(self.connections.stream(credential(request),
+                                                           self._follow_log(session_id, start, hold), _farewell),
                                    ping=int(self.settings.events.heartbeat_s))
 
     async def _follow_log(self, session_id: str, after: str, hold: Hold) -> AsyncIterator[dict[str, str]]:

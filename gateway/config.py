@@ -31,6 +31,8 @@ class LimitSettings(Section):
     burst: int = Field(default=30, ge=1)
     # Messages waiting for a Brain past which new ones are refused (503) rather than queued for ever.
     max_inbox_backlog: int = Field(default=1000, ge=1)
+    # A WebSocket or SSE stream is closed after this long (a revoked token ends it at once, whatever this is).
+    max_connection_s: float = Field(default=86_400.0, ge=1)
 
 
 class OpenAISettings(Section):

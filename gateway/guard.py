@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from fnmatch import fnmatchcase
-from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -22,8 +21,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from bus.metrics import Meter
 from bus.protocol import ErrorCode
 from gateway.config import GatewaySettings
+from gateway.connections import Credential
 from gateway.errors import REDIS_AWAY, Refused, redis_away, unauthenticated
-from gateway.tokens import TokenStore, WebSessions
+from gateway.tokens import Identity, TokenStore, WebSessions, digest
 
 log = logging.getLogger("gateway.guard")
 
@@ -59,7 +59,8 @@ class Guard:
             optional = path in PAGE_PATHS or path.startswith(PAGE_PREFIX) or \
                 (scope["type"] == "websocket" and path == SOCKET_PATH)
             try:
-                scope.setdefault("state", {})["identity"] = await self._identify(headers, optional=optional)
+                state = scope.setdefault("state", {})
+                state["identity"], state["credential"] = await self._identify(headers, optional=optional)
             except REDIS_AWAY as exc:
                 raise redis_away(exc) from None
         except Refused as refusal:
@@ -114,20 +115,24 @@ class Guard:
         return Refused(413, ErrorCode.PAYLOAD_TOO_LARGE,
                        f"the request body is larger than {self.max_body:,} bytes (gateway.max_body_bytes)")
 
-    async def _identify(self, headers: dict[str, str], *, optional: bool = False) -> Any:
-        """The bearer token's identity, else the sign-in cookie's; None only where ``optional``."""
+    async def _identify(self, headers: dict[str, str], *,
+                        optional: bool = False) -> tuple[Identity | None, Credential | None]:
+        """The bearer token's identity, else the sign-in cookie's, and the credential that names it
+        (an open connection lives only as long as that); None only where ``optional``."""
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             session = _cookie(headers.get("cookie", ""), COOKIE)
-            identity = await self.web.identify(session) if session and self.web is not None else None
-            if identity is not None or optional:
-                return identity
+            found = await self.web.identify(session) if session and self.web is not None else None
+            if found is not None:
+                return found[0], Credential(token_digest=found[1], web_session=session)
+            if optional:
+                return None, None
             raise unauthenticated("this Gateway needs a token: send `Authorization: Bearer <token>` "
                                   "(`pincer token create NAME` makes one), or sign in with `pincer open`")
         identity = await self.tokens.identify(token.strip())
         if identity is None:
             raise unauthenticated("the token is not valid (revoked, mistyped, or from another pool)")
-        return identity
+        return identity, Credential(token_digest=digest(token.strip()))
 
 
 def _cookie(header: str, name: str) -> str | None:

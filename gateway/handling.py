@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bus.protocol import ErrorCode
+from gateway.connections import Credential
 from gateway.errors import Refused
 from gateway.session_names import qualify
 from gateway.tokens import Identity
@@ -23,6 +24,12 @@ def caller(request: Request) -> Identity:
     """Who is asking: the identity the guard found for the request's token."""
     identity: Identity = request.state.identity
     return identity
+
+
+def credential(request: Request) -> Credential | None:
+    """What the caller's identity was proven with (an open stream lives only as long as it stands)."""
+    found: Credential | None = getattr(request.state, "credential", None)
+    return found
 
 
 async def read_json(request: Request, model: type[B], *, example: str) -> B:

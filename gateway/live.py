@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bus.protocol import ErrorCode
+from gateway.connections import Credential
 from gateway.errors import REDIS_AWAY, Refused, redis_away
 from gateway.events import Resync, parse_after
 from gateway.session_names import owner_of, qualify
-from gateway.tokens import Identity
+from gateway.tokens import Identity, digest
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -42,6 +43,7 @@ class LiveSocket:
     def __init__(self, gateway: Gateway, websocket: WebSocket) -> None:
         self.gateway, self.ws = gateway, websocket
         self.identity: Identity | None = websocket.scope.get("state", {}).get("identity")
+        self.credential: Credential | None = websocket.scope.get("state", {}).get("credential")
         self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(OUTBOX)
         self.subscriptions: dict[str, asyncio.Task[None]] = {}
 
@@ -61,7 +63,28 @@ class LiveSocket:
             await self.ws.send_json({"type": "error", "code": refusal.code.value, "message": refusal.message})
             await self.ws.close(1013 if refusal.status == 503 else 1008)  # 1013: try again later
             return
-        sender = asyncio.create_task(self._send_frames())
+        with self.gateway.connections.opened(self.credential) as connection:
+            sender = asyncio.create_task(self._send_frames())
+            reader = asyncio.create_task(self._read_frames(identity, agents))
+            ended = asyncio.create_task(connection.ended.wait())
+            try:
+                await asyncio.wait({reader, ended}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                hold.release()
+                tasks = [*self.subscriptions.values(), sender, reader, ended]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            failure = None if reader.cancelled() else reader.exception()
+            if failure is not None:  # an unexpected failure: Starlette logs it and closes the socket
+                raise failure
+            if connection.reason is not None:  # its token revoked, its sign-in ended, or its lifetime over
+                with contextlib.suppress(Exception):
+                    await self.ws.send_json({"type": "error", "code": connection.code.value,
+                                             "message": connection.why})
+                    await self.ws.close(1008 if connection.reason == "revoked" else 1001, connection.reason)
+
+    async def _read_frames(self, identity: Identity, agents: list[str]) -> None:
         try:
             await self.ws.send_json({"type": "ready", "name": identity.name, "agents": agents})
             while True:
@@ -69,11 +92,6 @@ class LiveSocket:
                 await self._handle(raw)
         except WebSocketDisconnect:
             pass
-        finally:
-            hold.release()
-            for task in [*self.subscriptions.values(), sender]:
-                task.cancel()
-            await asyncio.gather(*self.subscriptions.values(), sender, return_exceptions=True)
 
     async def _authenticate(self) -> bool:
         try:
@@ -83,6 +101,7 @@ class LiveSocket:
             frame = {}
         token = frame.get("token") if isinstance(frame, dict) and frame.get("type") == "auth" else None
         self.identity = await self.gateway.tokens.identify(token) if isinstance(token, str) else None
+        self.credential = Credential(token_digest=digest(token)) if self.identity and isinstance(token, str) else None
         if self.identity is None:
             with contextlib.suppress(Exception):
                 await self.ws.send_json({"type": "error", "code": ErrorCode.UNAUTHENTICATED.value,

@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from bus.protocol import ApprovalRequest, ChatDelta, ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, new_id
 from gateway.errors import TURN_STATUS, Refused, error_body, error_response, not_found
-from gateway.handling import caller, collect_or_cancel, read_json
+from gateway.handling import caller, collect_or_cancel, credential, read_json
 from gateway.limits import Hold
 from gateway.session_names import qualify, shown_to
 from memory.sessions import TranscriptEntry
@@ -155,7 +155,8 @@ class OpenAIRoutes:
         turn = _Turn(self, message, body, ttl=ttl, shown=shown_to(identity, session_id))
         headers = {"X-Pincer-Session": turn.shown}
         if body.stream:
-            return EventSourceResponse(turn.stream(hold), ping=15, headers=headers)
+            stream = gateway.connections.stream(credential(request), turn.stream(hold), _farewell)
+            return EventSourceResponse(stream, ping=15, headers=headers)
         try:
             response = await collect_or_cancel(request, turn.collect())
         finally:
@@ -172,6 +173,11 @@ class OpenAIRoutes:
             # Any text may be a user name; the session id is its digest (stable, and always a valid id).
             return "user-" + hashlib.sha256(body.user.encode()).hexdigest()[:32]
         return None
+
+
+def _farewell(code: ErrorCode, message: str) -> dict[str, str]:
+    """The last chunk of a stream whose connection ended: an error as OpenAI streams send one."""
+    return _data(error_body(401 if code is ErrorCode.UNAUTHENTICATED else 504, code, message))
 
 
 class _Turn:

@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -117,6 +118,15 @@ class TokenStore:
             return True
         return bool(await self.redis.hexists(self.keys.tokens, token_digest))
 
+    async def valid_digests(self, digests: Sequence[str]) -> Sequence[bool]:
+        """Whether each token digest is still accepted, in one round trip ("" is never)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for token_digest in digests:
+                pipe.hexists(self.keys.tokens, token_digest)
+            found = await pipe.execute()
+        return [bool(d) and (bool(f) or (self._static is not None and hmac.compare_digest(d, self._static)))
+                for d, f in zip(digests, found, strict=True)]
+
     async def identify(self, token: str) -> Identity | None:
         """The identity a presented token stands for, or None."""
         if not token or len(token) > 512:
@@ -172,7 +182,8 @@ class WebSessions:
         code = await self.link(token)
         return await self.redeem(code) if code else None
 
-    async def identify(self, session: str) -> Identity | None:
+    async def identify(self, session: str) -> tuple[Identity, str] | None:
+        """The identity a cookie's session stands for and its token's digest, or None."""
         if not session or len(session) > 128:
             return None
         raw = await self.redis.get(self.keys.web_session(digest(session)))
@@ -182,7 +193,15 @@ class WebSessions:
         if not await self.tokens.valid_digest(record["token"]):
             await self.redis.delete(self.keys.web_session(digest(session)))
             return None
-        return Identity.model_validate(record["identity"])
+        return Identity.model_validate(record["identity"]), str(record["token"])
+
+    async def alive(self, sessions: list[str]) -> list[bool]:
+        """Whether each cookie's session still stands (not signed out, not past its week), in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session in sessions:
+                pipe.exists(self.keys.web_session(digest(session)))
+            found = await pipe.execute()
+        return [bool(f) for f in found]
 
     async def end(self, session: str) -> None:
         await self.redis.delete(self.keys.web_session(digest(session)))

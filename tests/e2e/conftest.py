@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import pytest
 from bus.presence import alive
 from bus.redis_server import free_port
 from bus.streams import Bus
-from tests.conftest import ROOT, Processes, gateway_client, gateway_health, wait_until
+from tests.conftest import ROOT, Processes, gateway_client, gateway_health, stack_healthy, wait_until
 from tests.scripted_llm import ScriptedLLM
 
 
@@ -131,3 +134,31 @@ def asking_stack(processes: Processes, pincer_env: dict[str, str], ws: Path) -> 
                      "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true"}
     start_stack(processes, hands=1)
     return processes.env
+
+
+def create_token(processes: Processes, name: str, *args: str) -> str:
+    made = processes.run("token", "create", name, *args)
+    assert made.returncode == 0, made.stderr
+    assert "shown this once" in made.stderr
+    return made.stdout.strip()
+
+
+@pytest.fixture
+def secured(processes: Processes, pincer_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """A stack with two agents, read_file kept for alice, and small per-token limits."""
+    workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-sec-"))
+    workspace.chmod(0o755)
+    (workspace / "notes.txt").write_text("the secret word is pincer-42\n")
+    processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace),
+                     "PINCER_BRAIN__AGENTS": "{coder: {}}",
+                     "PINCER_HANDS__TOOLS__OWNER_ONLY": "[read_file]",
+                     "PINCER_HANDS__TOOLS__OWNERS": "[alice]",
+                     "PINCER_HANDS__EXEC__MODE": "ask", "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
+                     "PINCER_GATEWAY__LIMITS__BURST": "6", "PINCER_GATEWAY__LIMITS__MESSAGES_PER_MINUTE": "6",
+                     "PINCER_GATEWAY__LIMITS__OPEN_TURNS_PER_TOKEN": "1"}
+    processes.start("gateway", name="gateway")
+    processes.start("brain", name="brain")
+    processes.start("hands", name="hands")
+    wait_until(lambda: stack_healthy(processes.env), timeout=60, what="healthy stack")
+    yield processes.env
+    shutil.rmtree(workspace, ignore_errors=True)

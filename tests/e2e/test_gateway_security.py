@@ -3,48 +3,18 @@
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.conftest import OWNER_TOKEN, Processes, gateway_client, gateway_url, stack_healthy, wait_until
+from tests.conftest import OWNER_TOKEN, Processes, gateway_client, gateway_url, wait_until
+from tests.e2e.conftest import create_token
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
-
-
-def create_token(processes: Processes, name: str, *args: str) -> str:
-    made = processes.run("token", "create", name, *args)
-    assert made.returncode == 0, made.stderr
-    assert "shown this once" in made.stderr
-    return made.stdout.strip()
-
-
-@pytest.fixture
-def secured(processes: Processes, pincer_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """A stack with two agents, read_file kept for alice, and small per-token limits."""
-    workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-sec-"))
-    workspace.chmod(0o755)
-    (workspace / "notes.txt").write_text("the secret word is pincer-42\n")
-    processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace),
-                     "PINCER_BRAIN__AGENTS": "{coder: {}}",
-                     "PINCER_HANDS__TOOLS__OWNER_ONLY": "[read_file]",
-                     "PINCER_HANDS__TOOLS__OWNERS": "[alice]",
-                     "PINCER_HANDS__EXEC__MODE": "ask", "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
-                     "PINCER_GATEWAY__LIMITS__BURST": "6", "PINCER_GATEWAY__LIMITS__MESSAGES_PER_MINUTE": "6",
-                     "PINCER_GATEWAY__LIMITS__OPEN_TURNS_PER_TOKEN": "1"}
-    processes.start("gateway", name="gateway")
-    processes.start("brain", name="brain")
-    processes.start("hands", name="hands")
-    wait_until(lambda: stack_healthy(processes.env), timeout=60, what="healthy stack")
-    yield processes.env
-    shutil.rmtree(workspace, ignore_errors=True)
 
 
 def test_every_endpoint_but_healthz_needs_a_valid_token(secured: dict[str, str], processes: Processes) -> None:
