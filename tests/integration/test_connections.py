@@ -32,7 +32,7 @@ async def test_a_revoked_token_or_ended_sign_in_ends_only_its_connections(bus: B
         await watch.check()
         assert bearer.reason == "revoked" and bearer.code.value == "UNAUTHENTICATED" and "revoked" in bearer.why
         assert others.reason is None and configured.reason is None
-    assert not watch._open  # noqa: SLF001  # closed connections leave nothing behind
+    assert not watch._open  # closed connections leave nothing behind
 
 
 async def test_a_connection_ends_at_its_maximum_lifetime(bus: Bus) -> None:
