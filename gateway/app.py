@@ -322,7 +322,7 @@ class Gateway:
         if code is None:
             raise Refused(401, ErrorCode.UNAUTHENTICATED, "a sign-in link is made with a bearer token; the browser "
                           "session itself cannot make one")
-        return JSONResponse({"path": f"/login?code={code}", "expires_in": self.web.link_s})
+        return JSONResponse({"path": f"/login#code={code}", "expires_in": self.web.link_s})
 
     async def metrics(self, request: Request) -> Response:
         """The pool in Prometheus' text format; an operator's business unless gateway.metrics_public."""

@@ -2,7 +2,10 @@
 
 Sign-in is a one-time link (``pincer open``) or a pasted token; either gives
 an HttpOnly, SameSite=Strict cookie that stands for the token until the
-token is revoked or the cookie's week is over. Nothing secret is readable by
+token is revoked, the page signs out or the cookie's week is over. The
+link's code rides after ``#`` (``/login#code=...``): browsers never send that
+part to a server, log it or pass it on as a referrer; the login page's script
+posts it once and takes it out of the address. Nothing secret is readable by
 the page's scripts, and the Content-Security-Policy lets only the Gateway's
 own scripts run (a second wall behind DOMPurify).
 """
@@ -14,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Message, Receive, Scope, Send
@@ -32,10 +35,13 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", 
            "X-Frame-Options": "DENY", "Cache-Control": "no-store"}
 
 
-class PastedToken(BaseModel):
+class SignIn(BaseModel):
+    """A pasted token, or a one-time link's code."""
+
     model_config = ConfigDict(extra="forbid")
 
-    token: str = Field(min_length=1, max_length=512)
+    token: str | None = Field(default=None, min_length=1, max_length=512)
+    code: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 class Hardened:
@@ -58,22 +64,21 @@ def page_routes(web: WebSessions) -> list[BaseRoute]:
     async def page(_request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers=HEADERS)
 
-    async def login_with_code(request: Request) -> Response:
-        session = await web.redeem(request.query_params.get("code", ""))
-        if session is None:
-            return HTMLResponse("<!doctype html><title>Pincer</title><p>This sign-in link was used already or has "
-                                "expired. Run <code>pincer open</code> again for a new one.</p>", status_code=400,
-                                headers=HEADERS)
-        response = RedirectResponse("/", status_code=303, headers=HEADERS)
-        _set_cookie(request, response, session, web.session_s)
-        return response
+    async def login_page(_request: Request) -> Response:
+        return FileResponse(STATIC / "login.html", headers=HEADERS)
 
-    async def login_with_token(request: Request) -> Response:
-        body = await read_json(request, PastedToken, example='{"token": "pcr_..."}')
-        session = await web.sign_in(body.token.strip())
+    async def sign_in(request: Request) -> Response:
+        body = await read_json(request, SignIn, example='{"token": "pcr_..."} or {"code": "..."}')
+        if (body.token is None) == (body.code is None):
+            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "send either a token or a sign-in link's code")
+        if body.code is not None:
+            session = await web.redeem(body.code)
+            why = "this sign-in link was used already or has expired; run `pincer open` again for a new one"
+        else:
+            session = await web.sign_in((body.token or "").strip())
+            why = "that token is not valid (revoked, mistyped, or from another pool)"
         if session is None:
-            raise Refused(401, ErrorCode.UNAUTHENTICATED, "that token is not valid (revoked, mistyped, or from "
-                          "another pool)")
+            raise Refused(401, ErrorCode.UNAUTHENTICATED, why)
         response = JSONResponse({"signed_in": True}, headers=HEADERS)
         _set_cookie(request, response, session, web.session_s)
         return response
@@ -88,8 +93,8 @@ def page_routes(web: WebSessions) -> list[BaseRoute]:
 
     return [
         Route("/", page, methods=["GET"]),
-        Route("/login", login_with_code, methods=["GET"]),
-        Route("/login", login_with_token, methods=["POST"]),
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", sign_in, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
         Mount("/static", Hardened(StaticFiles(directory=STATIC))),
     ]

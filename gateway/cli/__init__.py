@@ -85,13 +85,14 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--session", default="main",
                       help="session name (default: main, your own); an operator reaches another's as OWNER/NAME")
     chat.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
-    chat.add_argument("--token", help="Gateway token (default: $PINCER_TOKEN, gateway.token, or the one "
-                      "`pincer up` made in the data dir)")
+    chat.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE ('-': standard "
+                      "input; default: $PINCER_TOKEN, gateway.token, or the one `pincer up` made in the data dir). "
+                      "Never on the command line: any local user can read those")
 
     opener = sub.add_parser("open", help="open the chat page in a browser, signed in by a one-time link")
     opener.add_argument("--print", action="store_true", help="only print the link (for another machine's browser)")
     opener.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
-    opener.add_argument("--token", help="Gateway token (default: as for `pincer chat`)")
+    opener.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")
 
     token = sub.add_parser("token", help="Gateway tokens: create NAME | list | revoke NAME")
     token.add_argument("action", choices=["create", "list", "revoke"])
@@ -210,14 +211,15 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             from gateway.config import GatewaySettings
 
             settings = config.section("gateway", GatewaySettings)
-            token = args.token or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
+            token = given_token(args.token_file) or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
             return run_chat(args.url or settings.url, args.session, args.message, token=token)
         case "open":
             from gateway.config import GatewaySettings
 
             settings = config.section("gateway", GatewaySettings)
-            token = args.token or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
-            return open_page(args.url or settings.url, token, only_print=args.print)
+            token = given_token(args.token_file) or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
+            return open_page(args.url or settings.url, token, only_print=args.print,
+                             data_dir=config.runtime.data_path)
         case "token":
             from gateway.token_cli import manage_tokens
 
@@ -243,14 +245,17 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
     raise AssertionError(args.command)
 
 
-def open_page(base_url: str, token: str | None, *, only_print: bool) -> int:
-    """Ask the Gateway for a one-time sign-in link; open it in a browser where there is one."""
+def open_page(base_url: str, token: str | None, *, only_print: bool, data_dir: Path) -> int:
+    """Ask the Gateway for a one-time sign-in link; open it in a browser where there is one.
+
+    The link's code never rides on a command line (any local user reads those in /proc): the browser
+    is given a private file that forwards to the link."""
     import webbrowser
 
     import httpx
 
     if not token:
-        print("pincer: error: no token to sign in with: give --token, set PINCER_TOKEN, or run `pincer up` "
+        print("pincer: error: no token to sign in with: set PINCER_TOKEN, or run `pincer up` "
               "(it makes the owner's token)", file=sys.stderr)
         return 1
     try:
@@ -263,11 +268,52 @@ def open_page(base_url: str, token: str | None, *, only_print: bool) -> int:
         print(f"pincer: error: the Gateway refused ({made.status_code}): {made.text[:300]}", file=sys.stderr)
         return 1
     link = f"{base_url.rstrip('/')}{made.json()['path']}"
-    print(link)
-    print(f"(works once, for {made.json()['expires_in']}s)", file=sys.stderr)
-    if not only_print and not webbrowser.open(link):
-        print("no browser found here: open the link above in one", file=sys.stderr)
+    if only_print:
+        print(link)
+        print(f"(works once, for {made.json()['expires_in']}s)", file=sys.stderr)
+        return 0
+    forwarder = sign_in_file(data_dir, link)
+    if not webbrowser.open(forwarder.as_uri()):
+        print(f"no browser found here: open this link in one (it works once, for {made.json()['expires_in']}s):\n"
+              f"{link}", file=sys.stderr)
     return 0
+
+
+def sign_in_file(data_dir: Path, link: str) -> Path:
+    """A page only this user can read (0600, in a 0700 folder) that sends the browser on to ``link``;
+    an earlier one is removed (its code was used or has expired)."""
+    import html
+    import secrets
+
+    from bus.private_file import write_private
+
+    folder = Path(data_dir).expanduser() / "sign-in"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if folder.is_symlink() or not folder.is_dir():
+        raise ConfigError(f"{folder} is not a folder of this user's; remove it and run `pincer open` again")
+    folder.chmod(0o700)
+    for old in folder.glob("*.html"):
+        old.unlink(missing_ok=True)
+    target = html.escape(link, quote=True)
+    page = folder / f"{secrets.token_hex(8)}.html"
+    write_private(page, f'<!doctype html><meta charset="utf-8"><meta name="referrer" content="no-referrer">'
+                        f'<meta http-equiv="refresh" content="0;url={target}"><title>Pincer</title>'
+                        f'<p>Signing in to <a href="{target}">Pincer</a>…</p>\n')
+    return page
+
+
+def given_token(path: str | None) -> str | None:
+    """The token in ``path`` ('-': standard input): a secret never rides on a command line."""
+    if path is None:
+        return None
+    try:
+        text = sys.stdin.readline() if path == "-" else Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--token-file {path}: cannot read it ({exc})") from None
+    token = text.strip()
+    if not token:
+        raise ConfigError(f"--token-file {path}: it holds no token")
+    return token
 
 
 def chat_token(config: Config, settings: GatewaySettings) -> str | None:

@@ -2,8 +2,12 @@
 // Everything the model or a tool wrote is untrusted: text goes in as text, markdown through DOMPurify.
 "use strict";
 
-const $ = (id) => document.getElementById(id);
-const state = { me: null, session: null, socket: null, live: null, sessions: [], sent: [] };
+// The page's own elements, looked up once at load: nothing rendered later (a model's reply) can stand
+// in for one, whatever ids it might carry.
+const ui = new Map();
+const $ = (id) => ui.get(id);
+const state = { me: null, session: null, socket: null, live: null, sessions: [], sent: [],
+  liveCards: new Map(), approvalCards: new Map() };
 
 function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
@@ -42,9 +46,22 @@ function linksOpenApart() {
   });
 }
 
+// Rendered content is text with formatting, never part of the page: no form controls or anything that
+// takes input, no names the page or a form could be reached by (id, name, form, for), none of the page's
+// own classes or data attributes, no focus or keys, and no second way to load an image (srcset, poster).
+const CONTENT = {
+  USE_PROFILES: { html: true },
+  FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select", "option", "optgroup", "datalist",
+    "output", "label", "fieldset", "legend", "dialog", "iframe", "object", "embed", "frame", "frameset",
+    "meta", "link", "base", "audio", "video", "source", "track", "picture", "map", "area"],
+  FORBID_ATTR: ["style", "id", "name", "class", "form", "for", "formaction", "autofocus", "tabindex", "accesskey",
+    "contenteditable", "srcset", "sizes", "poster", "background", "usemap", "popover", "popovertarget"],
+  ALLOW_DATA_ATTR: false,
+  ALLOW_ARIA_ATTR: false,
+};
+
 function markdown(text) {
-  const html = window.DOMPurify.sanitize(window.marked.parse(text || "", { gfm: true, breaks: false }),
-    { FORBID_TAGS: ["style", "form", "input", "button", "iframe", "object", "embed"], FORBID_ATTR: ["style"] });
+  const html = window.DOMPurify.sanitize(window.marked.parse(text || "", { gfm: true, breaks: false }), CONTENT);
   const holder = el("div", { class: "msg assistant" });
   holder.innerHTML = html;
   for (const pre of holder.querySelectorAll("pre")) {
@@ -72,12 +89,13 @@ function toolCard(entry, call) {
 }
 
 function liveToolCard(event) {
-  let card = document.querySelector(`[data-live-call="${CSS.escape(event.call_id)}"]`);
+  let card = state.liveCards.get(event.call_id);
   if (!card) {
-    card = el("details", { class: "tool", "data-live-call": event.call_id },
+    card = el("details", { class: "tool" },
       el("summary", {}, `… ${event.tool}`), el("div", { class: "body" }, el("pre", { class: "args" },
         event.arguments || event.summary || "")),
       el("pre", { class: "progress", hidden: "" }));
+    state.liveCards.set(event.call_id, card);
     append(card);
   }
   const summary = card.querySelector("summary");
@@ -99,15 +117,16 @@ function approvalCard(event) {
     card.querySelectorAll("button").forEach((b) => { b.disabled = true; });
     send({ type: "decide", approval_id: event.approval_id, decision });
   };
-  const card = el("div", { class: "approval", "data-approval": event.approval_id, role: "group",
-    "aria-label": `Approval for ${event.tool}` },
+  const card = el("div", { class: "approval", role: "group", "aria-label": `Approval for ${event.tool}` },
     el("strong", {}, `${event.tool} asks to run:`), el("pre", {}, event.summary),
     el("div", { class: "actions" },
       el("button", { type: "button", onclick: () => decide("allow-once") }, "Allow once"),
       event.always_allowed ? el("button", { type: "button", onclick: () => decide("allow-always") }, "Allow always") : "",
       el("button", { type: "button", onclick: () => decide("deny") }, "Deny")));
+  state.approvalCards.set(event.approval_id, card);
   append(card);
-  card.querySelector("button").focus();
+  // Said, not focused: a key meant for the message box must never answer an approval.
+  status(`${event.tool} waits for your approval: Allow or Deny in the conversation.`);
 }
 
 function append(node) {
@@ -120,6 +139,7 @@ function append(node) {
 function renderTranscript(entries) {
   const box = $("transcript");
   box.replaceChildren();
+  state.liveCards.clear();
   const calls = new Map();
   for (const entry of entries) {
     if (entry.role === "user") box.append(userBubble(entry.content || ""));
@@ -223,8 +243,10 @@ function onEvent(event) {
     case "tool": liveToolCard(event); break;
     case "approval": approvalCard(event); break;
     case "approval_decided": {
-      const card = document.querySelector(`[data-approval="${CSS.escape(event.approval_id)}"]`);
+      const card = state.approvalCards.get(event.approval_id);
+      state.approvalCards.delete(event.approval_id);
       if (card) card.replaceWith(el("p", { class: "note" }, `${event.decision} by ${event.by}`));
+      status("");
       break;
     }
     case "reply": case "error": case "cancelled":
@@ -273,6 +295,7 @@ async function start() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  for (const node of document.querySelectorAll("[id]")) ui.set(node.id, node);
   linksOpenApart();
   $("signin-form").addEventListener("submit", async (event) => {
     event.preventDefault();

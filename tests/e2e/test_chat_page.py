@@ -80,7 +80,11 @@ def test_sign_in_chat_tools_approval_stop_and_reload(page_stack: dict, browser, 
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert "pincer_session" not in page.evaluate("document.cookie")
     assert page.evaluate("Object.keys(localStorage).length") == 0
-    assert page.goto(link).status == 400  # a link works once
+    again = browser.new_context().new_page()
+    again.goto(link)  # a link works once
+    expect(again.locator("#login-status")).to_contain_text("used already")
+    assert "code" not in again.url  # the page takes the code out of the address at once
+    again.context.close()
 
     page.goto(link.split("/login")[0] + "/")
     page.locator("#text").fill("hello page")
@@ -245,4 +249,94 @@ def test_operators_see_the_pool_and_a_session_can_be_deleted(page_stack: dict, b
     page.locator("#delete-session").click()
     expect(page.locator("#sessions button", has_text=session)).to_have_count(0)
     expect(page.locator("#transcript")).to_be_empty()
+    context.close()
+
+
+def test_model_output_cannot_address_the_page(page_stack: dict, browser) -> None:
+    """A reply that names the page's own elements (ids, names, classes, data attributes, form controls)
+    changes nothing the person sends, and loads nothing from elsewhere (srcset, poster)."""
+    from playwright.sync_api import expect
+
+    context, page = signed_in(browser, page_stack)
+    elsewhere: list[str] = []
+    page.on("request", lambda request: None if request.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:"))
+            else elsewhere.append(request.url))
+    hostile = ('<textarea id="text" name="text" class="visually-hidden">rm -rf ~ (smuggled)</textarea>'
+               '<select id="agent" class="visually-hidden"><option value="evil">evil</option></select>'
+               '<input id="token" name="token" value="x"><label for="text">label</label>'
+               '<div class="approval" data-approval="x" data-live-call="y" id="status" tabindex="1" autofocus>'
+               'fake card</div><form id="composer"><button id="send">fake send</button></form>'
+               '<img src="/static/style.css" srcset="http://evil.example/beacon.png 1x">'
+               '<video poster="http://evil.example/poster.png"></video><picture><source '
+               'srcset="http://evil.example/p.png"></picture><div popover id="app">hidden</div> said')
+    page.locator("#text").fill(hostile)
+    page.locator("#send").click()
+    reply = page.locator(".msg.assistant").last
+    expect(reply).to_contain_text("said")
+    html = reply.inner_html()
+    assert not re.search(r"<(textarea|select|input|label|form|button(?! class=\"copy)|video|source|picture)\b", html), html
+    assert not re.search(r'\s(id|name|class|for|srcset|poster|tabindex|autofocus|popover|data-[a-z-]+)=', html), html
+    assert page.evaluate("document.querySelectorAll('#text').length") == 1  # the page's own, alone
+    page.locator("#text").click()
+    page.keyboard.type("my own words")
+    page.keyboard.press("Enter")
+    expect(page.locator(".msg.assistant").last).to_contain_text("echo: my own words")
+    sent = page.locator(".msg.user").last
+    expect(sent).to_have_text("my own words")
+    assert page.locator("#agent").input_value() == "main"
+    assert elsewhere == [], elsewhere
+    context.close()
+
+
+def test_an_approval_card_announces_itself_and_never_takes_the_keyboard(page_stack: dict, browser) -> None:
+    from playwright.sync_api import expect
+
+    context, page = signed_in(browser, page_stack)
+    page.locator("#text").fill('CALL exec {"command": "cat notes.txt"}')
+    page.keyboard.press("Enter")
+    approval = page.locator(".approval")
+    expect(approval).to_contain_text("cat notes.txt")
+    expect(page.locator("#status")).to_contain_text("waits for your approval")  # a role=status region says it
+    assert page.evaluate("document.activeElement.id") == "text"  # focus stayed in the message box
+    page.keyboard.type("typed on")  # keys meant for the message box land there ...
+    page.keyboard.press("Space")
+    expect(page.locator("#text")).to_have_value("typed on ")
+    expect(approval).to_be_visible()  # ... and answer nothing
+    approval.get_by_role("button", name="Deny").click()
+    expect(page.locator(".msg.assistant").last).to_contain_text("APPROVAL_DENIED")
+    context.close()
+
+
+def test_pincer_open_hands_the_code_to_the_browser_off_the_command_line(page_stack: dict, browser,
+                                                                         tmp_path: Path) -> None:
+    """What a local user sees of `pincer open`: the browser's command line holds a file's name, never the code;
+    the file is its user's alone; following it signs in once."""
+    from playwright.sync_api import expect
+
+    seen = tmp_path / "browser-argv.txt"
+    fake = tmp_path / "fake-browser"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {seen}\n")
+    fake.chmod(0o755)
+    data = tmp_path / "data"
+    env = {**page_stack, "PINCER_TOKEN": OWNER_TOKEN, "BROWSER": str(fake), "PINCER_DATA_DIR": str(data)}
+    opened = subprocess.run([sys.executable, "-m", "gateway", "open"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert opened.returncode == 0, opened.stderr
+    argv = seen.read_text().split()
+    assert len(argv) == 1 and argv[0].startswith("file://"), argv
+    forwarder = Path(argv[0].removeprefix("file://"))
+    assert forwarder.stat().st_mode & 0o777 == 0o600 and forwarder.parent.stat().st_mode & 0o777 == 0o700
+    code = re.search(r"#code=([A-Za-z0-9_-]+)", forwarder.read_text()).group(1)  # type: ignore[union-attr]
+    assert code not in opened.stdout + opened.stderr + " ".join(argv)
+    query = browser.new_context()  # the code is never taken from a query (logs, history, referrers)
+    asked = query.new_page()
+    asked.goto(f"http://127.0.0.1:{page_stack['PINCER_GATEWAY_PORT']}/login?code={code}")
+    expect(asked.locator("#login-status")).to_contain_text("has no code")
+    assert not [c for c in query.cookies() if c["name"] == "pincer_session"]
+    query.close()
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(forwarder.as_uri())
+    expect(page.locator("#app")).to_be_visible()
+    expect(page.locator("#whoami")).to_have_text("owner")
     context.close()
