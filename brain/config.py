@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from bus.config import Section
 
@@ -38,7 +38,7 @@ class BrainSettings(Section):
     model: str = ""  # "local": the local model, served by `pincer up`
     local: LocalModelSettings = Field(default_factory=LocalModelSettings)
     api_base: str | None = None
-    api_key: str | None = None
+    api_key: SecretStr | None = None
     instructions: str = DEFAULT_INSTRUCTIONS
     fallbacks: list[str] = Field(default_factory=list)  # tried in order when the model is rate-limited or down
     # Budgets of one turn; the turn ends with BUDGET_EXHAUSTED naming the one that ran out.

@@ -12,6 +12,7 @@ written in YAML flow style (``'[a, b]'``).
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -39,6 +40,9 @@ SHORTCUTS: dict[str, tuple[str, ...]] = {
     "PINCER_GATEWAY_PORT": ("gateway", "port"),
     "PINCER_GATEWAY_TOKEN": ("gateway", "token"),
 }
+
+# Settings that hold a credential though their type does not say so (a URL may carry a password).
+CREDENTIAL_KEYS: frozenset[tuple[str, ...]] = frozenset({("redis", "url")})
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -239,3 +243,29 @@ def _set(raw: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
             child = node[part] = {}
         node = child
     node[path[-1]] = value
+
+
+def secret_variables(sections: Mapping[str, type[BaseModel]]) -> dict[str, str]:
+    """Every environment variable that sets a secret setting, and the section it belongs to.
+
+    A setting is secret by what it is, never by its name's ending: a ``SecretStr`` field, or one in
+    ``CREDENTIAL_KEYS``. (``..._PER_TOKEN`` limits are settings like any other.)"""
+    found: dict[str, str] = {}
+
+    def walk(model: type[BaseModel], path: tuple[str, ...]) -> None:
+        for name, info in model.model_fields.items():
+            where = (*path, info.alias or name)
+            kinds = {info.annotation, *typing.get_args(info.annotation)}
+            if SecretStr in kinds or where in CREDENTIAL_KEYS:
+                found[ENV_PREFIX + "__".join(where).upper()] = where[0]
+            for kind in kinds:
+                if isinstance(kind, type) and issubclass(kind, BaseModel):
+                    walk(kind, where)
+
+    for section, model in sections.items():
+        walk(model, (section,))
+    for short, path in SHORTCUTS.items():
+        full = ENV_PREFIX + "__".join(path).upper()
+        if full in found:
+            found[short] = found[full]
+    return found

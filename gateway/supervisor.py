@@ -26,7 +26,7 @@ from typing import Any
 
 from brain.config import BrainSettings
 from brain.llm import LOCAL, NOT_CONFIGURED, resolve_model
-from bus.config import Config, ConfigError, RedisSettings
+from bus.config import ENV_PREFIX, Config, ConfigError, RedisSettings, RuntimeSettings, secret_variables
 from bus.private_file import write_private
 from bus.process_guard import die_with_parent
 from bus.redis_server import EmbeddedRedis, free_port
@@ -34,6 +34,7 @@ from gateway.config import GatewaySettings
 from gateway.daemon import AlreadyRunning, DaemonState, DataDirLock, Proc, StateFile, start_time, this_process
 from gateway.logfiles import RoleLog
 from gateway.tokens import TokenError, ensure_owner_token, owner_token_path
+from hands.config import HandsSettings
 from localmodel.provision import prepare
 from localmodel.weights import WeightsError
 
@@ -46,22 +47,34 @@ def say(line: str) -> None:
     print(f"{'pincer':>9} | {line}", flush=True)
 
 
-# Names of variables that hold a credential: model providers' keys, cloud credentials, tokens.
+# Variables outside Pincer's settings that hold a credential: model providers' keys, cloud credentials.
+# (Pincer's own secret settings are known by what they are: ``bus.config.secret_variables``.)
 SECRET_NAME = re.compile(
     r"(_API_KEY|_APIKEY|_TOKEN|_SECRET|_SECRET_KEY|_PASSWORD|_PASSWD|_ACCESS_KEY|_ACCESS_KEY_ID|_CREDENTIALS"
     r"|_SESSION_TOKEN|_PRIVATE_KEY)$"
     r"|^(AWS|AZURE|GOOGLE|GCP|VERTEXAI|VERTEX|OPENAI|ANTHROPIC|GEMINI|GROQ|MISTRAL|COHERE|HF|HUGGINGFACE|OPENROUTER"
     r"|TOGETHER|TOGETHERAI|DEEPSEEK|XAI|FIREWORKS|PERPLEXITY|REPLICATE|DATABRICKS|WATSONX|SAMBANOVA|CEREBRAS)_",
     re.IGNORECASE)
-GATEWAY_SECRETS = ("PINCER_GATEWAY_TOKEN", "PINCER_TOKEN")
+PINCER_ROLES = ("gateway", "brain", "hands")
+# Each secret setting goes to the role whose section it is; Redis' credentials to every Pincer role.
+SECRETS = {**secret_variables({"redis": RedisSettings, "runtime": RuntimeSettings, "hands": HandsSettings,
+                               "brain": BrainSettings, "gateway": GatewaySettings}),
+           "PINCER_TOKEN": "gateway"}  # a client's token (`pincer chat`): no child needs it
 
 
 def role_env(env: dict[str, str], role: str) -> dict[str, str]:
-    """What one role may see of the environment: the Brain the model credentials; the Gateway and
-    Hands none of them (Hands runs other people's code; the Gateway faces the network)."""
-    if role == "brain":
-        return {k: v for k, v in env.items() if k not in GATEWAY_SECRETS}
-    return {k: v for k, v in env.items() if not SECRET_NAME.search(k) or k == "PINCER_REDIS_URL"}
+    """What one role may see of the environment: each secret setting only its own section's role (Redis'
+    every Pincer role), the model providers' credentials only the Brain, every other setting every role.
+    The local model's server (role ``model``) sees no secret at all."""
+    def allowed(name: str) -> bool:
+        section = SECRETS.get(name.upper())
+        if section is not None:
+            return section == role or (section == "redis" and role in PINCER_ROLES)
+        if name.upper().startswith(ENV_PREFIX):
+            return True
+        return role == "brain" or not SECRET_NAME.search(name)
+
+    return {k: v for k, v in env.items() if allowed(k)}
 
 
 @dataclass

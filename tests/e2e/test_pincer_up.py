@@ -54,7 +54,9 @@ def test_up_runs_everything_stops_cleanly_and_keeps_transcripts(processes: Proce
     assert not [pid for pid in children if pid_alive(pid)], "pincer up left processes behind"
     assert "stopped" in (tmp_path / "up-1.log").read_text()
 
-    # A second start on the same data directory finds the transcript again (append-only file).
+    # A second start on the same data directory finds the transcript again (append-only file). It also
+    # takes a setting whose name ends like a secret's from the environment (they used to be dropped).
+    up_env = {**up_env, "PINCER_GATEWAY__LIMITS__OPEN_TURNS_PER_TOKEN": "1"}
     up = start_up(processes, up_env, "up-2")
     token_file = tmp_path / "data" / "gateway.token"
     assert token_file.stat().st_mode & 0o077 == 0  # the owner token stays private too
@@ -67,6 +69,12 @@ def test_up_runs_everything_stops_cleanly_and_keeps_transcripts(processes: Proce
     assert again.returncode == 0 and "echo: and now?" in again.stdout, again.stderr + processes.logs()
     sent = scripted_llm.requests[-1]["messages"]
     assert any(m["role"] == "tool" and "pincer-42" in (m.get("content") or "") for m in sent)
+    slow = processes.start("chat", "-m", "SLEEP 20", "--session", "slow", name="slow-chat")
+    with gateway_client(up_env, token_file.read_text().strip()) as client:
+        wait_until(lambda: client.get("/v1/sessions/slow").status_code == 200, timeout=30, what="the slow turn")
+        second = client.post("/v1/sessions/other/messages", json={"text": "hi"})
+    assert second.status_code == 429 and "open_turns_per_token" in second.text, second.text
+    processes.stop(slow, signal.SIGKILL)
     assert processes.stop(up, signal.SIGINT, timeout=30) == 0
 
 

@@ -93,7 +93,8 @@ def test_env_overrides_nested_keys_and_shortcuts(tmp_path: Path) -> None:
     brain = config.section("brain", BrainSettings)
     assert hands.concurrency.global_ == 7 and hands.max_result_bytes == 2000
     assert hands.workspace == Path("/tmp/ws")
-    assert (brain.model, brain.api_base, brain.api_key) == ("openai/gpt-4o-mini", "http://127.0.0.1:9/v1", "sk-1")
+    assert (brain.model, brain.api_base) == ("openai/gpt-4o-mini", "http://127.0.0.1:9/v1")
+    assert brain.api_key is not None and brain.api_key.get_secret_value() == "sk-1"
     assert config.redis.url == "redis://example:6379/1"
     assert config.runtime.data_dir == Path("/tmp/data")
     assert config.section("gateway", GatewaySettings).port == 9999
