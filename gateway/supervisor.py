@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import signal
 import sys
 import time
@@ -35,6 +36,7 @@ from gateway.daemon import AlreadyRunning, DaemonState, DataDirLock, Proc, State
 from gateway.logfiles import RoleLog
 from gateway.tokens import TokenError, ensure_owner_token, owner_token_path
 from hands.config import HandsSettings
+from localmodel import KEY_VARIABLE
 from localmodel.provision import prepare
 from localmodel.weights import WeightsError
 
@@ -183,7 +185,8 @@ class Supervisor:
         try:
             for child in children:
                 await self._start(child, env)
-                if child.name == "model" and not await self._model_answers(child, brain_env["PINCER_LLM_API_BASE"]):
+                if child.name == "model" and not await self._model_answers(child, brain_env["PINCER_LLM_API_BASE"],
+                                                                           brain_env["PINCER_LLM_API_KEY"]):
                     if not self.stop.is_set():  # not a Ctrl-C while it loaded
                         self.failed = "the local model's server did not start (see its lines above)"
                         self.stop.set()
@@ -210,13 +213,14 @@ class Supervisor:
         """The model's server as a child on a free loopback port, and what the Brain needs to use it."""
         port = free_port()
         warm = self.runtime.data_path / "models" / f"{model_file.name}.prefix.txt"  # read ahead at each start
+        key = secrets.token_urlsafe(32)  # this start's: the server and the Brain have it, no one else
         child = Child("model", [sys.executable, "-m", "localmodel", "serve", "--model", str(model_file),
                                 "--port", str(port), "--context", str(self.brain.local.context_tokens),
-                                "--warm-file", str(warm)], role="model")
+                                "--warm-file", str(warm)], {KEY_VARIABLE: key}, role="model")
         # Loopback never goes through a proxy the environment names for the internet.
         bypass = ",".join(filter(None, [env.get("NO_PROXY") or env.get("no_proxy"), "127.0.0.1", "localhost"]))
         return child, {"PINCER_MODEL": f"openai/{LOCAL}", "PINCER_LLM_API_BASE": f"http://127.0.0.1:{port}/v1",
-                       "PINCER_LLM_API_KEY": LOCAL, "NO_PROXY": bypass, "no_proxy": bypass,
+                       "PINCER_LLM_API_KEY": key, "NO_PROXY": bypass, "no_proxy": bypass,
                        # On a CPU the first reply reads the whole prompt (~40 s for 13 tools on 2 cores).
                        "PINCER_BRAIN__LLM_TIMEOUT_S": str(max(self.brain.llm_timeout_s, LOCAL_LLM_TIMEOUT_S))}
 
@@ -282,12 +286,12 @@ class Supervisor:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(child.pump, 2)
 
-    async def _model_answers(self, child: Child, api_base: str) -> bool:
+    async def _model_answers(self, child: Child, api_base: str, key: str) -> bool:
         """Wait while the model loads (seconds) until its server answers, or its process ends."""
         while not self.stop.is_set():
             if child.process is None or child.process.returncode is not None:
                 return False
-            if await asyncio.to_thread(_health, f"{api_base}/models"):
+            if await asyncio.to_thread(_health, f"{api_base}/models", {"Authorization": f"Bearer {key}"}):
                 say(f"local model serving on {api_base}")
                 return True
             await asyncio.sleep(0.5)
@@ -310,11 +314,11 @@ class Supervisor:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
 
 
-def _health(url: str) -> dict[str, Any]:
+def _health(url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
     """The Gateway's /healthz answer (503 included), or {} while it does not answer. urllib, not httpx:
     the supervisor stays small (httpx with its CLI's imports is ~9 MB of an idle daemon)."""
     try:
-        with _DIRECT.open(url, timeout=2) as response:
+        with _DIRECT.open(urllib.request.Request(url, headers=headers or {}), timeout=2) as response:
             body = response.read()
     except urllib.error.HTTPError as refused:
         body = refused.read()

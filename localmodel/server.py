@@ -9,12 +9,21 @@ named instead of called) is generated once more with a note saying what was
 wrong; calls to tools that were not offered never reach the caller (twice
 over, the answer is text saying so), the rest goes out as the second try
 gives it.
+
+Only the Brain that `pincer up` started may use it: every request carries
+the key made for this start (``Authorization: Bearer``; it reaches the server
+and the Brain through their environments, never a command line), names
+this server in ``Host`` (a DNS-rebinding page names its own), and sends JSON
+of at most ``MAX_BODY`` bytes; ``max_tokens`` is held to ``MAX_TOKENS_CAP``.
+So no web page or other local user can hold the model, read its answers or
+change the prompt prefix it keeps warm.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import time
@@ -32,9 +41,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bus.private_file import write_private
+from localmodel import KEY_VARIABLE
 from localmodel.chat import Reply, TemplateFailed, parse, prompt_prefix, render, review
 
 MAX_TOKENS = 1024
+MAX_TOKENS_CAP = 4096  # what one answer may ask for at most: a caller cannot hold the model for long
+MAX_BODY = 4 << 20  # a whole conversation in the context window is far less
+HOSTS = frozenset({"127.0.0.1", "localhost"})
 log = logging.getLogger("localmodel")
 
 
@@ -76,8 +89,10 @@ class LocalModelServer:
     to be read into the model's cache when the server starts again: the first reply after a restart then
     skips reading it (~40 s for Pincer's built-ins on 2 cores)."""
 
-    def __init__(self, generator: Generator, *, warm_file: Path | None = None) -> None:
-        self.generator, self.warm_file = generator, warm_file
+    def __init__(self, generator: Generator, *, key: str, warm_file: Path | None = None) -> None:
+        if len(key) < 16:
+            raise ValueError(f"the local model's server needs a key of 16 characters or more (${KEY_VARIABLE})")
+        self.generator, self.warm_file, self.key = generator, warm_file, key
         self._one_at_a_time = asyncio.Lock()
         self._kept_prefix: str | None = None
 
@@ -115,18 +130,49 @@ class LocalModelServer:
             except OSError as exc:
                 log.warning("prompt prefix not kept in %s: %s", self.warm_file, exc)
 
-    async def models(self, _request: Request) -> Response:
+    def _refusal(self, request: Request) -> Response | None:
+        """Why this request is not the Brain's (None: it is)."""
+        host = request.headers.get("host", "").rsplit(":", 1)[0].lower()
+        if host not in HOSTS:
+            return _error(403, f"this server answers only for 127.0.0.1 and localhost, not {host[:64]!r}")
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.key.encode()):
+            return _error(401, "this is Pincer's local model: only the Brain that `pincer up` started may use it")
+        return None
+
+    async def _body(self, request: Request) -> bytes | Response:
+        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if kind != "application/json":
+            return _error(415, f"send JSON (Content-Type: application/json), not {kind or 'nothing'!r}")
+        declared = request.headers.get("content-length", "")
+        if declared and (not declared.isdigit() or int(declared) > MAX_BODY):
+            return _error(413, f"a request may hold at most {MAX_BODY:,} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY:
+                return _error(413, f"a request may hold at most {MAX_BODY:,} bytes")
+        return bytes(body)
+
+    async def models(self, request: Request) -> Response:
+        if (refused := self._refusal(request)) is not None:
+            return refused
         return JSONResponse({"object": "list", "data": [{"id": self.generator.name, "object": "model",
                                                          "owned_by": "local"}]})
 
     async def completions(self, request: Request) -> Response:
+        if (refused := self._refusal(request)) is not None:
+            return refused
+        raw = await self._body(request)
+        if isinstance(raw, Response):
+            return raw
         try:
-            body = CompletionRequest.model_validate(json.loads(await request.body()))
+            body = CompletionRequest.model_validate(json.loads(raw))
         except (ValueError, ValidationError) as exc:
             return _error(400, f"not a chat completion request: {exc}")
         tools = body.tools if body.tool_choice != "none" else None
         offered = {t.get("function", {}).get("name") for t in tools or []} - {None}
-        limit = body.max_completion_tokens or body.max_tokens or MAX_TOKENS
+        limit = min(body.max_completion_tokens or body.max_tokens or MAX_TOKENS, MAX_TOKENS_CAP)
         try:
             reply, usage = await self._reply(body.messages, tools, offered, limit, body.temperature)
             await self._keep_prefix(body.messages, tools)

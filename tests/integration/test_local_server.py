@@ -23,6 +23,8 @@ TEMPLATE = """{%- for message in messages %}<|im_start|>{{ message.role }}
 {% endfor %}{% if tools %}TOOLS {{ tools | map(attribute='function.name') | join(',') }}
 {% endif %}<|im_start|>assistant
 """
+KEY = "this-start-key-0123456789"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 TOOLS = [ToolSpec(name="read_file", description="read a file", parameters={"type": "object"})]
 
 
@@ -32,13 +34,14 @@ class Scripted:
     name, template, stop = "qwen-local", TEMPLATE, ["<|im_end|>"]
 
     def __init__(self, *replies: str) -> None:
-        self.replies, self.prompts, self.warmed = list(replies), [], []
+        self.replies, self.prompts, self.warmed, self.limits = list(replies), [], [], []
 
     def warm(self, prompt: str) -> None:
         self.warmed.append(prompt)
 
     def generate(self, prompt: str, *, max_tokens: int, temperature: float) -> Generated:
         self.prompts.append(prompt)
+        self.limits.append(max_tokens)
         return Generated(self.replies.pop(0), prompt_tokens=len(prompt.split()), completion_tokens=5)
 
 
@@ -48,7 +51,7 @@ async def serve() -> AsyncIterator:
 
     async def start(generator: Scripted, warm_file: Path | None = None) -> str:
         port = free_port()
-        app = LocalModelServer(generator, warm_file=warm_file).app()
+        app = LocalModelServer(generator, key=KEY, warm_file=warm_file).app()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         servers.append((server, asyncio.create_task(server.serve())))
         await async_wait_until(lambda: server.started, what="the local model server listening")
@@ -61,7 +64,7 @@ async def serve() -> AsyncIterator:
 
 
 def brain_client(api_base: str, *, direct: bool) -> LiteLLMClient:
-    return LiteLLMClient(model="openai/qwen-local", api_base=api_base, api_key="local", timeout_s=20, retries=0,
+    return LiteLLMClient(model="openai/qwen-local", api_base=api_base, api_key=KEY, timeout_s=20, retries=0,
                          openai_direct=direct)
 
 
@@ -106,9 +109,10 @@ async def test_an_invented_tool_is_asked_again_then_refused_in_words(serve) -> N
 
 async def test_a_malformed_request_is_told_what_is_wrong(serve) -> None:
     api_base = await serve(Scripted())
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=AUTH) as http:
         empty = await http.post(f"{api_base}/chat/completions", json={"model": "x", "messages": []})
-        garbage = await http.post(f"{api_base}/chat/completions", content=b"{not json")
+        garbage = await http.post(f"{api_base}/chat/completions", content=b"{not json",
+                                  headers={"Content-Type": "application/json"})
         listed = await http.get(f"{api_base}/models")
     assert empty.status_code == 400 and "messages" in empty.json()["error"]["message"]
     assert garbage.status_code == 400 and "not a chat completion request" in garbage.json()["error"]["message"]
@@ -145,3 +149,37 @@ async def test_the_prompts_prefix_is_kept_private_and_read_ahead_by_the_next_sta
     second = Scripted()
     await serve(second, kept)
     await async_wait_until(lambda: second.warmed == [prefix], what="the kept prefix read ahead at start")
+
+
+async def test_only_the_brain_with_this_starts_key_may_use_the_model(serve, tmp_path: Path) -> None:
+    """A web page or another local user: no key, a wrong key, a foreign Host (DNS rebinding), a form post,
+    an outsized body or answer. None reaches the model, and none changes the prefix it keeps warm."""
+    model = Scripted("fine")
+    kept = tmp_path / "prefix.txt"
+    api_base = await serve(model, kept)
+    ask = {"model": "x", "messages": [{"role": "system", "content": "EVIL PREFIX"}, {"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient() as http:
+        url = f"{api_base}/chat/completions"
+        for headers, body, status in [
+            ({}, ask, 401),
+            ({"Authorization": "Bearer wrong-key-0123456789"}, ask, 401),
+            ({"Authorization": f"Basic {KEY}"}, ask, 401),
+            ({**AUTH, "Host": "attacker.example"}, ask, 403),
+            ({**AUTH, "Host": f"rebound.example:{api_base.split(':')[2].split('/')[0]}"}, ask, 403),
+        ]:
+            refused = await http.post(url, json=body, headers=headers)
+            assert refused.status_code == status, (headers, refused.text)
+        assert (await http.get(f"{api_base}/models")).status_code == 401
+        form = await http.post(url, content=json.dumps(ask), headers={**AUTH, "Content-Type": "text/plain"})
+        assert form.status_code == 415
+        huge = await http.post(url, headers=AUTH, json={**ask, "pad": "x" * (5 << 20)})
+        assert huge.status_code == 413
+    assert model.prompts == [] and not kept.exists()  # nothing ran, nothing was kept
+    async with httpx.AsyncClient(headers=AUTH) as http:
+        greedy = await http.post(f"{api_base}/chat/completions", json={**ask, "max_tokens": 8192})
+    assert greedy.status_code == 200 and model.limits == [4096]  # an answer's length is held to the cap
+
+
+def test_the_server_refuses_to_start_without_a_key() -> None:
+    with pytest.raises(ValueError, match="key of 16"):
+        LocalModelServer(Scripted(), key="")
