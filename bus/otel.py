@@ -16,10 +16,12 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from bus import trace
 from bus.config import RuntimeSettings
+from bus.private_file import append_private
 
 log = logging.getLogger("bus.otel")
 
@@ -51,7 +53,7 @@ def setup(role: str, runtime: RuntimeSettings) -> None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     else:  # console: one JSON span a line, to a file of this process's own (debugging, tests)
         path = f"{runtime.otel_file or 'pincer-spans'}.{role}.{os.getpid()}.jsonl"
-        out = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - open for the process's life
+        out = append_private(Path(path))  # open for the process's life; what a turn did is its user's alone
         exporter = ConsoleSpanExporter(out=out, formatter=lambda s: s.to_json(indent=None) + "\n")
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     _tracer, _propagator = provider.get_tracer("pincer"), TraceContextTextMapPropagator()

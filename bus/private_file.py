@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import IO, Any
 
 
 def write_private(path: Path, text: str) -> None:
@@ -20,3 +21,22 @@ def write_private(path: Path, text: str) -> None:
     except BaseException:
         aside.unlink(missing_ok=True)
         raise
+
+
+def open_private(path: Path, flags: int) -> int:
+    """A descriptor of ``path`` that only its owner can read: created 0600, a link planted there never
+    followed (``O_NOFOLLOW``: the open fails), a wider mode left by someone narrowed to 0600."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def append_private(path: Path, *, binary: bool = False, encoding: str | None = "utf-8") -> IO[Any]:
+    """``path`` opened to append, as ``open_private`` makes it (logs: what a process wrote is its user's)."""
+    fd = open_private(path, os.O_WRONLY | os.O_APPEND)
+    return os.fdopen(fd, "ab") if binary else os.fdopen(fd, "a", encoding=encoding, buffering=1)

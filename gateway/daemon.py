@@ -24,7 +24,8 @@ from typing import IO, Any
 from pydantic import BaseModel, Field
 
 from bus.errors import PincerError
-from bus.private_file import write_private
+from bus.private_file import append_private, open_private, write_private
+from gateway.logfiles import private_dir
 
 STATE_FILE = "pincer.json"
 LOCK_FILE = "pincer.lock"
@@ -122,7 +123,8 @@ class DataDirLock:
 
     def acquire(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        file = open(self.data_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held open while we run
+        # Held open while we run; never through a link someone planted at its name.
+        file = os.fdopen(open_private(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_APPEND), "a+")
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -148,8 +150,7 @@ def detach(argv: list[str], *, data_dir: Path, log_dir: Path, env: dict[str, str
         print(f"pincer: error: already running on {data_dir} (pid {running.supervisor.pid}, Gateway on "
               f"{running.gateway_url}); `pincer stop` first", file=sys.stderr)
         return 1
-    log_dir.mkdir(parents=True, exist_ok=True)
-    out = (log_dir / "supervisor.log").open("ab")
+    out = append_private(private_dir(log_dir) / "supervisor.log", binary=True)
     child = subprocess.Popen([sys.executable, "-m", "gateway", *argv], stdin=subprocess.DEVNULL, stdout=out,
                              stderr=subprocess.STDOUT, start_new_session=True, env=env)
     out.close()

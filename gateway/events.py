@@ -89,11 +89,16 @@ def describe(message: Message) -> tuple[str, dict[str, Any]] | None:
 
 # Event n of a session gets the id "n-0": consecutive, so whether anything between a client's last
 # id and the oldest kept was trimmed is plain arithmetic (Redis records no trimmed ids).
+# The log lives keep_s past its last event, but never longer than its session's transcript when that
+# is set to lapse (a session a client did not name): the log goes with the session it tells of.
 APPEND = """
 local n = redis.call('INCR', KEYS[2])
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], n .. '-0', 'k', ARGV[2], 'd', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+local life = tonumber(ARGV[4])
+local left = redis.call('PTTL', KEYS[3])
+if left > 0 and left < life then life = left end
+redis.call('PEXPIRE', KEYS[1], life)
+redis.call('PEXPIRE', KEYS[2], life)
 return id
 """
 
@@ -110,7 +115,8 @@ class SessionEvents:
         kind, data = described
         payload = json.dumps({**data, "ts": int(time.time() * 1000)}, ensure_ascii=False)
         added = await self._append(keys=[self.bus.keys.session_events(session_id),
-                                         self.bus.keys.session_events_seq(session_id)],
+                                         self.bus.keys.session_events_seq(session_id),
+                                         self.bus.keys.transcript(session_id)],
                                    args=[self.keep, kind, payload, self.keep_ms])
         return added.decode() if isinstance(added, bytes) else str(added)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import sys
@@ -9,15 +10,32 @@ import time
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
+from bus.private_file import append_private
+
 ROLE = re.compile(r"^[a-z]+(-\d+)?$")
+
+
+class PrivateRotatingFile(RotatingFileHandler):
+    """A rotated log only its user can read (what a chat said, what a tool printed), never through a link."""
+
+    def _open(self) -> io.TextIOWrapper:
+        opened = append_private(Path(self.baseFilename), encoding=self.encoding)
+        assert isinstance(opened, io.TextIOWrapper)
+        return opened
+
+
+def private_dir(path: Path) -> Path:
+    """A folder for logs: made 0700 (an existing one is left as its owner set it)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
 
 
 class RoleLog:
     """The lines one child prints, kept in ``<log_dir>/<role>.log`` (rotated past ``max_bytes``)."""
 
     def __init__(self, log_dir: Path, role: str, *, max_bytes: int, backups: int) -> None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.handler = RotatingFileHandler(log_dir / f"{role}.log", maxBytes=max_bytes, backupCount=backups,
+        private_dir(log_dir)
+        self.handler = PrivateRotatingFile(log_dir / f"{role}.log", maxBytes=max_bytes, backupCount=backups,
                                            encoding="utf-8")
         self.handler.setFormatter(logging.Formatter("%(message)s"))
 

@@ -9,7 +9,10 @@ failed call an ``isError`` result carrying Pincer's error code and message.
 Over stdio the caller is whoever started the process (``--sender``). Over
 streamable HTTP (``--http PORT``) every request passes the Gateway's own
 guard (Host, Origin, body size, a Pincer token) and the token names the
-sender; a token limited to other agents is refused.
+sender; a token limited to other agents is refused. Each sender has a session
+of its own (``<sender>/mcp-<server>``: its background processes and its place
+in the pool's fair queues are its own), and over HTTP each token's calls count
+against the Gateway's per-token limits (calls a minute, calls at once).
 
 The ``mcp`` SDK is pinned to its 2.x line: the current one (1.x is kept for
 fixes only), whose low-level ``Server`` takes its handlers as arguments.
@@ -45,6 +48,9 @@ from bus.protocol import (
 from bus.replies import ReplyInbox
 from bus.service import new_instance_id, redis_url, run_loop
 from bus.streams import Bus
+from gateway.config import GatewaySettings
+from gateway.errors import Refused
+from gateway.limits import CallerLimits
 from gateway.tokens import Identity
 
 log = logging.getLogger("gateway.mcp")
@@ -55,10 +61,15 @@ LIST_TIMEOUT_S = 10.0
 class PoolTools:
     """The pool seen as an MCP server's tools, for one agent and sender."""
 
-    def __init__(self, bus: Bus, inbox: ReplyInbox, *, agent_id: str, sender: str, call_timeout_s: float) -> None:
-        self.bus, self.inbox = bus, inbox
+    def __init__(self, bus: Bus, inbox: ReplyInbox, *, agent_id: str, sender: str, call_timeout_s: float,
+                 limits: CallerLimits | None = None) -> None:
+        self.bus, self.inbox, self.limits = bus, inbox, limits
         self.agent_id, self.sender, self.call_timeout_s = agent_id, sender, call_timeout_s
-        self.session_id = f"mcp-{new_id()[:12]}"
+        self.server_id = f"mcp-{new_id()[:12]}"
+
+    def session_of(self, sender: str) -> str:
+        """Each sender's own session on this server (never one shared by every token)."""
+        return f"{sender}/{self.server_id}"
 
     def _sender(self, ctx: ServerRequestContext[Any]) -> str:
         """The HTTP request's token name (the guard put it there), or the configured sender over stdio."""
@@ -88,7 +99,21 @@ class PoolTools:
             sender = self._sender(ctx)
         except PermissionError as exc:
             return _failure(ErrorCode.FORBIDDEN, str(exc))
-        call = ToolExecute(tool=params.name, args=dict(params.arguments or {}), session_id=self.session_id,
+        if self.limits is None:
+            return await self._call(ctx, params, sender)
+        try:  # over HTTP: the token's calls a minute, and its calls at once, as for its chat turns
+            await self.limits.take_message(sender)
+            hold = self.limits.hold_turn(sender, stream=False)
+        except Refused as refused:
+            return _failure(refused.code, refused.message)
+        try:
+            return await self._call(ctx, params, sender)
+        finally:
+            hold.release()
+
+    async def _call(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams,
+                    sender: str) -> types.CallToolResult:
+        call = ToolExecute(tool=params.name, args=dict(params.arguments or {}), session_id=self.session_of(sender),
                            agent_id=self.agent_id, sender=sender, reply_to=self.inbox.stream,
                            deadline=now_ms() + int(self.call_timeout_s * 1000))
         token = ctx.meta.get("progress_token") if isinstance(ctx.meta, dict) else \
@@ -132,7 +157,8 @@ async def serve(config: Config, *, agent_id: str, sender: str, call_timeout_s: f
     bus = Bus.from_settings(config.redis, redis_url(config))
     inbox = ReplyInbox(bus, new_instance_id("mcp"), block_ms=200)
     await inbox.start()
-    tools = PoolTools(bus, inbox, agent_id=agent_id, sender=sender, call_timeout_s=call_timeout_s)
+    limits = CallerLimits(bus, config.section("gateway", GatewaySettings).limits) if http is not None else None
+    tools = PoolTools(bus, inbox, agent_id=agent_id, sender=sender, call_timeout_s=call_timeout_s, limits=limits)
     server: Server[Any] = Server("pincer", version=version(), on_list_tools=tools.list_tools,
                                  on_call_tool=tools.call_tool,
                                  instructions=f"The tools of Pincer's agent {agent_id!r}, run by its Hands pool.")
@@ -153,7 +179,6 @@ async def _serve_http(config: Config, bus: Bus, server: Server[Any], *, host: st
     from mcp.server.transport_security import TransportSecuritySettings
 
     from bus.metrics import Meter
-    from gateway.config import GatewaySettings
     from gateway.guard import Guard
     from gateway.tokens import TokenStore, read_owner_token
 

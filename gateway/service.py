@@ -5,13 +5,23 @@ template ``pincer-hands@.service`` runs one more Hands worker per instance
 (``systemctl --user start pincer-hands@{1..4}``), on this host or any other
 that reaches the same Redis. A bad configuration exits 78, and the units do
 not restart on it. Secrets go in an environment file only its owner reads.
+
+System units (``--system``) never run as root: they run as an unprivileged
+user (``--run-as``, else the one who ran sudo), and only code that no other
+user can change: the interpreter, the installed ``pincer`` and the
+environment they live in, and every folder above them, must belong to root
+or to that user and be writable by no one else. A venv in someone's home run
+as root would hand root to whoever can write to it.
 """
 
 from __future__ import annotations
 
 import getpass
+import grp
 import os
+import pwd
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -39,16 +49,61 @@ def pincer_command() -> str:
     return str(beside) if beside.is_file() else f"{sys.executable} -m gateway"
 
 
+class UnsafeUnit(ValueError):
+    """A system unit would run code that someone other than its user could change; the message says what."""
+
+
+def run_as_user(requested: str | None) -> str:
+    """The unprivileged user a system unit runs as: ``requested``, else the one who ran sudo; never root."""
+    name = requested or os.environ.get("SUDO_USER") or ""
+    if not name or name == "root":
+        raise UnsafeUnit("a system unit runs Pincer as an unprivileged user, never root: name one with --run-as USER "
+                         "(e.g. a `pincer` user made with `useradd --system --create-home pincer`)")
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise UnsafeUnit(f"--run-as {name}: no such user on this machine") from None
+    return name
+
+
+def check_code_is_safe(user: str, paths: list[Path]) -> None:
+    """Refuse when any of ``paths`` (or a folder above one) could be changed by someone other than root and
+    ``user``: that someone could then run code as ``user``, or as root had the unit run as root."""
+    uid = pwd.getpwnam(user).pw_uid
+    seen: set[Path] = set()
+    for path in paths:
+        for step in [path, *path.parents]:
+            if step in seen:
+                continue
+            seen.add(step)
+            info = step.lstat()
+            sticky_dir = stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX
+            if info.st_uid not in (0, uid):
+                raise UnsafeUnit(f"{step} belongs to uid {info.st_uid}, not root or {user}: install Pincer where only "
+                                 f"root or {user} can change it (e.g. `python3 -m venv /opt/pincer` as root)")
+            if info.st_mode & 0o022 and not sticky_dir and not stat.S_ISLNK(info.st_mode):
+                raise UnsafeUnit(f"{step} is writable by its group or by everyone ({oct(info.st_mode & 0o777)}): "
+                                 f"`chmod go-w {step}`, or install Pincer elsewhere")
+
+
+def installed_code() -> list[Path]:
+    """What a unit would run: the interpreter, the `pincer` beside it and the environment both live in."""
+    paths = [Path(sys.executable), Path(sys.prefix), Path(sys.executable).resolve()]
+    beside = Path(sys.executable).parent / "pincer"
+    return [*paths, beside] if beside.is_file() else paths
+
+
 def render(*, hands: int, system: bool, stop_timeout_s: int, config: Path | None,
-           local_model: bool = False) -> dict[str, str]:
-    """The unit files' text, by name."""
+           local_model: bool = False, run_as: str | None = None) -> dict[str, str]:
+    """The unit files' text, by name (a system unit runs as ``run_as``)."""
     command = pincer_command()
     config_arg = f" --config {config}" if config else ""
     local_arg = " --local-model" if local_model else ""
     target = "multi-user.target" if system else "default.target"
+    user = f"User={run_as}\nGroup={grp.getgrgid(pwd.getpwnam(run_as).pw_gid).gr_name}\n" if system and run_as else ""
     service = f"""\
 Type=simple
-Environment=PYTHONUNBUFFERED=1
+{user}Environment=PYTHONUNBUFFERED=1
 EnvironmentFile=-{env_file(system=system)}
 Restart=on-failure
 RestartSec=5
@@ -100,8 +155,17 @@ ENV_TEMPLATE = """\
 
 
 def install(*, hands: int, system: bool, dry_run: bool, stop_timeout_s: int, config: Path | None,
-            local_model: bool = False) -> int:
-    units = render(hands=hands, system=system, stop_timeout_s=stop_timeout_s, config=config, local_model=local_model)
+            local_model: bool = False, run_as: str | None = None) -> int:
+    user = None
+    if system:
+        try:
+            user = run_as_user(run_as)
+            check_code_is_safe(user, installed_code() + ([config] if config else []))
+        except UnsafeUnit as exc:
+            print(f"pincer: error: {exc}", file=sys.stderr)
+            return 1
+    units = render(hands=hands, system=system, stop_timeout_s=stop_timeout_s, config=config, local_model=local_model,
+                   run_as=user)
     where = unit_dir(system=system)
     if dry_run:
         for name, text in units.items():

@@ -121,10 +121,12 @@ class SessionStore:
         return ("" if exists else None), bool(exists)
 
     async def expire(self, session_id: str, ttl_s: int) -> None:
-        """Let every key of the session lapse ``ttl_s`` from now (a session a client did not name)."""
+        """Let every key of the session lapse ``ttl_s`` from now (a session a client did not name), its
+        event log too."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in (self.keys.session_owner(session_id), self.keys.transcript(session_id),
-                        self.keys.session_seq(session_id), self.keys.session_done(session_id)):
+                        self.keys.session_seq(session_id), self.keys.session_done(session_id),
+                        self.keys.session_events(session_id), self.keys.session_events_seq(session_id)):
                 pipe.expire(key, ttl_s)
             await pipe.execute()
 

@@ -45,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     service.add_argument("--system", action="store_true", help="system units in /etc/systemd/system (root)")
     service.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers pincer.service starts")
     service.add_argument("--local-model", action="store_true", help="pincer.service runs `pincer up --local-model`")
+    service.add_argument("--run-as", metavar="USER", help="--system: the unprivileged user the units run as "
+                         "(default: the one who ran sudo; never root)")
 
     mcp = sub.add_parser("mcp", help="MCP: `pincer mcp serve` offers the pool's tools to any MCP client")
     mcp.add_argument("action", choices=["serve"])
@@ -177,7 +179,7 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             source = Path(config.source).resolve() if config.source and args.config else None
             return service.install(hands=args.hands, system=args.system, dry_run=args.dry_run,
                                    stop_timeout_s=int(config.redis.drain_timeout_s + 30), config=source,
-                                   local_model=args.local_model)
+                                   local_model=args.local_model, run_as=args.run_as)
         case "mcp":
             from gateway.mcp_serve import main as serve_mcp
 

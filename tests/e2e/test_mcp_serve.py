@@ -98,7 +98,8 @@ async def test_over_http_a_token_is_needed_and_names_the_sender(bus: Bus, proces
     port = free_port()
     processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace),
                      "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
-                     "PINCER_HANDS__TOOLS__OWNER_ONLY": "[exec]", "PINCER_HANDS__TOOLS__OWNERS": "[alice]"}
+                     "PINCER_HANDS__TOOLS__OWNER_ONLY": "[exec]", "PINCER_HANDS__TOOLS__OWNERS": "[alice]",
+                     "PINCER_GATEWAY__LIMITS__BURST": "4", "PINCER_GATEWAY__LIMITS__MESSAGES_PER_MINUTE": "4"}
     tokens = {}
     for name, extra in (("alice", []), ("bob", []), ("carol", ["--agent", "other"])):
         made = processes.run("token", "create", name, *extra)
@@ -142,5 +143,24 @@ async def test_over_http_a_token_is_needed_and_names_the_sender(bus: Bus, proces
                 assert ("exec" in names) is (name == "alice")  # owner_only: the token's name is the sender
                 read = await session.call_tool("read_file", {"path": "notes.txt"})
                 assert not read.is_error and "served over HTTP" in read.content[0].text
+
+        # Each token has a session of its own: alice's background job is not bob's to list.
+        client, transport = await session_of("alice")
+        async with client, transport as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            started = await session.call_tool("exec", {"command": "sleep 30", "background": True})
+            assert not started.is_error, started.content[0].text
+            job = json.loads(started.content[0].text)["job_id"]
+            mine = await session.call_tool("process", {"action": "list"})
+            assert job in mine.content[0].text
+        client, transport = await session_of("bob")
+        async with client, transport as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            theirs = await session.call_tool("process", {"action": "list"})
+            assert not theirs.is_error and job not in theirs.content[0].text
+            # ... and its own limits: 4 calls a minute in a burst of 4 (one read, one list so far)
+            outcomes = [json.loads(r.content[0].text).get("error") if r.is_error else "ok"
+                        for r in [await session.call_tool("read_file", {"path": "notes.txt"}) for _ in range(3)]]
+            assert outcomes == ["ok", "ok", "RATE_LIMITED"], outcomes
     finally:
         shutil.rmtree(workspace, ignore_errors=True)

@@ -117,6 +117,9 @@ def test_without_a_session_the_messages_are_the_context_of_one_that_expires(stac
     store = redis.Redis.from_url(stack["PINCER_REDIS_URL"])
     ttl = store.ttl(f"{stack['PINCER_REDIS__PREFIX']}session:{{owner/{session}}}:transcript")  # the token's own
     assert 0 < ttl <= 3600  # gateway.openai.ephemeral_ttl_s
+    for log in ("events", "events-seq"):  # its event log goes with it (not a day, as a named session's does)
+        left = store.ttl(f"{stack['PINCER_REDIS__PREFIX']}session:{{owner/{session}}}:{log}")
+        assert 0 < left <= 3600, (log, left)
 
 
 def test_what_pincer_cannot_honour_is_refused(stack: dict[str, str]) -> None:

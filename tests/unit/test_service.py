@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import subprocess
 from pathlib import Path
@@ -58,3 +60,43 @@ def test_install_writes_the_units_and_a_private_env_file_and_uninstall_removes_t
     assert service.uninstall(system=False) == 0
     assert list(where.iterdir()) == [] and secrets.exists()  # the secrets stay
 
+
+
+def test_a_system_unit_never_runs_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    for asked in (None, "root"):
+        with pytest.raises(service.UnsafeUnit, match="never root"):
+            service.run_as_user(asked)
+    with pytest.raises(service.UnsafeUnit, match="no such user"):
+        service.run_as_user("no-such-user-here")
+    monkeypatch.setenv("SUDO_USER", "nobody")
+    assert service.run_as_user(None) == "nobody"
+    units = service.render(hands=1, system=True, stop_timeout_s=60, config=None, run_as="nobody")
+    assert all("\nUser=nobody\nGroup=" in unit for unit in units.values())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making files of another owner needs root")
+def test_a_system_unit_refuses_code_someone_else_can_change(tmp_path: Path) -> None:
+    venv = tmp_path / "opt" / "pincer"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/bin/sh\n")
+    for folder in (tmp_path, tmp_path / "opt", venv, venv / "bin"):
+        folder.chmod(0o755)
+    service.check_code_is_safe("nobody", [python])  # root's, and no one else may write: fine
+    (venv / "bin").chmod(0o775)  # its group may write: refused
+    with pytest.raises(service.UnsafeUnit, match="writable by its group"):
+        service.check_code_is_safe("nobody", [python])
+    (venv / "bin").chmod(0o755)
+    os.chown(python, 4242, 4242)  # another user's (a venv in someone's home): refused
+    with pytest.raises(service.UnsafeUnit, match="belongs to uid 4242"):
+        service.check_code_is_safe("nobody", [python])
+    nobody = pwd.getpwnam("nobody").pw_uid
+    os.chown(python, nobody, nobody)  # the unit's own user's: it could change it anyway
+    service.check_code_is_safe("nobody", [python])
+
+
+def test_install_system_refuses_before_writing_anything(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    assert service.install(hands=1, system=True, dry_run=False, stop_timeout_s=60, config=None) == 1
+    assert "never root" in capsys.readouterr().err
