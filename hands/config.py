@@ -77,7 +77,16 @@ class SandboxSettings(Section):
     cpu_s: int = Field(default=30, ge=1, le=3600)
     file_size_mb: int = Field(default=64, ge=1)
     open_files: int = Field(default=256, ge=16)
-    processes: int = Field(default=256, ge=8)
+    processes: int = Field(default=256, ge=8)  # one command's tree at once
+    # Every command of one session at once (a pids cgroup per session): one session's fork storm never
+    # leaves another unable to fork. None: as many as one command may hold.
+    session_processes: int | None = Field(default=None, ge=8)
+    # Not as root: a cgroup folder with the pids controller that Pincer's user may write (delegated to
+    # it), under which each session gets its cgroup. As root the hierarchies' roots are used.
+    cgroup_dir: Path | None = None
+    # Run commands where no session can be capped on its own (not root, no cgroup_dir): then every
+    # session's commands share one process limit, and one session can starve the others of processes.
+    allow_shared_process_limit: bool = False
     output_bytes: int = Field(default=200_000, ge=1_000)
     default_timeout_s: float = Field(default=30.0, ge=1, le=120)
 

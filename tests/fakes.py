@@ -72,7 +72,7 @@ class FakeSandbox:
         self.started: list[list[str]] = []
 
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
-                    capture_stdout: bool = True) -> Running:
+                    capture_stdout: bool = True, session: str = "") -> Running:
         self.started.append(argv)
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -80,8 +80,9 @@ class FakeSandbox:
         return Running(process, self.tier, 200_000, capture_stdout=capture_stdout)
 
     async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
-                  stdin: bytes | None = None) -> RunResult:
-        return await run_to_end(await self.start(argv, workdir=workdir, env=env), timeout_s=timeout_s, stdin=stdin)
+                  stdin: bytes | None = None, session: str = "") -> RunResult:
+        return await run_to_end(await self.start(argv, workdir=workdir, env=env, session=session),
+                                timeout_s=timeout_s, stdin=stdin)
 
 
 class FakePoolGates:

@@ -75,7 +75,7 @@ async def start_stdio(name: str, settings: McpServerSettings, sandbox: Sandbox) 
                                     "is in the workspace (/workspace/...)")
     command = shutil.which(settings.command) or settings.command
     return await sandbox.start([command, *settings.args], workdir=workdir, env=env, extra=extra,
-                               capture_stdout=False)
+                               capture_stdout=False, session=f"mcp-server:{name}")
 
 
 @contextlib.asynccontextmanager

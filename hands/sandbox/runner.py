@@ -185,6 +185,7 @@ class Sandbox:
         self.as_root = os.geteuid() == 0
         self.tier = self._choose_tier()
         self.meter = meter or Meter()
+        self.session_caps = RunCgroup.usable(settings.cgroup_dir)  # each session's processes capped apart
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -203,15 +204,27 @@ class Sandbox:
                 "code execution is off: bubblewrap is not usable here, and running commands with rlimits only is "
                 "not allowed. Install it (apt-get install bubblewrap) or set hands.sandbox.allow_degraded: true"
             )
+        if not self.session_caps and not self.settings.allow_shared_process_limit:
+            raise SandboxUnavailable(
+                "code execution is off: no session's processes can be capped apart here (no pids cgroup: "
+                + ("hands.sandbox.cgroup_dir does not give one" if self.settings.cgroup_dir else
+                   "Pincer is not root" if not self.as_root else "the kernel offers no pids controller")
+                + "), so one session's fork storm would leave every other unable to run a command. Run Hands as "
+                "root (commands still run as an unprivileged uid), or delegate a cgroup folder with the pids "
+                "controller to Pincer's user and name it in hands.sandbox.cgroup_dir, or accept one shared "
+                "limit: hands.sandbox.allow_shared_process_limit: true"
+            )
 
     async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
-                  stdin: bytes | None = None) -> RunResult:
+                  stdin: bytes | None = None, session: str = "") -> RunResult:
         """Run to the end (or the timeout, which kills the whole tree)."""
-        return await run_to_end(await self.start(argv, workdir=workdir, env=env), timeout_s=timeout_s, stdin=stdin)
+        return await run_to_end(await self.start(argv, workdir=workdir, env=env, session=session),
+                                timeout_s=timeout_s, stdin=stdin)
 
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
-                    capture_stdout: bool = True) -> Running:
-        """Start a command and return its handle; the caller must ``stop()`` it (it may be long gone)."""
+                    capture_stdout: bool = True, session: str = "") -> Running:
+        """Start a command of ``session`` and return its handle; the caller must ``stop()`` it (it may be long
+        gone). The session's commands together hold at most ``session_processes``."""
         self.check_allowed()
         extra = extra or Extras()
         if extra.network and self.tier == "landlock":
@@ -222,7 +235,8 @@ class Sandbox:
                                      f"{extra.workspace!r}; install bubblewrap for that")
         limits = extra.limits or self.settings
         seccomp = _seccomp_fd(self.tier, network=extra.network) if self.tier in ("bwrap", "landlock") else None
-        cgroup = RunCgroup.create(memory_mb=limits.memory_mb, pids_max=limits.processes)
+        cgroup = RunCgroup.create(session=session, memory_mb=limits.memory_mb, pids_max=limits.processes,
+                                  session_pids_max=self.settings.session_processes, delegated=self.settings.cgroup_dir)
         command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp, extra=extra,
                                 tree_capped=cgroup is not None and cgroup.caps_processes)
         if cgroup is not None:

@@ -189,27 +189,24 @@ async def test_the_host_stays_out_of_reach(sandboxed, call, tier: str, ws: Path,
         server.close()
 
 
-async def test_one_commands_processes_do_not_starve_another(sandboxed) -> None:
-    """RLIMIT_NPROC counts the sandbox uid machine-wide; a pids cgroup per command keeps each tree to its own cap."""
-    from hands.sandbox.cgroup import RunCgroup
-
-    probe = RunCgroup.create(pids_max=8)
-    if probe is None or not probe.caps_processes:
-        pytest.skip("no pids cgroup here (needs root and a pids controller): RLIMIT_NPROC alone caps processes")
-    probe.remove()
+async def test_one_sessions_fork_storm_does_not_starve_another(sandboxed) -> None:
+    """RLIMIT_NPROC counts the sandbox uid machine-wide; a pids cgroup per session keeps each session to its own
+    cap, however many commands it runs, and another session forks freely meanwhile."""
     sandbox = sandboxed.sandbox
+    assert sandbox.session_caps, "as root on this machine kind a pids controller caps each session"
     cap = sandbox.settings.processes
     hog = await sandbox.start(["/bin/sh", "-c", f"for i in $(seq {cap - 20}); do sleep 60.25 & done; wait"],
-                              workdir="", env={})
+                              workdir="", env={}, session="alice/storm")
     try:
         await async_wait_until(lambda: len(processes_matching("sleep 60.25")) >= cap - 20, timeout=30,
-                               what="the first command to hold most of its process cap")
+                               what="the first command to hold most of its session's process cap")
         other = await sandbox.run(["/bin/sh", "-c", "for i in $(seq 100); do sleep 0.1 & done; wait; echo all-ran"],
-                                  workdir="", env={}, timeout_s=30)
+                                  workdir="", env={}, timeout_s=30, session="bob/main")
         assert other.stdout == "all-ran\n" and "fork" not in other.stderr, other
-        over = await sandbox.run(["/bin/sh", "-c", f"for i in $(seq {cap + 50}); do sleep 5.75 & done; echo looped"],
-                                 workdir="", env={}, timeout_s=30)
-        assert "fork" in over.stderr.lower() or "resource temporarily unavailable" in over.stderr.lower(), over
+        # A second command of the same session has only what its session has left (its own cap is more).
+        more = await sandbox.run(["/bin/sh", "-c", "for i in $(seq 100); do sleep 5.75 & done; echo looped"],
+                                 workdir="", env={}, timeout_s=30, session="alice/storm")
+        assert "fork" in more.stderr.lower() or "resource temporarily unavailable" in more.stderr.lower(), more
     finally:
         await hog.stop()
     await async_wait_until(lambda: not processes_matching("sleep 60.25"), timeout=10, what="the hog to be gone")
