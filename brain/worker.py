@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -153,16 +154,16 @@ class BrainWorker:
             # litellm takes seconds to import: here, off the loop, not in the first turn (a stalled
             # loop misses its lease renewals and another Brain would take its turns over).
             await asyncio.to_thread(warm_up)
-        await self.inbox.start()
-        await self.control.start()
-        await self.presence.start()
-        await self.reaper.start()
-        model = resolve_model(self.settings.model) or "(none configured)"
-        log.info("brain ready: model %s", model)
-        try:
+        # Each service is closed in reverse order of its start, whatever fails on the way (or in a close).
+        async with contextlib.AsyncExitStack() as services:
+            await self.inbox.start()
+            services.push_async_callback(self.inbox.close)
+            await self.control.start()
+            services.push_async_callback(self.control.close)
+            await self.presence.start()
+            services.push_async_callback(self.presence.stop)
+            await self.reaper.start()
+            services.push_async_callback(self.reaper.close)
+            model = resolve_model(self.settings.model) or "(none configured)"
+            log.info("brain ready: model %s", model)
             await self.consumer.run(stop)
-        finally:
-            await self.reaper.close()
-            await self.presence.stop()
-            await self.control.close()
-            await self.inbox.close()

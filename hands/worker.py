@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -250,29 +251,29 @@ class HandsWorker:
         self._loop = asyncio.get_running_loop()
         self.executor.workspace.ensure()
         await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
-        await self.presence.start()
-        await self.inbox.start()
-        await self.control.start()
-        await self.reaper.start()
-        await self.pool.start()
-        await self.consumer.add_gated(await self.lanes.open())
-        await self.lanes.start()
-        await self.mcp.start()
-        for refusal in self.skills.refused:
-            log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
-        log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
-                 "sandbox %s, concurrency %d", socket.gethostname(), len(self.registry.names()),
-                 len(self.skills.tools), len(self.skills.instructions), self.executor.workspace.root, self.sandbox.tier,
-                 self.settings.concurrency.global_)
-        try:
+        # Each service is closed in reverse order of its start, whatever fails on the way (or in a close).
+        async with contextlib.AsyncExitStack() as services:
+            await self.presence.start()
+            services.push_async_callback(self.presence.stop)
+            await self.control.start()
+            services.push_async_callback(self.control.close)
+            await self.inbox.start()
+            services.push_async_callback(self.inbox.close)
+            services.push_async_callback(self.calls.close)
+            services.push_async_callback(self.jobs.stop_all)
+            await self.pool.start()
+            services.push_async_callback(self.pool.close)
+            await self.reaper.start()
+            services.push_async_callback(self.reaper.close)
+            services.push_async_callback(self.mcp.close)  # after the lanes stop handing out calls (safe unstarted)
+            await self.consumer.add_gated(await self.lanes.open())
+            await self.lanes.start()
+            services.push_async_callback(self.lanes.close)
+            await self.mcp.start()
+            for refusal in self.skills.refused:
+                log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
+            log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
+                     "sandbox %s, concurrency %d", socket.gethostname(), len(self.registry.names()),
+                     len(self.skills.tools), len(self.skills.instructions), self.executor.workspace.root,
+                     self.sandbox.tier, self.settings.concurrency.global_)
             await self.consumer.run(stop)
-        finally:
-            await self.lanes.close()
-            await self.mcp.close()
-            await self.reaper.close()
-            await self.pool.close()
-            await self.jobs.stop_all()
-            await self.calls.close()
-            await self.inbox.close()
-            await self.control.close()
-            await self.presence.stop()

@@ -60,6 +60,21 @@ def signed_in(browser, env: dict, **options):  # type: ignore[no-untyped-def]
     return context, page
 
 
+def requests_elsewhere(page) -> list[str]:  # type: ignore[no-untyped-def]
+    """Every request the page makes to another origin than the Gateway's (filled as it happens)."""
+    elsewhere: list[str] = []
+    page.on("request", lambda request: None if request.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:"))
+            else elsewhere.append(request.url))
+    return elsewhere
+
+
+def echoed(page, text: str):  # type: ignore[no-untyped-def]
+    """Send ``text`` (the scripted model echoes it) and return the reply's element."""
+    page.locator("#text").fill(text)
+    page.locator("#send").click()
+    return page.locator(".msg.assistant").last
+
+
 def sign_in_link(env: dict) -> str:
     made = subprocess.run([sys.executable, "-m", "gateway", "open", "--print"], env={**env, "PINCER_TOKEN": OWNER_TOKEN},
                           capture_output=True, text=True, timeout=60)
@@ -128,10 +143,8 @@ def test_model_output_cannot_run_script(page_stack: dict, browser) -> None:
     context = browser.new_context()
     page = context.new_page()
     dialogs: list[str] = []
-    elsewhere: list[str] = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
-    page.on("request", lambda request: None if request.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:"))
-            else elsewhere.append(request.url))
+    elsewhere = requests_elsewhere(page)
     page.goto(sign_in_link(page_stack))
     expect(page.locator("#app")).to_be_visible()
     hostile = ('<img src=x onerror="alert(1);window.pwned=1"> <script>alert(2);window.pwned=2</script> '
@@ -140,9 +153,7 @@ def test_model_output_cannot_run_script(page_stack: dict, browser) -> None:
                '<svg onload="window.pwned=6"><circle r="1"/></svg> <style>body{display:none}</style> '
                '<form action="http://evil.example/"><button>win</button></form>'
                '\n\n```\ncode block\n```')
-    page.locator("#text").fill(hostile)
-    page.locator("#send").click()
-    reply = page.locator(".msg.assistant").last
+    reply = echoed(page, hostile)
     expect(reply.locator("pre")).to_contain_text("code block")  # markdown rendered (the model echoes it)
     expect(reply.locator("button.copy")).to_be_visible()
     for link in reply.locator("a").all():
@@ -258,9 +269,7 @@ def test_model_output_cannot_address_the_page(page_stack: dict, browser) -> None
     from playwright.sync_api import expect
 
     context, page = signed_in(browser, page_stack)
-    elsewhere: list[str] = []
-    page.on("request", lambda request: None if request.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:"))
-            else elsewhere.append(request.url))
+    elsewhere = requests_elsewhere(page)
     hostile = ('<textarea id="text" name="text" class="visually-hidden">rm -rf ~ (smuggled)</textarea>'
                '<select id="agent" class="visually-hidden"><option value="evil">evil</option></select>'
                '<input id="token" name="token" value="x"><label for="text">label</label>'
@@ -269,9 +278,7 @@ def test_model_output_cannot_address_the_page(page_stack: dict, browser) -> None
                '<img src="/static/style.css" srcset="http://evil.example/beacon.png 1x">'
                '<video poster="http://evil.example/poster.png"></video><picture><source '
                'srcset="http://evil.example/p.png"></picture><div popover id="app">hidden</div> said')
-    page.locator("#text").fill(hostile)
-    page.locator("#send").click()
-    reply = page.locator(".msg.assistant").last
+    reply = echoed(page, hostile)
     expect(reply).to_contain_text("said")
     html = reply.inner_html()
     assert not re.search(r"<(textarea|select|input|label|form|button(?! class=\"copy)|video|source|picture)\b", html), html

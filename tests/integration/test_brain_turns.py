@@ -261,3 +261,30 @@ async def test_the_model_reads_big_results_cut_and_its_memory_in_the_prompt(bus:
     assert len(shown) < 2_500
     stored = (await SessionStore(bus.redis, bus.keys).load("s1"))[2].content
     assert len(stored) > 40_000  # the transcript keeps the whole result
+
+
+async def test_a_brain_whose_close_fails_still_leaves_the_pool(bus: Bus) -> None:
+    from brain.config import BrainSettings
+    from brain.worker import BrainWorker
+
+    brain = BrainWorker(bus, BrainSettings(), instance_id="brain-closing", llm=FakeLLM([]), heartbeat_s=0.5)
+
+    async def broken() -> None:
+        raise RuntimeError("the reaper failed to close")
+
+    brain.reaper.close = broken  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    running = asyncio.create_task(brain.run(stop))
+    await async_wait_until(lambda: _brain_present(bus, "brain-closing"), what="the Brain in the pool")
+    stop.set()
+    try:
+        await running
+    except RuntimeError as exc:
+        assert "reaper failed" in str(exc)
+    else:
+        raise AssertionError("a failing close must be reported")
+    assert "brain-closing" not in await alive(bus, "brain")  # its presence stopped all the same
+
+
+async def _brain_present(bus: Bus, instance_id: str) -> bool:
+    return instance_id in await alive(bus, "brain")

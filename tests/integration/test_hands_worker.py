@@ -70,3 +70,34 @@ async def test_several_workers_share_the_work(engine, call) -> None:
 async def test_a_call_nobody_answers_times_out_at_the_caller(call) -> None:
     with pytest.raises(TimeoutError):
         await call("read_file", {"path": "a.txt"}, timeout=0.3)
+
+
+async def test_a_close_that_fails_leaves_no_other_service_open(bus: Bus, tmp_path) -> None:
+    """Services close in reverse order of their start whatever fails: a failing close is reported, and the
+    worker still leaves the pool (its presence gone) with its inbox closed."""
+    from bus.presence import alive
+    from hands.config import HandsSettings
+    from hands.worker import HandsWorker
+
+    (tmp_path / "ws").mkdir()
+    worker = HandsWorker(bus, HandsSettings.model_validate({"workspace": tmp_path / "ws"}), worker_id="w-closing",
+                         heartbeat_s=0.5)
+
+    async def broken() -> None:
+        raise RuntimeError("the reaper failed to close")
+
+    worker.reaper.close = broken  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    await async_wait_until(lambda: _present(bus, "w-closing"), what="the worker in the pool")
+    stop.set()
+    with pytest.raises(RuntimeError, match="reaper failed"):
+        await running
+    assert "w-closing" not in await alive(bus, "hands")  # presence stopped after the failing close
+    assert worker.inbox._task is None or worker.inbox._task.done()  # the reply reader ended
+
+
+async def _present(bus: Bus, worker_id: str) -> bool:
+    from bus.presence import alive
+
+    return worker_id in await alive(bus, "hands")
