@@ -189,9 +189,16 @@ async def _serve_http(config: Config, bus: Bus, server: Server[Any], *, host: st
                                      max_request_body_size=settings.max_body_bytes,
                                      transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
     guarded = Guard(app, settings=settings, tokens=TokenStore(bus.redis, bus.keys, static=static), meter=Meter())
-    log.info("serving MCP over streamable HTTP at http://%s:%d/mcp (a Pincer token is required)", host, port)
-    await uvicorn.Server(uvicorn.Config(guarded, host=host, port=port, log_level="warning",
-                                        lifespan="on")).serve()
+    class Listening(uvicorn.Server):
+        """Says it serves once its socket listens: a client that reads the line may connect at once."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                log.info("serving MCP over streamable HTTP at http://%s:%d/mcp (a Pincer token is required)",
+                         host, port)
+
+    await Listening(uvicorn.Config(guarded, host=host, port=port, log_level="warning", lifespan="on")).serve()
 
 
 def main(config: Config, *, agent_id: str, sender: str, call_timeout_s: float,
