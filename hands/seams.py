@@ -32,7 +32,9 @@ class ApprovalAsking(Protocol):
 class Sandboxing(Protocol):
     """Where commands run (``hands.sandbox.runner.Sandbox``)."""
 
-    tier: str
+    @property
+    def tier(self) -> str:
+        """How commands are contained here (``hands.sandbox.tiers.Tier``), reported in every result."""
 
     @property
     def owner(self) -> tuple[int, int] | None:

@@ -6,8 +6,13 @@ Tiers, best first (chosen once per worker, reported in every result):
   would stay host root inside), an allowlisted read-only root, the workspace
   read-write at /workspace, tmpfs /tmp, every namespace unshared, no
   capabilities, a cleared environment and the seccomp filter of ``seccomp.py``.
+- ``landlock``: where bubblewrap is not usable, a small shim confines the
+  command with Landlock (writes to the workspace and /tmp only, reads of an
+  allowlist), new namespaces and the same seccomp filter.
 - ``rlimits``: no isolation beyond the unprivileged uid and the limits; only
   used when ``hands.sandbox.allow_degraded`` says so.
+
+Which one a machine gives is decided once per worker (``tiers.choose_tier``).
 
 Every tier: rlimits via ``prlimit`` (address space, CPU, file size, open files,
 processes, no core dumps), its own session, bounded output capture, and on
@@ -21,11 +26,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +38,10 @@ from bus.metrics import Meter
 from hands.config import SandboxSettings
 from hands.sandbox.cgroup import RunCgroup
 from hands.sandbox.shim import READ_ONLY_PATHS
+from hands.sandbox.tiers import Tier, choose_tier, seccomp_fd, shim
 
 log = logging.getLogger("hands.sandbox")
 
-SHIM_SOURCE = (Path(__file__).parent / "shim.py").read_text()
 KILL_GRACE_S = 3.0
 READ_GRACE_S = 2.0
 # The /etc files a command may read, in every tier: the shim's list (it runs standalone) is the one home.
@@ -183,7 +185,7 @@ class Sandbox:
     def __init__(self, settings: SandboxSettings, workspace: Path, *, meter: Meter | None = None) -> None:
         self.settings, self.workspace = settings, workspace
         self.as_root = os.geteuid() == 0
-        self.tier = self._choose_tier()
+        self.tier = choose_tier(settings, as_root=self.as_root)
         self.meter = meter or Meter()
         self.session_caps = RunCgroup.usable(settings.cgroup_dir)  # each session's processes capped apart
 
@@ -199,7 +201,7 @@ class Sandbox:
                 f"commands run as uid {self.settings.uid}, which cannot enter {blocked} on the way to the workspace "
                 f"{self.workspace}; move the workspace somewhere it can reach (hands.workspace / PINCER_WORKSPACE)"
             )
-        if self.tier == "rlimits" and not self.settings.allow_degraded:
+        if self.tier is Tier.RLIMITS and not self.settings.allow_degraded:
             raise SandboxUnavailable(
                 "code execution is off: bubblewrap is not usable here, and running commands with rlimits only is "
                 "not allowed. Install it (apt-get install bubblewrap) or set hands.sandbox.allow_degraded: true"
@@ -227,14 +229,14 @@ class Sandbox:
         gone). The session's commands together hold at most ``session_processes``."""
         self.check_allowed()
         extra = extra or Extras()
-        if extra.network and self.tier == "landlock":
+        if extra.network and self.tier is Tier.LANDLOCK:
             raise SandboxUnavailable("the landlock tier cannot give a command the network (it has no network "
                                      "namespace to share); install bubblewrap, or do without network")
-        if extra.workspace != "rw" and self.tier == "landlock":
+        if extra.workspace != "rw" and self.tier is Tier.LANDLOCK:
             raise SandboxUnavailable(f"the landlock tier always gives the workspace read-write, not "
                                      f"{extra.workspace!r}; install bubblewrap for that")
         limits = extra.limits or self.settings
-        seccomp = _seccomp_fd(self.tier, network=extra.network) if self.tier in ("bwrap", "landlock") else None
+        seccomp = seccomp_fd(self.tier, network=extra.network) if self.tier is not Tier.RLIMITS else None
         cgroup = RunCgroup.create(session=session, memory_mb=limits.memory_mb, pids_max=limits.processes,
                                   session_pids_max=self.settings.session_processes, delegated=self.settings.cgroup_dir)
         command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp, extra=extra,
@@ -246,8 +248,8 @@ class Sandbox:
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, pass_fds=(seccomp,) if seccomp is not None else (), limit=extra.line_bytes,
-                env={"PATH": "/usr/bin:/bin"} if self.tier == "bwrap" else env,
-                cwd=self.workspace / workdir if self.tier == "rlimits" else None,
+                env={"PATH": "/usr/bin:/bin"} if self.tier is Tier.BWRAP else env,
+                cwd=self.workspace / workdir if self.tier is Tier.RLIMITS else None,
             )
         finally:
             if seccomp is not None:
@@ -278,11 +280,11 @@ class Sandbox:
                   "--core=0", "--"]
         drop = ["setpriv", f"--reuid={s.uid}", f"--regid={s.gid}", "--clear-groups", "--inh-caps=-all"] \
             if self.as_root else []
-        if self.tier == "rlimits":
+        if self.tier is Tier.RLIMITS:
             return [*limits, *drop, *argv]
-        if self.tier == "landlock":
+        if self.tier is Tier.LANDLOCK:
             readable = [str(p) for p in extra.read_only]
-            return [*limits, *drop, *_shim(), str(self.workspace), workdir or ".", str(seccomp_fd), *readable, "--",
+            return [*limits, *drop, *shim(), str(self.workspace), workdir or ".", str(seccomp_fd), *readable, "--",
                     *argv]
         return [*limits, *drop, *self._bwrap(workdir, env, seccomp_fd, extra), "--", *argv]
 
@@ -311,54 +313,6 @@ class Sandbox:
             args += ["--seccomp", str(seccomp_fd)]
         return args
 
-    def _choose_tier(self) -> str:
-        wanted = self.settings.tier
-        if wanted in ("auto", "bwrap") and shutil.which("bwrap") and self._bwrap_works():
-            return "bwrap"
-        if wanted in ("auto", "landlock") and self._landlock_works():
-            return "landlock"
-        if wanted != "auto" and wanted != "rlimits":
-            log.warning("hands.sandbox.tier is %s but it does not work here; falling back to rlimits", wanted)
-        return "rlimits"
-
-    def _landlock_works(self) -> bool:
-        probe_dir = Path(tempfile.mkdtemp(prefix="pincer-probe-"))
-        try:
-            probe_dir.chmod(0o755)
-            if self.as_root:
-                os.chown(probe_dir, self.settings.uid, self.settings.gid)
-            drop = ["setpriv", f"--reuid={self.settings.uid}", f"--regid={self.settings.gid}", "--clear-groups"] \
-                if self.as_root else []
-            seccomp = _seccomp_fd("landlock")
-            try:
-                done = subprocess.run([*drop, *_shim(), str(probe_dir), ".", str(seccomp), "--", "/usr/bin/true"],
-                                      capture_output=True, timeout=20, stdin=subprocess.DEVNULL, pass_fds=(seccomp,))
-            finally:
-                os.close(seccomp)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("landlock probe failed: %s", exc)
-            return False
-        finally:
-            shutil.rmtree(probe_dir, ignore_errors=True)
-        if done.returncode != 0:
-            log.warning("landlock tier unusable here: %s", done.stderr.decode(errors="replace").strip())
-        return done.returncode == 0
-
-    def _bwrap_works(self) -> bool:
-        probe = [*(["setpriv", f"--reuid={self.settings.uid}", f"--regid={self.settings.gid}", "--clear-groups"]
-                   if self.as_root else []),
-                 "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-                 "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-                 "--", "/usr/bin/true"]
-        try:
-            done = subprocess.run(probe, capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("bubblewrap probe failed: %s", exc)
-            return False
-        if done.returncode != 0:
-            log.warning("bubblewrap is installed but unusable here: %s", done.stderr.decode(errors="replace").strip())
-        return done.returncode == 0
-
 
 async def run_to_end(running: Running, *, timeout_s: float, stdin: bytes | None = None) -> RunResult:
     """A started command to its end (or its timeout, which kills the whole tree), then its result."""
@@ -369,18 +323,6 @@ async def run_to_end(running: Running, *, timeout_s: float, stdin: bytes | None 
     finally:
         await running.stop()
     return running.result()
-
-
-def _shim() -> list[str]:
-    """The landlock tier's launcher, passed as text so the sandbox uid needs no access to our files."""
-    python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-    return [python, "-I", "-c", SHIM_SOURCE]
-
-
-def _seccomp_fd(tier: str, *, network: bool = False) -> int:
-    from hands.sandbox.seccomp import bpf_fd
-
-    return bpf_fd(tier=tier, network=network)
 
 
 async def _drain(stream: asyncio.StreamReader | None, into: Output) -> None:
