@@ -99,7 +99,9 @@ def main() -> None:
         redis = EmbeddedRedis(Path(tmp))
         url = redis.start()
         env = bench_env(url, tmp)
-        print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cpu, Python {platform.python_version()}")
+        print(
+            f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cpu, Python {platform.python_version()}"
+        )
         print("| workers | sequential p50 | sequential p99 | throughput (calls/s, "
               f"{args.in_flight} in flight) | redis-server CPU per call |\n|---|---|---|---|---|")
         try:

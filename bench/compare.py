@@ -77,9 +77,12 @@ def run_floor_and_pincer(url: str, tmp: str, workers: int, args: argparse.Namesp
             pincers.append(run_loop(measure(url, sequential=args.sequential, total=args.total, in_flight=64)))
     asyncio.run(_forget(url))
     # Each round's Pincer figure against the floor's of the same round: the VM's drift cancels out.
-    same_round = {"p50_vs_floor": statistics.median(p["p50_ms"] / f["p50_ms"] for f, p in zip(floors, pincers, strict=True)),
-                  "calls_vs_floor": statistics.median(p["calls_per_s"] / f["calls_per_s"]
-                                                      for f, p in zip(floors, pincers, strict=True))}
+    same_round = {
+        "p50_vs_floor": statistics.median(p["p50_ms"] / f["p50_ms"] for f, p in zip(floors, pincers, strict=True)),
+        "calls_vs_floor": statistics.median(
+            p["calls_per_s"] / f["calls_per_s"] for f, p in zip(floors, pincers, strict=True)
+        ),
+    }
     return [{"system": "floor (bare redis-py)", "workers": workers, **_medians(floors)},
             {"system": "Pincer (Hands, no-op skill)", "workers": workers, **_medians(pincers), **same_round}]
 

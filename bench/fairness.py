@@ -96,7 +96,9 @@ def main() -> None:
           f"{args.queued} queued ({found['greedy_done']:.0f} of its calls ran meanwhile); a FIFO would make "
           f"the single call wait ~{args.queued * args.nap / slots * 1000:.0f} ms")
     print("| single call's wait before it starts | p50 | p99 | max |\n|---|---|---|---|")
-    print(f"| {args.samples} samples | {found['p50_ms']:.1f} ms | {found['p99_ms']:.1f} ms | {found['max_ms']:.1f} ms |")
+    print(
+        f"| {args.samples} samples | {found['p50_ms']:.1f} ms | {found['p99_ms']:.1f} ms | {found['max_ms']:.1f} ms |"
+    )
 
 
 if __name__ == "__main__":

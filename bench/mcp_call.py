@@ -102,7 +102,9 @@ def main() -> None:
             worker.terminate()
             worker.wait(30)
     print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cpu, Python {platform.python_version()}")
-    print(f"| no-op call | sequential p50 | sequential p99 | throughput ({args.in_flight} in flight) |\n|---|---|---|---|")
+    print(
+        f"| no-op call | sequential p50 | sequential p99 | throughput ({args.in_flight} in flight) |\n|---|---|---|---|"
+    )
     for kind, row in found.items():
         print(f"| {kind} | {row['p50_ms']:.2f} ms | {row['p99_ms']:.2f} ms | {row['calls_per_s']:.0f} calls/s |")
 

@@ -43,7 +43,10 @@ async def main() -> None:
     os.chmod(workspace, 0o755)
     if os.geteuid() == 0:
         os.chown(workspace, 65534, 65534)
-    tiers = {tier: Sandbox(SandboxSettings(tier=tier, allow_degraded=True), workspace) for tier in ("bwrap", "landlock", "rlimits")}
+    tiers = {
+        tier: Sandbox(SandboxSettings(tier=tier, allow_degraded=True), workspace)
+        for tier in ("bwrap", "landlock", "rlimits")
+    }
     print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cpu, kernel {platform.release()}, "
           f"median of {RUNS}")
     print("| command | plain subprocess | rlimits tier | landlock tier | bwrap tier |\n|---|---|---|---|---|")

@@ -34,9 +34,15 @@ def default_llm(settings: BrainSettings) -> LLMClient | None:
     model = resolve_model(settings.model)
     if model is None:
         return None
-    return LiteLLMClient(model=model, api_base=settings.api_base, api_key=settings.api_key.get_secret_value() if settings.api_key else None,
-                         timeout_s=settings.llm_timeout_s, retries=settings.llm_retries,
-                         fallbacks=settings.fallbacks, openai_direct=settings.openai_direct)
+    return LiteLLMClient(
+        model=model,
+        api_base=settings.api_base,
+        api_key=settings.api_key.get_secret_value() if settings.api_key else None,
+        timeout_s=settings.llm_timeout_s,
+        retries=settings.llm_retries,
+        fallbacks=settings.fallbacks,
+        openai_direct=settings.openai_direct,
+    )
 
 
 class BrainWorker:

@@ -127,7 +127,8 @@ class Batcher:
         MULTI/EXEC transaction. Redis wakes a reader blocked on a stream after every command
         outside a transaction, so a burst of requests (or a round of replies) would reach a
         worker (or a caller) a few at a time; in one transaction it arrives whole, and the
-        reader reads it in one go (the figures: docs/bus.md). It also means a flush is applied whole or not at all: a command Redis refuses
+        reader reads it in one go (the figures: docs/bus.md). It also means a flush is applied whole
+        or not at all: a command Redis refuses
         while queueing (out of memory, an ACL, a read-only replica) fails every caller of the
         flush, as a lost connection does, and a worker's acks never land without the replies
         they follow (``bus.answers.Answers``). (Lua scripts cannot be queued: redis-py's

@@ -29,7 +29,9 @@ class MalformedMessage(PincerError, ValueError):
     """A stream entry that is not a Pincer message; the reason says why."""
 
 
-def encode(message: BaseMessage, *, message_id: str | None = None, traceparent: str | None = None) -> dict[bytes, bytes]:
+def encode(
+    message: BaseMessage, *, message_id: str | None = None, traceparent: str | None = None
+) -> dict[bytes, bytes]:
     """The stream-entry fields for a message (with the W3C ``traceparent`` of the work it belongs to)."""
     # pydantic-core's serializer itself: model_dump's Python wrapper doubles the cost (~2 µs a message).
     data = message.__pydantic_serializer__.to_python(message, mode="json", exclude_none=True)

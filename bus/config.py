@@ -3,7 +3,8 @@
 Each package owns the pydantic model of its own section and asks for it with
 ``Config.section(name, Model)``. Lookup order for the file: ``--config PATH``,
 then ``PINCER_CONFIG``, then ``./config.yaml``, then the defaults shipped in
-the package (``bus/default_config.yaml``, the project's ``config.yaml``). Any key can be overridden as ``PINCER_<SECTION>__<KEY>``
+the package (``bus/default_config.yaml``, the project's ``config.yaml``). Any key
+can be overridden as ``PINCER_<SECTION>__<KEY>``
 (nested keys joined by ``__``); values are text that the section model
 converts (``PINCER_HANDS__CONCURRENCY=4`` is the number 4); lists are
 written in YAML flow style (``'[a, b]'``).

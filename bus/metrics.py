@@ -66,11 +66,19 @@ class Meter:
 
     def snapshot(self) -> str:
         """The whole meter as JSON, for the heartbeat."""
-        return json.dumps({
-            "c": {name: [[*labels, value] for labels, value in series.items()] for name, series in self.counters.items()},
-            "h": {name: [[*labels, values] for labels, values in series.items()]
-                  for name, series in self.histograms.items()},
-        }, separators=(",", ":"))
+        return json.dumps(
+            {
+                "c": {
+                    name: [[*labels, value] for labels, value in series.items()]
+                    for name, series in self.counters.items()
+                },
+                "h": {
+                    name: [[*labels, values] for labels, values in series.items()]
+                    for name, series in self.histograms.items()
+                },
+            },
+            separators=(",", ":"),
+        )
 
 
 def read_snapshot(raw: str | None) -> dict[str, Any]:

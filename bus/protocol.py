@@ -329,6 +329,19 @@ class ApprovalDecision(BaseMessage):
 
 
 Message = Annotated[
-    ToolsList | ToolsAvailable | ToolExecute | ToolResult | ToolProgress | ToolCancel | ChatMessage | ChatCancel | ChatDelta | ChatTool | ChatReply | ChatError | ApprovalRequest | ApprovalDecision,
+    ToolsList
+    | ToolsAvailable
+    | ToolExecute
+    | ToolResult
+    | ToolProgress
+    | ToolCancel
+    | ChatMessage
+    | ChatCancel
+    | ChatDelta
+    | ChatTool
+    | ChatReply
+    | ChatError
+    | ApprovalRequest
+    | ApprovalDecision,
     Field(discriminator="type"),
 ]

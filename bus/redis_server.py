@@ -168,5 +168,6 @@ class EmbeddedRedis:
         finally:
             client.close()
         self.stop()
-        raise RedisStartError(f"redis-server did not answer within {START_TIMEOUT_S:.0f}s; see {self.dir / 'redis.log'}")
-
+        raise RedisStartError(
+            f"redis-server did not answer within {START_TIMEOUT_S:.0f}s; see {self.dir / 'redis.log'}"
+        )

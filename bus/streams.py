@@ -73,8 +73,14 @@ class Bus:
         """``publish``, sent again while Redis is away (a restart, a failover) for up to ``within_s``, then the
         last error. Only for messages whose receiver knows a second copy by its id: a copy may land twice
         when Redis took it but its answer was lost (a chat message's second copy resumes its turn)."""
-        retrying = while_redis_away(within_s, before_sleep=lambda state: log.warning(
-            "Redis away while sending to %s, sending again: %s", stream, state.outcome.exception() if state.outcome else ""))
+        retrying = while_redis_away(
+            within_s,
+            before_sleep=lambda state: log.warning(
+                "Redis away while sending to %s, sending again: %s",
+                stream,
+                state.outcome.exception() if state.outcome else "",
+            ),
+        )
         async for attempt in retrying:
             with attempt:
                 return await self.publish(stream, message)

@@ -237,10 +237,15 @@ class Gateway:
     async def send_detached(self, identity: Identity, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
         """A message whose turn runs to its end whoever listens (its events go to the session's log)."""
         try:
-            body = SendMessage.model_validate({"text": fields.get("text"), "agent_id": fields.get("agent_id") or "main"})
+            body = SendMessage.model_validate(
+                {"text": fields.get("text"), "agent_id": fields.get("agent_id") or "main"}
+            )
         except ValidationError as exc:
-            raise Refused(400, ErrorCode.BAD_REQUEST, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                                              for e in exc.errors()[:5])) from None
+            raise Refused(
+                400,
+                ErrorCode.BAD_REQUEST,
+                "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]),
+            ) from None
         hold = self.limits.hold_turn(identity.name, stream=False)
         try:
             message = await self.turns.admit(identity, session_id, agent_id=body.agent_id, text=body.text)

@@ -5,8 +5,9 @@ unless a header or the sign-in cookie already named it), ``subscribe``
 (``session``, optional ``after``), ``unsubscribe``, ``send`` (``session``,
 ``text``, optional ``agent_id``: a detached turn), ``cancel`` and ``decide``.
 A session is the caller's own by its name; an operator adds ``owner`` to
-reach another identity's (see ``gateway.session_names``). The Gateway sends ``ready``, ``event`` (one per session event, with its id),
-``resync``, ``accepted`` and ``error``. Each subscription reads the session's
+reach another identity's (see ``gateway.session_names``). The Gateway sends
+``ready``, ``event`` (one per session event, with its id), ``resync``,
+``accepted`` and ``error``. Each subscription reads the session's
 log only as fast as the client takes frames (a bounded queue), so a slow
 client costs the Gateway nothing more, and one that falls behind the log's
 cap is told to resync.

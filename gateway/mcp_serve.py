@@ -94,7 +94,9 @@ class PoolTools:
             types.Tool(name=spec.name, description=spec.description, input_schema=spec.parameters)
             for spec in reply.tools])
 
-    async def call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
         try:
             sender = self._sender(ctx)
         except PermissionError as exc:

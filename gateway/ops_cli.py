@@ -71,7 +71,9 @@ async def show_status(config: Config, *, as_json: bool) -> int:
                         w.get("running", ""), w.get("queued", ""), w.get("capacity", ""), w.get("sandbox", ""),
                         f"{w['last_heartbeat_s']}s ago")
     console.print(workers if found["instances"]["hands"] else "[yellow]no Hands worker alive[/]")
-    servers = Table("hands worker", "MCP server", "transport", "state", "tools", "starts", "problem", title="MCP servers")
+    servers = Table(
+        "hands worker", "MCP server", "transport", "state", "tools", "starts", "problem", title="MCP servers"
+    )
     for w in found["instances"]["hands"]:
         for name, server in (w.get("mcp") or {}).items():
             problem = "; ".join([server.get("error") or "", *server.get("refused", [])]).strip("; ")

@@ -239,8 +239,13 @@ class Supervisor:
 
     async def _start(self, child: Child, env: dict[str, str]) -> None:
         child.process = await asyncio.create_subprocess_exec(
-            *child.argv, env={**role_env(env, child.role), **child.env}, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
+            *child.argv,
+            env={**role_env(env, child.role), **child.env},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         child.started = time.monotonic()
         if child.name not in self.logs:

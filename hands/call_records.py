@@ -97,7 +97,10 @@ class CallRecords:
                     ErrorCode.WORKER_LOST,
                     f"the worker running {call.tool} ({owner}) stopped before answering; the call may or may not "
                     "have taken effect, and it is not run again because it is not idempotent",
-                    suggestions=["check whether it took effect before calling it again"], recoverable=True, retryable=False)
+                    suggestions=["check whether it took effect before calling it again"],
+                    recoverable=True,
+                    retryable=False,
+                )
             if call.deadline <= now_ms():
                 return ToolFailure(ErrorCode.TIMEOUT, f"{call.tool} is still running on {owner} (the same call, "
                                    "sent again) and the call's deadline passed", recoverable=True)

@@ -201,7 +201,9 @@ class McpServerSettings(Section):
     # command's own directory is added), whether it may use the network, and limits of its own.
     read_only: list[Path] = Field(default_factory=list)
     network: bool = False
-    workspace: Literal["rw", "ro", "none"] = "rw"  # the agent's workspace at /workspace: read-write, read-only, not at all
+    workspace: Literal["rw", "ro", "none"] = (
+        "rw"  # the agent's workspace at /workspace: read-write, read-only, not at all
+    )
     memory_mb: int = Field(default=2048, ge=64)  # an address-space cap: a JIT (node) reserves far more than it uses
     cpu_s: int = Field(default=3600, ge=1)  # CPU over the server's whole life, not per call
 

@@ -10,8 +10,14 @@ from bus.protocol import RETRYABLE, ErrorCode, ToolError
 
 # Whether the model can usefully try again (as is, later, or with changed arguments).
 RECOVERABLE = RETRYABLE | {
-    ErrorCode.TOOL_NOT_FOUND, ErrorCode.INVALID_ARGUMENTS, ErrorCode.FILE_NOT_FOUND,
-    ErrorCode.QUEUE_FULL, ErrorCode.QUEUE_TIMEOUT, ErrorCode.TOOL_ERROR, ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.RETRY_EXHAUSTED,
+    ErrorCode.TOOL_NOT_FOUND,
+    ErrorCode.INVALID_ARGUMENTS,
+    ErrorCode.FILE_NOT_FOUND,
+    ErrorCode.QUEUE_FULL,
+    ErrorCode.QUEUE_TIMEOUT,
+    ErrorCode.TOOL_ERROR,
+    ErrorCode.RESOURCE_EXHAUSTED,
+    ErrorCode.RETRY_EXHAUSTED,
 }
 
 

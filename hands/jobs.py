@@ -123,9 +123,13 @@ class JobManager:
 
     async def _record(self, job: Job) -> None:
         summary = job.summary()
-        record: dict[EncodableT, EncodableT] = {"worker": self.worker_id, "session": job.session_id, "updated": now_ms(),
-                  **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in summary.items()},
-                  "tail": job.running.out.since(max(0, job.running.out.total - 2000))[0]}
+        record: dict[EncodableT, EncodableT] = {
+            "worker": self.worker_id,
+            "session": job.session_id,
+            "updated": now_ms(),
+            **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in summary.items()},
+            "tail": job.running.out.since(max(0, job.running.out.total - 2000))[0],
+        }
         key = self.keys.job(job.id)
         with contextlib.suppress(Exception):  # a lost record must not lose the job itself
             async with self.redis.pipeline(transaction=True) as pipe:

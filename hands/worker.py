@@ -109,11 +109,17 @@ class HandsWorker:
 
     def _details(self) -> dict[str, Any]:
         """What `pincer status` shows of this worker."""
-        return {"tools": len(self.registry.names()), "in_flight": self.consumer.in_flight,
-                "running": len(self._in_flight), "capacity": self.settings.concurrency.global_,
-                "queued": self.executor.limiter.waiting, "sandbox": self.sandbox.tier,
-                "backlog": json.dumps(self.lanes.status()),
-                "metrics": self.meter.snapshot(), **({"mcp": json.dumps(self.mcp.status())} if self.mcp.connections else {})}
+        return {
+            "tools": len(self.registry.names()),
+            "in_flight": self.consumer.in_flight,
+            "running": len(self._in_flight),
+            "capacity": self.settings.concurrency.global_,
+            "queued": self.executor.limiter.waiting,
+            "sandbox": self.sandbox.tier,
+            "backlog": json.dumps(self.lanes.status()),
+            "metrics": self.meter.snapshot(),
+            **({"mcp": json.dumps(self.mcp.status())} if self.mcp.connections else {}),
+        }
 
     async def _progress(self, stream: str, progress: ToolProgress) -> None:
         """Progress is advisory: Redis away (a restart, a failover) delays it, never fails the call."""

@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--context", type=int, default=8192)
     serve.add_argument("--warm-file", type=Path, help="keep the prompt's prefix here; read it ahead on start")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     from localmodel import KEY_VARIABLE
     from localmodel.llama import LlamaGenerator
     from localmodel.server import LocalModelServer

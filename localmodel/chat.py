@@ -57,8 +57,9 @@ AFTER_RESULT = ("Answer the request now from the tool result above, in plain wor
 # Qwen2.5 is told <tool_call>; at 1.5B it sometimes echoes the <tools> tag of its prompt instead.
 _TAGGED = re.compile(r"<(tool_call|tools)>\s*(.*?)\s*(?:</\1>|$)", re.DOTALL)
 # A reply that only announces an action ("I will read the file...") instead of taking it.
-_ANNOUNCED = re.compile(r"\s*(?:sure[,!.]?\s*)?(?:I will|I'll|let me|I am going to|I'm going to)\b[^\n]{0,200}[.:]?\s*$",
-                        re.IGNORECASE)
+_ANNOUNCED = re.compile(
+    r"\s*(?:sure[,!.]?\s*)?(?:I will|I'll|let me|I am going to|I'm going to)\b[^\n]{0,200}[.:]?\s*$", re.IGNORECASE
+)
 _FENCED = re.compile(r"```(?:json|tool_call)?\s*(\{.*?\})\s*```", re.DOTALL)
 
 
@@ -148,7 +149,9 @@ def review(reply: Reply, messages: list[dict[str, Any]], tools: list[dict[str, A
                     "argument values themselves, not their schema.")
     last = messages[-1] if messages else {}
     if last.get("role") == "tool" and reply.tool_calls:
-        before = {_signature(call) for m in messages if m.get("role") == "assistant" for call in m.get("tool_calls") or []}
+        before = {
+            _signature(call) for m in messages if m.get("role") == "assistant" for call in m.get("tool_calls") or []
+        }
         repeated = [call["function"]["name"] for call in reply.tool_calls if _signature(call) in before]
         if repeated:
             return (f"You already called {repeated[0]} with these arguments and its result is above. "

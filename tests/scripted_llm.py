@@ -66,7 +66,9 @@ class ScriptedLLM:
                 if body.get("stream"):
                     self._stream(body.get("model", "scripted"), reply)
                 else:
-                    self._send(200, "application/json", json.dumps(_full(body.get("model", "scripted"), reply)).encode())
+                    self._send(
+                        200, "application/json", json.dumps(_full(body.get("model", "scripted"), reply)).encode()
+                    )
 
             def _send(self, status: int, kind: str, data: bytes) -> None:
                 self.send_response(status)
@@ -156,9 +158,14 @@ def _full(model: str, reply: dict[str, Any]) -> dict[str, Any]:
     if reply.get("calls"):
         message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": c}
                                  for i, c in enumerate(reply["calls"])]
-    return {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.get("calls") else "stop"}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.get("calls") else "stop"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
 
 
 if __name__ == "__main__":  # its own process (benchmarks): print where it listens, serve until killed

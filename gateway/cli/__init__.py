@@ -379,7 +379,9 @@ def _skills(config: Config, *, as_json: bool) -> int:
             "refused": [{"location": r.location, "reason": r.reason} for r in report.refused],
         }, indent=2))
         return 0
-    table = Table("skill", "kind", "status", "where / why", title="skills in " + ", ".join(map(str, settings.skill_dirs)))
+    table = Table(
+        "skill", "kind", "status", "where / why", title="skills in " + ", ".join(map(str, settings.skill_dirs))
+    )
     for name, tool in tools.items():
         table.add_row(name, "tool", "[green]loaded[/green]", tool.source)
     for skill in report.instructions:

@@ -110,7 +110,10 @@ class McpServers:
     def _run(self, connection: McpConnection) -> None:
         if connection.name not in self._runs and not self._stop.is_set():
             stop = asyncio.Event()
-            self._runs[connection.name] = (stop, asyncio.create_task(connection.run(stop), name=f"mcp-{connection.name}"))
+            self._runs[connection.name] = (
+                stop,
+                asyncio.create_task(connection.run(stop), name=f"mcp-{connection.name}"),
+            )
 
     async def _halt(self, name: str) -> None:
         stop, task = self._runs.pop(name)

@@ -148,15 +148,31 @@ async def process(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 _EXEC_PARAMS = {
     "type": "object",
     "properties": {
-        "command": {"type": "string", "minLength": 1, "maxLength": 100_000, "description": "A shell line, run by sh -c"},
-        "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": "A program and its "
-                 "arguments, run without a shell"},
+        "command": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 100_000,
+            "description": "A shell line, run by sh -c",
+        },
+        "argv": {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "description": "A program and its arguments, run without a shell",
+        },
         "workdir": {"type": "string", "description": "Directory relative to the workspace (default '.')"},
-        "env": {"type": "object", "additionalProperties": {"type": "string"},
-                "description": "Extra environment variables"},
+        "env": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": "Extra environment variables",
+        },
         "timeout": _TIMEOUT,
-        "yield_ms": {"type": "integer", "minimum": 0, "maximum": 120_000,
-                     "description": "Return with a job id if still running after this long (default 10000)"},
+        "yield_ms": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 120_000,
+            "description": "Return with a job id if still running after this long (default 10000)",
+        },
         "background": {"type": "boolean", "description": "Start it and return a job id at once"},
     },
     "additionalProperties": False,

@@ -51,7 +51,9 @@ def read_files(args: dict[str, Any], ctx: ToolContext) -> Batch:
             items.append({"path": path, "success": True, **_content_only(read_file({"path": path}, ctx))})
         except Exception as exc:  # one bad path must not sink the others
             error = to_tool_error(exc)
-            items.append({"path": path, "success": False, "error": {"code": error.code.value, "message": error.message}})
+            items.append(
+                {"path": path, "success": False, "error": {"code": error.code.value, "message": error.message}}
+            )
     return Batch(items)
 
 

@@ -39,8 +39,11 @@ async def memory_read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     content = await store.read(ctx.agent_id, key)
     if content is None:
         known = [note["key"] for note in await store.list(ctx.agent_id)]
-        raise ToolFailure(ErrorCode.FILE_NOT_FOUND, f"no memory note named {key!r}; notes: {', '.join(known) or '(none)'}",
-                          suggestions=["call memory_read without a key to list the notes"])
+        raise ToolFailure(
+            ErrorCode.FILE_NOT_FOUND,
+            f"no memory note named {key!r}; notes: {', '.join(known) or '(none)'}",
+            suggestions=["call memory_read without a key to list the notes"],
+        )
     return {"key": key, "content": content}
 
 

@@ -117,8 +117,11 @@ def start_stack(processes: Processes, *, hands: int = 2, brain: bool = True) -> 
         processes.start("brain", name="brain")
     for i in range(hands):
         processes.start("hands", name=f"hands-{i}")
-    wait_until(lambda: (h := gateway_health(processes.env)) and h.get("brains") == int(brain) and h.get("hands") == hands,
-               timeout=60, what=f"gateway healthz with {int(brain)} brain and {hands} hands")
+    wait_until(
+        lambda: (h := gateway_health(processes.env)) and h.get("brains") == int(brain) and h.get("hands") == hands,
+        timeout=60,
+        what=f"gateway healthz with {int(brain)} brain and {hands} hands",
+    )
 
 
 def send(env: dict[str, str], text: str, session: str = "e2e") -> httpx.Response:

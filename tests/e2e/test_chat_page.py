@@ -76,8 +76,13 @@ def echoed(page, text: str):  # type: ignore[no-untyped-def]
 
 
 def sign_in_link(env: dict) -> str:
-    made = subprocess.run([sys.executable, "-m", "gateway", "open", "--print"], env={**env, "PINCER_TOKEN": OWNER_TOKEN},
-                          capture_output=True, text=True, timeout=60)
+    made = subprocess.run(
+        [sys.executable, "-m", "gateway", "open", "--print"],
+        env={**env, "PINCER_TOKEN": OWNER_TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
     return made.stdout.strip().splitlines()[0]
 
@@ -281,7 +286,9 @@ def test_model_output_cannot_address_the_page(page_stack: dict, browser) -> None
     reply = echoed(page, hostile)
     expect(reply).to_contain_text("said")
     html = reply.inner_html()
-    assert not re.search(r"<(textarea|select|input|label|form|button(?! class=\"copy)|video|source|picture)\b", html), html
+    assert not re.search(r"<(textarea|select|input|label|form|button(?! class=\"copy)|video|source|picture)\b", html), (
+        html
+    )
     assert not re.search(r'\s(id|name|class|for|srcset|poster|tabindex|autofocus|popover|data-[a-z-]+)=', html), html
     assert page.evaluate("document.querySelectorAll('#text').length") == 1  # the page's own, alone
     page.locator("#text").click()

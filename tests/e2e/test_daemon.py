@@ -19,7 +19,9 @@ from tests.scripted_llm import ScriptedLLM
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-def run(installed: Installed, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(
+    installed: Installed, env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run([installed.pincer, *args], env=env, cwd=env["HOME"], capture_output=True, text=True,
                           timeout=timeout)
 

@@ -186,8 +186,9 @@ def test_sessions_from_librechat_or_the_user_field_tools_hidden_and_cors(stack: 
     assert raw.headers["x-pincer-session"].startswith("user-")
     assert [m["content"] for m in scripted_llm.requests[-1]["messages"] if m["role"] == "user"] == ["first", "second"]
 
-    quiet = by_user.chat.completions.create(model="pincer",
-                                            messages=[{"role": "user", "content": 'CALL read_file {"path": "notes.txt"}'}])
+    quiet = by_user.chat.completions.create(
+        model="pincer", messages=[{"role": "user", "content": 'CALL read_file {"path": "notes.txt"}'}]
+    )
     content = quiet.choices[0].message.content or ""
     assert "🔧" not in content and "pincer-42" in content  # show_tools: none
     assert [c["tool"] for c in quiet.model_extra["pincer"]["tool_calls"]] == ["read_file"]  # type: ignore[index]

@@ -104,8 +104,13 @@ def test_revoking_a_token_ends_its_sockets_and_streams_on_every_gateway(secured:
         "socket, cookie": websocket(secured, cookie=cookie),
         "events stream": sse(other, alice, "GET", "/v1/sessions/live/events"),
         "turn stream": sse(secured, alice, "POST", "/v1/sessions/slow/messages?stream=1", {"text": "SLEEP 30"}),
-        "openai stream": sse(other, alice, "POST", "/v1/chat/completions",
-                             {"model": "pincer", "stream": True, "messages": [{"role": "user", "content": "SLEEP 30"}]}),
+        "openai stream": sse(
+            other,
+            alice,
+            "POST",
+            "/v1/chat/completions",
+            {"model": "pincer", "stream": True, "messages": [{"role": "user", "content": "SLEEP 30"}]},
+        ),
     }
     bobs = websocket(secured, token=bob)
     assert processes.run("token", "revoke", "alice").returncode == 0

@@ -20,8 +20,13 @@ def napper(name: str = "nap", *, category: Category = Category.SKILL, log: list[
         await asyncio.sleep(args["s"])
         return "rested"
 
-    return ToolDefinition(name=name, description="sleeps", handler=nap, category=category,
-                          parameters={"type": "object", "properties": {"s": {"type": "number"}, "tag": {"type": "string"}}})
+    return ToolDefinition(
+        name=name,
+        description="sleeps",
+        handler=nap,
+        category=category,
+        parameters={"type": "object", "properties": {"s": {"type": "number"}, "tag": {"type": "string"}}},
+    )
 
 
 async def lane_holds(bus: Bus, lane: str) -> int:
@@ -34,7 +39,9 @@ async def lane_holds(bus: Bus, lane: str) -> int:
 async def test_a_session_with_many_calls_queued_does_not_starve_another(bus: Bus, engine, call) -> None:
     started: list[str] = []
     await engine(extra_tools=[napper(log=started)], concurrency={"global": 1})
-    burst = [asyncio.create_task(call("nap", {"s": 0.02, "tag": "a"}, session="greedy", timeout=60)) for _ in range(200)]
+    burst = [
+        asyncio.create_task(call("nap", {"s": 0.02, "tag": "a"}, session="greedy", timeout=60)) for _ in range(200)
+    ]
     await async_wait_until(lambda: len(started) >= 1, what="the burst running")
     await async_wait_until(lambda: _at_least(lane_holds(bus, "category:skill"), 150), what="the burst queued")
     single = await call("nap", {"s": 0.02, "tag": "b"}, session="polite", timeout=60)

@@ -43,9 +43,14 @@ def skills_dir(tmp_path: Path) -> Path:
                + textwrap.dedent(FLAKY_PARAMS), FLAKY)
     make_skill(root, "boom", "name: boom\ndescription: raises\nparameters: {}",
                "def handle(args, ctx):\n    return {}['missing']\n")
-    make_skill(root, "nap", "name: nap\ndescription: sleeps\ntimeout: 1\nretry: {retries: 0}\n"
-               "parameters:\n  s: {type: number, maximum: 10}",
-               "import asyncio\nasync def handle(args, ctx):\n    await asyncio.sleep(args.get('s', 0))\n    return 'rested'\n")
+    make_skill(
+        root,
+        "nap",
+        "name: nap\ndescription: sleeps\ntimeout: 1\nretry: {retries: 0}\n"
+        "parameters:\n  s: {type: number, maximum: 10}",
+        "import asyncio\nasync def handle(args, ctx):\n"
+        "    await asyncio.sleep(args.get('s', 0))\n    return 'rested'\n",
+    )
     return root
 
 
@@ -64,8 +69,10 @@ async def test_validation_errors_through_the_bus(engine, call) -> None:
     assert unknown.error.recoverable
     bad = await call("word_count", {"top": 99, "colour": "red"})
     assert bad.error.code is ErrorCode.INVALID_ARGUMENTS
-    assert bad.error.details["errors"] == ["(arguments): Additional properties are not allowed ('colour' was unexpected)",
-                                           "top: 99 is greater than the maximum of 50"]
+    assert bad.error.details["errors"] == [
+        "(arguments): Additional properties are not allowed ('colour' was unexpected)",
+        "top: 99 is greater than the maximum of 50",
+    ]
     missing = await call("read_file", {"path": "nope.txt"})
     assert missing.error.code is ErrorCode.FILE_NOT_FOUND
 

@@ -37,7 +37,10 @@ async def test_execute_and_every_error_path(bus: Bus, engine, call) -> None:
     unknown = await call("rm_rf", {})
     assert unknown.error.code is ErrorCode.TOOL_NOT_FOUND and "read_file" in unknown.error.message
     invalid = await call("write_file", {"path": "x"})
-    assert invalid.error.code is ErrorCode.INVALID_ARGUMENTS and "'content' is a required property" in invalid.error.message
+    assert (
+        invalid.error.code is ErrorCode.INVALID_ARGUMENTS
+        and "'content' is a required property" in invalid.error.message
+    )
     await nothing_pending(bus, bus.keys.hands_requests, HANDS_GROUP)
 
 

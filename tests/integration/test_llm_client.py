@@ -33,8 +33,9 @@ async def test_tool_calls_are_assembled_from_streamed_pieces(scripted_llm: Scrip
     assert [(c.name, c.arguments) for c in done.tool_calls] == [("read_file", '{"path": "a/b/c.txt"}'),
                                                                 ("read_file", '{"path": "d"}')]
     assert done.usage == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
-    echoed = await client(scripted_llm, "openai/scripted", direct=direct).complete([{"role": "user", "content": "hello there"}],
-                                                                    TOOLS, on_text)
+    echoed = await client(scripted_llm, "openai/scripted", direct=direct).complete(
+        [{"role": "user", "content": "hello there"}], TOOLS, on_text
+    )
     assert echoed.text == "echo: hello there" and "".join(texts) == "echo: hello there" and len(texts) > 1
 
 
@@ -59,7 +60,9 @@ async def test_errors_that_fallbacks_do_not_fix(scripted_llm: ScriptedLLM, model
         return None
 
     with pytest.raises(LLMError) as info:
-        await client(scripted_llm, models[0], models[1:], direct=direct).complete([{"role": "user", "content": "hi"}], TOOLS, ignore)
+        await client(scripted_llm, models[0], models[1:], direct=direct).complete(
+            [{"role": "user", "content": "hi"}], TOOLS, ignore
+        )
     assert info.value.code is code and text in info.value.message
 
 

@@ -33,8 +33,14 @@ def test_the_published_chunks_assemble_into_the_pinned_gguf(model: Path) -> None
 def test_the_models_own_template_renders_a_tool_turn_the_handler_reads_back(model: Path) -> None:
     found = metadata(model, {"tokenizer.chat_template", "general.name"})
     assert found["general.name"] == "Qwen2.5 Coder 1.5B Instruct GGUF"
-    read = {"type": "function", "function": {"name": "read_file", "description": "Read a file",
-                                             "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+    read = {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
     said = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call>'
     call = parse(said, {"read_file"}).tool_calls
     prompt = render(found["tokenizer.chat_template"], [

@@ -146,7 +146,9 @@ async def test_a_process_that_leaves_the_session_still_dies(sandboxed, call, tie
         probe.remove()
     result = await call("exec", {"command": "setsid sleep 88.5 & sleep 88.5", "timeout": 1})
     assert result.error.code is ErrorCode.TIMEOUT
-    await async_wait_until(lambda: not processes_matching("sleep 88.5"), timeout=10, what="even the setsid sleep to be gone")
+    await async_wait_until(
+        lambda: not processes_matching("sleep 88.5"), timeout=10, what="even the setsid sleep to be gone"
+    )
 
 
 @pytest.mark.parametrize("tier", ["bwrap", "landlock"], indirect=True)

@@ -29,12 +29,31 @@ def tool(name: str, schema: dict | None = None, description: str = "") -> dict:
 
 
 TOOLS = [
-    tool("echo", {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
-                  "properties": {"text": {"type": "string"}}, "required": ["text"]}, "Say the text back"),
-    tool("die"), tool("fail"), tool("slow"), tool("cancelled"), tool("grow"), tool("peek"),
+    tool(
+        "echo",
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+        },
+        "Say the text back",
+    ),
+    tool("die"),
+    tool("fail"),
+    tool("slow"),
+    tool("cancelled"),
+    tool("grow"),
+    tool("peek"),
     tool("huge", {"type": "object", "properties": {"mb": {"type": "number"}}}),
-    tool("a.b"), tool("a_b"), tool("bad_schema", {"type": "object", "properties": {"a": {"type": "banana"}}}), tool("not_an_object", {"type": "string"}),
-    tool("image"), tool("noop"), tool("count"), tool("touch"),
+    tool("a.b"),
+    tool("a_b"),
+    tool("bad_schema", {"type": "object", "properties": {"a": {"type": "banana"}}}),
+    tool("not_an_object", {"type": "string"}),
+    tool("image"),
+    tool("noop"),
+    tool("count"),
+    tool("touch"),
 ]
 
 

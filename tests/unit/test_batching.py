@@ -56,7 +56,9 @@ async def test_an_unreachable_server_fails_every_waiting_caller() -> None:
     await redis.aclose()
 
 
-async def test_a_callback_hears_every_result_refusals_included_and_last_queued_follows_the_queue(redis, batcher) -> None:
+async def test_a_callback_hears_every_result_refusals_included_and_last_queued_follows_the_queue(
+    redis, batcher
+) -> None:
     await redis.set("text", "x")
     heard: list = []
 

@@ -61,7 +61,9 @@ def test_the_shipped_config_shows_every_key() -> None:
                 entry = typing.get_args(annotation)[1]
                 if isinstance(entry, type) and issubclass(entry, Section):
                     said = comments_around(where)
-                    missing.extend(f"{where}.<name>.{k}" for k in entry.model_fields if not re.search(rf"\b{k}\b", said))
+                    missing.extend(
+                        f"{where}.<name>.{k}" for k in entry.model_fields if not re.search(rf"\b{k}\b", said)
+                    )
             elif isinstance(annotation, type) and issubclass(annotation, Section) and shown:
                 walk(annotation, node[key], where)  # type: ignore[index]
 

@@ -76,7 +76,9 @@ async def test_absolute_path_inside_the_workspace_is_fine(executor: Executor, wo
     assert result.success and result.data["content"] == "deep"
 
 
-async def test_symlinks_are_not_followed_anywhere_in_the_path(executor: Executor, workspace: Path, tmp_path: Path) -> None:
+async def test_symlinks_are_not_followed_anywhere_in_the_path(
+    executor: Executor, workspace: Path, tmp_path: Path
+) -> None:
     os.symlink(tmp_path / "secret.txt", workspace / "link.txt")
     os.symlink(tmp_path, workspace / "escape")
     for path in ("link.txt", "escape/secret.txt"):

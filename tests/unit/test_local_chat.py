@@ -34,10 +34,19 @@ READ = {"type": "function", "function": {"name": "read_file", "description": "Re
 
 
 def test_the_prompt_is_the_models_own_template_with_the_tools_and_the_guidance() -> None:
-    prompt = render(CHATML, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "what is in a.txt?"},
-                             {"role": "tool", "content": "alpha", "tool_call_id": "c1"}], [READ])
+    prompt = render(
+        CHATML,
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "what is in a.txt?"},
+            {"role": "tool", "content": "alpha", "tool_call_id": "c1"},
+        ],
+        [READ],
+    )
     # Each tool by what it does, between the rule to call rather than guess and the one to answer from a result.
-    assert prompt.startswith(f"<|im_start|>system\nBe brief.\n\n{BEFORE_TOOLS}\n- read_file: Read a file\n{AFTER_TOOLS}")
+    assert prompt.startswith(
+        f"<|im_start|>system\nBe brief.\n\n{BEFORE_TOOLS}\n- read_file: Read a file\n{AFTER_TOOLS}"
+    )
     assert json.dumps(READ) in prompt and "<tool_response>alpha</tool_response>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
     plain = render(CHATML, [{"role": "user", "content": "hi"}])

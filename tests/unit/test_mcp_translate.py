@@ -30,8 +30,16 @@ def test_tool_names_are_what_every_provider_accepts() -> None:
 def test_a_schema_is_normalised_or_refused() -> None:
     bare = parameters(types.Tool(name="t", input_schema={"type": "object"}))
     assert bare == {"type": "object", "properties": {}}
-    drafted = parameters(types.Tool(name="t", input_schema={"$schema": "http://json-schema.org/draft-07/schema#",
-                                                             "type": "object", "properties": {"a": {"type": "string"}}}))
+    drafted = parameters(
+        types.Tool(
+            name="t",
+            input_schema={
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "type": "object",
+                "properties": {"a": {"type": "string"}},
+            },
+        )
+    )
     assert "$schema" not in drafted and drafted["properties"] == {"a": {"type": "string"}}
     with pytest.raises(ToolRefused, match="not valid JSON Schema"):
         parameters(types.Tool(name="t", input_schema={"type": "object", "properties": {"a": {"type": 7}}}))

@@ -22,8 +22,9 @@ def test_a_detached_first_local_model_start_is_waited_for_long_enough(
     seen: dict[str, Any] = {}
     monkeypatch.setattr(daemon, "detach", lambda argv, **kwargs: seen.update(argv=argv, **kwargs) or 0)
     (tmp_path / "ws").mkdir()
-    config = load_config(DEFAULT_CONFIG, env={"PINCER_DATA_DIR": str(tmp_path / "data"), "PINCER_WORKSPACE": str(tmp_path / "ws"),
-                                              **env})
+    config = load_config(
+        DEFAULT_CONFIG, env={"PINCER_DATA_DIR": str(tmp_path / "data"), "PINCER_WORKSPACE": str(tmp_path / "ws"), **env}
+    )
     args = argparse.Namespace(hands=1, detach=True, local_model=flag)
     assert cli._up(args, config) == 0
     assert seen.get("timeout_s") == waits
