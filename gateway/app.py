@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -33,7 +34,6 @@ from bus.protocol import (
     ApprovalRequest,
     ChatDelta,
     ChatError,
-    ChatMessage,
     ChatReply,
     ChatTool,
     ErrorCode,
@@ -56,7 +56,7 @@ from gateway.openai_api import OpenAIRoutes
 from gateway.page import page_routes
 from gateway.session_names import ALL_OWNERS, path_of, shown_to
 from gateway.tokens import Identity, TokenStore, WebSessions
-from gateway.turns import TurnRunner
+from gateway.turns import Turn, TurnRunner
 from memory.sessions import SessionStore
 
 log = logging.getLogger("gateway.http")
@@ -154,48 +154,44 @@ class Gateway:
         body = await read_json(request, SendMessage, example='{"text": "hello"}')
         wants_stream = not body.detach and ("text/event-stream" in request.headers.get("accept", "") or
                                             request.query_params.get("stream") in ("1", "true"))
-        hold = self.limits.hold_turn(identity.name, stream=wants_stream)
-        try:
-            message = await self.turns.admit(identity, session_id, agent_id=body.agent_id, text=body.text,
-                                             traceparent=request.headers.get("traceparent"))
-        except BaseException:
-            hold.release()
-            raise
+        options: dict[str, Any] = {"agent_id": body.agent_id, "text": body.text,
+                                   "traceparent": request.headers.get("traceparent")}
         if body.detach:
-            self.turns.follow(message, hold.release)
-            return JSONResponse({"session_id": shown_to(identity, session_id), "message_id": message.message_id,
-                                 "seq": message.seq, "events": path_of(identity, session_id, "/events")},
+            turn = await self.turns.start(identity, session_id, cancel_if_abandoned=False, **options)
+            self.turns.follow(turn)
+            return JSONResponse({"session_id": shown_to(identity, session_id), "message_id": turn.message.message_id,
+                                 "seq": turn.message.seq, "events": path_of(identity, session_id, "/events")},
                                 status_code=202)
-        if wants_stream:
-            return EventSourceResponse(self.connections.stream(credential(request), self._sse(message, hold),
-                                                               _farewell), ping=15)
-        try:
-            return await collect_or_cancel(request, self._collect(message))
-        finally:
-            hold.release()
+        if wants_stream:  # the turn is closed after the stream, even one the client left before it began
+            turn = await self.turns.start(identity, session_id, stream=True, **options)
+            return EventSourceResponse(self.connections.stream(credential(request), self._sse(turn), _farewell),
+                                       ping=15, background=BackgroundTask(turn.close))
+        async with self.turns.started(identity, session_id, **options) as turn:
+            return await collect_or_cancel(request, self._collect(turn))
 
-    async def _collect(self, message: ChatMessage) -> Response:
+    async def _collect(self, turn: Turn) -> Response:
         tools: list[dict[str, Any]] = []
-        async for event in self.turns.events(message):
+        async for event in turn.events():
             if isinstance(event, ChatTool) and event.status == "finished":
                 tools.append({"call_id": event.call_id, "tool": event.tool, "summary": event.summary})
             elif isinstance(event, ChatReply):
                 return JSONResponse({**event.model_dump(mode="json", exclude={"type"}), "tool_calls": tools})
             elif isinstance(event, ChatError):
                 return error_response(TURN_STATUS.get(event.code, 502), event.code, event.message,
-                                      session_id=message.session_id, message_id=message.message_id, tool_calls=tools)
+                                      session_id=turn.message.session_id, message_id=turn.message.message_id,
+                                      tool_calls=tools)
         raise AssertionError("the event stream always ends with a reply or an error")
 
-    async def _sse(self, message: ChatMessage, hold: Hold) -> AsyncIterator[dict[str, str]]:
+    async def _sse(self, turn: Turn) -> AsyncIterator[dict[str, str]]:
         names = {ChatDelta: "delta", ChatTool: "tool", ChatReply: "reply", ChatError: "error",
                  ApprovalRequest: "approval"}
         try:
-            async for event in self.turns.events(message):
+            async for event in turn.events():
                 name = names.get(type(event))
                 if name:
                     yield {"event": name, "data": json.dumps(event.model_dump(mode="json", exclude={"type"}))}
         finally:
-            hold.release()
+            await turn.close()
 
     async def session_events(self, request: Request) -> Response:
         """The session's events over SSE, from ``Last-Event-ID`` (or ``?after=``; ``0``: all kept) or from now."""
@@ -246,14 +242,11 @@ class Gateway:
                 ErrorCode.BAD_REQUEST,
                 "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]),
             ) from None
-        hold = self.limits.hold_turn(identity.name, stream=False)
-        try:
-            message = await self.turns.admit(identity, session_id, agent_id=body.agent_id, text=body.text)
-        except BaseException:
-            hold.release()
-            raise
-        self.turns.follow(message, hold.release)
-        return {"session_id": shown_to(identity, session_id), "message_id": message.message_id, "seq": message.seq}
+        turn = await self.turns.start(identity, session_id, agent_id=body.agent_id, text=body.text,
+                                      cancel_if_abandoned=False)
+        self.turns.follow(turn)
+        return {"session_id": shown_to(identity, session_id), "message_id": turn.message.message_id,
+                "seq": turn.message.seq}
 
     async def decide_approval(self, identity: Identity, approval_id: str, decision: Any) -> dict[str, Any]:
         if decision not in ("allow-once", "allow-always", "deny"):

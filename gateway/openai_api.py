@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -27,12 +28,12 @@ from starlette.routing import Route
 from bus.protocol import ApprovalRequest, ChatDelta, ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, new_id
 from gateway.errors import TURN_STATUS, Refused, error_body, error_response, not_found
 from gateway.handling import caller, collect_or_cancel, credential, read_json
-from gateway.limits import Hold
 from gateway.session_names import qualify, shown_to
 from memory.sessions import TranscriptEntry
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+    from gateway.turns import Turn
 
 MODEL = "pincer"
 SESSION_HEADERS = ("x-pincer-session", "x-openwebui-chat-id", "x-conversation-id")
@@ -139,28 +140,25 @@ class OpenAIRoutes:
         context = [_entry(m, i) for i, m in turns[:-1]]
         ttl = self.settings.ephemeral_ttl_s if ephemeral else 0
         gateway = self.gateway
-        hold = gateway.limits.hold_turn(identity.name, stream=body.stream)
-        try:
-            new = ephemeral or not await gateway.sessions.exists(session_id)
-            message = await gateway.turns.admit(identity, session_id, agent_id=agent_id, text=text,
-                                                instructions=system or None, ttl_s=ttl,
-                                                traceparent=request.headers.get("traceparent"))
+        new = ephemeral or not await gateway.sessions.exists(session_id)
+
+        async def history(_message: ChatMessage) -> None:
             if new and context:  # the client's earlier messages are the new session's history
                 await gateway.sessions.append(session_id, *context)
                 if ephemeral:
                     await gateway.sessions.expire(session_id, ttl)
-        except BaseException:
-            hold.release()
-            raise
-        turn = _Turn(self, message, body, ttl=ttl, shown=shown_to(identity, session_id))
-        headers = {"X-Pincer-Session": turn.shown}
-        if body.stream:
-            stream = gateway.connections.stream(credential(request), turn.stream(hold), _farewell)
-            return EventSourceResponse(stream, ping=15, headers=headers)
-        try:
-            response = await collect_or_cancel(request, turn.collect())
-        finally:
-            hold.release()
+
+        options: dict[str, Any] = {"agent_id": agent_id, "text": text, "instructions": system or None, "ttl_s": ttl,
+                                   "traceparent": request.headers.get("traceparent"), "prepare": history}
+        shown = shown_to(identity, session_id)
+        headers = {"X-Pincer-Session": shown}
+        if body.stream:  # the turn is closed after the stream, even one the client left before it began
+            turn = await gateway.turns.start(identity, session_id, stream=True, **options)
+            chunks = _Turn(self, turn, body, ttl=ttl, shown=shown).stream()
+            return EventSourceResponse(gateway.connections.stream(credential(request), chunks, _farewell), ping=15,
+                                       headers=headers, background=BackgroundTask(turn.close))
+        async with gateway.turns.started(identity, session_id, **options) as turn:
+            response = await collect_or_cancel(request, _Turn(self, turn, body, ttl=ttl, shown=shown).collect())
         response.headers.update(headers)
         return response
 
@@ -183,11 +181,10 @@ def _farewell(code: ErrorCode, message: str) -> dict[str, str]:
 class _Turn:
     """One completion: the turn's events in OpenAI's shapes."""
 
-    def __init__(self, routes: OpenAIRoutes, message: ChatMessage, body: CompletionRequest, *, ttl: int,
-                 shown: str) -> None:
-        self.routes, self.message, self.body, self.ttl = routes, message, body, ttl
+    def __init__(self, routes: OpenAIRoutes, turn: Turn, body: CompletionRequest, *, ttl: int, shown: str) -> None:
+        self.routes, self.turn, self.message, self.body, self.ttl = routes, turn, turn.message, body, ttl
         self.shown = shown  # the session as the client names it
-        self.id = f"chatcmpl-{message.message_id}"
+        self.id = f"chatcmpl-{turn.message.message_id}"
         self.created = int(time.time())
         self.inline = routes.settings.show_tools == "inline"
         self.started: dict[str, str] = {}  # call id -> what the call was about
@@ -197,7 +194,7 @@ class _Turn:
         content: list[str] = []
         tools: list[dict[str, Any]] = []
         try:
-            async for event in self.routes.gateway.turns.events(self.message):
+            async for event in self.turn.events():
                 if isinstance(event, (ChatTool, ApprovalRequest)):
                     line, extension = self._tool(event)
                     content.append(line)
@@ -220,11 +217,11 @@ class _Turn:
             await self._expire()
         raise AssertionError("the event stream always ends with a reply or an error")
 
-    async def stream(self, hold: Hold) -> AsyncIterator[dict[str, str]]:
+    async def stream(self) -> AsyncIterator[dict[str, str]]:
         include_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)
         try:
             yield self._chunk({"role": "assistant", "content": ""}, include_usage=include_usage)
-            async for event in self.routes.gateway.turns.events(self.message):
+            async for event in self.turn.events():
                 if isinstance(event, ChatDelta) and event.text:
                     self.line_open = not event.text.endswith("\n")
                     yield self._chunk({"content": event.text}, include_usage=include_usage)
@@ -241,7 +238,7 @@ class _Turn:
                     yield _data(error_body(TURN_STATUS.get(event.code, 502), event.code, event.message))
             yield {"data": "[DONE]"}
         finally:
-            hold.release()
+            await self.turn.close()
             await self._expire()
 
     def _tool(self, event: ChatTool | ApprovalRequest) -> tuple[str, dict[str, Any]]:

@@ -1,19 +1,26 @@
-"""A chat turn as the Gateway runs it, whatever dialect asked: admit it, publish it, follow its events.
+"""A chat turn as the Gateway runs it, whatever door asked: admit it, send it, follow its events, close it.
 
-Admission decides everything before the Brain hears of the message: the
+``TurnRunner.start`` is the one turn starter of every door (HTTP, SSE,
+WebSocket, OpenAI): it takes one of the token's open-turn places, admits the
+message, and sends it before anything is returned to the client, so a
+numbered message is never left unsent (it would hold the session's later
+ones back). Admission decides everything before the Brain hears of it: the
 token may use the agent, a Brain is there to answer and not too far behind,
 the token's rate allows it, and the session is the token's (a new one
-becomes so). A turn whose client goes away before it ends is cancelled, so
-no tool keeps running for nobody.
+becomes so). ``Turn.close`` gives back what the turn holds, once, whether
+or not anyone read its events; a turn whose client goes away before it ends
+is cancelled, so no tool keeps running for nobody.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.types import Receive
 
@@ -26,7 +33,7 @@ from bus.streams import CONNECTION_ERRORS, Bus
 from gateway.config import GatewaySettings
 from gateway.errors import Refused, not_found
 from gateway.events import SessionEvents
-from gateway.limits import CallerLimits
+from gateway.limits import CallerLimits, Hold
 from gateway.session_names import owner_of, shown_to
 from gateway.tokens import Identity
 from memory.sessions import SessionStore
@@ -90,65 +97,51 @@ class TurnRunner:
         log.info("message in %s", kv(session=session_id, message=message.message_id, sender=identity.name))
         return message
 
-    async def events(self, message: ChatMessage, *, cancel_if_abandoned: bool = True) -> AsyncIterator[Message]:
-        """Every event of one turn, ending with its reply or error (or a Gateway-side timeout), each
-        also appended to the session's event log.
+    async def start(self, identity: Identity, session_id: str, *, agent_id: str, text: str, stream: bool = False,
+                    instructions: str | None = None, ttl_s: int = 0, traceparent: str | None = None,
+                    cancel_if_abandoned: bool = True,
+                    prepare: Callable[[ChatMessage], Awaitable[None]] | None = None) -> Turn:
+        """A turn admitted and sent (``Refused`` if it may not run): the caller must ``close()`` it.
 
-        A caller that stops listening before the end cancels the turn (unless told not to).
-        """
-        ended = False
-        opened, traceparent = otel.begin(f"invoke_agent {message.agent_id}", gen_ai__operation__name="invoke_agent",
-                                         gen_ai__agent__name=message.agent_id,
-                                         gen_ai__conversation__id=message.session_id)
-        outcome: str | None = "went away"
+        ``prepare`` runs after admission and before the message is sent (a client's earlier messages
+        written as the new session's history)."""
+        hold = self.limits.hold_turn(identity.name, stream=stream)
         try:
-            async with self.inbox.expect(message.message_id) as queue:
-                token = trace.current.set(traceparent or trace.current.get())  # the Brain's work: our span's child
-                try:
-                    # Numbered already: a message not sent would hold the session's later ones back, so a
-                    # failover or restart is waited out (a second copy resumes the turn, never runs it twice).
-                    await self.bus.publish_until_sent(self.bus.keys.brain_inbox, message)
-                finally:
-                    trace.current.reset(token)
-                try:
-                    await self.log.append(message.session_id, message)
-                except CONNECTION_ERRORS as exc:  # live followers miss the message; its turn goes on
-                    log.warning("session event log not written %s: %s", kv(session=message.session_id), exc)
-                try:
-                    async with asyncio.timeout(self.settings.turn_timeout_s):
-                        while True:
-                            event = await queue.get()
-                            ended = isinstance(event, (ChatReply, ChatError))
-                            if ended:
-                                outcome = event.code.value if isinstance(event, ChatError) else None
-                            await self.log.append(message.session_id, event)
-                            yield event
-                            if ended:
-                                return
-                except TimeoutError:
-                    ended, outcome = True, ErrorCode.TIMEOUT.value
-                    timeout = ChatError(session_id=message.session_id, message_id=message.message_id,
-                                        code=ErrorCode.TIMEOUT,
-                                        message=f"no answer from the Brain within {self.settings.turn_timeout_s:g}s "
-                                                "(gateway.turn_timeout_s)")
-                    await self.log.append(message.session_id, timeout)
-                    yield timeout
-        finally:
-            otel.end(opened, error=outcome)
-            if not ended and cancel_if_abandoned:
-                self.cancel_soon(message.session_id, by=f"{message.sender} (client went away)")
+            message = await self.admit(identity, session_id, agent_id=agent_id, text=text,
+                                       instructions=instructions, ttl_s=ttl_s, traceparent=traceparent)
+            if prepare is not None:
+                await prepare(message)
+        except BaseException:
+            hold.release()
+            raise
+        turn = Turn(self, message, hold, cancel_if_abandoned=cancel_if_abandoned)
+        try:
+            await turn.send()
+        except BaseException:
+            await turn.close()
+            raise
+        return turn
 
-    def follow(self, message: ChatMessage, on_end: Callable[[], None]) -> None:
+    @contextlib.asynccontextmanager
+    async def started(self, identity: Identity, session_id: str, **options: Any) -> AsyncIterator[Turn]:
+        """``start`` for a request that reads the whole turn itself: closed when the block ends."""
+        turn = await self.start(identity, session_id, **options)
+        try:
+            yield turn
+        finally:
+            await turn.close()
+
+    def follow(self, turn: Turn) -> None:
         """Run the turn to its end in the background (its events go to the session's log only):
         for clients that read the log, so a dropped connection does not cancel the turn."""
         async def run() -> None:
             try:
-                async for _ in self.events(message, cancel_if_abandoned=False):
+                async for _ in turn.events():
                     pass
             except Exception:
-                log.exception("following a turn failed %s", kv(session=message.session_id))
+                log.exception("following a turn failed %s", kv(session=turn.message.session_id))
             finally:
-                on_end()
+                await turn.close()
 
         task = asyncio.get_running_loop().create_task(run())
         self._followers.add(task)
@@ -176,3 +169,74 @@ async def until_disconnected(receive: Receive) -> None:
     """Return when the client of a plain (not streamed) request goes away (its body is read already)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+class Turn:
+    """One admitted turn: its message sent, its events queued from the start for whoever reads them
+    (each also appended to the session's event log), and all it holds given back by ``close``."""
+
+    def __init__(self, runner: TurnRunner, message: ChatMessage, hold: Hold, *, cancel_if_abandoned: bool) -> None:
+        self.runner, self.message, self.hold = runner, message, hold
+        self.cancel_if_abandoned = cancel_if_abandoned
+        self.ended = False
+        self.outcome: str | None = "went away"
+        self._held = contextlib.AsyncExitStack()
+        self._queue: asyncio.Queue[Message] | None = None
+        self._span: Any = None
+        self._closed = False
+
+    async def send(self) -> None:
+        """Expect the turn's events, then send its message until Redis takes it."""
+        runner, message = self.runner, self.message
+        self._queue = await self._held.enter_async_context(runner.inbox.expect(message.message_id))
+        self._span, traceparent = otel.begin(f"invoke_agent {message.agent_id}", gen_ai__operation__name="invoke_agent",
+                                             gen_ai__agent__name=message.agent_id,
+                                             gen_ai__conversation__id=message.session_id)
+        token = trace.current.set(traceparent or trace.current.get())  # the Brain's work: our span's child
+        try:
+            # Numbered already: a message not sent would hold the session's later ones back, so a
+            # failover or restart is waited out (a second copy resumes the turn, never runs it twice).
+            await runner.bus.publish_until_sent(runner.bus.keys.brain_inbox, message)
+        finally:
+            trace.current.reset(token)
+        try:
+            await runner.log.append(message.session_id, message)
+        except CONNECTION_ERRORS as exc:  # live followers miss the message; its turn goes on
+            log.warning("session event log not written %s: %s", kv(session=message.session_id), exc)
+
+    async def events(self) -> AsyncIterator[Message]:
+        """Every event of the turn, ending with its reply or error (or a Gateway-side timeout)."""
+        assert self._queue is not None, "a turn's events are read after it is sent"
+        message, runner = self.message, self.runner
+        try:
+            async with asyncio.timeout(runner.settings.turn_timeout_s):
+                while True:
+                    event = await self._queue.get()
+                    self.ended = isinstance(event, (ChatReply, ChatError))
+                    if self.ended:
+                        self.outcome = event.code.value if isinstance(event, ChatError) else None
+                    await runner.log.append(message.session_id, event)
+                    yield event
+                    if self.ended:
+                        return
+        except TimeoutError:
+            self.ended, self.outcome = True, ErrorCode.TIMEOUT.value
+            timeout = ChatError(session_id=message.session_id, message_id=message.message_id, code=ErrorCode.TIMEOUT,
+                                message=f"no answer from the Brain within {runner.settings.turn_timeout_s:g}s "
+                                        "(gateway.turn_timeout_s)")
+            await runner.log.append(message.session_id, timeout)
+            yield timeout
+
+    async def close(self) -> None:
+        """Give back the open-turn place and the expectation; cancel the turn if nobody saw it end. Once."""
+        if self._closed:
+            return
+        self._closed = True
+        self.hold.release()
+        try:
+            await self._held.aclose()
+        finally:
+            if self._span is not None:
+                otel.end(self._span, error=self.outcome)
+            if not self.ended and self.cancel_if_abandoned:
+                self.runner.cancel_soon(self.message.session_id, by=f"{self.message.sender} (client went away)")

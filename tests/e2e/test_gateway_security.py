@@ -292,3 +292,31 @@ def test_the_scripted_model_saw_no_owner_only_tool_for_bob(secured: dict[str, st
     gateway_client(secured, bob).post("/v1/sessions/bob-tools/messages", json={"text": "hi"})
     offered = [t["function"]["name"] for t in scripted_llm.requests[-1]["tools"]]
     assert "read_file" not in offered and "write_file" in offered
+
+
+def test_a_stream_left_before_its_first_chunk_holds_nothing_and_sends_its_message(
+        secured: dict[str, str], processes: Processes) -> None:
+    """A client that leaves once it has the headers: its open-turn place comes back (the token may have one) and
+    its numbered message was sent, so the session's next message is answered, not held back behind it."""
+    import socket
+
+    quick = create_token(processes, "quick")
+    body = json.dumps({"text": "SLEEP 1"}).encode()
+    for attempt in range(2):  # 3 messages each: the token's burst is 6
+        with socket.create_connection(("127.0.0.1", int(secured["PINCER_GATEWAY_PORT"])), timeout=30) as raw:
+            raw.sendall(b"POST /v1/sessions/left/messages?stream=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        b"Authorization: Bearer " + quick.encode() + b"\r\nContent-Type: application/json\r\n"
+                        b"Accept: text/event-stream\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += raw.recv(1)
+            assert head.startswith(b"HTTP/1.1 200"), head
+        with gateway_client(secured, quick, timeout=60) as client:
+            # the place the stream held is given back: a token allowed one open turn may start another
+            after = wait_until(lambda c=client, n=attempt: (r := c.post(f"/v1/sessions/next-{n}/messages",
+                                                                        json={"text": "hi"})).status_code != 429
+                               and r, timeout=30, what="the open-turn place given back")
+            assert after.status_code == 200, after.text
+            # the left turn's message was sent: the session's next one is answered, not held back behind it
+            same = client.post("/v1/sessions/left/messages", json={"text": f"and then {attempt}"})
+            assert same.status_code == 200 and same.json()["text"] == f"echo: and then {attempt}", same.text

@@ -51,9 +51,16 @@ def test_the_wheel_runs_pincer_up_and_a_tool_turn_from_an_empty_directory(
         opened = subprocess.run([installed.pincer, "open", "--print"], env=env, cwd=empty, capture_output=True,
                                 text=True, timeout=60)
         assert opened.returncode == 0, opened.stderr
+        link = httpx.URL(opened.stdout.strip().splitlines()[0])
         with httpx.Client(timeout=10, follow_redirects=True) as browser:  # the page and its files, from the wheel
-            page = browser.get(opened.stdout.strip())
+            login = browser.get(link)  # as a browser does: the part after '#' stays with the page's script
+            assert login.status_code == 200 and '<script src="/static/login.js"' in login.text
+            assert "history.replaceState" in browser.get(link.join("/static/login.js")).text
+            code = link.fragment.removeprefix("code=")
+            assert browser.post(link.join("/login"), json={"code": code}).status_code == 200
+            page = browser.get(link.join("/"))
             assert page.status_code == 200 and '<script src="/static/app.js"' in page.text
+            assert browser.get(link.join("/v1/me")).json()["name"] == "owner"  # signed in by the cookie
             assert "DOMPurify" in browser.get(page.url.join("/static/vendor/purify.min.js")).text
     finally:
         up.send_signal(signal.SIGTERM)
