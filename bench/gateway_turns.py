@@ -208,7 +208,7 @@ def guard_cost(iterations: int = 20000) -> dict[str, float]:
 
     from bus.keys import Keys
     from gateway.config import GatewaySettings
-    from gateway.guard import Guard
+    from gateway.server.guard import Guard
     from gateway.tokens import Identity, TokenStore, digest, new_token
 
     async def inner(scope: Any, receive: Any, send: Any) -> None:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gateway_turns import ScriptedModel  # noqa: E402
 from bus.redis_server import free_port  # noqa: E402
-from gateway.daemon import StateFile, resident_mb  # noqa: E402
+from gateway.runtime.daemon import StateFile, resident_mb  # noqa: E402
 
 
 def children_of(pid: int) -> list[int]:

@@ -1,6 +1,8 @@
+"""``python -m brain``: one Brain, as `pincer up` starts it."""
+
 import sys
 
 from brain.main import main
-from bus.config import load_config
+from bus.service import start_role
 
-sys.exit(main(load_config()))
+sys.exit(start_role("brain", main))

@@ -8,14 +8,14 @@
     ├── HandedOver             bus.consumer      another consumer took an entry over: it answers
     ├── NoteRefused            memory.longterm   a memory note past a limit; nothing stored (also ValueError)
     ├── ToolFailure            hands.errors      a tool call failed: becomes its ToolError (the model reads it)
-    ├── SandboxUnavailable     hands.sandbox     no tier may run commands here, and why
+    ├── SandboxUnavailable     hands.sandbox.runner  no tier may run commands here, and why
     ├── SkillRefused           hands.skills      a skill that will not load, and why
     ├── LLMError               brain.llm         a model call failed: becomes the turn's ChatError
     ├── NoHandsAvailable       brain.catalog     no Hands worker answered the tool list
-    ├── Refused                gateway.errors    an HTTP request the Gateway will not serve (one JSON body)
+    ├── Refused                gateway.server.errors  an HTTP request the Gateway will not serve (one JSON body)
     ├── TokenError             gateway.tokens    a token cannot be made or revoked as asked
-    ├── AlreadyRunning         gateway.daemon    another `pincer up` owns the data dir
-    ├── ChatFailed             gateway.chat_client  `pincer chat`'s turn or connection failed
+    ├── AlreadyRunning         gateway.runtime.daemon  another `pincer up` owns the data dir
+    ├── ChatFailed             gateway.cli.chat  `pincer chat`'s turn or connection failed
     ├── WeightsError           localmodel.weights  the local model's files are not what was pinned
     │   (ProvisionError        localmodel.provision  its runtime or weights could not be made ready)
     ├── NotGGUF                localmodel.gguf   a file that is not a GGUF model this reader knows

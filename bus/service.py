@@ -8,13 +8,14 @@ import logging
 import os
 import signal
 import socket
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 from bus import otel
-from bus.config import EX_CONFIG, Config, ConfigError, RedisUnreachable
+from bus.config import EX_CONFIG, Config, ConfigError, RedisUnreachable, load_config
 from bus.log import setup_logging
 from bus.streams import Bus
 
@@ -94,3 +95,15 @@ async def _wait_for_redis(bus: Bus, stop: asyncio.Event, *, attempts: int = 50) 
             if stop.is_set() or attempt == attempts - 1:
                 raise RedisUnreachable(f"cannot reach Redis: {exc}") from None
             await asyncio.sleep(0.2)
+
+
+def start_role(role: str, main: Callable[[Config], int]) -> int:
+    """``python -m <role>``: one role as a process of its own (so ``ps`` says what runs), configured from
+    ``PINCER_CONFIG`` and the environment as ``pincer up`` hands them down; a bad configuration exits 78."""
+    try:
+        return main(load_config())
+    except ConfigError as exc:
+        print(f"{role}: error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except KeyboardInterrupt:
+        return 130

@@ -1,6 +1,8 @@
+"""``python -m hands``: one Hands worker, as `pincer up` starts it."""
+
 import sys
 
-from bus.config import load_config
+from bus.service import start_role
 from hands.main import main
 
-sys.exit(main(load_config()))
+sys.exit(start_role("hands", main))

@@ -8,12 +8,13 @@ from bus.config import Config
 from bus.process_guard import make_undumpable
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
-from hands.config import HandsSettings
+from hands.config import HandsSettings, check_workspace
 from hands.worker import HandsWorker
 
 
 def main(config: Config, *, concurrency: int | None = None) -> int:
     settings = config.section("hands", HandsSettings)
+    check_workspace(settings, data_dir=config.runtime.data_path)  # a bad workspace stops it before it joins
     if concurrency:
         settings.concurrency.global_ = concurrency
     worker_id = new_instance_id("hands")

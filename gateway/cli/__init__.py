@@ -154,7 +154,7 @@ def validate_all(config: Config) -> None:
     """Check every section now, so a bad value stops start-up before any process runs."""
     from brain.config import BrainSettings
     from gateway.config import GatewaySettings
-    from gateway.supervisor import listen_tls
+    from gateway.runtime.supervisor import listen_tls
     from hands.config import HandsSettings, check_workspace
 
     config.redis, config.runtime  # noqa: B018 - validated on access
@@ -171,7 +171,7 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
         case "stop" | "restart":
             return _stop(args, config)
         case "service":
-            from gateway import service
+            from gateway.runtime import service
 
             if args.action == "uninstall":
                 return service.uninstall(system=args.system)
@@ -181,16 +181,16 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
                                    stop_timeout_s=int(config.redis.drain_timeout_s + 30), config=source,
                                    local_model=args.local_model, run_as=args.run_as)
         case "mcp":
-            from gateway.mcp_serve import main as serve_mcp
+            from gateway.server.mcp_serve import main as serve_mcp
 
             return serve_mcp(config, agent_id=args.agent, sender=args.sender, call_timeout_s=args.timeout,
                              http=(args.host, args.http) if args.http is not None else None)
         case "trace":
-            from gateway.trace_cli import show_trace
+            from gateway.cli.trace import show_trace
 
             return asyncio.run(show_trace(config, args.session, turn=args.turn, as_json=args.json))
         case "logs":
-            from gateway.logfiles import show_logs
+            from gateway.runtime.logfiles import show_logs
 
             return show_logs(config.runtime.logs_path, role=args.role, lines=args.lines, follow=args.follow)
         case "hands":
@@ -204,12 +204,12 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             validate_all(config)
             return brain_main(config)
         case "gateway":
-            from gateway.main import main as gateway_main
+            from gateway.server.main import main as gateway_main
 
             validate_all(config)
             return gateway_main(config, port=args.port)
         case "chat":
-            from gateway.chat_client import run_chat
+            from gateway.cli.chat import run_chat
             from gateway.config import GatewaySettings
 
             settings = config.section("gateway", GatewaySettings)
@@ -223,18 +223,18 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             return open_page(args.url or settings.url, token, only_print=args.print,
                              data_dir=config.runtime.data_path)
         case "token":
-            from gateway.token_cli import manage_tokens
+            from gateway.cli.tokens import manage_tokens
 
             return asyncio.run(manage_tokens(config, args.action, args.name, scope=args.scope, agents=args.agent,
                                              as_json=args.json))
         case "tools":
             return asyncio.run(_tools(config, as_json=args.json))
         case "status":
-            from gateway.ops_cli import show_status
+            from gateway.cli.ops import show_status
 
             return asyncio.run(show_status(config, as_json=args.json))
         case "dead":
-            from gateway.ops_cli import manage_dead
+            from gateway.cli.ops import manage_dead
 
             return asyncio.run(manage_dead(config, args.action, args.ids, every=args.all, limit=args.limit,
                                            as_json=args.json))
@@ -326,7 +326,7 @@ def chat_token(config: Config, settings: GatewaySettings) -> str | None:
 
 
 def _up(args: argparse.Namespace, config: Config) -> int:
-    from gateway.supervisor import Supervisor
+    from gateway.runtime.supervisor import Supervisor
 
     if args.hands < 1:
         raise ConfigError("--hands must be at least 1")
@@ -338,7 +338,7 @@ def _up(args: argparse.Namespace, config: Config) -> int:
     if args.detach:
         from brain.config import BrainSettings
         from brain.llm import LOCAL
-        from gateway.daemon import detach
+        from gateway.runtime.daemon import detach
 
         # A first local-model start installs and fetches for minutes: wait that long for it.
         local = args.local_model or config.section("brain", BrainSettings).model == LOCAL
@@ -348,7 +348,7 @@ def _up(args: argparse.Namespace, config: Config) -> int:
 
 
 def _stop(args: argparse.Namespace, config: Config) -> int:
-    from gateway.daemon import StateFile, detach, stop
+    from gateway.runtime.daemon import StateFile, detach, stop
 
     data_dir = config.runtime.data_path
     timeout = args.timeout if args.timeout is not None else config.redis.drain_timeout_s + 20
@@ -399,7 +399,7 @@ async def _tools(config: Config, *, as_json: bool) -> int:
     from bus.protocol import ToolsAvailable, ToolsList
     from bus.replies import ReplyInbox
     from bus.service import new_instance_id
-    from gateway.ops_cli import connected_bus
+    from gateway.cli.ops import connected_bus
 
     try:
         async with connected_bus(config) as bus:  # Redis answers first, or the error says it does not

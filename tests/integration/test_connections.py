@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from bus.streams import Bus
-from gateway.connections import Connections, Credential, until_ended
+from gateway.server.connections import Connections, Credential, until_ended
 from gateway.tokens import TokenStore, WebSessions, digest
 
 

@@ -12,9 +12,9 @@ from bus.keys import BRAIN_GROUP
 from bus.protocol import ChatCancel
 from bus.streams import Bus
 from gateway.config import GatewaySettings, LimitSettings
-from gateway.errors import Refused
-from gateway.guard import _host_name
-from gateway.limits import CallerLimits
+from gateway.server.errors import Refused
+from gateway.server.guard import _host_name
+from gateway.server.limits import CallerLimits
 from gateway.tokens import TokenError, TokenStore, digest, ensure_owner_token, owner_token_path, read_owner_token
 from memory.sessions import SessionStore, TranscriptEntry
 

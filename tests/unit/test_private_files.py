@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bus.private_file import append_private
-from gateway.daemon import DataDirLock
-from gateway.logfiles import RoleLog
+from gateway.runtime.daemon import DataDirLock
+from gateway.runtime.logfiles import RoleLog
 
 
 def test_role_logs_are_private_and_stay_so_across_rotation(tmp_path: Path) -> None:

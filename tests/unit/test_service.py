@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import service
+from gateway.runtime import service
 
 
 @pytest.fixture

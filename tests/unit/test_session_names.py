@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import Refused
-from gateway.session_names import name_of, owner_of, path_of, qualify, shown_to
+from gateway.server.errors import Refused
+from gateway.server.session_names import name_of, owner_of, path_of, qualify, shown_to
 from gateway.tokens import Identity
 
 ALICE = Identity(name="alice")

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from bus.config import DEFAULT_CONFIG, load_config
-from gateway import cli, daemon
+from gateway import cli
+from gateway.runtime import daemon
 
 
 @pytest.mark.parametrize(("flag", "env", "waits"), [
@@ -52,7 +53,7 @@ def test_every_setting_reaches_the_roles_it_should_under_pincer_up() -> None:
     from brain.config import BrainSettings
     from bus.config import RedisSettings, RuntimeSettings
     from gateway.config import GatewaySettings
-    from gateway.supervisor import PINCER_ROLES, SECRETS, role_env
+    from gateway.runtime.supervisor import PINCER_ROLES, SECRETS, role_env
     from hands.config import HandsSettings
 
     sections = {"redis": RedisSettings, "runtime": RuntimeSettings, "hands": HandsSettings, "brain": BrainSettings,

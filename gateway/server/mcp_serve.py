@@ -49,8 +49,8 @@ from bus.replies import ReplyInbox
 from bus.service import new_instance_id, redis_url, run_loop
 from bus.streams import Bus
 from gateway.config import GatewaySettings
-from gateway.errors import Refused
-from gateway.limits import CallerLimits
+from gateway.server.errors import Refused
+from gateway.server.limits import CallerLimits
 from gateway.tokens import Identity
 
 log = logging.getLogger("gateway.mcp")
@@ -181,7 +181,7 @@ async def _serve_http(config: Config, bus: Bus, server: Server[Any], *, host: st
     from mcp.server.transport_security import TransportSecuritySettings
 
     from bus.metrics import Meter
-    from gateway.guard import Guard
+    from gateway.server.guard import Guard
     from gateway.tokens import TokenStore, read_owner_token
 
     settings = config.section("gateway", GatewaySettings).model_copy(update={"host": host, "port": port})

@@ -21,8 +21,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from bus.metrics import Meter
 from bus.protocol import ErrorCode
 from gateway.config import GatewaySettings
-from gateway.connections import Credential
-from gateway.errors import REDIS_AWAY, Refused, redis_away, unauthenticated
+from gateway.server.connections import Credential
+from gateway.server.errors import REDIS_AWAY, Refused, redis_away, unauthenticated
 from gateway.tokens import Identity, TokenStore, WebSessions, digest
 
 log = logging.getLogger("gateway.guard")

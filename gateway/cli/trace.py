@@ -15,8 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from bus.config import Config
-from gateway.ops_cli import connected_bus
-from gateway.session_names import SEPARATOR
+from gateway.cli.ops import connected_bus
+from gateway.server.session_names import SEPARATOR
 from gateway.tokens import OWNER
 from memory.sessions import SessionStore, TranscriptEntry
 

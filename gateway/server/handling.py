@@ -11,11 +11,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bus.protocol import ErrorCode
-from gateway.connections import Credential
-from gateway.errors import Refused
-from gateway.session_names import qualify
+from gateway.server.connections import Credential
+from gateway.server.errors import Refused
+from gateway.server.session_names import qualify
+from gateway.server.turns import until_disconnected
 from gateway.tokens import Identity
-from gateway.turns import until_disconnected
 
 B = TypeVar("B", bound=BaseModel)
 

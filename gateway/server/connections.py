@@ -22,7 +22,7 @@ from typing import Literal, TypeVar
 
 from bus.log import kv
 from bus.protocol import ErrorCode
-from gateway.errors import REDIS_AWAY
+from gateway.server.errors import REDIS_AWAY
 from gateway.tokens import TokenStore, WebSessions
 
 log = logging.getLogger("gateway.connections")

@@ -18,10 +18,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from bus import pool as ops
 from bus.metrics import BUCKETS_S, METRICS, read_snapshot
 from bus.presence import ROLES
 from bus.streams import Bus
-from gateway import ops
 
 LOAD = {  # heartbeat field -> (metric, help)
     "in_flight": ("pincer_in_flight", "Calls or turns an instance is working on"),

@@ -32,8 +32,8 @@ from bus.private_file import write_private
 from bus.process_guard import die_with_parent
 from bus.redis_server import EmbeddedRedis, free_port
 from gateway.config import GatewaySettings
-from gateway.daemon import AlreadyRunning, DaemonState, DataDirLock, Proc, StateFile, start_time, this_process
-from gateway.logfiles import RoleLog
+from gateway.runtime.daemon import AlreadyRunning, DaemonState, DataDirLock, Proc, StateFile, start_time, this_process
+from gateway.runtime.logfiles import RoleLog
 from gateway.tokens import TokenError, ensure_owner_token, owner_token_path
 from hands.config import HandsSettings
 from localmodel import KEY_VARIABLE
@@ -173,15 +173,16 @@ class Supervisor:
                     f"in {remote} (CA_FILE: the CA that signed redis.tls_cert_file)")
         else:
             say("using the Redis at redis.url")
-        module = [sys.executable, "-m", "gateway"]
         children: list[Child] = []
         brain_env: dict[str, str] = {}
         if self.model_file is not None:
             model, brain_env = self._local_model(self.model_file, env)
             children.append(model)
-        children += [Child("gateway", [*module, "gateway"], self._gateway_env(), role="gateway"),
-                     Child("brain", [*module, "brain"], brain_env, role="brain")]
-        children += [Child(f"hands-{i}", [*module, "hands"], role="hands") for i in range(1, self.hands + 1)]
+        # Each role runs as itself (`python -m brain`, ...): `ps` says what runs.
+        children += [Child("gateway", [sys.executable, "-m", "gateway.server"], self._gateway_env(), role="gateway"),
+                     Child("brain", [sys.executable, "-m", "brain"], brain_env, role="brain")]
+        children += [Child(f"hands-{i}", [sys.executable, "-m", "hands"], role="hands")
+                     for i in range(1, self.hands + 1)]
         try:
             for child in children:
                 await self._start(child, env)

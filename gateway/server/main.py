@@ -11,8 +11,8 @@ import uvicorn
 from bus.config import Config, ConfigError
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
-from gateway.app import Gateway
 from gateway.config import GatewaySettings
+from gateway.server.app import Gateway
 
 log = logging.getLogger("gateway")
 

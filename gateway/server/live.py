@@ -5,7 +5,7 @@ unless a header or the sign-in cookie already named it), ``subscribe``
 (``session``, optional ``after``), ``unsubscribe``, ``send`` (``session``,
 ``text``, optional ``agent_id``: a detached turn), ``cancel`` and ``decide``.
 A session is the caller's own by its name; an operator adds ``owner`` to
-reach another identity's (see ``gateway.session_names``). The Gateway sends
+reach another identity's (see ``gateway.server.session_names``). The Gateway sends
 ``ready``, ``event`` (one per session event, with its id), ``resync``,
 ``accepted`` and ``error``. Each subscription reads the session's
 log only as fast as the client takes frames (a bounded queue), so a slow
@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bus.protocol import ErrorCode
-from gateway.connections import Credential
-from gateway.errors import REDIS_AWAY, Refused, redis_away
-from gateway.events import Resync, parse_after
-from gateway.session_names import owner_of, qualify
+from gateway.server.connections import Credential
+from gateway.server.errors import REDIS_AWAY, Refused, redis_away
+from gateway.server.events import Resync, parse_after
+from gateway.server.session_names import owner_of, qualify
 from gateway.tokens import Identity, digest
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.server.app import Gateway
 
 log = logging.getLogger("gateway.live")
 

@@ -26,14 +26,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bus.protocol import ApprovalRequest, ChatDelta, ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, new_id
-from gateway.errors import TURN_STATUS, Refused, error_body, error_response, not_found
-from gateway.handling import caller, collect_or_cancel, credential, read_json
-from gateway.session_names import qualify, shown_to
+from gateway.server.errors import TURN_STATUS, Refused, error_body, error_response, not_found
+from gateway.server.handling import caller, collect_or_cancel, credential, read_json
+from gateway.server.session_names import qualify, shown_to
 from memory.sessions import TranscriptEntry
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.turns import Turn
+    from gateway.server.app import Gateway
+    from gateway.server.turns import Turn
 
 MODEL = "pincer"
 SESSION_HEADERS = ("x-pincer-session", "x-openwebui-chat-id", "x-conversation-id")

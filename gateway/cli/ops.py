@@ -12,11 +12,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bus import pool as ops
 from bus.config import Config
 from bus.service import redis_url
 from bus.streams import CONNECTION_ERRORS, Bus
-from gateway import ops
-from gateway.daemon import StateFile, describe
+from gateway.runtime.daemon import StateFile, describe
 
 
 @asynccontextmanager

@@ -31,10 +31,10 @@ from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCod
 from bus.replies import ReplyInbox
 from bus.streams import CONNECTION_ERRORS, Bus
 from gateway.config import GatewaySettings
-from gateway.errors import Refused, not_found
-from gateway.events import SessionEvents
-from gateway.limits import CallerLimits, Hold
-from gateway.session_names import owner_of, shown_to
+from gateway.server.errors import Refused, not_found
+from gateway.server.events import SessionEvents
+from gateway.server.limits import CallerLimits, Hold
+from gateway.server.session_names import owner_of, shown_to
 from gateway.tokens import Identity
 from memory.sessions import SessionStore
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from bus.errors import PincerError
 from bus.private_file import append_private, open_private, write_private
-from gateway.logfiles import private_dir
+from gateway.runtime.logfiles import private_dir
 
 STATE_FILE = "pincer.json"
 LOCK_FILE = "pincer.lock"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from bus.protocol import ErrorCode
-from gateway.errors import Refused
+from gateway.server.errors import Refused
 from gateway.tokens import Identity
 
 SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"

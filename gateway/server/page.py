@@ -23,12 +23,12 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Message, Receive, Scope, Send
 
 from bus.protocol import ErrorCode
-from gateway.errors import Refused
-from gateway.guard import COOKIE
-from gateway.handling import read_json
+from gateway.server.errors import Refused
+from gateway.server.guard import COOKIE
+from gateway.server.handling import read_json
 from gateway.tokens import WebSessions
 
-STATIC = Path(str(resources.files("gateway") / "static"))
+STATIC = Path(str(resources.files("gateway.server") / "static"))
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",

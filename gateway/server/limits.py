@@ -15,11 +15,11 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from bus.keys import BRAIN_GROUP
+from bus.pool import undelivered
 from bus.protocol import ErrorCode
 from bus.streams import Bus
 from gateway.config import LimitSettings
-from gateway.errors import Refused
-from gateway.ops import undelivered
+from gateway.server.errors import Refused
 
 # Refill from Redis' own clock (TIME), so Gateways whose clocks disagree share one bucket.
 TAKE = """

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from bus.streams import CONNECTION_ERRORS, Bus
-from gateway.events import Event, Resync, SessionEvents, entry_event, event_order
+from gateway.server.events import Event, Resync, SessionEvents, entry_event, event_order
 
 log = logging.getLogger("gateway.fanout")
 

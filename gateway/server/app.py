@@ -1,10 +1,10 @@
 """The Gateway's HTTP API: send a chat message, read a transcript, decide approvals, check health.
 
-Every route but ``/healthz`` runs behind ``gateway.guard.Guard`` (Host,
+Every route but ``/healthz`` runs behind ``gateway.server.guard.Guard`` (Host,
 Origin, body size, token) and knows who is asking from
 ``request.state.identity``. A ``chat`` token sees only the sessions it
 started; an ``operator`` token sees all. The OpenAI-compatible routes live in
-``gateway.openai_api`` and run turns the same way (``gateway.turns``).
+``gateway.server.openai_api`` and run turns the same way (``gateway.server.turns``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from bus import pool as ops
 from bus.log import kv
 from bus.metrics import Meter
 from bus.presence import Presence, alive
@@ -41,22 +42,21 @@ from bus.protocol import (
 from bus.records import PendingApproval
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from gateway import ops
 from gateway.config import GatewaySettings
-from gateway.connections import Connections
-from gateway.errors import REDIS_AWAY, TURN_STATUS, Refused, error_response, not_found, redis_away
-from gateway.events import parse_after
-from gateway.fanout import Fanout
-from gateway.guard import Guard
-from gateway.handling import caller, collect_or_cancel, credential, read_json, session_id_of
-from gateway.limits import CallerLimits, Hold
-from gateway.live import LiveSocket
-from gateway.observe import metrics_text, readiness
-from gateway.openai_api import OpenAIRoutes
-from gateway.page import page_routes
-from gateway.session_names import ALL_OWNERS, path_of, shown_to
+from gateway.server.connections import Connections
+from gateway.server.errors import REDIS_AWAY, TURN_STATUS, Refused, error_response, not_found, redis_away
+from gateway.server.events import parse_after
+from gateway.server.fanout import Fanout
+from gateway.server.guard import Guard
+from gateway.server.handling import caller, collect_or_cancel, credential, read_json, session_id_of
+from gateway.server.limits import CallerLimits, Hold
+from gateway.server.live import LiveSocket
+from gateway.server.observe import metrics_text, readiness
+from gateway.server.openai_api import OpenAIRoutes
+from gateway.server.page import page_routes
+from gateway.server.session_names import ALL_OWNERS, path_of, shown_to
+from gateway.server.turns import Turn, TurnRunner
 from gateway.tokens import Identity, TokenStore, WebSessions
-from gateway.turns import Turn, TurnRunner
 from memory.sessions import SessionStore
 
 log = logging.getLogger("gateway.http")

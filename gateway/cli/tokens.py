@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bus.config import Config
+from gateway.cli.ops import connected_bus
 from gateway.config import GatewaySettings
-from gateway.ops_cli import connected_bus
 from gateway.tokens import NAME_PATTERN, TokenError, TokenStore
 
 

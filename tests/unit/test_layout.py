@@ -1,0 +1,67 @@
+"""The layout's import rule, kept true: each package and each room of the front door imports only what sits
+below it (docs/code.md has the map)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+OURS = ("bus", "memory", "hands", "brain", "gateway", "localmodel")
+# What each place may import of ours, by the longest prefix of its module name.
+ALLOWED = {
+    "bus": {"bus"},
+    "memory": {"bus", "memory"},
+    "hands": {"bus", "memory", "hands"},
+    "brain": {"bus", "memory", "brain"},
+    "localmodel": {"bus", "localmodel"},
+    "gateway": {"bus", "memory", "gateway.config", "gateway.tokens"},  # what every room shares
+    "gateway.server": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.server"},
+    # The process runtime starts the other roles, so it may read their settings.
+    "gateway.runtime": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.runtime", "brain", "hands",
+                        "localmodel"},
+    "gateway.cli": {*OURS},  # the top room: it dispatches to all of them
+}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _place(module: str) -> str:
+    return max((p for p in ALLOWED if module == p or module.startswith(p + ".")), key=len)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] if node.module != "gateway" else [f"gateway.{a.name}" for a in node.names]
+            found += [(node.lineno, n) for n in names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+    return [(line, name) for line, name in found if name.split(".")[0] in OURS]
+
+
+def test_no_package_or_room_imports_one_above_it() -> None:
+    crossing = []
+    for package in OURS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name == "__main__.py":  # a role's entry point starts what it names
+                continue
+            module = _module(path)
+            allowed = ALLOWED[_place(module)]
+            for line, name in _imports(path):
+                if not any(name == a or name.startswith(a + ".") for a in allowed):
+                    crossing.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not crossing, "\n".join(crossing)
+
+
+def test_the_rule_sees_a_crossing(tmp_path: Path) -> None:
+    """The check itself: a Hands module importing the Brain is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from brain.worker import BrainWorker\nimport bus.keys\n")
+    assert [name for _, name in _imports(bad)] == ["brain.worker", "bus.keys"]
+    assert not any(n.startswith(a) for n in ["brain.worker"] for a in ALLOWED[_place("hands.tools")])
