@@ -55,7 +55,7 @@ class BrainSettings(Section):
     llm_timeout_s: float = Field(default=120.0, gt=0)
     llm_retries: int = Field(default=2, ge=0, le=10)
     # `openai/...` models through the openai SDK itself (which litellm uses for them too), without
-    # litellm's wrapper: ~8 ms less CPU per call here. False: through litellm like every provider.
+    # litellm's wrapper: less CPU per call (docs/brain.md). False: through litellm like every provider.
     openai_direct: bool = True
     max_turns: int = Field(default=16, ge=1, le=1000)
     # Messages a Brain holds, besides its turns, while they wait for their session's earlier turn.

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from bus.errors import PincerError
 from bus.protocol import BaseMessage, Message, new_id
 
-# Each type's own pydantic-core validator: picking it by the entry's ``type`` field is
-# ~1.5 µs cheaper per message than a union adapter's discriminator and Python wrapper.
+# Each type's own pydantic-core validator, picked by the entry's ``type`` field: cheaper per message than
+# a union adapter's discriminator and Python wrapper (the figures: docs/bus.md, "the hot path's choices").
 _VALIDATORS = {model.model_fields["type"].default: model.__pydantic_validator__
                for model in Message.__origin__.__args__}  # type: ignore[attr-defined]  # Annotated[Union] at run time
 MESSAGE_TYPES: frozenset[str] = frozenset(_VALIDATORS)
@@ -33,7 +33,7 @@ def encode(
     message: BaseMessage, *, message_id: str | None = None, traceparent: str | None = None
 ) -> dict[bytes, bytes]:
     """The stream-entry fields for a message (with the W3C ``traceparent`` of the work it belongs to)."""
-    # pydantic-core's serializer itself: model_dump's Python wrapper doubles the cost (~2 µs a message).
+    # pydantic-core's serializer itself: model_dump's Python wrapper doubles the cost (docs/bus.md).
     data = message.__pydantic_serializer__.to_python(message, mode="json", exclude_none=True)
     del data["type"]  # it travels as its own field
     fields = {
@@ -41,7 +41,7 @@ def encode(
         b"id": (message_id or new_id()).encode(),
         b"data": msgpack.packb(data, use_bin_type=True),
     }
-    # A model's fields live in its __dict__; getattr on a model without the field is ~5 µs (pydantic raises).
+    # A model's fields live in its __dict__; getattr on a model without the field is slow (pydantic raises).
     reply_to = message.__dict__.get("reply_to")
     if reply_to:
         fields[b"reply_to"] = reply_to.encode()

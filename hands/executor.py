@@ -201,7 +201,7 @@ class Executor:
 
     async def _attempt(self, tool: ToolDefinition, call: ToolExecute, ctx: ToolContext) -> Any:
         limiter = self.limiter
-        gates = limiter.gates(tool.category, tool.name, tool.max_concurrency)  # a StrEnum: .value costs ~1 µs
+        gates = limiter.gates(tool.category, tool.name, tool.max_concurrency)  # a StrEnum: no .value on the hot path
         if not limiter.take_if_free(gates):  # the common case needs no await: most calls find a slot
             await limiter.wait(gates)
         try:
@@ -276,7 +276,7 @@ class Executor:
         if attempts > 1:
             self.meter.count("pincer_tool_retries", call.tool, value=attempts - 1)
         # Validated from a dict by pydantic-core itself: half the cost of the two constructors' Python
-        # wrappers (~2.5 µs a call); model_construct is slower still (it inspects default factories).
+        # wrappers; model_construct is slower still (it inspects default factories). Figures: docs/bus.md.
         return _validate_result({
             "call_id": call.call_id, "success": error is None, "data": data, "error": error,
             "partial_failure": partial_failure,

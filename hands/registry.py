@@ -54,7 +54,7 @@ SendProgress = Callable[[str], Awaitable[Any]]
 """Sends one ``tool:progress`` "output" message for the call (the executor's, per worker)."""
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~3 µs more, on every call
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs more, on every call (docs/bus.md)
 class ToolContext:
     """What a handler may know about the call it serves, and the shared services it may use."""
 
