@@ -213,16 +213,14 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
             from gateway.config import GatewaySettings
 
             settings = config.section("gateway", GatewaySettings)
-            token = given_token(args.token_file) or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
-            return run_chat(args.url or settings.url, args.session, args.message, token=token)
+            return run_chat(args.url or settings.url, args.session, args.message,
+                            token=caller_token(args, config, settings))
         case "open":
+            from gateway.cli.opener import open_page
             from gateway.config import GatewaySettings
 
             settings = config.section("gateway", GatewaySettings)
-            token = given_token(args.token_file) or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
-            from gateway.cli.opener import open_page
-
-            return open_page(args.url or settings.url, token, only_print=args.print,
+            return open_page(args.url or settings.url, caller_token(args, config, settings), only_print=args.print,
                              data_dir=config.runtime.data_path)
         case "token":
             from gateway.cli.tokens import manage_tokens
@@ -247,6 +245,11 @@ def _dispatch(args: argparse.Namespace, config: Config) -> int:
 
             return explain(config, args.tool, agent=args.agent, sender=args.sender)
     raise AssertionError(args.command)
+
+
+def caller_token(args: argparse.Namespace, config: Config, settings: GatewaySettings) -> str | None:
+    """The token a client command uses: --token-file, else $PINCER_TOKEN, else the owner's (as `pincer up` made it)."""
+    return given_token(args.token_file) or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
 
 
 def given_token(path: str | None) -> str | None:
