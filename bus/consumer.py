@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -86,7 +87,7 @@ class GroupConsumer:
         self._waiting_for_room: set[str] = set()
         self._gated_loops: list[asyncio.Task[None]] = []
         self._stop: asyncio.Event | None = None
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = Slots(concurrency)
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}  # (stream, entry id) -> its handler's task
         self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
         self.stopping = False  # set on stop: read nothing more, take nothing over
@@ -223,14 +224,14 @@ class GroupConsumer:
             return False
         self._aside_count += 1
         _aside.set(True)
-        self._slots.release()
+        self._slots.give()
         return True
 
     async def take_back(self) -> None:
         """Wait for a slot again after ``set_aside`` (nothing to do if the handler kept its slot)."""
         if not _aside.get():
             return
-        await self._slots.acquire()
+        await self._slots.take()
         self._aside_count -= 1
         _aside.set(False)
 
@@ -245,9 +246,7 @@ class GroupConsumer:
 
     async def _read_once(self, reader: HeldConnection, cursor: dict[str, str], stop: asyncio.Event,
                          room: int | None = None) -> dict[str, str]:
-        await self._slots.acquire()  # read only when there is room to run what we read
-        free = 1 + _available(self._slots)
-        self._slots.release()
+        free = await self._slots.free_soon()  # read only when there is room to run what we read
         if stop.is_set():
             return cursor
         count = min(self.batch, free, max(room, 1) if room is not None else self.batch)
@@ -277,10 +276,8 @@ class GroupConsumer:
         except MalformedMessage as exc:
             await dead_letter(self.bus, stream, self.group, entry_id, fields, str(exc))
             return
-        if self._slots.locked():  # we read only as many as there were slots: rarely taken meanwhile
-            await self._slots.acquire()
-        else:
-            self._slots._value -= 1  # noqa: SLF001 - acquire() without its coroutine, on every message
+        if not self._slots.take_now():  # we read only as many as there were slots: rarely taken meanwhile
+            await self._slots.take()
         self.holding.setdefault(stream, set()).add(entry_id)
         current_entry.set((stream, entry_id, fields))
         delivery.set(times)  # the task copies the context: its handler sees this count, and the trace
@@ -360,8 +357,49 @@ class GroupConsumer:
         if aside:  # its slot was given away and never taken back
             self._aside_count -= 1
         else:
-            self._slots.release()
+            self._slots.give()
 
 
-def _available(semaphore: asyncio.Semaphore) -> int:
-    return semaphore._value  # noqa: SLF001 - asyncio offers no public read of free slots
+class Slots:
+    """How many handlers run at once: a semaphore whose free count can be read, and taken without a
+    coroutine when one is free (on every message), which asyncio's offers neither of publicly."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def take_now(self) -> bool:
+        """Take a slot if one is free and no one waits for it."""
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.take_now():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # give() hands its slot straight to us
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give()  # handed one, then cancelled: it goes to the next
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def give(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
+
+    async def free_soon(self) -> int:
+        """How many slots are free, once at least one is."""
+        await self.take()
+        free = self.free + 1
+        self.give()
+        return free

@@ -4,6 +4,9 @@
     ├── ConfigError            bus.config        a person must fix the configuration (exit 78)
     ├── RedisUnreachable       bus.config        Redis did not answer at start (exit 1; a restart may help)
     ├── RedisStartError        bus.redis_server  the embedded redis-server would not start
+    ├── RedisAway              bus.redis_client  Redis did not answer a command (also redis-py's ConnectionError)
+    │   (NotReplicated         bus.redis_client  too few replicas confirmed a write)
+    ├── RedisRefused           bus.redis_client  Redis answered with an error (also redis-py's ResponseError)
     ├── MalformedMessage       bus.codec         a stream entry that is not a Pincer message (also ValueError)
     ├── HandedOver             bus.consumer      another consumer took an entry over: it answers
     ├── NoteRefused            memory.longterm   a memory note past a limit; nothing stored (also ValueError)
@@ -21,8 +24,9 @@
     ├── NotGGUF                localmodel.gguf   a file that is not a GGUF model this reader knows
     └── TemplateFailed         localmodel.chat   a model's chat template could not render the messages
 
-Lower layers' errors are translated where they enter: redis-py's in the bus
-(``CONNECTION_ERRORS``, and the batcher settling every caller), litellm's and
+Lower layers' errors are translated where they enter: redis-py's by the bus's
+connections (``bus.redis_client``: nothing outside ``bus/`` imports redis-py's
+exceptions), litellm's and
 the openai SDK's in ``brain.llm.translate_error``, OS and httpx errors in
 ``hands.errors.to_tool_error`` and the web tool. What the model reads
 (ToolFailure, LLMError) is kept apart from what a person must fix

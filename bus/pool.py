@@ -10,6 +10,8 @@ import json
 import time
 from typing import Any, cast
 
+from redis.exceptions import ResponseError
+
 from bus.codec import MalformedMessage, decode
 from bus.keys import BRAIN_GROUP, HANDS_GROUP
 from bus.presence import ROLES, instances
@@ -83,6 +85,19 @@ async def undelivered(bus: Bus, key: str, group: dict[str, Any], *, cap: int = 1
     last = group["last-delivered-id"]
     last = last.decode() if isinstance(last, bytes) else last
     return len(await bus.redis.xrange(key, min=f"({last}", count=cap) or [])
+
+
+async def unread(bus: Bus, key: str, group_name: str, *, cap: int = 10_000) -> int:
+    """Entries of stream ``key`` that group ``group_name`` has not read yet (all of them before the group
+    exists; none before the stream does)."""
+    try:
+        groups: list[dict[str, Any]] = await bus.redis.xinfo_groups(key)
+    except ResponseError:  # no such key
+        return 0
+    group = next((g for g in groups if g.get("name") in (group_name, group_name.encode())), None)
+    if group is None:
+        return int(await bus.redis.xlen(key))
+    return await undelivered(bus, key, group, cap=cap)
 
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]

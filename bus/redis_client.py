@@ -1,8 +1,14 @@
-"""The Redis client every Pincer process uses: bytes in and out, commands packed in C.
+"""The Redis client every Pincer process uses: bytes in and out, commands packed in C, errors as Pincer's.
 
-redis-py's asyncio connections pack commands in Python (~10 µs an XADD);
-its sync client packs them with hiredis when installed. Every tool call
-packs at least two XADDs, so Pincer's connections use hiredis too.
+redis-py's asyncio connections pack commands in Python; its sync client
+packs them with hiredis when installed. Every tool call packs at least two
+XADDs, so Pincer's connections use hiredis too (figures in docs/bus.md).
+
+This module is Redis's one edge: every connection it makes raises
+``RedisAway`` when Redis does not answer and ``RedisRefused`` when it answers
+with an error, so nothing outside the bus imports redis-py's exceptions.
+Both still subclass redis-py's own (ConnectionError, ResponseError), which
+redis-py's pools, pipelines and retries go on recognising.
 """
 
 from __future__ import annotations
@@ -18,12 +24,67 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.exceptions import ConnectionError, DataError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
+
+from bus.errors import PincerError
 
 _hiredis_pack: Callable[[tuple[Any, ...]], Any] | None
 try:
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # hiredis is a dependency, but a missing wheel must not stop Pincer
     _hiredis_pack = None
+
+
+class RedisAway(PincerError, ConnectionError):
+    """Redis did not answer (restarting, failing over, unreachable, or no connection came free):
+    what was sent on that connection is not known to be done, and may be sent again."""
+
+
+class RedisRefused(PincerError, ResponseError):
+    """Redis answered a command with an error: a script's, a wrong type, a stream or group not there."""
+
+
+# What a lost or stuck connection raises: RedisAway, and before translation redis-py's own and the OS's.
+CONNECTION_ERRORS = (ConnectionError, RedisTimeout, OSError)
+
+
+def away(exc: BaseException) -> RedisAway:
+    """``exc`` (a lost connection, a timeout, a socket error) as the bus says it."""
+    return exc if isinstance(exc, RedisAway) else RedisAway(str(exc) or type(exc).__name__)
+
+
+def refusal(reply: Any) -> Any:
+    """A plain refusal redis-py parsed as RedisRefused; its own kinds (NOSCRIPT, EXECABORT, ...) stay,
+    since redis-py catches them by type; anything else as it is."""
+    if type(reply) is ResponseError:
+        translated = RedisRefused(*reply.args)
+        translated.__cause__ = reply
+        return translated
+    return reply
+
+
+class Translating:
+    """Mixin for a redis-py asyncio connection class: its errors leave as RedisAway and RedisRefused."""
+
+    async def connect(self) -> None:
+        try:
+            await super().connect()  # type: ignore[misc]
+        except CONNECTION_ERRORS as exc:
+            raise away(exc) from exc
+
+    async def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().send_packed_command(*args, **kwargs)  # type: ignore[misc]
+        except CONNECTION_ERRORS as exc:
+            raise away(exc) from exc
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except CONNECTION_ERRORS as exc:
+            raise away(exc) from exc
+        except ResponseError as exc:
+            raise refusal(exc) from None
 
 
 class HiredisPacking:
@@ -67,7 +128,7 @@ class WaitingPool(ConnectionPool):
                 async with asyncio.timeout(self.WAIT_S):
                     await waiter
             except TimeoutError:
-                raise ConnectionError(f"no Redis connection came free within {self.WAIT_S:g}s (all "
+                raise RedisAway(f"no Redis connection came free within {self.WAIT_S:g}s (all "
                                       f"{self.max_connections} in use: redis.max_connections)") from None
             except asyncio.CancelledError:
                 if waiter.done() and not waiter.cancelled():
@@ -109,11 +170,8 @@ def connect(url: str, *, max_connections: int = 128) -> Redis:
     tcp = {"socket_keepalive": True, "socket_keepalive_options": KEEPALIVE} if url.startswith("redis") else {}
     pool = WaitingPool.from_url(url, decode_responses=False, health_check_interval=30, socket_timeout=None,
                                 socket_connect_timeout=5, max_connections=max_connections, **tcp)
-    redis = Redis.from_pool(pool)
-    if _hiredis_pack is not None:
-        base = pool.connection_class  # TCP, TLS or unix socket, as the URL says
-        pool.connection_class = type(f"Hiredis{base.__name__}", (HiredisPacking, base), {})
-    return redis
+    _edge(pool)  # TCP, TLS or unix socket, as the URL says
+    return Redis.from_pool(pool)
 
 
 def connect_sentinel(sentinels: Sequence[str], master: str, *, password: str | None = None,
@@ -133,11 +191,16 @@ def connect_sentinel(sentinels: Sequence[str], master: str, *, password: str | N
         master, redis_class=Redis, connection_pool_class=WaitingSentinelPool, password=password,
         decode_responses=False, health_check_interval=30, socket_timeout=None, max_connections=max_connections,
         socket_keepalive=True, socket_keepalive_options=KEEPALIVE)
-    pool = redis.connection_pool
-    if _hiredis_pack is not None:
-        base = pool.connection_class
-        pool.connection_class = type(f"Hiredis{base.__name__}", (HiredisPacking, base), {})
+    _edge(redis.connection_pool)
     return redis
+
+
+def _edge(pool: ConnectionPool) -> None:
+    """The pool's connections translate their errors, and pack with hiredis where it is installed."""
+    base = pool.connection_class
+    mixins: tuple[type, ...] = (Translating, HiredisPacking) if _hiredis_pack is not None else (Translating,)
+    prefix = "Hiredis" if _hiredis_pack is not None else "Translating"
+    pool.connection_class = type(f"{prefix}{base.__name__}", (*mixins, base), {})
 
 
 _UNKNOWN = object()
@@ -159,9 +222,15 @@ def _hiredis_reader(connection: AbstractConnection) -> Callable[[], Awaitable[An
     """The hiredis parser's own read, for a stock redis-py connection that reads through it
     (not, say, fakeredis's, which answers without parsing); None otherwise."""
     parser = getattr(connection, "_parser", None)
-    if isinstance(parser, _AsyncHiredisParser) and type(connection).read_response is AbstractConnection.read_response:
+    if isinstance(parser, _AsyncHiredisParser) and _reads_as_stock(type(connection)):
         return parser.read_response
     return None
+
+
+def _reads_as_stock(cls: type) -> bool:
+    """Whether ``cls`` reads a reply as redis-py's own connection does (the error translation aside)."""
+    own = next(c for c in cls.__mro__ if c is not Translating and "read_response" in vars(c))
+    return own is AbstractConnection
 
 
 def _closed_by_server(connection: AbstractConnection) -> bool:
@@ -171,7 +240,7 @@ def _closed_by_server(connection: AbstractConnection) -> bool:
     return reader is not None and reader.at_eof()
 
 
-class NotReplicated(ConnectionError):
+class NotReplicated(RedisAway):
     """Fewer replicas than ``redis.min_replicas`` confirmed a write within its timeout: it does not
     count as sent (a failover now could lose it), so it fails as a lost connection does."""
 
@@ -229,9 +298,11 @@ class HeldConnection:
             wire = [*wire, ("WAIT", *replicas)]
         try:
             await connection.send_packed_command(connection.pack_commands(wire))
-            replies = [await read() for _ in wire]
-        except BaseException:
+            replies = [refusal(await read()) for _ in wire]
+        except BaseException as exc:
             await connection.disconnect(nowait=True)
+            if isinstance(exc, CONNECTION_ERRORS):
+                raise away(exc) from exc
             raise
         if replicas is not None:
             confirmed = replies.pop()
@@ -242,7 +313,7 @@ class HeldConnection:
             applied = replies[-1]
             if not isinstance(applied, list):  # EXECABORT: the refusal is among the QUEUED replies
                 raise next((r for r in replies if isinstance(r, ResponseError)),
-                           ResponseError(f"transaction not applied: {applied!r}"))
+                           RedisRefused(f"transaction not applied: {applied!r}"))
             replies = applied
         return [self._parsed(args[0], reply, options)
                 for (args, options), reply in zip(commands, replies, strict=True)]

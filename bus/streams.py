@@ -25,10 +25,10 @@ from bus.codec import encode
 from bus.config import RedisSettings
 from bus.keys import Keys
 from bus.protocol import Message
+from bus.redis_client import CONNECTION_ERRORS as CONNECTION_ERRORS  # re-exported: the bus names what "Redis away" is
 from bus.redis_client import HeldConnection, connect, connect_sentinel
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
-CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 log = logging.getLogger("bus")
 

@@ -14,11 +14,10 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
-from redis.exceptions import RedisError
-
 from bus.loops import every, finish
 from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, now_ms
+from bus.redis_client import CONNECTION_ERRORS, RedisRefused
 from bus.streams import Bus
 from hands.backlog import Backlog, LaneState, describe, queued_ms
 from hands.config import QueueSettings
@@ -186,7 +185,7 @@ class Lanes:
         async for _ in every(KEEP_INTERVAL_S, self._stop):
             try:
                 await self.keep_once()
-            except (RedisError, OSError) as exc:  # Redis away: the next tick tries again
+            except (*CONNECTION_ERRORS, RedisRefused) as exc:  # Redis away: the next tick tries again
                 log.warning("backlog upkeep failed: %s", exc)
             except Exception:  # an upkeep that ended would stop feeding the lanes, silently
                 log.exception("backlog upkeep failed unexpectedly; the next tick tries again")

@@ -6,11 +6,11 @@ import json
 import sys
 from datetime import UTC, datetime
 
-from redis.exceptions import RedisError
 from rich.console import Console
 from rich.table import Table
 
 from bus.config import Config
+from bus.redis_client import CONNECTION_ERRORS, RedisRefused
 from gateway.cli.ops import connected_bus
 from gateway.config import GatewaySettings
 from gateway.tokens import NAME_PATTERN, TokenError, TokenStore
@@ -47,7 +47,7 @@ async def manage_tokens(config: Config, action: str, name: str | None, *, scope:
         print(f"pincer: error: token names are 1-64 letters, digits and _ . @ - ({NAME_PATTERN}): {exc}",
               file=sys.stderr)
         return 2
-    except (RedisError, OSError) as exc:
+    except (*CONNECTION_ERRORS, RedisRefused) as exc:
         print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
         return 1
     if as_json:

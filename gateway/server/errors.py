@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis import exceptions as redis_errors
 from starlette.responses import JSONResponse
 
 from bus.errors import PincerError
 from bus.protocol import ErrorCode
+from bus.redis_client import RedisAway
 
 OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -37,7 +37,7 @@ TURN_STATUS = {
 
 
 # Redis not answering (restarting, failing over, or gone): what a request that needs it is told.
-REDIS_AWAY = (redis_errors.ConnectionError, redis_errors.TimeoutError)
+REDIS_AWAY = (RedisAway,)
 
 
 class Refused(PincerError):

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
-
-from redis.exceptions import ResponseError
 
 from bus.keys import BRAIN_GROUP
-from bus.pool import undelivered
+from bus.pool import unread
 from bus.protocol import ErrorCode
 from bus.streams import Bus
 from gateway.config import LimitSettings
@@ -90,15 +87,7 @@ class CallerLimits:
 
     async def _waiting(self) -> int:
         """Messages in the Brain inbox that no Brain has read yet."""
-        stream = self.bus.keys.brain_inbox
-        try:
-            groups: list[dict[str, Any]] = await self.bus.redis.xinfo_groups(stream)
-        except ResponseError:  # no stream yet: nothing waits
-            return 0
-        group = next((g for g in groups if g.get("name") in (BRAIN_GROUP, BRAIN_GROUP.encode())), None)
-        if group is None:
-            return int(await self.bus.redis.xlen(stream))
-        return await undelivered(self.bus, stream, group, cap=self.settings.max_inbox_backlog)
+        return await unread(self.bus, self.bus.keys.brain_inbox, BRAIN_GROUP, cap=self.settings.max_inbox_backlog)
 
 
 class Hold:

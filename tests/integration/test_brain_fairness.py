@@ -62,7 +62,7 @@ async def test_a_backlog_in_one_session_does_not_block_another_session(bus: Bus,
         assert [t for t in llm.order if t.startswith("a")] == [f"a{n}" for n in range(1, 6)]  # still in order
         # Every slot came back: none lost, none gained.
         await async_wait_until(lambda: brain.consumer.in_flight == 0, what="the turns' tasks to end")
-        assert brain.consumer.waiting == 0 and brain.consumer._slots._value == 2
+        assert brain.consumer.waiting == 0 and brain.consumer._slots.free == 2
     finally:
         llm.gate.set()  # a failed assertion must not leave a1's turn running for ever
         stop.set()

@@ -10,17 +10,6 @@ import asyncio
 import inspect
 
 
-async def test_asyncio_semaphore_keeps_its_free_slots_in_value() -> None:
-    # bus.streams takes a consumer slot without awaiting acquire() (``_slots._value -= 1``).
-    slots = asyncio.Semaphore(3)
-    assert slots._value == 3
-    await slots.acquire()
-    assert slots._value == 2 and not slots.locked()
-    slots._value -= 1
-    slots.release()
-    assert slots._value == 2
-
-
 def test_redis_py_reads_replies_through_a_hiredis_parser() -> None:
     # bus.redis_client.HeldConnection reads straight from connection._parser.read_response.
     import hiredis  # noqa: F401 - a dependency; without it the parser is redis-py's Python one
@@ -30,6 +19,8 @@ def test_redis_py_reads_replies_through_a_hiredis_parser() -> None:
     assert isinstance(connection._parser, _AsyncHiredisParser)
     assert inspect.iscoroutinefunction(_AsyncHiredisParser.read_response)
     assert type(connection).read_response is AbstractConnection.read_response
+    from bus.redis_client import _hiredis_reader, connect  # the bus's own connections (translating) too
+    assert _hiredis_reader(connect("redis://127.0.0.1:1/0").connection_pool.make_connection()) is not None
 
 
 def test_redis_py_connections_keep_their_stream_reader_in_reader() -> None:

@@ -261,7 +261,7 @@ async def test_entries_set_aside_free_their_slot_up_to_the_limit_and_always_retu
     await async_wait_until(lambda: len(started) == 4 and consumer.in_flight == 0, what="all handled")
     stop.set()
     await task
-    assert consumer.waiting == 0 and consumer._slots._value == 1  # no slot lost or gained
+    assert consumer.waiting == 0 and consumer._slots.free == 1  # no slot lost or gained
     assert [f[b"dead:reason"] for _, f in await fake_bus.redis.xrange(fake_bus.keys.dead)] == [
         b"handler crashed: RuntimeError: fails while set aside"]
 
@@ -301,7 +301,7 @@ async def test_a_reply_written_while_redis_is_away_is_retried_and_its_entry_held
     await task
     replies = await fake_bus.redis.xrange("u:reply:b")
     assert [decode(f).session_id for _, f in replies] == ["c1"]  # written once, when Redis answered
-    assert consumer._slots._value == 1  # its slot came back exactly once
+    assert consumer._slots.free == 1  # its slot came back exactly once
 
 
 def consumer_entry(consumer: GroupConsumer, stream: str) -> str:
@@ -400,7 +400,7 @@ async def test_a_reply_refused_as_it_runs_is_acked_with_its_round_and_copied_to_
     assert decode(dead).call_id == "c1" and b"WRONGTYPE" in dead[b"dead:reason"]
     assert [decode(f).session_id for _, f in await fake_bus.redis.xrange("u:reply:b")] == ["c2"]
     assert "reply refused" in caplog.text
-    assert consumer._slots._value == 2  # both slots came back
+    assert consumer._slots.free == 2  # both slots came back
 
 
 async def test_what_a_handler_sent_before_answering_is_never_overtaken_by_its_answer(fake_bus: Bus) -> None:
