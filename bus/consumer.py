@@ -91,6 +91,8 @@ class GroupConsumer:
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}  # (stream, entry id) -> its handler's task
         self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
         self.stopping = False  # set on stop: read nothing more, take nothing over
+        self.dispatched = 0  # entries handed to the handler, over this consumer's life
+        self._entries_read = 0  # and read (a malformed or trimmed one is read, never handed over)
         self._writing = 0  # entries handled whose replies and ack are not yet in Redis
         self._answers: Answers | None = None  # the round of answers still open to more
         self._all_written: asyncio.Future[None] | None = None  # drain waits on it
@@ -152,6 +154,29 @@ class GroupConsumer:
         if self._gated_loops:  # each ends within one block_ms of stop
             await asyncio.wait(self._gated_loops, timeout=self.block_ms / 1000 + 5)
         await self.drain(self.bus.settings.drain_timeout_s)
+
+    async def burst(self) -> int:
+        """Handle every entry there is now (our own pending ones first), wait until their answers are in
+        Redis, and return how many were handled: a whole consumer with no loop to stop, nothing to sleep
+        on (what a unit test, or a one-shot command, wants). Entries a handler publishes to the streams
+        it reads are handled too, if they arrive before the last read finds nothing."""
+        for stream in self.streams:
+            await self.bus.ensure_group(stream, self.group)
+        cursor = dict.fromkeys(self.streams, "0")
+        started, never = self.dispatched, asyncio.Event()
+        reader = self.bus.reader()
+        try:
+            while True:
+                before, new_only = self._entries_read, all(c == ">" for c in cursor.values())
+                cursor = await self._read_once(reader, cursor, never, block=False)
+                if new_only and self._entries_read == before:
+                    if not self._tasks:
+                        break
+                    await asyncio.wait(set(self._tasks.values()))  # what they publish is read next
+        finally:
+            await reader.aclose()
+        await self.drain()
+        return self.dispatched - started
 
     async def _read_until(self, stop: asyncio.Event, reader: HeldConnection, cursor: dict[str, str], *,
                           gated: str | None = None) -> None:
@@ -245,17 +270,19 @@ class GroupConsumer:
             self._waiting_for_room.discard(stream)
 
     async def _read_once(self, reader: HeldConnection, cursor: dict[str, str], stop: asyncio.Event,
-                         room: int | None = None) -> dict[str, str]:
+                         room: int | None = None, *, block: bool = True) -> dict[str, str]:
         free = await self._slots.free_soon()  # read only when there is room to run what we read
         if stop.is_set():
             return cursor
         count = min(self.batch, free, max(room, 1) if room is not None else self.batch)
+        waits = ("BLOCK", self.block_ms) if block else ()
         response = await reader.execute("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count,
-                                        "BLOCK", self.block_ms, "STREAMS", *cursor, *cursor.values())
+                                        *waits, "STREAMS", *cursor, *cursor.values())
         for raw_stream, entries in response or []:
             stream = raw_stream.decode()
             if cursor[stream] != ">" and not entries:
                 cursor = {**cursor, stream: ">"}  # pending backlog done; now new entries
+            self._entries_read += len(entries)
             for raw_id, fields in entries:
                 if cursor[stream] != ">":
                     cursor = {**cursor, stream: raw_id.decode()}
@@ -276,6 +303,7 @@ class GroupConsumer:
         except MalformedMessage as exc:
             await dead_letter(self.bus, stream, self.group, entry_id, fields, str(exc))
             return
+        self.dispatched += 1
         if not self._slots.take_now():  # we read only as many as there were slots: rarely taken meanwhile
             await self._slots.take()
         self.holding.setdefault(stream, set()).add(entry_id)

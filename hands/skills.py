@@ -159,15 +159,10 @@ def load_skills(dirs: list[Path], registry: ToolRegistry, policy: PermissionPoli
                                           "not loaded (chmod go-w, or keep skills in a directory of your own)"))
             continue
         for folder in sorted(p for p in directory.iterdir() if (p / "SKILL.md").exists() or p.is_symlink()):
-            skill_md = folder / "SKILL.md"
             try:
-                for part in (folder, skill_md, folder / "handler.py"):
-                    unsafe = _writable_by_others(part) if part.exists() and not part.is_symlink() else None
-                    if unsafe:
-                        raise SkillRefused(f"skill folder {folder.name!r}: {part.name} {unsafe}")
-                loaded = _load_one(folder, skill_md, registry, policy)
+                loaded = load_skill(folder, registry, policy)
             except SkillRefused as exc:
-                report.refused.append(Refusal(str(skill_md), str(exc)))
+                report.refused.append(Refusal(str(folder / "SKILL.md"), str(exc)))
                 continue
             if isinstance(loaded, SkillInfo):
                 registry.add_instruction(loaded)
@@ -175,6 +170,16 @@ def load_skills(dirs: list[Path], registry: ToolRegistry, policy: PermissionPoli
             else:
                 report.tools.append(loaded)
     return report
+
+
+def load_skill(folder: Path, registry: ToolRegistry, policy: PermissionPolicy) -> SkillInfo | str:
+    """One skill folder into ``registry``: its tool's name, or its instructions; ``SkillRefused`` says why not."""
+    skill_md = folder / "SKILL.md"
+    for part in (folder, skill_md, folder / "handler.py"):
+        unsafe = _writable_by_others(part) if part.exists() and not part.is_symlink() else None
+        if unsafe:
+            raise SkillRefused(f"skill folder {folder.name!r}: {part.name} {unsafe}")
+    return _load_one(folder, skill_md, registry, policy)
 
 
 def _writable_by_others(path: Path) -> str | None:

@@ -16,7 +16,7 @@ from bus.protocol import ErrorCode, ToolExecute
 from bus.store import RedisStore
 from hands.errors import ToolFailure
 from hands.sandbox.runner import Extras, Running, RunResult, run_to_end
-from hands.seams import Notes
+from hands.testing import MemoryNotes
 
 
 def fake_redis() -> fakeredis.FakeAsyncRedis:
@@ -25,27 +25,7 @@ def fake_redis() -> fakeredis.FakeAsyncRedis:
     return fakeredis.FakeAsyncRedis()
 
 
-class FakeNotes:
-    """Long-term memory in a dict."""
-
-    def __init__(self) -> None:
-        self.notes: dict[tuple[str, str], str] = {}
-
-    async def write(self, agent_id: str, key: str, content: str, *, append: bool = False) -> str:
-        old = self.notes.get((agent_id, key), "") if append else ""
-        self.notes[agent_id, key] = old + content
-        return self.notes[agent_id, key]
-
-    async def read(self, agent_id: str, key: str) -> str | None:
-        return self.notes.get((agent_id, key))
-
-    async def list(self, agent_id: str) -> Notes:
-        return [{"key": key, "chars": len(text)} for (agent, key), text in sorted(self.notes.items())
-                if agent == agent_id]
-
-    async def search(self, agent_id: str, query: str, *, limit: int = 10) -> Notes:
-        return [{"key": key, "snippet": text[:80]} for (agent, key), text in sorted(self.notes.items())
-                if agent == agent_id and query.lower() in text.lower()][:limit]
+FakeNotes = MemoryNotes  # the shipped one (hands.testing), which skill authors use too
 
 
 class FakeApprovals:

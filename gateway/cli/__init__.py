@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
+import importlib
 import os
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import cast
 
 from bus.config import EX_CONFIG, Config, ConfigError, load_config
-
-if TYPE_CHECKING:
-    from gateway.config import GatewaySettings
 
 SECTIONS = {"redis", "runtime", "hands", "brain", "gateway"}
 
@@ -142,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         config.check_sections(SECTIONS)
-        return _dispatch(args, config)
+        return runner(args.command)(args, config)
     except ConfigError as exc:
         print(f"pincer: error: {exc}", file=sys.stderr)
         return EX_CONFIG
@@ -150,226 +146,19 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def validate_all(config: Config) -> None:
-    """Check every section now, so a bad value stops start-up before any process runs."""
-    from brain.config import BrainSettings
-    from gateway.config import GatewaySettings
-    from gateway.runtime.supervisor import listen_tls
-    from hands.config import HandsSettings, check_workspace
-
-    config.redis, config.runtime  # noqa: B018 - validated on access
-    listen_tls(config.redis)
-    check_workspace(config.section("hands", HandsSettings), data_dir=config.runtime.data_path)
-    config.section("brain", BrainSettings)
-    config.section("gateway", GatewaySettings)
+# Each command: the function that runs it, as "module:function" in gateway/cli, imported only when it runs
+# (so `pincer chat` never loads the Hands engine).
+COMMANDS = {
+    "up": "runtime:up", "stop": "runtime:stop", "restart": "runtime:stop", "service": "runtime:service",
+    "logs": "runtime:logs", "hands": "runtime:hands", "brain": "runtime:brain", "gateway": "runtime:gateway",
+    "mcp": "runtime:mcp",
+    "chat": "chat:command", "open": "opener:command", "token": "tokens:command", "trace": "trace:command",
+    "status": "ops:status", "dead": "ops:dead", "policy": "policy:command",
+    "tools": "catalog:tools", "skills": "catalog:skills",
+}
 
 
-def _dispatch(args: argparse.Namespace, config: Config) -> int:
-    match args.command:
-        case "up":
-            return _up(args, config)
-        case "stop" | "restart":
-            return _stop(args, config)
-        case "service":
-            from gateway.runtime import service
-
-            if args.action == "uninstall":
-                return service.uninstall(system=args.system)
-            validate_all(config)
-            source = Path(config.source).resolve() if config.source and args.config else None
-            return service.install(hands=args.hands, system=args.system, dry_run=args.dry_run,
-                                   stop_timeout_s=int(config.redis.drain_timeout_s + 30), config=source,
-                                   local_model=args.local_model, run_as=args.run_as)
-        case "mcp":
-            from gateway.server.mcp_serve import main as serve_mcp
-
-            return serve_mcp(config, agent_id=args.agent, sender=args.sender, call_timeout_s=args.timeout,
-                             http=(args.host, args.http) if args.http is not None else None)
-        case "trace":
-            from gateway.cli.trace import show_trace
-
-            return asyncio.run(show_trace(config, args.session, turn=args.turn, as_json=args.json))
-        case "logs":
-            from gateway.runtime.logfiles import show_logs
-
-            return show_logs(config.runtime.logs_path, role=args.role, lines=args.lines, follow=args.follow)
-        case "hands":
-            from hands.main import main as hands_main
-
-            validate_all(config)
-            return hands_main(config, concurrency=args.concurrency)
-        case "brain":
-            from brain.main import main as brain_main
-
-            validate_all(config)
-            return brain_main(config)
-        case "gateway":
-            from gateway.server.main import main as gateway_main
-
-            validate_all(config)
-            return gateway_main(config, port=args.port)
-        case "chat":
-            from gateway.cli.chat import run_chat
-            from gateway.config import GatewaySettings
-
-            settings = config.section("gateway", GatewaySettings)
-            return run_chat(args.url or settings.url, args.session, args.message,
-                            token=caller_token(args, config, settings))
-        case "open":
-            from gateway.cli.opener import open_page
-            from gateway.config import GatewaySettings
-
-            settings = config.section("gateway", GatewaySettings)
-            return open_page(args.url or settings.url, caller_token(args, config, settings), only_print=args.print,
-                             data_dir=config.runtime.data_path)
-        case "token":
-            from gateway.cli.tokens import manage_tokens
-
-            return asyncio.run(manage_tokens(config, args.action, args.name, scope=args.scope, agents=args.agent,
-                                             as_json=args.json))
-        case "tools":
-            return asyncio.run(_tools(config, as_json=args.json))
-        case "status":
-            from gateway.cli.ops import show_status
-
-            return asyncio.run(show_status(config, as_json=args.json))
-        case "dead":
-            from gateway.cli.ops import manage_dead
-
-            return asyncio.run(manage_dead(config, args.action, args.ids, every=args.all, limit=args.limit,
-                                           as_json=args.json))
-        case "skills":
-            return _skills(config, as_json=args.json)
-        case "policy":
-            from gateway.cli.policy import explain
-
-            return explain(config, args.tool, agent=args.agent, sender=args.sender)
-    raise AssertionError(args.command)
-
-
-def caller_token(args: argparse.Namespace, config: Config, settings: GatewaySettings) -> str | None:
-    """The token a client command uses: --token-file, else $PINCER_TOKEN, else the owner's (as `pincer up` made it)."""
-    return given_token(args.token_file) or os.environ.get("PINCER_TOKEN") or chat_token(config, settings)
-
-
-def given_token(path: str | None) -> str | None:
-    """The token in ``path`` ('-': standard input): a secret never rides on a command line."""
-    if path is None:
-        return None
-    try:
-        text = sys.stdin.readline() if path == "-" else Path(path).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--token-file {path}: cannot read it ({exc})") from None
-    token = text.strip()
-    if not token:
-        raise ConfigError(f"--token-file {path}: it holds no token")
-    return token
-
-
-def chat_token(config: Config, settings: GatewaySettings) -> str | None:
-    """The configured owner token, else the one `pincer up` made in the data dir."""
-    from gateway.tokens import read_owner_token
-
-    return settings.static_token() or read_owner_token(Path(config.runtime.data_dir))
-
-
-def _up(args: argparse.Namespace, config: Config) -> int:
-    from gateway.runtime.supervisor import Supervisor
-
-    if args.hands < 1:
-        raise ConfigError("--hands must be at least 1")
-    validate_all(config)
-    env = dict(os.environ)
-    if config.source is not None:
-        env["PINCER_CONFIG"] = str(Path(config.source).resolve())
-    argv = ["up", "--hands", str(args.hands), *(["--local-model"] if args.local_model else [])]
-    if args.detach:
-        from brain.config import BrainSettings
-        from brain.llm import LOCAL
-        from gateway.runtime.daemon import detach
-
-        # A first local-model start installs and fetches for minutes: wait that long for it.
-        local = args.local_model or config.section("brain", BrainSettings).model == LOCAL
-        return detach(argv, data_dir=config.runtime.data_path, log_dir=config.runtime.logs_path, env=env,
-                      **({"timeout_s": 1800} if local else {}))
-    return asyncio.run(Supervisor(config, hands=args.hands, env=env, argv=argv, local_model=args.local_model).run())
-
-
-def _stop(args: argparse.Namespace, config: Config) -> int:
-    from gateway.runtime.daemon import StateFile, detach, stop
-
-    data_dir = config.runtime.data_path
-    timeout = args.timeout if args.timeout is not None else config.redis.drain_timeout_s + 20
-    was = StateFile(data_dir).read()  # before stop removes it: restart starts it as it was started
-    code = stop(data_dir, timeout_s=timeout)
-    if args.command == "stop" or code != 0:
-        return code
-    env = dict(os.environ)
-    if config.source is not None:
-        env["PINCER_CONFIG"] = str(Path(config.source).resolve())
-    return detach(was.argv if was else ["up"], data_dir=data_dir, log_dir=config.runtime.logs_path, env=env)
-
-
-def _skills(config: Config, *, as_json: bool) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from hands.config import HandsSettings
-    from hands.worker import load_registry
-
-    settings = config.section("hands", HandsSettings)
-    registry, report = load_registry(settings)
-    tools = {name: registry.get(name) for name in report.tools}
-    if as_json:
-        print(json.dumps({
-            "tools": [{"name": n, "location": t.source} for n, t in tools.items()],
-            "instructions": [s.model_dump() for s in report.instructions],
-            "refused": [{"location": r.location, "reason": r.reason} for r in report.refused],
-        }, indent=2))
-        return 0
-    table = Table(
-        "skill", "kind", "status", "where / why", title="skills in " + ", ".join(map(str, settings.skill_dirs))
-    )
-    for name, tool in tools.items():
-        table.add_row(name, "tool", "[green]loaded[/green]", tool.source)
-    for skill in report.instructions:
-        table.add_row(skill.name, "instructions", "[green]loaded[/green]", skill.location)
-    for refusal in report.refused:
-        table.add_row(Path(refusal.location).parent.name, "?", "[red]refused[/red]", refusal.reason)
-    Console().print(table)
-    return 0
-
-
-async def _tools(config: Config, *, as_json: bool) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from bus.protocol import ToolsAvailable, ToolsList
-    from bus.replies import ReplyInbox
-    from bus.service import new_instance_id
-    from gateway.cli.ops import connected_bus
-
-    try:
-        async with connected_bus(config) as bus:  # Redis answers first, or the error says it does not
-            inbox = ReplyInbox(bus, new_instance_id("cli"), block_ms=100)
-            await inbox.start()
-            try:
-                request = ToolsList(reply_to=inbox.stream)
-                reply = await inbox.request(bus.keys.hands_requests, request, request.request_id, timeout=5)
-            finally:
-                await inbox.close()
-    except TimeoutError:
-        print("pincer: error: no Hands worker answered within 5s; start one with `pincer hands`", file=sys.stderr)
-        return 1
-    except Exception as exc:  # Redis unreachable, auth failed: say so plainly
-        print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
-        return 1
-    assert isinstance(reply, ToolsAvailable)
-    if as_json:
-        print(json.dumps([tool.model_dump(mode="json") for tool in reply.tools], indent=2))
-        return 0
-    table = Table("tool", "category", "description")
-    for tool in reply.tools:
-        table.add_row(tool.name, str(tool.metadata.get("category", "")), tool.description)
-    Console().print(table)
-    return 0
+def runner(command: str) -> Callable[[argparse.Namespace, Config], int]:
+    module, _, function = COMMANDS[command].partition(":")
+    return cast(Callable[[argparse.Namespace, Config], int],
+                getattr(importlib.import_module(f"gateway.cli.{module}"), function))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -14,6 +15,7 @@ from httpx_sse import ServerSentEvent, SSEError, connect_sse
 from rich.console import Console
 from rich.text import Text
 
+from bus.config import Config
 from bus.errors import PincerError
 
 
@@ -167,3 +169,11 @@ def run_chat(base_url: str, session_id: str, message: str | None, *, token: str 
             err.print(f"error: {exc}", style="red", markup=False, highlight=False)
         except KeyboardInterrupt:
             pass  # the turn was cancelled; keep chatting
+
+
+def command(args: argparse.Namespace, config: Config) -> int:
+    from gateway.cli.credentials import caller_token
+    from gateway.config import GatewaySettings
+
+    settings = config.section("gateway", GatewaySettings)
+    return run_chat(args.url or settings.url, args.session, args.message, token=caller_token(args, config, settings))

@@ -3,10 +3,11 @@ command line (any local user reads those in /proc)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-from bus.config import ConfigError
+from bus.config import Config, ConfigError
 
 
 def open_page(base_url: str, token: str | None, *, only_print: bool, data_dir: Path) -> int:
@@ -64,3 +65,12 @@ def sign_in_file(data_dir: Path, link: str) -> Path:
                         f'<meta http-equiv="refresh" content="0;url={target}"><title>Pincer</title>'
                         f'<p>Signing in to <a href="{target}">Pincer</a>…</p>\n')
     return page
+
+
+def command(args: argparse.Namespace, config: Config) -> int:
+    from gateway.cli.credentials import caller_token
+    from gateway.config import GatewaySettings
+
+    settings = config.section("gateway", GatewaySettings)
+    return open_page(args.url or settings.url, caller_token(args, config, settings), only_print=args.print,
+                     data_dir=config.runtime.data_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import sys
 import time
@@ -157,3 +159,12 @@ async def manage_dead(config: Config, action: str, ids: list[str], *, every: boo
     else:
         console.print(f"{result['purged']} entr{'y' if result['purged'] == 1 else 'ies'} purged")
     return 0
+
+
+def status(args: argparse.Namespace, config: Config) -> int:
+    return asyncio.run(show_status(config, as_json=args.json))
+
+
+def dead(args: argparse.Namespace, config: Config) -> int:
+    return asyncio.run(manage_dead(config, args.action, args.ids, every=args.all, limit=args.limit,
+                                   as_json=args.json))

@@ -4,6 +4,7 @@ the approvals that apply: the mode, the operator's allowlist, and the always-rul
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 from datetime import datetime
@@ -68,3 +69,7 @@ def _explain_exec(config: Config, settings: Any, *, agent: str, sender: str) -> 
         print(f"  - allowed for {rule.covers} only on agent {agent!r} (allow-always by {rule.by}, {when}): "
               f"{rule.entry.path}" + (f" with exactly arguments {rule.entry.args}" if rule.entry.args else ""))
     return 0
+
+
+def command(args: argparse.Namespace, config: Config) -> int:
+    return explain(config, args.tool, agent=args.agent, sender=args.sender)

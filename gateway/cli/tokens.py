@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import sys
 from datetime import UTC, datetime
@@ -61,3 +63,8 @@ async def manage_tokens(config: Config, action: str, name: str | None, *, scope:
         table.add_row("owner", "operator", "(all)", "(gateway.token)")
     Console().print(table)
     return 0
+
+
+def command(args: argparse.Namespace, config: Config) -> int:
+    return asyncio.run(manage_tokens(config, args.action, args.name, scope=args.scope, agents=args.agent,
+                                     as_json=args.json))

@@ -9,6 +9,8 @@ less the time it ran.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import sys
 from datetime import datetime
@@ -101,3 +103,7 @@ async def show_trace(config: Config, session_id: str, *, turn: int | None, as_js
             trace = f"  trace {row['trace_id']}" if row.get("trace_id") else ""
             print(f"  +{row['at_ms']:>7} ms  {took}  {row['step']:<28} {row['detail']}{waited}{tries}{trace}")
     return 0
+
+
+def command(args: argparse.Namespace, config: Config) -> int:
+    return asyncio.run(show_trace(config, args.session, turn=args.turn, as_json=args.json))

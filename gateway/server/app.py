@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -31,7 +31,6 @@ from bus.log import kv
 from bus.metrics import Meter
 from bus.presence import Presence, alive
 from bus.protocol import (
-    ApprovalDecision,
     ApprovalRequest,
     ChatDelta,
     ChatError,
@@ -39,12 +38,11 @@ from bus.protocol import (
     ChatTool,
     ErrorCode,
 )
-from bus.records import PendingApproval
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.config import GatewaySettings
 from gateway.server.connections import Connections
-from gateway.server.errors import REDIS_AWAY, TURN_STATUS, Refused, error_response, not_found, redis_away
+from gateway.server.errors import REDIS_AWAY, TURN_STATUS, Refused, error_response, redis_away
 from gateway.server.events import parse_after
 from gateway.server.fanout import Fanout
 from gateway.server.guard import Guard
@@ -55,23 +53,11 @@ from gateway.server.observe import metrics_text, readiness
 from gateway.server.openai_api import OpenAIRoutes
 from gateway.server.page import page_routes
 from gateway.server.session_names import ALL_OWNERS, path_of, shown_to
-from gateway.server.turns import Turn, TurnRunner
-from gateway.tokens import Identity, TokenStore, WebSessions
+from gateway.server.turns import SendMessage, Turn, TurnRunner
+from gateway.tokens import TokenStore, WebSessions
 from memory.sessions import SessionStore
 
 log = logging.getLogger("gateway.http")
-
-AGENT_ID = r"^[A-Za-z0-9_-]{1,64}$"
-
-class SendMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    text: str = Field(min_length=1, max_length=200_000)
-    agent_id: str = Field(default="main", pattern=AGENT_ID)
-    # Answer 202 at once and run the turn to its end whoever listens: its events are read from
-    # GET /v1/sessions/{id}/events (or the WebSocket), and a dropped connection does not cancel it.
-    detach: bool = False
-
 
 class Decide(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -132,7 +118,7 @@ class Gateway:
                 Route("/v1/sessions/{session_id}", self.delete_session, methods=["DELETE"]),
                 Route("/v1/sessions", self.list_sessions, methods=["GET"]),
                 Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
-                *OpenAIRoutes(self).routes(),
+                *OpenAIRoutes(self.settings.openai, self.turns, self.connections).routes(),
                 WebSocketRoute("/v1/ws", self.live),
                 Route("/v1/me", self.me, methods=["GET"]),
                 Route("/v1/status", self.pool_status, methods=["GET"]),
@@ -197,7 +183,7 @@ class Gateway:
         """The session's events over SSE, from ``Last-Event-ID`` (or ``?after=``; ``0``: all kept) or from now."""
         session_id = session_id_of(request)
         identity = caller(request)
-        await self.own_session(identity, session_id)
+        await self.turns.own_session(identity, session_id)
         raw = request.headers.get("last-event-id") or request.query_params.get("after")
         after = parse_after(raw)
         if raw and after is None:
@@ -220,57 +206,20 @@ class Gateway:
         """Stop the session's running turn (the Brain running it answers the turn with CANCELLED)."""
         session_id = session_id_of(request)
         identity = caller(request)
-        await self.own_session(identity, session_id)
+        await self.turns.own_session(identity, session_id)
         await self.turns.cancel(session_id, by=identity.name)
         return JSONResponse({"session_id": shown_to(identity, session_id), "cancel": "sent"}, status_code=202)
 
     async def decide(self, request: Request) -> Response:
         """Answer a pending exec approval of a session the caller owns (or any, for an operator)."""
         body = await read_json(request, Decide, example='{"decision": "allow-once"}')
-        return JSONResponse(await self.decide_approval(caller(request), request.path_params["approval_id"],
+        return JSONResponse(await self.turns.decide_approval(caller(request), request.path_params["approval_id"],
                                                        body.decision))
-
-    async def send_detached(self, identity: Identity, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
-        """A message whose turn runs to its end whoever listens (its events go to the session's log)."""
-        try:
-            body = SendMessage.model_validate(
-                {"text": fields.get("text"), "agent_id": fields.get("agent_id") or "main"}
-            )
-        except ValidationError as exc:
-            raise Refused(
-                400,
-                ErrorCode.BAD_REQUEST,
-                "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]),
-            ) from None
-        turn = await self.turns.start(identity, session_id, agent_id=body.agent_id, text=body.text,
-                                      cancel_if_abandoned=False)
-        self.turns.follow(turn)
-        return {"session_id": shown_to(identity, session_id), "message_id": turn.message.message_id,
-                "seq": turn.message.seq}
-
-    async def decide_approval(self, identity: Identity, approval_id: str, decision: Any) -> dict[str, Any]:
-        if decision not in ("allow-once", "allow-always", "deny"):
-            raise Refused(400, ErrorCode.BAD_REQUEST, "decision: one of allow-once, allow-always, deny")
-        key = self.bus.keys.approval(approval_id)
-        raw: dict[bytes, bytes] = await self.bus.redis.hgetall(key)  # type: ignore[assignment]  # bytes
-        pending = PendingApproval.decode(raw)
-        gone = not_found(f"no pending approval {approval_id!r}: it was answered, or it expired")
-        if pending is None:
-            raise gone
-        if not identity.may_see(await self.sessions.owner(pending.session_id)):
-            raise gone  # not the caller's: as if it did not exist
-        if not await self.bus.redis.delete(key):  # the first answer wins
-            raise gone
-        decided = ApprovalDecision(approval_id=approval_id, decision=decision, by=identity.name)
-        await self.bus.publish(pending.reply_to, decided)
-        await self.turns.log.append(pending.session_id, decided)
-        log.info("approval decided %s", kv(approval=approval_id, decision=decision, by=identity.name))
-        return {"approval_id": approval_id, "decision": decision, "by": identity.name}
 
     async def get_session(self, request: Request) -> Response:
         session_id = session_id_of(request)
         identity = caller(request)
-        await self.own_session(identity, session_id, existing=True)
+        await self.turns.own_session(identity, session_id, existing=True)
         entries = await self.sessions.load(session_id)
         return JSONResponse({"session_id": shown_to(identity, session_id),
                              "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries]})
@@ -278,7 +227,7 @@ class Gateway:
     async def delete_session(self, request: Request) -> Response:
         session_id = session_id_of(request)
         identity = caller(request)
-        await self.own_session(identity, session_id, existing=True)
+        await self.turns.own_session(identity, session_id, existing=True)
         await self.sessions.delete(session_id)
         log.info("session deleted %s", kv(session=session_id, by=identity.name))
         return JSONResponse({"session_id": shown_to(identity, session_id), "deleted": True})
@@ -292,14 +241,9 @@ class Gateway:
         found = await self.sessions.list_sessions(owner=None if owner == ALL_OWNERS else owner)
         return JSONResponse({"sessions": [shown_to(identity, s) if owner != ALL_OWNERS else s for s in found]})
 
-    async def own_session(self, identity: Identity, session_id: str, *, existing: bool = False) -> None:
-        """Refuse (404, as if it did not exist) a session that is not the caller's."""
-        owner, has_transcript = await self.sessions.ownership(session_id)
-        if owner is None or not identity.may_see(owner) or (existing and not has_transcript):
-            raise not_found(f"no session {shown_to(identity, session_id)!r}")
-
     async def live(self, websocket: WebSocket) -> None:
-        await LiveSocket(self, websocket).serve()
+        await LiveSocket(websocket, turns=self.turns, tokens=self.tokens, limits=self.limits,
+                         connections=self.connections, fanout=self.fanout).serve()
 
     async def me(self, request: Request) -> Response:
         """Who the caller is and which agents it may use (the page's agent picker)."""

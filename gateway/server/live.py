@@ -31,7 +31,11 @@ from gateway.server.session_names import owner_of, qualify
 from gateway.tokens import Identity, digest
 
 if TYPE_CHECKING:
-    from gateway.server.app import Gateway
+    from gateway.server.connections import Connections
+    from gateway.server.fanout import Fanout
+    from gateway.server.limits import CallerLimits
+    from gateway.server.turns import TurnRunner
+    from gateway.tokens import TokenStore
 
 log = logging.getLogger("gateway.live")
 
@@ -41,8 +45,10 @@ MAX_FRAME = 256 * 1024
 
 
 class LiveSocket:
-    def __init__(self, gateway: Gateway, websocket: WebSocket) -> None:
-        self.gateway, self.ws = gateway, websocket
+    def __init__(self, websocket: WebSocket, *, turns: TurnRunner, tokens: TokenStore, limits: CallerLimits,
+                 connections: Connections, fanout: Fanout) -> None:
+        self.ws, self.turns, self.tokens, self.limits = websocket, turns, tokens, limits
+        self.connections, self.fanout = connections, fanout
         self.identity: Identity | None = websocket.scope.get("state", {}).get("identity")
         self.credential: Credential | None = websocket.scope.get("state", {}).get("credential")
         self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(OUTBOX)
@@ -56,15 +62,15 @@ class LiveSocket:
                     return
                 identity = self.identity
                 assert identity is not None
-                agents = await self.gateway.turns.agents_for(identity)
+                agents = await self.turns.agents_for(identity)
             except REDIS_AWAY as exc:
                 raise redis_away(exc) from None
-            hold = self.gateway.limits.hold_stream(identity.name)
+            hold = self.limits.hold_stream(identity.name)
         except Refused as refusal:
             await self.ws.send_json({"type": "error", "code": refusal.code.value, "message": refusal.message})
             await self.ws.close(1013 if refusal.status == 503 else 1008)  # 1013: try again later
             return
-        with self.gateway.connections.opened(self.credential) as connection:
+        with self.connections.opened(self.credential) as connection:
             sender = asyncio.create_task(self._send_frames())
             reader = asyncio.create_task(self._read_frames(identity, agents))
             ended = asyncio.create_task(connection.ended.wait())
@@ -101,7 +107,7 @@ class LiveSocket:
         except (TimeoutError, ValueError, WebSocketDisconnect):
             frame = {}
         token = frame.get("token") if isinstance(frame, dict) and frame.get("type") == "auth" else None
-        self.identity = await self.gateway.tokens.identify(token) if isinstance(token, str) else None
+        self.identity = await self.tokens.identify(token) if isinstance(token, str) else None
         self.credential = Credential(token_digest=digest(token)) if self.identity and isinstance(token, str) else None
         if self.identity is None:
             with contextlib.suppress(Exception):
@@ -150,12 +156,12 @@ class LiveSocket:
                 where["owner"] = owner_of(session)
         match kind:
             case "subscribe":
-                await self.gateway.own_session(identity, session)
+                await self.turns.own_session(identity, session)
                 raw_after = frame.get("after")
                 after = parse_after(str(raw_after)) if raw_after is not None else None
                 if raw_after is not None and after is None:
                     raise Refused(400, ErrorCode.BAD_REQUEST, "after: the id of the last event seen, or 0")
-                start = after or await self.gateway.turns.log.last_id(session)
+                start = after or await self.turns.log.last_id(session)
                 old = self.subscriptions.pop(session, None)
                 if old is not None:
                     old.cancel()
@@ -166,14 +172,14 @@ class LiveSocket:
                 if task is not None:
                     task.cancel()
             case "send":
-                accepted = await self.gateway.send_detached(identity, session, frame)
+                accepted = await self.turns.send_detached(identity, session, frame)
                 await self.outbox.put({"type": "accepted", **accepted, "ref": ref})
             case "cancel":
-                await self.gateway.own_session(identity, session)
-                await self.gateway.turns.cancel(session, by=identity.name)
+                await self.turns.own_session(identity, session)
+                await self.turns.cancel(session, by=identity.name)
                 await self.outbox.put({"type": "cancel_sent", **where, "ref": ref})
             case "decide":
-                decided = await self.gateway.decide_approval(identity, str(frame.get("approval_id", "")),
+                decided = await self.turns.decide_approval(identity, str(frame.get("approval_id", "")),
                                                              frame.get("decision"))
                 await self.outbox.put({"type": "decided", **decided, "ref": ref})
             case _:
@@ -182,7 +188,7 @@ class LiveSocket:
 
     async def _follow(self, session: str, where: dict[str, Any], after: str) -> None:
         """Frames name the session as the client did (``where``: its name, and owner if not the client)."""
-        async for item in self.gateway.fanout.subscribe(session, after).events():
+        async for item in self.fanout.subscribe(session, after).events():
             if isinstance(item, Resync):
                 await self.outbox.put({"type": "resync", **where, "after": item.now})
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 
 import uvicorn
 
@@ -29,6 +30,12 @@ def main(config: Config, *, port: int | None = None) -> int:
             raise ConfigError(f"refusing to listen on {settings.host} with no token: anyone who reaches it could "
                               "run commands as this agent. Create one with `pincer token create NAME` or set "
                               "PINCER_GATEWAY_TOKEN, or keep gateway.host on 127.0.0.1")
+        try:  # bound here, so the line below is written once a client can connect
+            listening = socket.create_server((settings.host, settings.port),
+                                             family=socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+        except OSError as exc:
+            raise SystemExit(f"gateway could not listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+                             " (gateway.port: another process may hold it)") from None
         log.info("gateway on %s answers hosts %s", settings.url, ", ".join(settings.hosts()))
         server = uvicorn.Server(uvicorn.Config(
             gateway.app(), host=settings.host, port=settings.port, log_config=None, access_log=False,
@@ -36,7 +43,7 @@ def main(config: Config, *, port: int | None = None) -> int:
         ))
         # Our loop owns SIGTERM/SIGINT (run_service); uvicorn must not take them over.
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # the hook uvicorn offers
-        serving = asyncio.create_task(server.serve())
+        serving = asyncio.create_task(server.serve(sockets=[listening]))
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
         server.should_exit = True

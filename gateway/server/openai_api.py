@@ -32,8 +32,9 @@ from gateway.server.session_names import qualify, shown_to
 from memory.sessions import TranscriptEntry
 
 if TYPE_CHECKING:
-    from gateway.server.app import Gateway
-    from gateway.server.turns import Turn
+    from gateway.config import OpenAISettings
+    from gateway.server.connections import Connections
+    from gateway.server.turns import Turn, TurnRunner
 
 MODEL = "pincer"
 SESSION_HEADERS = ("x-pincer-session", "x-openwebui-chat-id", "x-conversation-id")
@@ -99,9 +100,8 @@ def text_of(message: InMessage, index: int) -> str:
 
 
 class OpenAIRoutes:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.settings = gateway.settings.openai
+    def __init__(self, settings: OpenAISettings, turns: TurnRunner, connections: Connections) -> None:
+        self.settings, self.turns, self.connections = settings, turns, connections
 
     def routes(self) -> list[Route]:
         return [
@@ -111,12 +111,12 @@ class OpenAIRoutes:
         ]
 
     async def list_models(self, request: Request) -> Response:
-        agents = await self.gateway.turns.agents_for(caller(request))
+        agents = await self.turns.agents_for(caller(request))
         return JSONResponse({"object": "list", "data": sorted((_model(a) for a in agents), key=lambda m: m["id"])})
 
     async def get_model(self, request: Request) -> Response:
         model = request.path_params["model"]
-        if agent_of(model) not in await self.gateway.turns.agents_for(caller(request)):
+        if agent_of(model) not in await self.turns.agents_for(caller(request)):
             raise _unknown_model(model)
         return JSONResponse(_model(agent_of(model) or "main"))
 
@@ -139,25 +139,25 @@ class OpenAIRoutes:
         session_id = qualify(identity, name or f"oai-{new_id()}", request.query_params.get("owner"))
         context = [_entry(m, i) for i, m in turns[:-1]]
         ttl = self.settings.ephemeral_ttl_s if ephemeral else 0
-        gateway = self.gateway
-        new = ephemeral or not await gateway.sessions.exists(session_id)
+        sessions = self.turns.sessions
+        new = ephemeral or not await sessions.exists(session_id)
 
         async def history(_message: ChatMessage) -> None:
             if new and context:  # the client's earlier messages are the new session's history
-                await gateway.sessions.append(session_id, *context)
+                await sessions.append(session_id, *context)
                 if ephemeral:
-                    await gateway.sessions.expire(session_id, ttl)
+                    await sessions.expire(session_id, ttl)
 
         options: dict[str, Any] = {"agent_id": agent_id, "text": text, "instructions": system or None, "ttl_s": ttl,
                                    "traceparent": request.headers.get("traceparent"), "prepare": history}
         shown = shown_to(identity, session_id)
         headers = {"X-Pincer-Session": shown}
         if body.stream:  # the turn is closed after the stream, even one the client left before it began
-            turn = await gateway.turns.start(identity, session_id, stream=True, **options)
+            turn = await self.turns.start(identity, session_id, stream=True, **options)
             chunks = _Turn(self, turn, body, ttl=ttl, shown=shown).stream()
-            return EventSourceResponse(gateway.connections.stream(credential(request), chunks, _farewell), ping=15,
+            return EventSourceResponse(self.connections.stream(credential(request), chunks, _farewell), ping=15,
                                        headers=headers, background=BackgroundTask(turn.close))
-        async with gateway.turns.started(identity, session_id, **options) as turn:
+        async with self.turns.started(identity, session_id, **options) as turn:
             response = await collect_or_cancel(request, _Turn(self, turn, body, ttl=ttl, shown=shown).collect())
         response.headers.update(headers)
         return response
@@ -278,7 +278,7 @@ class _Turn:
 
     async def _expire(self) -> None:
         if self.ttl:  # the session the client did not name lapses ttl after its last turn
-            await self.routes.gateway.sessions.expire(self.message.session_id, self.ttl)
+            await self.routes.turns.sessions.expire(self.message.session_id, self.ttl)
 
 
 def _refuse_unsupported(body: CompletionRequest) -> None:

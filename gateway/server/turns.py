@@ -22,12 +22,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive
 
 from bus import otel, trace
 from bus.log import kv
 from bus.presence import instances
-from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
+from bus.protocol import ApprovalDecision, ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
+from bus.records import PendingApproval
 from bus.replies import ReplyInbox
 from bus.streams import CONNECTION_ERRORS, Bus
 from gateway.config import GatewaySettings
@@ -39,6 +41,18 @@ from gateway.tokens import Identity
 from memory.sessions import SessionStore
 
 log = logging.getLogger("gateway.turns")
+
+AGENT_ID = r"^[A-Za-z0-9_-]{1,64}$"
+
+class SendMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, max_length=200_000)
+    agent_id: str = Field(default="main", pattern=AGENT_ID)
+    # Answer 202 at once and run the turn to its end whoever listens: its events are read from
+    # GET /v1/sessions/{id}/events (or the WebSocket), and a dropped connection does not cancel it.
+    detach: bool = False
+
 
 BRAINS_CHECK_S = 1.0  # which Brains are alive (and the agents they run) is read at most this often
 
@@ -70,6 +84,49 @@ class TurnRunner:
 
     async def agents_for(self, identity: Identity) -> list[str]:
         return sorted(a for a in (await self.brains()).agents if identity.may_use(a))
+
+    async def send_detached(self, identity: Identity, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """A message whose turn runs to its end whoever listens (its events go to the session's log)."""
+        try:
+            body = SendMessage.model_validate(
+                {"text": fields.get("text"), "agent_id": fields.get("agent_id") or "main"}
+            )
+        except ValidationError as exc:
+            raise Refused(
+                400,
+                ErrorCode.BAD_REQUEST,
+                "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]),
+            ) from None
+        turn = await self.start(identity, session_id, agent_id=body.agent_id, text=body.text,
+                                      cancel_if_abandoned=False)
+        self.follow(turn)
+        return {"session_id": shown_to(identity, session_id), "message_id": turn.message.message_id,
+                "seq": turn.message.seq}
+
+    async def decide_approval(self, identity: Identity, approval_id: str, decision: Any) -> dict[str, Any]:
+        if decision not in ("allow-once", "allow-always", "deny"):
+            raise Refused(400, ErrorCode.BAD_REQUEST, "decision: one of allow-once, allow-always, deny")
+        key = self.bus.keys.approval(approval_id)
+        raw: dict[bytes, bytes] = await self.bus.redis.hgetall(key)  # type: ignore[assignment]  # bytes
+        pending = PendingApproval.decode(raw)
+        gone = not_found(f"no pending approval {approval_id!r}: it was answered, or it expired")
+        if pending is None:
+            raise gone
+        if not identity.may_see(await self.sessions.owner(pending.session_id)):
+            raise gone  # not the caller's: as if it did not exist
+        if not await self.bus.redis.delete(key):  # the first answer wins
+            raise gone
+        decided = ApprovalDecision(approval_id=approval_id, decision=decision, by=identity.name)
+        await self.bus.publish(pending.reply_to, decided)
+        await self.log.append(pending.session_id, decided)
+        log.info("approval decided %s", kv(approval=approval_id, decision=decision, by=identity.name))
+        return {"approval_id": approval_id, "decision": decision, "by": identity.name}
+
+    async def own_session(self, identity: Identity, session_id: str, *, existing: bool = False) -> None:
+        """Refuse (404, as if it did not exist) a session that is not the caller's."""
+        owner, has_transcript = await self.sessions.ownership(session_id)
+        if owner is None or not identity.may_see(owner) or (existing and not has_transcript):
+            raise not_found(f"no session {shown_to(identity, session_id)!r}")
 
     async def admit(self, identity: Identity, session_id: str, *, agent_id: str, text: str,
                     instructions: str | None = None, ttl_s: int = 0, traceparent: str | None = None) -> ChatMessage:

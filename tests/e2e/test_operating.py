@@ -114,3 +114,15 @@ def test_every_command_says_plainly_when_redis_is_unreachable(processes: Process
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert "pincer: error: cannot reach Redis" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert "retrying" not in done.stderr and "Hands worker" not in done.stderr, done.stderr  # the cause, alone
+
+
+def test_a_gateway_whose_port_is_taken_says_so_and_logs_no_address(processes: Processes) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = processes.run("gateway", "--port", str(port), timeout=60)
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert f"gateway could not listen on 127.0.0.1:{port}" in said and "gateway.port" in said, said
+    assert "gateway on http" not in said and "Traceback" not in said, said  # never claims an address it lacks

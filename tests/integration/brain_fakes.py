@@ -3,31 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
 from brain.llm import Completion, ToolCall
-from bus.protocol import ToolSpec
+from brain.testing import FunctionModel, tool_call
 from hands.registry import Category, ToolDefinition
 
 
-class FakeLLM:
-    """Answers with whatever ``script(messages)`` returns; keeps every conversation it saw."""
+class FakeLLM(FunctionModel):
+    """The shipped FunctionModel (brain.testing), for scripts that only read the messages."""
 
     def __init__(self, script: Callable[[list[dict[str, Any]]], Completion]) -> None:
-        self.script, self.seen = script, []
-
-    async def complete(self, messages, tools: list[ToolSpec], on_text) -> Completion:
-        self.seen.append([dict(m) for m in messages])
-        done = self.script(messages)
-        if done.text:
-            await on_text(done.text)
-        return done
+        super().__init__(lambda messages, _tools: script(messages))
 
 
 def call(name: str, args: Any, n: int = 0) -> ToolCall:
-    return ToolCall(id=f"call_{n}", name=name, arguments=args if isinstance(args, str) else json.dumps(args))
+    return tool_call(name, args, f"call_{n}")
 
 
 def read_then_answer(messages):

@@ -67,7 +67,7 @@ async def test_refusals_are_redis_refused_by_command_script_pipeline_and_held_co
 
 async def test_the_redis_py_internals_the_bus_reads_are_there(redis_url: str) -> None:
     """The bus reads replies through the hiredis parser and sees a server's close without I/O: both rest
-    on redis-py internals, pinned here for the installed version (pyproject allows one major)."""
+    on redis-py internals (also checked at the lowest pin: tests/e2e/test_lowest_pins.py)."""
     client = connect(redis_url)
     held = HeldConnection(client)
     try:

@@ -12,7 +12,8 @@ from pydantic import BaseModel
 
 from brain.config import BrainSettings
 from bus.config import DEFAULT_CONFIG, ConfigError, RedisSettings, RuntimeSettings, Section, load_config
-from gateway.cli import SECTIONS, validate_all
+from gateway.cli import SECTIONS
+from gateway.cli.runtime import validate_all
 from gateway.config import GatewaySettings
 from hands.config import HandsSettings
 

@@ -65,3 +65,14 @@ def test_the_rule_sees_a_crossing(tmp_path: Path) -> None:
     bad.write_text("from brain.worker import BrainWorker\nimport bus.keys\n")
     assert [name for _, name in _imports(bad)] == ["brain.worker", "bus.keys"]
     assert not any(n.startswith(a) for n in ["brain.worker"] for a in ALLOWED[_place("hands.tools")])
+
+
+def test_every_command_the_parser_knows_has_a_runner_and_no_runner_is_orphaned() -> None:
+    import argparse
+
+    from gateway.cli import COMMANDS, _parser, runner
+
+    subparsers = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subparsers.choices) == set(COMMANDS)
+    for command in COMMANDS:
+        assert callable(runner(command)), command

@@ -44,16 +44,12 @@ def _recorder(seen: list[str]):
     return handler
 
 
-async def _consume_until(bus: Bus, stream: str, handler, done, what: str) -> None:
-    """Run one consumer until ``done()`` holds and nothing is pending, then stop it."""
-    stop, task = await _run(GroupConsumer(bus, streams=[stream], group="g", consumer="w1", handler=handler,
-                                          block_ms=50))
-    try:
-        await async_wait_until(done, what=what)
-        await nothing_pending(bus, stream, "g")
-    finally:  # also when the wait fails: a consumer left running would hang the test's teardown
-        stop.set()
-        await task
+async def _consume_all(bus: Bus, stream: str, handler) -> int:
+    """One consumer in burst mode: every entry there is handled and answered, none left pending."""
+    consumer = GroupConsumer(bus, streams=[stream], group="g", consumer="w1", handler=handler, block_ms=50)
+    handled = await consumer.burst()
+    await nothing_pending(bus, stream, "g")
+    return handled
 
 
 async def test_group_delivers_each_entry_once_acks_after_replying(fake_bus: Bus) -> None:
@@ -89,7 +85,8 @@ async def test_garbage_is_acked_dead_lettered_and_the_loop_goes_on(fake_bus: Bus
     await fake_bus.redis.xadd(stream, {b"type": b"who:knows", b"data": b"\x80"})
     await fake_bus.publish(stream, _execute(9))
     seen: list[str] = []
-    await _consume_until(fake_bus, stream, _recorder(seen), lambda: seen == ["c9"], "the good entry after garbage")
+    await _consume_all(fake_bus, stream, _recorder(seen))
+    assert seen == ["c9"]
     dead = await fake_bus.redis.xrange(fake_bus.keys.dead)
     reasons = [fields[b"dead:reason"].decode() for _, fields in dead]
     assert len(dead) == 3
@@ -112,7 +109,8 @@ async def test_a_crashing_handler_dead_letters_the_message_and_keeps_serving(fak
         seen.append(message.call_id)
         return []
 
-    await _consume_until(fake_bus, stream, handler, lambda: seen == ["c2"], "second message")
+    await _consume_all(fake_bus, stream, handler)
+    assert seen == ["c2"]
     dead = await fake_bus.redis.xrange(fake_bus.keys.dead)
     assert dead[0][1][b"dead:reason"] == b"handler crashed: RuntimeError: bug"
 
@@ -199,7 +197,8 @@ async def test_restarted_consumer_handles_its_own_pending_entries_first(fake_bus
     # A previous life of w1 read the entry and died before acking it.
     await fake_bus.redis.xreadgroup("g", "w1", {stream: ">"}, count=10)
     seen: list[str] = []
-    await _consume_until(fake_bus, stream, _recorder(seen), lambda: seen == ["c1"], "pending redelivery")
+    await _consume_all(fake_bus, stream, _recorder(seen))
+    assert seen == ["c1"]
 
 
 async def test_request_reply_matches_by_correlation_id_and_times_out(fake_bus: Bus) -> None:
@@ -373,7 +372,8 @@ async def test_a_rounds_replies_and_acks_go_out_in_one_transaction(fake_bus: Bus
     for n in range(10):  # as many as the consumer's 10 slots: one read
         await fake_bus.publish(stream, _execute(n))
     stacks = _watched_writes(fake_bus)
-    await _consume_until(fake_bus, stream, lambda m, _s: _answer(m), lambda: len(stacks) >= 1, "the answers")
+    await _consume_all(fake_bus, stream, lambda m, _s: _answer(m))
+    assert len(stacks) >= 1
     assert stacks[0] == [*["XADD"] * 10, "XACK"], stacks  # read together, answered together
     assert len(await fake_bus.redis.xrange("u:reply:b")) == 10
 
@@ -415,7 +415,8 @@ async def test_what_a_handler_sent_before_answering_is_never_overtaken_by_its_an
         fake_bus.send("u:reply:b", ChatCancel(session_id=f"progress {message.call_id}"))
         return [("u:reply:b", ChatCancel(session_id=f"result {message.call_id}"))]
 
-    await _consume_until(fake_bus, stream, handler, lambda: len(seen) == 10, "every call handled")
+    await _consume_all(fake_bus, stream, handler)
+    assert len(seen) == 10
     await async_wait_until(lambda: _stream_length(fake_bus, "u:reply:b", 20), what="every event and answer")
     order = [decode(f).session_id for _, f in await fake_bus.redis.xrange("u:reply:b")]
     for n in range(10):
@@ -424,3 +425,23 @@ async def test_what_a_handler_sent_before_answering_is_never_overtaken_by_its_an
 
 async def _stream_length(bus: Bus, stream: str, n: int) -> bool:
     return await bus.redis.xlen(stream) == n
+
+
+async def test_a_burst_handles_what_is_there_and_what_its_handlers_publish_then_returns(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=None, block_ms=50)
+    assert await consumer.burst() == 0  # nothing there: returns at once, no block to wait out
+    seen: list[str] = []
+
+    async def handler(message, _stream):
+        seen.append(message.call_id)
+        if message.call_id == "c1":  # a follow-up, published while the burst runs
+            await fake_bus.publish(stream, _execute(99))
+        return []
+
+    consumer.handler = handler
+    for n in range(3):
+        await fake_bus.publish(stream, _execute(n))
+    assert await consumer.burst() == 4
+    assert sorted(seen) == ["c0", "c1", "c2", "c99"] and consumer.in_flight == 0
+    await nothing_pending(fake_bus, stream, "g")

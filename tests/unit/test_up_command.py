@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bus.config import DEFAULT_CONFIG, load_config
-from gateway import cli
+from gateway.cli import runtime
 from gateway.runtime import daemon
 
 
@@ -27,7 +27,7 @@ def test_a_detached_first_local_model_start_is_waited_for_long_enough(
         DEFAULT_CONFIG, env={"PINCER_DATA_DIR": str(tmp_path / "data"), "PINCER_WORKSPACE": str(tmp_path / "ws"), **env}
     )
     args = argparse.Namespace(hands=1, detach=True, local_model=flag)
-    assert cli._up(args, config) == 0
+    assert runtime.up(args, config) == 0
     assert seen.get("timeout_s") == waits
     assert ("--local-model" in seen["argv"]) is flag  # a restart starts it as it was started
 
