@@ -207,6 +207,7 @@ def guard_cost(iterations: int = 20000) -> dict[str, float]:
     import fakeredis.aioredis
 
     from bus.keys import Keys
+    from bus.metrics import Meter
     from gateway.config import GatewaySettings
     from gateway.server.guard import Guard
     from gateway.tokens import Identity, TokenStore, digest, new_token
@@ -219,7 +220,7 @@ def guard_cost(iterations: int = 20000) -> dict[str, float]:
         token = new_token()
         await redis.hset(keys.tokens, digest(token), Identity(name="bench").model_dump_json())
         store = TokenStore(redis, keys)
-        guard = Guard(inner, settings=GatewaySettings(), tokens=store)
+        guard = Guard(inner, settings=GatewaySettings(), tokens=store, meter=Meter())
         scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [
             (b"host", b"127.0.0.1:8780"), (b"authorization", f"Bearer {token}".encode()),
             (b"content-type", b"application/json"), (b"content-length", b"64"), (b"origin", b"http://127.0.0.1:8780"),

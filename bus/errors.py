@@ -19,6 +19,8 @@
     ├── TokenError             gateway.tokens    a token cannot be made or revoked as asked
     ├── AlreadyRunning         gateway.runtime.daemon  another `pincer up` owns the data dir
     ├── ChatFailed             gateway.cli.chat  `pincer chat`'s turn or connection failed
+    ├── PlatformAway           gateway.channels.errors  a chat platform did not serve a call now (try again)
+    ├── PlatformRefused        gateway.channels.errors  a chat platform refused a call as asked
     ├── WeightsError           localmodel.weights  the local model's files are not what was pinned
     │   (ProvisionError        localmodel.provision  its runtime or weights could not be made ready)
     ├── NotGGUF                localmodel.gguf   a file that is not a GGUF model this reader knows

@@ -170,3 +170,41 @@ class Keys:
     def message_rate(self, token_name: str) -> str:
         """A token's message bucket (tokens left, last refill), shared by every Gateway of the pool."""
         return f"{self.prefix}rate:{token_name}"
+
+    # --- chat channels (gateway/channels): ``channel`` is e.g. "telegram", ``bot`` the bot's own id ---
+
+    def channel_inbox(self, channel: str, bot: str) -> str:
+        """A bot's platform events, written as they are taken from the platform (with its offset)."""
+        return f"{self.prefix}channel:{channel}:{bot}:in"
+
+    def channel_offset(self, channel: str, bot: str) -> str:
+        """The platform's position up to which the inbox holds everything (Telegram's update offset)."""
+        return f"{self.prefix}channel:{channel}:{bot}:offset"
+
+    def channel_poller(self, channel: str, bot: str) -> str:
+        """The lease of the one replica that polls the platform for this bot (a value per holder)."""
+        return f"{self.prefix}channel:{channel}:{bot}:poller"
+
+    def channel_state(self, channel: str, bot: str) -> str:
+        """A hash of the bot's progress: last successful poll, messages in and out, errors."""
+        return f"{self.prefix}channel:{channel}:{bot}:state"
+
+    def channel_delivery(self, channel: str, event_id: str) -> str:
+        """What an incoming event led to: its turn's message id, the platform message showing the answer, done."""
+        return f"{self.prefix}channel:{channel}:delivery:{event_id}"
+
+    def channel_paired(self, channel: str) -> str:
+        """Hash of the platform users let in by `pincer channels pair` (user id -> who let them in, when)."""
+        return f"{self.prefix}channel:{channel}:paired"
+
+    def channel_pairing(self, channel: str, code: str) -> str:
+        """A stranger's pending one-time pairing code (expires)."""
+        return f"{self.prefix}channel:{channel}:pairing:{code}"
+
+    def channel_stranger(self, channel: str, user: str) -> str:
+        """The code a stranger was given, so they are told it once, not on every message."""
+        return f"{self.prefix}channel:{channel}:stranger:{user}"
+
+    def channel_generation(self, channel: str, user: str, chat: str) -> str:
+        """How many times /new was said in a chat by a user: the session's name carries it."""
+        return f"{self.prefix}channel:{channel}:generation:{user}:{chat}"

@@ -328,6 +328,40 @@ class ApprovalDecision(BaseMessage):
         return self.approval_id
 
 
+# --- chat channels ------------------------------------------------------------
+
+
+class ChannelFile(BaseModel):
+    """A file a person sent on a chat platform: the platform's reference to fetch it by, and what it says of it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ref: str = Field(max_length=512)
+    name: str = Field(default="", max_length=255)
+    size: int = Field(default=0, ge=0)
+    mime: str = Field(default="", max_length=255)
+
+
+class ChannelUpdate(BaseMessage):
+    """One thing that happened on a chat platform, in no platform's terms: a message said to the bot, or a
+    button of one of its messages pressed. Read only by the channel's own process (gateway/channels):
+    nothing of a platform reaches a Brain or Hands."""
+
+    type: Literal["channel:update"] = "channel:update"
+    channel: str  # "telegram"
+    event_id: str  # the platform's id of the event (Telegram's update_id): one delivery per event
+    user: str  # the platform's user id
+    username: str = ""  # its handle, if any (without "@")
+    chat: str  # where it happened
+    group: bool = False  # a group or channel rather than a private chat
+    text: str = Field(default="", max_length=64_000)
+    mentioned: bool = False  # in a group: the bot was named, or replied to
+    files: list[ChannelFile] = Field(default_factory=list, max_length=10)
+    press: str | None = None  # a button press: the platform's id to answer it by ...
+    data: str = Field(default="", max_length=256)  # ... and the button's data
+    platform_message: str = ""  # the message said, or the one whose button was pressed
+
+
 Message = Annotated[
     ToolsList
     | ToolsAvailable
@@ -342,6 +376,7 @@ Message = Annotated[
     | ChatReply
     | ChatError
     | ApprovalRequest
-    | ApprovalDecision,
+    | ApprovalDecision
+    | ChannelUpdate,
     Field(discriminator="type"),
 ]

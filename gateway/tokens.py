@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Sequence
@@ -28,6 +29,9 @@ from bus.keys import Keys
 Scope = Literal["chat", "operator"]
 TOKEN_PREFIX = "pcr_"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+# A chat platform's user is an identity too, named by platform and user id ("telegram:12345"); no token
+# can take such a name, so no token can reach a platform user's sessions by naming itself after them.
+IDENTITY_PATTERN = r"^(?:[a-z]{2,16}:)?[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 OWNER = "owner"  # the configured token's name; no stored token may take it
 OWNER_TOKEN_FILE = "gateway.token"
 CACHE_S = 2.0  # a revoked token still works this long on a Gateway that used it just before
@@ -50,7 +54,7 @@ class Identity(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=IDENTITY_PATTERN)
     scope: Scope = "chat"
     agents: tuple[str, ...] | None = None  # None: every agent
     created: int = 0
@@ -86,6 +90,9 @@ class TokenStore:
         """A new token for ``name``, returned once; ``TokenError`` if the name is taken or bad."""
         if name == OWNER:
             raise TokenError(f"the name {OWNER!r} is the configured token's (gateway.token); pick another")
+        if not re.match(NAME_PATTERN, name):
+            raise TokenError(f"token names are 1-64 letters, digits and _ . @ - ({NAME_PATTERN}); "
+                             f"{name!r} is not one (names with ':' are chat platforms' users)")
         identity = Identity(name=name, scope=scope, agents=tuple(agents) if agents else None,
                             created=int(time.time()))
         token = new_token()

@@ -12,8 +12,11 @@ from typing import Any
 
 import fakeredis
 
+from bus.config import RedisSettings
+from bus.keys import Keys
 from bus.protocol import ErrorCode, ToolExecute
 from bus.store import RedisStore
+from bus.streams import Bus
 from hands.errors import ToolFailure
 from hands.sandbox.runner import Extras, Running, RunResult, run_to_end
 from hands.testing import MemoryNotes
@@ -26,6 +29,11 @@ def fake_redis() -> fakeredis.FakeAsyncRedis:
 
 
 FakeNotes = MemoryNotes  # the shipped one (hands.testing), which skill authors use too
+
+
+def fake_bus(**settings: Any) -> Bus:
+    """The bus over fakeredis (keys under ``u:``): streams, consumers and stores without a server."""
+    return Bus(redis=fake_redis(), keys=Keys("u:"), settings=RedisSettings(prefix="u:", **settings))
 
 
 class FakeApprovals:

@@ -11,7 +11,7 @@ from typing import cast
 
 from bus.config import EX_CONFIG, Config, ConfigError, load_config
 
-SECTIONS = {"redis", "runtime", "hands", "brain", "gateway"}
+SECTIONS = {"redis", "runtime", "hands", "brain", "gateway", "channels"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -123,6 +123,18 @@ def _parser() -> argparse.ArgumentParser:
     dead.add_argument("--json", action="store_true", help="print JSON")
     dead.add_argument("--redis", metavar="URL")
 
+    channel = sub.add_parser("channel", help="run one chat channel's process (as `pincer up` does per enabled one)")
+    channel.add_argument("name", choices=["telegram"])
+    channel.add_argument("--redis", metavar="URL")
+
+    channels = sub.add_parser("channels", help="chat channels: list (state) | pair CODE | paired | unpair USER")
+    channels.add_argument("action", nargs="?", default="list", choices=["list", "pair", "paired", "unpair"])
+    channels.add_argument("arg", nargs="?", metavar="CODE|USER", help="pair: the code a stranger was given; "
+                          "unpair: their user id")
+    channels.add_argument("--channel", default="telegram", choices=["telegram"])
+    channels.add_argument("--json", action="store_true", help="print JSON")
+    channels.add_argument("--redis", metavar="URL")
+
     tools = sub.add_parser("tools", help="list the tools Hands offers")
     tools.add_argument("--json", action="store_true", help="print JSON")
     tools.add_argument("--redis", metavar="URL")
@@ -155,6 +167,7 @@ COMMANDS = {
     "chat": "chat:command", "open": "opener:command", "token": "tokens:command", "trace": "trace:command",
     "status": "ops:status", "dead": "ops:dead", "policy": "policy:command",
     "tools": "catalog:tools", "skills": "catalog:skills",
+    "channel": "runtime:channel", "channels": "channels:command",
 }
 
 

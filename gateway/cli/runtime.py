@@ -13,6 +13,7 @@ from bus.config import Config, ConfigError
 def validate_all(config: Config) -> None:
     """Check every section now, so a bad value stops start-up before any process runs."""
     from brain.config import BrainSettings
+    from gateway.channels.config import ChannelSettings
     from gateway.config import GatewaySettings
     from gateway.runtime.supervisor import listen_tls
     from hands.config import HandsSettings, check_workspace
@@ -22,6 +23,7 @@ def validate_all(config: Config) -> None:
     check_workspace(config.section("hands", HandsSettings), data_dir=config.runtime.data_path)
     config.section("brain", BrainSettings)
     config.section("gateway", GatewaySettings)
+    config.section("channels", ChannelSettings)
 
 
 def up(args: argparse.Namespace, config: Config) -> int:
@@ -98,6 +100,13 @@ def gateway(args: argparse.Namespace, config: Config) -> int:
 
     validate_all(config)
     return gateway_main(config, port=args.port)
+
+
+def channel(args: argparse.Namespace, config: Config) -> int:
+    from gateway.channels.main import main as channel_main
+
+    validate_all(config)
+    return channel_main(config, args.name)
 
 
 def mcp(args: argparse.Namespace, config: Config) -> int:

@@ -31,6 +31,7 @@ from bus.config import ENV_PREFIX, Config, ConfigError, RedisSettings, RuntimeSe
 from bus.private_file import write_private
 from bus.process_guard import die_with_parent
 from bus.redis_server import EmbeddedRedis, free_port
+from gateway.channels.config import ChannelSettings
 from gateway.config import GatewaySettings
 from gateway.runtime.daemon import AlreadyRunning, DaemonState, DataDirLock, Proc, StateFile, start_time, this_process
 from gateway.runtime.logfiles import RoleLog
@@ -57,10 +58,10 @@ SECRET_NAME = re.compile(
     r"|^(AWS|AZURE|GOOGLE|GCP|VERTEXAI|VERTEX|OPENAI|ANTHROPIC|GEMINI|GROQ|MISTRAL|COHERE|HF|HUGGINGFACE|OPENROUTER"
     r"|TOGETHER|TOGETHERAI|DEEPSEEK|XAI|FIREWORKS|PERPLEXITY|REPLICATE|DATABRICKS|WATSONX|SAMBANOVA|CEREBRAS)_",
     re.IGNORECASE)
-PINCER_ROLES = ("gateway", "brain", "hands")
+PINCER_ROLES = ("gateway", "brain", "hands", "channels")
 # Each secret setting goes to the role whose section it is; Redis' credentials to every Pincer role.
 SECRETS = {**secret_variables({"redis": RedisSettings, "runtime": RuntimeSettings, "hands": HandsSettings,
-                               "brain": BrainSettings, "gateway": GatewaySettings}),
+                               "brain": BrainSettings, "gateway": GatewaySettings, "channels": ChannelSettings}),
            "PINCER_TOKEN": "gateway"}  # a client's token (`pincer chat`): no child needs it
 
 
@@ -183,6 +184,7 @@ class Supervisor:
                      Child("brain", [sys.executable, "-m", "brain"], brain_env, role="brain")]
         children += [Child(f"hands-{i}", [sys.executable, "-m", "hands"], role="hands")
                      for i in range(1, self.hands + 1)]
+        children += self._channels()
         try:
             for child in children:
                 await self._start(child, env)
@@ -209,6 +211,15 @@ class Supervisor:
             return 1
         say("stopped")
         return 0
+
+    def _channels(self) -> list[Child]:
+        """A process per enabled chat channel. Its token is handed over as its own setting: a `${NAME}` in
+        the file names a variable (TELEGRAM_BOT_TOKEN, say) that no other role may see."""
+        settings = self.config.section("channels", ChannelSettings)
+        token = settings.telegram.bot_token.get_secret_value()
+        return [Child(name, [sys.executable, "-m", "gateway.channels", name], role="channels",
+                      env={"PINCER_CHANNELS__TELEGRAM__BOT_TOKEN": token})
+                for name in settings.enabled()]
 
     def _local_model(self, model_file: Path, env: dict[str, str]) -> tuple[Child, dict[str, str]]:
         """The model's server as a child on a free loopback port, and what the Brain needs to use it."""

@@ -9,21 +9,19 @@ from typing import Any
 
 import pytest
 
-from bus.config import RedisSettings
 from bus.consumer import GroupConsumer
-from bus.keys import Keys
 from bus.presence import Presence
 from bus.reaper import Reaper
 from bus.streams import Bus
 from hands.config import QueueSettings
 from hands.lanes import Lanes
 from tests.conftest import async_wait_until
-from tests.fakes import fake_redis
+from tests.fakes import fake_bus as in_memory_bus
 
 
 @pytest.fixture
 async def fake_bus() -> AsyncIterator[Bus]:
-    bus = Bus(redis=fake_redis(), keys=Keys("u:"), settings=RedisSettings(prefix="u:", reap_interval_s=0.05))
+    bus = in_memory_bus(reap_interval_s=0.05)
     yield bus
     await bus.close()
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from brain.config import BrainSettings
 from bus.config import DEFAULT_CONFIG, ConfigError, RedisSettings, RuntimeSettings, Section, load_config
+from gateway.channels.config import ChannelSettings
 from gateway.cli import SECTIONS
 from gateway.cli.runtime import validate_all
 from gateway.config import GatewaySettings
@@ -70,7 +71,7 @@ def test_the_shipped_config_shows_every_key() -> None:
 
     shipped = yaml.safe_load(text)
     models = {"redis": RedisSettings, "runtime": RuntimeSettings, "hands": HandsSettings,
-              "brain": BrainSettings, "gateway": GatewaySettings}
+              "brain": BrainSettings, "gateway": GatewaySettings, "channels": ChannelSettings}
     assert set(models) == SECTIONS
     for section, model in models.items():
         walk(model, shipped[section], section)

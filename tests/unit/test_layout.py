@@ -18,9 +18,12 @@ ALLOWED = {
     "localmodel": {"bus", "localmodel"},
     "gateway": {"bus", "memory", "gateway.config", "gateway.tokens"},  # what every room shares
     "gateway.server": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.server"},
+    # A chat channel starts turns as the server does (its TurnRunner), and saves files where Hands reads them.
+    "gateway.channels": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.server", "gateway.channels",
+                         "hands.config"},
     # The process runtime starts the other roles, so it may read their settings.
     "gateway.runtime": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.runtime", "brain", "hands",
-                        "localmodel"},
+                        "localmodel", "gateway.channels.config"},
     "gateway.cli": {*OURS},  # the top room: it dispatches to all of them
 }
 

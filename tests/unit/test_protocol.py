@@ -9,6 +9,8 @@ from bus.codec import MESSAGE_TYPES, MalformedMessage, decode, encode
 from bus.protocol import (
     ApprovalDecision,
     ApprovalRequest,
+    ChannelFile,
+    ChannelUpdate,
     ChatCancel,
     ChatDelta,
     ChatError,
@@ -48,6 +50,8 @@ SAMPLES = [
     ChatError(session_id="s1", message_id="m1", code=ErrorCode.MODEL_ERROR, message="boom"),
     ApprovalRequest(call_id="c1", session_id="s1", tool="exec", summary="rm", expires_at=1, reply_to="p:reply:g"),
     ApprovalDecision(approval_id="a1", decision="allow-once", by="me"),
+    ChannelUpdate(channel="telegram", event_id="5001", user="111", username="alice", chat="-5001", group=True,
+                  text="hi", mentioned=True, files=[ChannelFile(ref="f1", name="a.txt", size=3)], platform_message="7"),
 ]
 
 
@@ -137,7 +141,7 @@ def test_every_exception_in_the_drawing_is_a_pincer_error() -> None:
 
     drawn = re.findall(r"[├└]── (\w+)\s+([\w.]+)", bus.errors.__doc__ or "")
     drawn += re.findall(r"│   \((\w+)\s+([\w.]+)", bus.errors.__doc__ or "")  # a subclass, drawn inside
-    assert len(drawn) == 22
+    assert len(drawn) == 24
     for name, module in drawn:
         found = getattr(importlib.import_module(module if module != "hands.sandbox" else "hands.sandbox.runner"), name)
         assert issubclass(found, bus.errors.PincerError), name

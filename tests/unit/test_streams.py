@@ -10,18 +10,16 @@ from redis import exceptions as redis_errors
 from bus.codec import decode
 from bus.config import RedisSettings
 from bus.consumer import GroupConsumer, delivery
-from bus.keys import Keys
 from bus.protocol import ChatCancel, ToolExecute, ToolsAvailable, ToolsList, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from tests.conftest import async_wait_until, nothing_pending
-from tests.fakes import fake_redis
+from tests.fakes import fake_bus as in_memory_bus
 
 
 @pytest.fixture
 async def fake_bus():
-    redis = fake_redis()
-    bus = Bus(redis=redis, keys=Keys("u:"), settings=RedisSettings(prefix="u:"))
+    bus = in_memory_bus()
     yield bus
     await bus.close()
 

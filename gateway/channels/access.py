@@ -1,0 +1,78 @@
+"""Who on a chat platform may talk to the agent: the configured ``allow_from``, and strangers paired by code.
+
+A platform user is an identity named by platform and user id (``telegram:12345``), a chat-scoped
+one limited to the channel's agent: the same session, policy (``sender``) and budget rules as a
+token's. A stranger is told a one-time code and nothing else (no model call is ever made for
+them); `pincer channels pair CODE`, run by whoever runs Pincer, lets them in for good.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from bus.streams import Bus
+from gateway.tokens import Identity
+
+CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read out loud or typed on a phone
+CODE_LENGTH = 8
+
+
+def identity_name(channel: str, user: str) -> str:
+    return f"{channel}:{user}"
+
+
+class Access:
+    def __init__(self, bus: Bus, channel: str, *, allow_from: list[str], agent: str, pairing_ttl_s: int) -> None:
+        self.bus, self.channel, self.agent = bus, channel, agent
+        self.allowed_ids = {a for a in allow_from if not a.startswith("@")}
+        self.allowed_names = {a[1:].lower() for a in allow_from if a.startswith("@")}
+        self.pairing_ttl_s = pairing_ttl_s
+
+    async def identity(self, user: str, username: str = "") -> Identity | None:
+        """The identity of a platform user who may talk to the agent; None for a stranger."""
+        allowed = user in self.allowed_ids or (username and username.lower() in self.allowed_names)
+        if not allowed and not await self.bus.redis.hexists(self.bus.keys.channel_paired(self.channel), user):
+            return None
+        return Identity(name=identity_name(self.channel, user), scope="chat", agents=(self.agent,))
+
+    async def code_for(self, user: str, username: str) -> tuple[str, bool]:
+        """The stranger's pairing code, and whether it is new (a stranger is told their code once)."""
+        redis, keys = self.bus.redis, self.bus.keys
+        given: bytes | None = await redis.get(keys.channel_stranger(self.channel, user))  # type: ignore[assignment]
+        if given is not None and await redis.exists(keys.channel_pairing(self.channel, given.decode())):
+            return given.decode(), False
+        code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.channel_pairing(self.channel, code), mapping={"user": user, "username": username,
+                                                                         "asked": int(time.time())})
+            pipe.expire(keys.channel_pairing(self.channel, code), self.pairing_ttl_s)
+            pipe.set(keys.channel_stranger(self.channel, user), code, ex=self.pairing_ttl_s)
+            await pipe.execute()
+        return code, True
+
+
+async def pair(bus: Bus, channel: str, code: str, *, by: str) -> dict[str, str] | None:
+    """Let in the stranger who was given ``code`` (once: the code is spent); who it was, or None."""
+    key = bus.keys.channel_pairing(channel, code.strip().upper())
+    async with bus.redis.pipeline(transaction=True) as pipe:
+        pipe.hgetall(key)
+        pipe.delete(key)
+        found, _ = await pipe.execute()
+    if not found:
+        return None
+    who = {k.decode(): v.decode() for k, v in found.items()}
+    await bus.redis.hset(bus.keys.channel_paired(channel), who["user"],
+                         f"{by} {int(time.time())} @{who.get('username', '')}")
+    await bus.redis.delete(bus.keys.channel_stranger(channel, who["user"]))
+    return who
+
+
+async def paired(bus: Bus, channel: str) -> dict[str, str]:
+    """Users let in by pairing: user id -> who let them in, when, and their handle then."""
+    raw: dict[bytes, bytes] = await bus.redis.hgetall(bus.keys.channel_paired(channel))  # type: ignore[assignment]
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+async def unpair(bus: Bus, channel: str, user: str) -> bool:
+    return bool(await bus.redis.hdel(bus.keys.channel_paired(channel), user))

@@ -1,0 +1,96 @@
+"""`pincer channels`: each chat channel's state, and who is let in by pairing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bus.config import Config
+from bus.presence import instances
+from bus.streams import CONNECTION_ERRORS
+from gateway.channels import access
+from gateway.channels.config import ChannelSettings
+from gateway.cli.ops import connected_bus
+
+
+def command(args: argparse.Namespace, config: Config) -> int:
+    return asyncio.run(_channels(config, args.action, args.arg, channel=args.channel, as_json=args.json))
+
+
+async def _channels(config: Config, action: str, arg: str | None, *, channel: str, as_json: bool) -> int:
+    if action in ("pair", "unpair") and not arg:
+        print(f"pincer: error: `pincer channels {action}` needs a "
+              f"{'CODE (the one the stranger was given)' if action == 'pair' else 'USER (their user id)'}",
+              file=sys.stderr)
+        return 2
+    try:
+        async with connected_bus(config) as bus:
+            if action == "pair":
+                assert arg is not None
+                who = await access.pair(bus, channel, arg, by="cli")
+                if who is None:
+                    print(f"pincer: error: no pending pairing code {arg!r} on {channel}: it was used, expired, "
+                          "or mistyped (a stranger is given a new one when they write again)", file=sys.stderr)
+                    return 1
+                name = f" (@{who['username']})" if who.get("username") else ""
+                print(f"{channel} user {who['user']}{name} may talk to the agent now, as "
+                      f"{access.identity_name(channel, who['user'])}")
+                return 0
+            if action == "unpair":
+                assert arg is not None
+                if not await access.unpair(bus, channel, arg):
+                    print(f"pincer: error: {channel} user {arg} was not paired", file=sys.stderr)
+                    return 1
+                print(f"{channel} user {arg} is a stranger again (allow_from still lets in whoever it names)")
+                return 0
+            if action == "paired":
+                found = await access.paired(bus, channel)
+                print(json.dumps(found, indent=2) if as_json else
+                      "\n".join(f"{user}  {how}" for user, how in sorted(found.items())) or "nobody is paired")
+                return 0
+            running = [i for i in await instances(bus, "channel")]
+    except CONNECTION_ERRORS as exc:
+        print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
+        return 1
+    return _show(config, running, as_json=as_json)
+
+
+def _show(config: Config, running: list[dict[str, Any]], *, as_json: bool) -> int:
+    enabled = config.section("channels", ChannelSettings).enabled()
+    now = time.time()
+    rows = []
+    for name in sorted({*enabled, *(i.get("channel", "") for i in running)} - {""}):
+        replicas = [i for i in running if i.get("channel") == name]
+        poller = next((i for i in replicas if i.get("polling") == "1"), None)
+        progress = float(poller.get("last_progress", 0) or 0) if poller else 0.0
+        age = now - progress if progress else None
+        stall = float(poller.get("stall_s", 90)) if poller else 90.0
+        state = ("not running" if not replicas else "no poller" if poller is None
+                 else "stalled" if age is None or age > stall else "connected")
+        rows.append({"channel": name, "enabled": name in enabled, "state": state, "replicas": len(replicas),
+                     "bot": (poller or (replicas[0] if replicas else {})).get("username", ""),
+                     "last_progress_s_ago": round(age, 1) if age is not None else None,
+                     "in": sum(int(i.get("in", 0)) for i in replicas),
+                     "out": sum(int(i.get("out", 0)) for i in replicas),
+                     "errors": sum(int(i.get("errors", 0)) for i in replicas),
+                     "last_error": next((i.get("last_error") for i in replicas if i.get("last_error")), "")})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no channel is enabled (channels.telegram.enabled in the config)")
+        return 0
+    table = Table("channel", "state", "bot", "replicas", "last poll", "in", "out", "errors", "last error")
+    for row in rows:
+        ago = f"{row['last_progress_s_ago']}s ago" if row["last_progress_s_ago"] is not None else "-"
+        table.add_row(row["channel"], row["state"], f"@{row['bot']}" if row["bot"] else "-", str(row["replicas"]),
+                      ago, str(row["in"]), str(row["out"]), str(row["errors"]), row["last_error"])
+    Console().print(table)
+    return 0

@@ -1,0 +1,193 @@
+"""The Telegram channel end to end: a real `pincer channel telegram` process (python-telegram-bot inside),
+real Brain and Hands processes, litellm against the scripted model, and a local Bot API server that
+speaks Telegram's documented HTTP shape (tests/fake_telegram.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bus.streams import Bus
+from tests.conftest import Processes, wait_until
+from tests.e2e.conftest import start_stack
+from tests.fake_telegram import TOKEN, FakeTelegram, Sent
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.e2e
+
+ALICE, BOB, STRANGER = 111, 222, 999
+
+
+@pytest.fixture
+def telegram() -> Iterator[FakeTelegram]:
+    fake = FakeTelegram().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def channel_env(processes: Processes, pincer_env: dict[str, str], ws: Path,
+                telegram: FakeTelegram) -> dict[str, str]:
+    """Brain, Hands (exec asks a person) and a Gateway; the channel's settings, the token from ${TG_TOKEN}."""
+    (ws / "notes.txt").write_text("the secret word is pincer-42\n")
+    processes.env = {**pincer_env, "PINCER_WORKSPACE": str(ws), "PINCER_HANDS__EXEC__MODE": "ask",
+                     "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
+                     "TG_TOKEN": TOKEN,
+                     "PINCER_CHANNELS__TELEGRAM__ENABLED": "true",
+                     "PINCER_CHANNELS__TELEGRAM__BOT_TOKEN": "${TG_TOKEN}",
+                     "PINCER_CHANNELS__TELEGRAM__API_URL": telegram.api_url,
+                     "PINCER_CHANNELS__TELEGRAM__ALLOW_FROM": f'["{ALICE}", "@bob_b"]',
+                     "PINCER_CHANNELS__TELEGRAM__POLL_TIMEOUT_S": "1",
+                     "PINCER_CHANNELS__TELEGRAM__POLL_GRACE_S": "2",
+                     "PINCER_CHANNELS__TELEGRAM__EDIT_INTERVAL_S": "0.2"}
+    start_stack(processes, hands=1)
+    return processes.env
+
+
+def start_channel(processes: Processes, telegram: FakeTelegram, name: str = "telegram") -> None:
+    polls = len(telegram.calls_of("getUpdates"))
+    processes.start("channel", "telegram", name=name)
+    wait_until(lambda: len(telegram.calls_of("getUpdates")) > polls, timeout=60, what="the channel polling")
+
+
+def answer(telegram: FakeTelegram, chat: int, contains: str, *, timeout: float = 60) -> Sent:
+    """The bot's message in ``chat`` that shows ``contains`` (streamed edits included), once it does."""
+    return wait_until(lambda: next((s for s in telegram.to(chat) if contains in s.text), None), timeout=timeout,
+                      what=f"a message to {chat} with {contains!r}")
+
+
+def test_a_plain_turn_and_a_tool_turn_stream_into_one_message_each(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram) -> None:
+    start_channel(processes, telegram)
+    telegram.say(ALICE, "hello <b>there</b> & [a link](http://evil.example)")
+    shown = answer(telegram, ALICE, "echo: hello")
+    assert shown.text == "echo: hello <b>there</b> & a link (http://evil.example)"  # the model's markup is text
+    assert "<b>there" not in shown.markup and "href" not in shown.markup
+    telegram.say(ALICE, 'CALL read_file {"path": "notes.txt"}')
+    tool = answer(telegram, ALICE, "RESULT read_file")
+    assert "pincer-42" in tool.text and "⚙ read_file" in tool.text and "✓" in tool.text
+    assert len(telegram.to(ALICE)) == 2  # one message per turn: the answer edited in, never a second one
+    assert telegram.calls_of("sendChatAction")  # typing while the agent worked
+
+
+def test_a_stranger_gets_a_code_once_and_no_model_call_until_paired(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram,
+        scripted_llm: ScriptedLLM) -> None:
+    start_channel(processes, telegram)
+    asked = len(scripted_llm.requests)
+    telegram.say(STRANGER, "let me in")
+    told = answer(telegram, STRANGER, "I don't know you yet")
+    code = told.text.split("code: ")[1].split()[0]
+    first = telegram.say(STRANGER, "please?")
+    wait_until(lambda: telegram.confirmed > first, timeout=30, what="the second message taken")
+    telegram.say(ALICE, "a known person")  # handled after the stranger's, in order
+    answer(telegram, ALICE, "echo: a known person")
+    assert len(telegram.to(STRANGER)) == 1  # told once
+    assert len(scripted_llm.requests) == asked + 1  # only Alice's turn reached the model
+    refused = processes.run("channels", "pair", "NOTACODE")
+    assert refused.returncode == 1 and "no pending pairing code" in refused.stderr
+    paired = processes.run("channels", "pair", code.lower())
+    assert paired.returncode == 0 and f"as telegram:{STRANGER}" in paired.stdout, paired.stderr
+    assert processes.run("channels", "pair", code).returncode == 1  # a code is spent once
+    telegram.say(STRANGER, "thanks")
+    answer(telegram, STRANGER, "echo: thanks")
+
+
+def test_an_approval_is_answered_by_its_own_person_only(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram, ws: Path) -> None:
+    start_channel(processes, telegram)
+    telegram.say(ALICE, 'CALL exec {"command": "echo approved > out.txt; cat out.txt"}')
+    ask = answer(telegram, ALICE, "Allow exec?")
+    labels = [button["text"] for row in ask.buttons for button in row]
+    assert labels == ["Allow once", "Always", "Deny"]
+    once = ask.buttons[0][0]["callback_data"]
+    telegram.press(BOB, ask, once, username="bob_b")  # Bob is allowed to talk, but this is Alice's turn
+    wait_until(lambda: telegram.answers, timeout=30, what="Bob's press answered")
+    assert "not yours" in telegram.answers[0]["text"] and not (ws / "out.txt").exists()
+    telegram.press(STRANGER, ask, once)
+    wait_until(lambda: len(telegram.answers) == 2, timeout=30, what="the stranger's press answered")
+    assert "not yours" in telegram.answers[1]["text"]
+    telegram.press(ALICE, ask, once)
+    done = answer(telegram, ALICE, "RESULT exec")
+    assert "approved" in done.text and (ws / "out.txt").read_text() == "approved\n"
+    assert telegram.answers[2]["text"] == "Allowed once."
+    assert ask.text.startswith("Allowed once.") and not ask.buttons  # the question shows its answer
+
+
+def test_in_a_group_only_a_mention_or_a_reply_is_answered(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram) -> None:
+    start_channel(processes, telegram)
+    group = -5001
+    quiet = telegram.say(ALICE, "talking among ourselves", chat=group, group=True)
+    wait_until(lambda: telegram.confirmed > quiet, timeout=30, what="the group message taken")
+    telegram.say(ALICE, "@pincer_test_bot what now", chat=group, group=True)
+    answer(telegram, group, "echo: what now")
+    assert not any("ourselves" in s.text for s in telegram.to(group))
+    telegram.say(BOB, "and me?", chat=group, group=True, username="bob_b", reply_to_bot=1)
+    answer(telegram, group, "echo: and me?")
+
+
+def test_files_land_in_the_workspace_and_go_back_out(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram, ws: Path) -> None:
+    start_channel(processes, telegram)
+    telegram.say(ALICE, 'CALL read_file {"path": "inbox/telegram/111/data.txt"}',
+                 document=("../../data.txt", b"hello from a file"))
+    result = answer(telegram, ALICE, "RESULT read_file")
+    assert "hello from a file" in result.text
+    assert (ws / "inbox" / "telegram" / str(ALICE) / "data.txt").read_bytes() == b"hello from a file"
+    telegram.say(ALICE, "here you are\n[attach: notes.txt]\n[attach: ../../etc/passwd]")
+    wait_until(lambda: any(s.document for s in telegram.to(ALICE)), timeout=60, what="the file sent back")
+    document = next(s.document for s in telegram.to(ALICE) if s.document)
+    assert document == ("notes.txt", b"the secret word is pincer-42\n")
+    answer(telegram, ALICE, "could not send ../../etc/passwd: it is outside the workspace")
+    assert not any("[attach:" in s.text for s in telegram.to(ALICE))
+
+
+def test_an_outage_a_flood_limit_and_a_hung_poll_are_waited_out(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram) -> None:
+    start_channel(processes, telegram)
+    telegram.fail("getUpdates", 502, times=3)
+    telegram.fail("sendMessage", 429, times=1, retry_after=1)
+    telegram.say(ALICE, "through the storm")
+    answer(telegram, ALICE, "echo: through the storm")
+    polls = len(telegram.calls_of("getUpdates"))
+    telegram.hang(4)  # polls in the next 4 s never answer: the channel must notice and reconnect
+    wait_until(lambda: len(telegram.calls_of("getUpdates")) > polls + 1, timeout=60, what="polling again")
+    telegram.say(ALICE, "after the hang")
+    answer(telegram, ALICE, "echo: after the hang", timeout=90)
+    assert sum("through the storm" in s.text for s in telegram.to(ALICE)) == 1
+    status = processes.run("channels", "--json")
+    rows = json.loads(status.stdout)
+    assert rows[0]["channel"] == "telegram" and rows[0]["errors"] >= 3 and rows[0]["state"] == "connected"
+
+
+def test_killed_mid_turn_the_answer_comes_once_and_the_turn_runs_once(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram, bus: Bus,
+        scripted_llm: ScriptedLLM) -> None:
+    start_channel(processes, telegram, name="telegram-1")
+    telegram.say(ALICE, "SLEEP 4\nslow one")
+    wait_until(lambda: telegram.calls_of("sendChatAction"), timeout=60, what="the turn under way")
+    first = next(proc for name, proc, _ in processes.started if name == "telegram-1")
+    processes.stop(first, sig=signal.SIGKILL)
+    start_channel(processes, telegram, name="telegram-2")
+    answer(telegram, ALICE, "slept 4s", timeout=120)
+    asyncio.run(asyncio.sleep(0))  # nothing to wait for: the answer is there; now count
+    assert sum("slept 4s" in s.text for s in telegram.to(ALICE)) == 1
+    assert sum("slow one" in json.dumps(r["messages"][-1]) for r in scripted_llm.requests) == 1
+
+
+def test_two_replicas_poll_one_at_a_time_and_answer_each_message_once(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram) -> None:
+    start_channel(processes, telegram, name="telegram-a")
+    processes.start("channel", "telegram", name="telegram-b")
+    for n in range(6):
+        telegram.say(ALICE, f"message {n}")
+    for n in range(6):
+        answer(telegram, ALICE, f"echo: message {n}")
+    assert all(sum(f"message {n}" in s.text for s in telegram.to(ALICE)) == 1 for n in range(6))
+    assert telegram.most_polls_at_once == 1  # never two pollers: no 409 from Telegram
