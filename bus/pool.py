@@ -45,7 +45,28 @@ async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
         key = bus.keys.hands_lane(lane.decode() if isinstance(lane, bytes) else lane)
         queues.append(await _stream(bus, key[len(bus.keys.prefix):], key, HANDS_GROUP))
     return {"time": now, "prefix": bus.keys.prefix, "instances": roles, "streams": queues, "backlog": backlog,
-            "dead": await bus.redis.xlen(bus.keys.dead)}
+            "channels": channel_states(roles["channel"], now=now), "dead": await bus.redis.xlen(bus.keys.dead)}
+
+
+def channel_states(running: list[dict[str, Any]], *, now: float | None = None) -> list[dict[str, Any]]:
+    """Each chat channel's state from its instances' heartbeats: connected (its poller made progress within
+    its stall_s), stalled, or no poller (replicas alive, none holding the poll lease); messages and errors."""
+    now = time.time() if now is None else now
+    states = []
+    for name in sorted({i.get("channel", "") for i in running} - {""}):
+        replicas = [i for i in running if i.get("channel") == name]
+        poller = next((i for i in replicas if i.get("polling") == "1"), None)
+        progress = float(poller.get("last_progress") or 0) if poller else 0.0
+        age = round(now - progress, 1) if progress else None
+        stall = float(poller.get("stall_s") or 90) if poller else 90.0
+        state = "no poller" if poller is None else "stalled" if age is None or age > stall else "connected"
+        states.append({"channel": name, "state": state, "replicas": len(replicas),
+                       "bot": (poller or replicas[0]).get("username", ""), "last_progress_s_ago": age,
+                       "in": sum(int(i.get("in") or 0) for i in replicas),
+                       "out": sum(int(i.get("out") or 0) for i in replicas),
+                       "errors": sum(int(i.get("errors") or 0) for i in replicas),
+                       "last_error": next((i["last_error"] for i in replicas if i.get("last_error")), "")})
+    return states
 
 
 def _json_field(raw: str | None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from bus.streams import Bus
 
 log = logging.getLogger("bus.presence")
 
-ROLES = ("gateway", "brain", "hands")
+ROLES = ("gateway", "brain", "hands", "channel")
 
 Details = Callable[[], dict[str, Any]]
 

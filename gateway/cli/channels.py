@@ -6,13 +6,13 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from bus.config import Config
+from bus.pool import channel_states
 from bus.presence import instances
 from bus.streams import CONNECTION_ERRORS
 from gateway.channels import access
@@ -55,7 +55,7 @@ async def _channels(config: Config, action: str, arg: str | None, *, channel: st
                 print(json.dumps(found, indent=2) if as_json else
                       "\n".join(f"{user}  {how}" for user, how in sorted(found.items())) or "nobody is paired")
                 return 0
-            running = [i for i in await instances(bus, "channel")]
+            running = await instances(bus, "channel")
     except CONNECTION_ERRORS as exc:
         print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
         return 1
@@ -64,33 +64,25 @@ async def _channels(config: Config, action: str, arg: str | None, *, channel: st
 
 def _show(config: Config, running: list[dict[str, Any]], *, as_json: bool) -> int:
     enabled = config.section("channels", ChannelSettings).enabled()
-    now = time.time()
-    rows = []
-    for name in sorted({*enabled, *(i.get("channel", "") for i in running)} - {""}):
-        replicas = [i for i in running if i.get("channel") == name]
-        poller = next((i for i in replicas if i.get("polling") == "1"), None)
-        progress = float(poller.get("last_progress", 0) or 0) if poller else 0.0
-        age = now - progress if progress else None
-        stall = float(poller.get("stall_s", 90)) if poller else 90.0
-        state = ("not running" if not replicas else "no poller" if poller is None
-                 else "stalled" if age is None or age > stall else "connected")
-        rows.append({"channel": name, "enabled": name in enabled, "state": state, "replicas": len(replicas),
-                     "bot": (poller or (replicas[0] if replicas else {})).get("username", ""),
-                     "last_progress_s_ago": round(age, 1) if age is not None else None,
-                     "in": sum(int(i.get("in", 0)) for i in replicas),
-                     "out": sum(int(i.get("out", 0)) for i in replicas),
-                     "errors": sum(int(i.get("errors", 0)) for i in replicas),
-                     "last_error": next((i.get("last_error") for i in replicas if i.get("last_error")), "")})
+    found = {row["channel"]: row for row in channel_states(running)}
+    rows = [{**found.get(name, {"channel": name, "state": "not running", "replicas": 0, "bot": "",
+                                "last_progress_s_ago": None, "in": 0, "out": 0, "errors": 0, "last_error": ""}),
+             "enabled": name in enabled} for name in sorted({*enabled, *found})]
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
         print("no channel is enabled (channels.telegram.enabled in the config)")
         return 0
-    table = Table("channel", "state", "bot", "replicas", "last poll", "in", "out", "errors", "last error")
+    print_channels(Console(), rows)
+    return 0
+
+
+def print_channels(console: Console, rows: list[dict[str, Any]]) -> None:
+    table = Table("channel", "state", "bot", "replicas", "last poll", "in", "out", "errors", "last error",
+                  title="Channels")
     for row in rows:
         ago = f"{row['last_progress_s_ago']}s ago" if row["last_progress_s_ago"] is not None else "-"
         table.add_row(row["channel"], row["state"], f"@{row['bot']}" if row["bot"] else "-", str(row["replicas"]),
                       ago, str(row["in"]), str(row["out"]), str(row["errors"]), row["last_error"])
-    Console().print(table)
-    return 0
+    console.print(table)

@@ -91,6 +91,10 @@ async def show_status(config: Config, *, as_json: bool) -> int:
                            inst.get("in_flight", ""), inst.get("waiting", ""), inst.get("capacity", ""),
                            f"{inst['last_heartbeat_s']}s ago")
     console.print(others)
+    if found["channels"]:
+        from gateway.cli.channels import print_channels
+
+        print_channels(console, found["channels"])
     queues = Table("stream", "length", "group", "consumers", "pending", "undelivered", "oldest pending",
                    title="Streams")
     for q in found["streams"]:

@@ -51,6 +51,7 @@ class PoolCollector(Collector):
                         family.add_metric([role, inst["id"]], float(inst[field]))
             yield family
         yield from self._streams()
+        yield from self._channels()
         yield from self._counted(inst for role in ROLES for inst in instances[role])
 
     def _streams(self) -> Iterator[Metric]:
@@ -70,6 +71,24 @@ class PoolCollector(Collector):
             oldest.add_metric(key, q["oldest_pending_s"] or 0.0)
         yield from (length, pending, undelivered, oldest)
         yield GaugeMetricFamily("pincer_dead_letters", "Entries in the dead-letter stream", value=self.found["dead"])
+
+    def _channels(self) -> Iterator[Metric]:
+        labels = ["channel"]
+        up = GaugeMetricFamily("pincer_channel_connected", "1 while a chat channel's poller makes progress",
+                               labels=labels)
+        age = GaugeMetricFamily("pincer_channel_last_poll_age_seconds", "Seconds since a channel's last good poll",
+                                labels=labels)
+        moved = CounterMetricFamily("pincer_channel_messages", "Messages a channel took in and answered",
+                                    labels=["channel", "direction"])
+        errors = CounterMetricFamily("pincer_channel_errors", "Failed platform calls of a channel", labels=labels)
+        for c in self.found["channels"]:
+            up.add_metric([c["channel"]], 1.0 if c["state"] == "connected" else 0.0)
+            if c["last_progress_s_ago"] is not None:
+                age.add_metric([c["channel"]], c["last_progress_s_ago"])
+            moved.add_metric([c["channel"], "in"], c["in"])
+            moved.add_metric([c["channel"], "out"], c["out"])
+            errors.add_metric([c["channel"]], c["errors"])
+        yield from (up, age, moved, errors)
 
     def _counted(self, instances: Iterable[dict[str, Any]]) -> Iterator[Metric]:
         families: dict[str, Any] = {}
@@ -115,6 +134,7 @@ async def readiness(bus: Bus, *, max_backlog: int) -> tuple[bool, dict[str, Any]
     problems = [why for bad, why in ((not brains, "no Brain alive"), (not hands, "no Hands worker alive"),
                                      (inbox["undelivered"] >= max_backlog, "the Brain inbox is too far behind"))
                 if bad]
+    problems += [f"the {c['channel']} channel is {c['state']}" for c in found["channels"] if c["state"] != "connected"]
     body = {"status": "ready" if not problems else "not ready", "brains": brains, "hands": hands,
             "inbox_backlog": inbox["undelivered"], "checked": round(time.time(), 3)}
     if problems:

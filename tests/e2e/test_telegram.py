@@ -9,11 +9,12 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bus.streams import Bus
-from tests.conftest import Processes, wait_until
+from tests.conftest import Processes, gateway_client, wait_until
 from tests.e2e.conftest import start_stack
 from tests.fake_telegram import TOKEN, FakeTelegram, Sent
 from tests.scripted_llm import ScriptedLLM
@@ -161,9 +162,20 @@ def test_an_outage_a_flood_limit_and_a_hung_poll_are_waited_out(
     telegram.say(ALICE, "after the hang")
     answer(telegram, ALICE, "echo: after the hang", timeout=90)
     assert sum("through the storm" in s.text for s in telegram.to(ALICE)) == 1
-    status = processes.run("channels", "--json")
-    rows = json.loads(status.stdout)
+    def counted() -> list[dict[str, Any]] | None:  # as the next heartbeat reports it
+        rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
+        return rows if rows and rows[0]["in"] >= 2 else None
+
+    rows = wait_until(counted, timeout=30, what="both messages counted")
     assert rows[0]["channel"] == "telegram" and rows[0]["errors"] >= 3 and rows[0]["state"] == "connected"
+    assert rows[0]["enabled"] is True
+    pool = json.loads(processes.run("status", "--json").stdout)
+    assert [c["state"] for c in pool["channels"]] == ["connected"]
+    with gateway_client(channel_env) as client:
+        metrics = client.get("/metrics").text
+        assert 'pincer_channel_connected{channel="telegram"} 1.0' in metrics
+        assert 'pincer_channel_errors_total{channel="telegram"}' in metrics
+        assert client.get("/readyz").json()["status"] == "ready"
 
 
 def test_killed_mid_turn_the_answer_comes_once_and_the_turn_runs_once(
