@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bus.redis_server import EmbeddedRedis
 from bus.streams import Bus
 from tests.conftest import Processes, gateway_client, wait_until
 from tests.e2e.conftest import start_stack
@@ -203,3 +204,39 @@ def test_two_replicas_poll_one_at_a_time_and_answer_each_message_once(
         answer(telegram, ALICE, f"echo: message {n}")
     assert all(sum(f"message {n}" in s.text for s in telegram.to(ALICE)) == 1 for n in range(6))
     assert telegram.most_polls_at_once == 1  # never two pollers: no 409 from Telegram
+
+
+def test_a_redis_restart_loses_no_update_and_answers_each_once(
+        processes: Processes, pincer_env: dict[str, str], ws: Path, telegram: FakeTelegram, tmp_path: Path,
+        scripted_llm: ScriptedLLM) -> None:
+    server = EmbeddedRedis(tmp_path / "own-redis")
+    url = server.start()
+    try:
+        processes.env = {**pincer_env, "PINCER_REDIS_URL": url, "PINCER_WORKSPACE": str(ws),
+                         "PINCER_REDIS__CLAIM_IDLE_S": "1", "PINCER_REDIS__REAP_INTERVAL_S": "0.3",
+                         "PINCER_CHANNELS__TELEGRAM__BOT_TOKEN": TOKEN,
+                         "PINCER_CHANNELS__TELEGRAM__API_URL": telegram.api_url,
+                         "PINCER_CHANNELS__TELEGRAM__ALLOW_FROM": f'["{ALICE}"]',
+                         "PINCER_CHANNELS__TELEGRAM__POLL_TIMEOUT_S": "1",
+                         "PINCER_CHANNELS__TELEGRAM__POLL_GRACE_S": "2",
+                         "PINCER_CHANNELS__TELEGRAM__EDIT_INTERVAL_S": "0.2"}
+        start_stack(processes, hands=1)
+        start_channel(processes, telegram)
+        telegram.say(ALICE, "before")
+        answer(telegram, ALICE, "echo: before")
+        telegram.say(ALICE, "SLEEP 3\nmid-turn")  # at the model when Redis stops
+        wait_until(lambda: any("mid-turn" in json.dumps(r["messages"]) for r in scripted_llm.requests), timeout=60,
+                   what="the turn at the model")
+        server.stop()  # SIGTERM: Redis writes its append-only file and exits
+        during = [telegram.say(ALICE, f"during {n}") for n in range(3)]  # left with Telegram, unconfirmed
+        wait_until(lambda: "telegram poll: Redis away" in processes.logs(), timeout=30,
+                   what="the poller waiting for Redis (it takes nothing it cannot store)")
+        assert telegram.confirmed <= during[0]
+        server.start()  # same port, password and data
+        for text in ("slept 3s", "echo: during 0", "echo: during 1", "echo: during 2"):
+            answer(telegram, ALICE, text, timeout=120)
+        for text in ("echo: before", "slept 3s", "echo: during 0", "echo: during 1", "echo: during 2"):
+            assert sum(text in s.text for s in telegram.to(ALICE)) == 1, (text, [s.text for s in telegram.to(ALICE)])
+    finally:
+        processes.stop_all()
+        server.stop()
