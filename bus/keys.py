@@ -171,6 +171,15 @@ class Keys:
         """A token's message bucket (tokens left, last refill), shared by every Gateway of the pool."""
         return f"{self.prefix}rate:{token_name}"
 
+    @property
+    def hooks(self) -> str:
+        """Hash of signed webhooks: name -> its record (agent, template, delivery URL, secret)."""
+        return f"{self.prefix}hooks"
+
+    def hook_seen(self, name: str, signature_digest: str) -> str:
+        """A signed request already received (kept for the replay window)."""
+        return f"{self.prefix}hook-seen:{name}:{signature_digest}"
+
     # --- chat channels (gateway/channels): ``channel`` is e.g. "telegram", ``bot`` the bot's own id ---
 
     def channel_inbox(self, channel: str, bot: str) -> str:

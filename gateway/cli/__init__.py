@@ -135,6 +135,18 @@ def _parser() -> argparse.ArgumentParser:
     channels.add_argument("--json", action="store_true", help="print JSON")
     channels.add_argument("--redis", metavar="URL")
 
+    hooks = sub.add_parser("hooks", help="signed webhooks that start turns: add NAME | list | rotate NAME | rm NAME")
+    hooks.add_argument("action", nargs="?", default="list", choices=["add", "list", "rotate", "rm"])
+    hooks.add_argument("name", nargs="?", metavar="NAME", help="lowercase letters, digits, _ and -")
+    hooks.add_argument("--agent", default="main", help="the agent that answers (default main)")
+    hooks.add_argument("--template", metavar="TEXT", help="add: what the agent is asked; {payload} marks where "
+                       "the request's body goes (as untrusted data)")
+    hooks.add_argument("--deliver", metavar="URL", help="add: POST each turn's outcome here, signed the same way")
+    hooks.add_argument("--grace", type=float, default=3600.0, metavar="S",
+                       help="rotate: seconds the old secret stays good (default 3600; 0: at once)")
+    hooks.add_argument("--json", action="store_true", help="print JSON (list)")
+    hooks.add_argument("--redis", metavar="URL")
+
     tools = sub.add_parser("tools", help="list the tools Hands offers")
     tools.add_argument("--json", action="store_true", help="print JSON")
     tools.add_argument("--redis", metavar="URL")
@@ -167,7 +179,7 @@ COMMANDS = {
     "chat": "chat:command", "open": "opener:command", "token": "tokens:command", "trace": "trace:command",
     "status": "ops:status", "dead": "ops:dead", "policy": "policy:command",
     "tools": "catalog:tools", "skills": "catalog:skills",
-    "channel": "runtime:channel", "channels": "channels:command",
+    "channel": "runtime:channel", "channels": "channels:command", "hooks": "hooks:command",
 }
 
 

@@ -47,6 +47,7 @@ from gateway.server.events import parse_after
 from gateway.server.fanout import Fanout
 from gateway.server.guard import Guard
 from gateway.server.handling import caller, collect_or_cancel, credential, read_json, session_id_of
+from gateway.server.hooks import Hooks, HookStore
 from gateway.server.limits import CallerLimits, Hold
 from gateway.server.live import LiveSocket
 from gateway.server.observe import metrics_text, readiness
@@ -81,6 +82,7 @@ class Gateway:
         self.limits = CallerLimits(bus, settings.limits)
         self.connections = Connections(self.tokens, self.web, max_life_s=settings.limits.max_connection_s)
         self.turns = TurnRunner(bus, self.inbox, self.sessions, self.limits, settings)
+        self.hooks = Hooks(HookStore(bus.redis, bus.keys), self.turns, bus.redis, bus.keys)
         self.fanout = Fanout(bus, self.turns.log, instance_id=instance_id,
                              block_ms=int(settings.events.heartbeat_s * 1000))
         self.meter = Meter()
@@ -97,6 +99,7 @@ class Gateway:
         finally:
             await self.connections.close()
             await self.fanout.close()
+            await self.hooks.close()
             await self.turns.close()
             await self.presence.stop()
             await self.inbox.close()
@@ -118,6 +121,7 @@ class Gateway:
                 Route("/v1/sessions/{session_id}", self.delete_session, methods=["DELETE"]),
                 Route("/v1/sessions", self.list_sessions, methods=["GET"]),
                 Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
+                Route("/v1/hooks/{name}", self.hook, methods=["POST"]),
                 *OpenAIRoutes(self.settings.openai, self.turns, self.connections).routes(),
                 WebSocketRoute("/v1/ws", self.live),
                 Route("/v1/me", self.me, methods=["GET"]),
@@ -209,6 +213,12 @@ class Gateway:
         await self.turns.own_session(identity, session_id)
         await self.turns.cancel(session_id, by=identity.name)
         return JSONResponse({"session_id": shown_to(identity, session_id), "cancel": "sent"}, status_code=202)
+
+    async def hook(self, request: Request) -> Response:
+        """A signed webhook: its turn started (202), its outcome delivered where the hook says."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.scope["headers"]}
+        started = await self.hooks.receive(request.path_params["name"], headers, await request.body())
+        return JSONResponse(started, status_code=202)
 
     async def decide(self, request: Request) -> Response:
         """Answer a pending exec approval of a session the caller owns (or any, for an operator)."""

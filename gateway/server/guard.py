@@ -31,6 +31,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # The page and its files, and the sign-in routes: what a browser needs before it has a session.
 PAGE_PATHS = frozenset({"/", "/login", "/logout"})
 PAGE_PREFIX = "/static/"
+HOOK_PREFIX = "/v1/hooks/"  # signed with the hook's own secret instead (gateway/server/hooks.py)
 SOCKET_PATH = "/v1/ws"  # may authenticate with its first frame (a browser cannot set headers on a WebSocket)
 COOKIE = "pincer_session"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -56,7 +57,7 @@ class Guard:
             if scope["type"] == "http" and scope["method"] in BODY_METHODS:
                 receive = await self._read_body(headers, receive)
             path = scope["path"]
-            optional = path in PAGE_PATHS or path.startswith(PAGE_PREFIX) or \
+            optional = path in PAGE_PATHS or path.startswith((PAGE_PREFIX, HOOK_PREFIX)) or \
                 (scope["type"] == "websocket" and path == SOCKET_PATH)
             try:
                 state = scope.setdefault("state", {})
