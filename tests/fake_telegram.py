@@ -235,6 +235,8 @@ class FakeTelegram:
         handler = getattr(self, METHODS[method], None) if method in METHODS else None
         if handler is None:
             return _error(404, "Not Found: method not found")
+        if method == "getUpdates":
+            params["_request"] = request  # a hung poll ends when its client gives up
         return await handler(params)  # type: ignore[no-any-return]
 
     async def _get_me(self, _params: dict[str, Any]) -> Response:
@@ -248,8 +250,10 @@ class FakeTelegram:
         self.polls_at_once += 1
         self.most_polls_at_once = max(self.most_polls_at_once, self.polls_at_once)
         try:
-            if time.monotonic() < self.hang_until:
-                await asyncio.sleep(3600)  # until the client gives up on the connection
+            if time.monotonic() < self.hang_until:  # no answer: until the client gives up on the connection
+                while not await params["_request"].is_disconnected():
+                    await asyncio.sleep(0.1)
+                return _error(504, "Gateway Timeout")
             offset = int(params.get("offset") or 0)
             if offset:
                 with self._lock:
