@@ -3,7 +3,9 @@ answered exactly once through outages.
 
 A private redis-server, the tests' scripted model in its own process, real `pincer brain`, `pincer hands`
 and `pincer channel telegram` processes, and the tests' local Bot API server (tests/fake_telegram.py)
-playing ``--users`` people who send ``--updates`` messages in waves. Every ``--outage-every`` messages
+playing ``--users`` people who send ``--updates`` messages in waves (saying /new every ``--new-every``,
+as people start fresh conversations: a session hundreds of turns long measures the model's context,
+not the channel). Every ``--outage-every`` messages
 the API fails: three 502s on getUpdates and a 429 (retry_after 1) on sendMessage; every third outage
 the polls hang for 3 s instead. The channel's resident memory is read from /proc after a warm-up
 (the first tenth answered) and at the end. Run: .venv/bin/python bench/channel_soak.py
@@ -52,6 +54,7 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=20)
     parser.add_argument("--wave", type=int, default=40, help="messages sent at once")
     parser.add_argument("--outage-every", type=int, default=250)
+    parser.add_argument("--new-every", type=int, default=20, help="each person says /new after this many messages")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="pincer-soak-"))
     redis = EmbeddedRedis(tmp / "redis")
@@ -64,7 +67,8 @@ def main() -> None:
     env.update({
         "PINCER_REDIS_URL": url, "PINCER_MODEL": "openai/scripted", "PINCER_LLM_API_BASE": llm.api_base,
         "PINCER_LLM_API_KEY": "sk-scripted", "PINCER_BRAIN__LLM_RETRIES": "0",
-        "PINCER_WORKSPACE": str(tmp / "workspace"), "PINCER_DATA_DIR": str(tmp / "data"), "PINCER_RUNTIME__LOG_LEVEL": "WARNING",
+        "PINCER_WORKSPACE": str(tmp / "workspace"), "PINCER_DATA_DIR": str(tmp / "data"),
+        "PINCER_RUNTIME__LOG_LEVEL": "WARNING",
         "PYTHONPATH": str(ROOT), "PINCER_HANDS__SKILL_DIRS": f'["{ROOT / "skills"}"]',
         "PINCER_BRAIN__MAX_TURNS": "64", "PINCER_BRAIN__MAX_WAITING": "256",
         "PINCER_GATEWAY__LIMITS__MESSAGES_PER_MINUTE": "100000", "PINCER_GATEWAY__LIMITS__BURST": "10000",
@@ -87,7 +91,11 @@ def main() -> None:
         warm = None
         outages = 0
         for n in range(args.updates):
-            telegram.say(users[n % len(users)], f"m{n}")
+            user = users[n % len(users)]
+            if n // len(users) % args.new_every == args.new_every - 1 and n % len(users) == 0:
+                for person in users:  # people start fresh conversations now and then: sessions stay short
+                    telegram.say(person, "/new")
+            telegram.say(user, f"m{n}")
             if n and n % args.outage_every == 0:
                 outages += 1
                 if outages % 3 == 0:
@@ -97,7 +105,7 @@ def main() -> None:
                     telegram.fail("sendMessage", 429, times=1, retry_after=1)
             if (n + 1) % args.wave == 0:
                 while len(answered(telegram, users)) < n + 1 - args.wave:  # at most two waves in flight
-                    time.sleep(0.05)
+                    time.sleep(0.25)  # the count reads every message sent: not too often, or it starves the server
             if warm is None and len(answered(telegram, users)) >= args.updates // 10:
                 warm = rss_mb(channel.pid)
         while len(answered(telegram, users)) < args.updates:

@@ -37,7 +37,8 @@ BOT = {"id": 777000, "is_bot": True, "first_name": "Pincer", "username": "pincer
 # The Bot API's methods this server answers, and the handler of each.
 METHODS = {"getMe": "_get_me", "getUpdates": "_get_updates", "sendMessage": "_send_message",
            "editMessageText": "_edit_message_text", "sendChatAction": "_send_chat_action",
-           "answerCallbackQuery": "_answer_callback_query", "getFile": "_get_file", "sendDocument": "_send_document"}
+           "answerCallbackQuery": "_answer_callback_query", "getFile": "_get_file", "sendDocument": "_send_document",
+           "setWebhook": "_set_webhook", "deleteWebhook": "_delete_webhook", "getWebhookInfo": "_get_webhook_info"}
 TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "code", "pre", "a", "blockquote", "tg-spoiler",
         "span"}
 
@@ -97,6 +98,10 @@ class FakeTelegram:
         self.files: dict[str, bytes] = {}
         self.failing: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         self.hang_until = 0.0
+        self.webhook: tuple[str, str] | None = None  # (url, secret token) while one is set
+        self.pushes: list[tuple[int, int]] = []  # (update id, HTTP status) of each webhook delivery
+        self.push_twice = False  # deliver each update a second time after it was taken (Telegram may)
+        self._pusher: asyncio.Task[None] | None = None
         self.polls_at_once = 0
         self.most_polls_at_once = 0
         self._ids = itertools.count(1)
@@ -242,7 +247,56 @@ class FakeTelegram:
     async def _get_me(self, _params: dict[str, Any]) -> Response:
         return _ok(BOT)
 
+    async def _set_webhook(self, params: dict[str, Any]) -> Response:
+        url = str(params.get("url", ""))
+        if not url.startswith(("http://", "https://")):
+            return _error(400, "Bad Request: bad webhook: An HTTPS URL must be provided for webhook")
+        self.webhook = (url, str(params.get("secret_token", "")))
+        if self._pusher is None or self._pusher.done():
+            self._pusher = asyncio.get_running_loop().create_task(self._push())
+        return _ok(True)
+
+    async def _delete_webhook(self, _params: dict[str, Any]) -> Response:
+        self.webhook = None
+        return _ok(True)
+
+    async def _get_webhook_info(self, _params: dict[str, Any]) -> Response:
+        url = self.webhook[0] if self.webhook else ""
+        with self._lock:
+            pending = sum(1 for u in self.updates if u["update_id"] >= self.confirmed)
+        return _ok({"url": url, "has_custom_certificate": False, "pending_update_count": pending})
+
+    async def _push(self) -> None:
+        """Deliver each update to the webhook in order, again until it is answered 2xx (as Telegram does)."""
+        import httpx
+
+        async with httpx.AsyncClient(timeout=10) as client:
+            while self.webhook is not None:
+                with self._lock:
+                    ready = [u for u in self.updates if u["update_id"] >= self.confirmed][:1]
+                if not ready:
+                    await asyncio.sleep(0.05)
+                    continue
+                url, secret = self.webhook
+                update = ready[0]
+                try:
+                    answer = await client.post(url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": secret})
+                    status = answer.status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.pushes.append((update["update_id"], status))
+                if 200 <= status < 300:
+                    if self.push_twice:
+                        await client.post(url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": secret})
+                    with self._lock:
+                        self.confirmed = update["update_id"] + 1
+                else:
+                    await asyncio.sleep(0.2)
+
     async def _get_updates(self, params: dict[str, Any]) -> Response:
+        if self.webhook is not None:
+            return _error(409, "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook "
+                               "to delete the webhook first")
         if self._current_poll is not None and not self._current_poll.done():
             self._current_poll.set_result(None)  # the older poll is told: 409
         me: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 
@@ -49,6 +51,26 @@ class TelegramSettings(Section):
     stall_s: float = Field(default=90.0, ge=5)
     # How long a stranger's pairing code stays valid.
     pairing_ttl_s: int = Field(default=3600, ge=60)
+    # Webhooks instead of polling: the public https URL Telegram posts updates to (a reverse proxy in
+    # front of webhook_listen); empty: long polling. Each request must carry the secret token Pincer
+    # registers with the webhook (derived from bot_token, the same on every replica).
+    webhook_url: str = ""
+    webhook_listen: str = Field(default="127.0.0.1:8781", pattern=r"^[^\s:]+:\d{1,5}$")
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str) -> str:
+        if value and not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
+            raise ValueError(f"webhook_url must be the http(s) URL Telegram posts to, got {value!r}")
+        return value
+
+    def webhook_secret(self) -> str:
+        """The secret token Telegram sends with each webhook request: derived from the bot's token."""
+        seed = ("pincer-telegram-webhook:" + self.bot_token.get_secret_value()).encode()
+        return hashlib.sha256(seed).hexdigest()[:48]
+
+    def webhook_path(self) -> str:
+        return urlsplit(self.webhook_url).path or "/"
 
     @field_validator("bot_token", mode="before")
     @classmethod

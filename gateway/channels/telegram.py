@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, Message, Update
 from telegram import error as tg
@@ -29,6 +30,7 @@ log = logging.getLogger("gateway.channels.telegram")
 
 NAME = "telegram"
 LIMIT = 4096  # characters of one message's text, entities parsed
+POOL = 96  # HTTP connections for calls other than getUpdates: the kit runs up to 32 turns at once
 
 
 @contextlib.asynccontextmanager
@@ -60,8 +62,9 @@ class Telegram:
         token = settings.bot_token.get_secret_value()
         poll = settings.poll_timeout_s
         self.bot = Bot(token, base_url=f"{settings.api_url}/bot", base_file_url=f"{settings.api_url}/file/bot",
-                       request=HTTPXRequest(connection_pool_size=8, connect_timeout=10, read_timeout=20,
-                                            write_timeout=20, pool_timeout=10),
+                       # Room for every turn the handler runs at once (sends, edits, typing) and then some.
+                       request=HTTPXRequest(connection_pool_size=POOL, connect_timeout=10, read_timeout=20,
+                                            write_timeout=20, pool_timeout=30),
                        get_updates_request=HTTPXRequest(connect_timeout=10, read_timeout=poll + settings.poll_grace_s,
                                                         pool_timeout=10))
         self.bot_id = ""
@@ -95,6 +98,26 @@ class Telegram:
         if not updates:
             return offset, []
         return updates[-1].update_id + 1, [u for u in map(self._update, updates) if u is not None]
+
+    def parse(self, data: dict[str, Any]) -> tuple[str, ChannelUpdate | None]:
+        """An update as a webhook request carries it: its id, and what the kit handles of it (if anything)."""
+        update = Update.de_json(data, self.bot)
+        return str(update.update_id), self._update(update)
+
+    async def set_webhook(self, url: str, secret: str) -> None:
+        async with translated("setWebhook"):
+            await self.bot.set_webhook(url, secret_token=secret, allowed_updates=["message", "callback_query"])
+
+    async def drop_webhook(self) -> None:
+        """Long polling cannot start while a webhook is set (Telegram answers 409)."""
+        async with translated("deleteWebhook"):
+            await self.bot.delete_webhook()
+
+    async def webhook_error(self) -> str:
+        """What Telegram last failed to deliver to the webhook, if anything (its progress check)."""
+        async with translated("getWebhookInfo"):
+            info = await self.bot.get_webhook_info()
+        return info.last_error_message or ""
 
     def _update(self, update: Update) -> ChannelUpdate | None:
         event_id = str(update.update_id)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import json
 import logging
 import re
 import time
@@ -30,8 +32,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
 from bus.codec import encode
-from bus.consumer import GroupConsumer
+from bus.consumer import GroupConsumer, HandedOver
 from bus.lease import HOLDS, Lease
 from bus.log import kv
 from bus.presence import Presence, alive
@@ -88,6 +96,15 @@ end
 redis.call('SET', KEYS[3], ARGV[2])
 return 1
 """
+# KEYS: seen, inbox. ARGV: keep s, inbox length kept, then the entry's fields. 1: written; 0: a repeat.
+TAKE_PUSHED = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
+return 1
+"""
+PUSHED_KEEP_S = 86_400  # a platform retries a webhook delivery for hours at most
+WEBHOOK_MAX_BYTES = 1 << 20
+WEBHOOK_CHECK_S = 15.0  # how often a webhook's health is asked of the platform (its progress)
 # KEYS: lease. ARGV: the dead holder, us, ttl ms. The lease of a holder whose heartbeat stopped, taken.
 TAKE_OVER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
@@ -95,6 +112,12 @@ return 0
 """
 
 T = TypeVar("T")
+
+
+class PlatformDown(HandedOver):
+    """An update whose answer the platform would not take: left pending for the reaper to deliver again
+    (after ``redis.claim_idle_s``; past ``redis.max_deliveries`` it goes to the dead letters, from where
+    `pincer dead retry` sends it again). Its turn is not run again: the delivery record says it ran."""
 
 
 class Platform(Surface, Protocol):
@@ -110,6 +133,10 @@ class Platform(Surface, Protocol):
     async def answer_press(self, press: str, text: str) -> None: ...
     async def fetch_file(self, file: ChannelFile, limit: int) -> bytes: ...
     async def send_file(self, chat: str, path: Path) -> None: ...
+    def parse(self, data: dict[str, Any]) -> tuple[str, ChannelUpdate | None]: ...
+    async def set_webhook(self, url: str, secret: str) -> None: ...
+    async def drop_webhook(self) -> None: ...
+    async def webhook_error(self) -> str: ...
 
 
 async def patiently(call: Callable[[], Awaitable[T]], *, what: str, within_s: float = PATIENCE_S) -> T:
@@ -168,6 +195,7 @@ class ChannelWorker:
         self.last_error = ""
         self._take = bus.redis.register_script(TAKE_UPDATES)
         self._take_over = bus.redis.register_script(TAKE_OVER)
+        self._take_pushed = bus.redis.register_script(TAKE_PUSHED)
 
     # --- the process ---
 
@@ -189,7 +217,8 @@ class ChannelWorker:
             reaper = Reaper(self.bus, consumer, self.bus.settings)
             await reaper.start()
             stack.push_async_callback(reaper.close)
-            poller = asyncio.create_task(self._poll(stop), name=f"{self.name}:poller")
+            taking = self._webhook(stop) if self.settings.webhook_url else self._poll(stop)
+            poller = asyncio.create_task(taking, name=f"{self.name}:updates")
             stack.push_async_callback(_awaited, poller)
             log.info("%s channel up %s", self.name, kv(bot=self.platform.bot_id, username=self.platform.username))
             await consumer.run(stop)
@@ -221,6 +250,8 @@ class ChannelWorker:
     # --- the poller ---
 
     async def _poll(self, stop: asyncio.Event) -> None:
+        with contextlib.suppress(PlatformAway, PlatformRefused):  # polling cannot start while a webhook is set
+            await self.platform.drop_webhook()
         lease = Lease(self.bus.redis, self.bus.keys.channel_poller(self.name, self.platform.bot_id),
                       self.instance_id, ttl_ms=int((self.hung_s + self.settings.poll_grace_s) * 1000))
         failures = 0
@@ -263,6 +294,59 @@ class ChannelWorker:
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await lease.release()
 
+    # --- or a webhook: the platform pushes, every replica receives ---
+
+    async def _webhook(self, stop: asyncio.Event) -> None:
+        """Serve the webhook until ``stop``: each request checked for the secret, written to the inbox once
+        (the platform retries until it gets a 2xx, so a repeat is dropped by its update id), then answered."""
+        secret = self.settings.webhook_secret()
+        await patiently(lambda: self.platform.set_webhook(self.settings.webhook_url, secret), what="setWebhook")
+        host, _, port = self.settings.webhook_listen.rpartition(":")
+        app = Starlette(routes=[Route(self.settings.webhook_path(), partial(self._pushed, secret), methods=["POST"])])
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
+                                               lifespan="off"))
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # our loop's
+        serving = asyncio.create_task(server.serve())
+        try:
+            while not stop.is_set() and not serving.done():
+                try:
+                    problem = await self.platform.webhook_error()
+                    self.polling, self.last_progress = True, time.time()
+                    if problem:
+                        self._failed(PlatformAway(f"Telegram could not deliver to the webhook: {problem}"))
+                except (PlatformAway, PlatformRefused) as exc:
+                    self._failed(exc)
+                await _sleep_or_stop(stop, WEBHOOK_CHECK_S)
+        finally:
+            self.polling = False
+            server.should_exit = True
+            await serving
+
+    async def _pushed(self, secret: str, request: Request) -> Response:
+        given = request.headers.get("x-telegram-bot-api-secret-token", "")
+        if not hmac.compare_digest(given.encode(), secret.encode()):
+            return JSONResponse({"error": "the secret token is missing or wrong"}, status_code=401)
+        body = await request.body()
+        if len(body) > WEBHOOK_MAX_BYTES:
+            return JSONResponse({"error": "too large"}, status_code=413)
+        try:
+            event_id, update = self.platform.parse(json.loads(body))
+        except (ValueError, TypeError, KeyError) as exc:
+            return JSONResponse({"error": f"not an update: {exc}"}, status_code=400)
+        if update is not None:
+            inbox = self.bus.keys.channel_inbox(self.name, self.platform.bot_id)
+            seen = self.bus.keys.channel_delivery(self.name, f"pushed:{event_id}")
+            args: list[Any] = [PUSHED_KEEP_S, INBOX_KEEP]
+            for key, value in encode(update).items():
+                args.extend((key, value))
+            try:
+                if await self._take_pushed(keys=[seen, inbox], args=args):
+                    self.counts["in"] += 1
+            except CONNECTION_ERRORS:  # not taken: the platform delivers it again
+                return JSONResponse({"error": "busy"}, status_code=503)
+        self.last_progress = time.time()
+        return JSONResponse({"ok": True})
+
     async def _take_over_dead(self, lease: Lease) -> bool:
         """The lease of a holder whose heartbeat has stopped (killed, its host gone): ours at once."""
         holder: bytes | None = await self.bus.redis.get(lease.key)  # type: ignore[assignment]  # bytes
@@ -299,7 +383,10 @@ class ChannelWorker:
             return []
         try:
             await self._handle(message)
-        except (PlatformAway, PlatformRefused) as exc:  # shown nothing more: said in the log and the counts
+        except PlatformAway as exc:  # still away after PATIENCE_S: left pending, delivered again later
+            self._failed(exc)
+            raise PlatformDown(f"{self.name} is away ({exc}); update {message.event_id} stays pending") from None
+        except PlatformRefused as exc:  # will never work (the person blocked the bot, say): counted, logged
             self._failed(exc)
             log.warning("%s: update %s not answered: %s", self.name, message.event_id, exc)
         return []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -152,3 +153,43 @@ def test_a_workspace_that_holds_the_data_dir_stops_startup(processes: Processes,
     assert refused.returncode == 78 and refused.stderr.strip().count("\n") == 0
     assert "contains the data directory" in refused.stderr
     assert processes.run("hands", extra_env={"PINCER_WORKSPACE": str(tmp_path)}).returncode == 78
+
+
+def test_up_starts_an_enabled_channel_hands_it_its_token_alone_and_restarts_it(
+        processes: Processes, up_env: dict[str, str], tmp_path: Path) -> None:
+    from tests.fake_telegram import TOKEN, FakeTelegram
+
+    telegram = FakeTelegram().start()
+    try:
+        env = {**up_env, "TELEGRAM_BOT_TOKEN": TOKEN, "PINCER_CHANNELS__TELEGRAM__ENABLED": "true",
+               "PINCER_CHANNELS__TELEGRAM__BOT_TOKEN": "${TELEGRAM_BOT_TOKEN}",
+               "PINCER_CHANNELS__TELEGRAM__API_URL": telegram.api_url,
+               "PINCER_CHANNELS__TELEGRAM__ALLOW_FROM": '["111"]',
+               "PINCER_CHANNELS__TELEGRAM__POLL_TIMEOUT_S": "1"}
+        up = start_up(processes, env, "up-channel")
+        wait_until(lambda: telegram.calls_of("getUpdates"), timeout=60, what="the channel polling")
+        channel = next(pid for pid in descendants(up.pid) if "gateway.channels" in _cmdline(pid))
+        environ = Path(f"/proc/{channel}/environ").read_bytes().split(b"\0")
+        assert f"PINCER_CHANNELS__TELEGRAM__BOT_TOKEN={TOKEN}".encode() in environ
+        assert not any(b"TELEGRAM_BOT_TOKEN=" + TOKEN.encode() == e for e in environ)  # the variable stays home
+        brain = next(pid for pid in descendants(up.pid) if _cmdline(pid).endswith("-m brain"))
+        assert TOKEN.encode() not in Path(f"/proc/{brain}/environ").read_bytes()  # no other role sees it
+        telegram.say(111, "hello from the phone")
+        wait_until(lambda: any("echo: hello from the phone" in s.text for s in telegram.to(111)), timeout=60,
+                   what="the answer")
+        os.kill(channel, signal.SIGKILL)
+        wait_until(lambda: any("gateway.channels" in _cmdline(p) and p != channel for p in descendants(up.pid)),
+                   timeout=60, what="the channel restarted by pincer up")
+        telegram.say(111, "still there?")
+        wait_until(lambda: any("echo: still there?" in s.text for s in telegram.to(111)), timeout=60,
+                   what="the restarted channel answering")
+        assert processes.stop(up, signal.SIGTERM, timeout=30) == 0
+    finally:
+        telegram.stop()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""

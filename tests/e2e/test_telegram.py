@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from bus.redis_server import EmbeddedRedis
+from bus.redis_server import EmbeddedRedis, free_port
 from bus.streams import Bus
 from tests.conftest import Processes, gateway_client, wait_until
 from tests.e2e.conftest import start_stack
@@ -240,3 +241,65 @@ def test_a_redis_restart_loses_no_update_and_answers_each_once(
     finally:
         processes.stop_all()
         server.stop()
+
+
+def test_stop_cancels_the_running_turn_and_new_starts_a_fresh_session(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram,
+        scripted_llm: ScriptedLLM) -> None:
+    start_channel(processes, telegram)
+    telegram.say(ALICE, "remember: the word is kiwi")
+    answer(telegram, ALICE, "echo: remember")
+    telegram.say(ALICE, "SLEEP 30\nslow")
+    wait_until(lambda: any("slow" in json.dumps(r["messages"][-1]) for r in scripted_llm.requests), timeout=60,
+               what="the slow turn at the model")
+    telegram.say(ALICE, "/stop")
+    answer(telegram, ALICE, "Stopping.")
+    stopped = answer(telegram, ALICE, "⚠", timeout=60)  # the slow turn's message ends with why
+    assert "cancel" in stopped.text.lower()
+    telegram.say(ALICE, "/new")
+    answer(telegram, ALICE, "Started a fresh conversation.")
+    telegram.say(ALICE, "what was the word?")
+    answer(telegram, ALICE, "echo: what was the word?")
+    fresh = scripted_llm.requests[-1]["messages"]
+    assert not any("kiwi" in json.dumps(m) for m in fresh)  # the new session has no memory of the old one
+
+
+def test_a_photo_is_saved_and_a_file_over_the_cap_is_refused_by_name(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram, ws: Path) -> None:
+    processes.env = {**channel_env, "PINCER_CHANNELS__TELEGRAM__MAX_FILE_BYTES": "2048"}
+    start_channel(processes, telegram)
+    telegram.say(ALICE, "a picture", photo=b"\xff\xd8\xff" + b"p" * 100)
+    shown = answer(telegram, ALICE, "saved in the workspace at inbox/telegram/111/photo-")
+    assert "103 bytes" in shown.text
+    telegram.say(ALICE, "a big one", document=("big.bin", b"x" * 4096))
+    refused = answer(telegram, ALICE, "big.bin, but it was not saved")
+    assert "over the 2048" in refused.text and not (ws / "inbox" / "telegram" / str(ALICE) / "big.bin").exists()
+
+
+def test_webhook_mode_checks_the_secret_and_answers_a_redelivered_update_once(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram) -> None:
+    port = free_port()
+    hook = f"http://127.0.0.1:{port}/telegram-hook"
+    processes.env = {**channel_env, "PINCER_CHANNELS__TELEGRAM__WEBHOOK_URL": hook,
+                     "PINCER_CHANNELS__TELEGRAM__WEBHOOK_LISTEN": f"127.0.0.1:{port}"}
+    processes.start("channel", "telegram", name="telegram-hook")
+    wait_until(lambda: telegram.webhook is not None, timeout=60, what="the webhook set")
+    assert telegram.webhook is not None and telegram.webhook[0] == hook and len(telegram.webhook[1]) >= 32
+    telegram.push_twice = True  # Telegram may deliver an update again: it is answered once
+    telegram.say(ALICE, "by webhook")
+    answer(telegram, ALICE, "echo: by webhook")
+    telegram.say(ALICE, "and again")
+    answer(telegram, ALICE, "echo: and again")
+    assert sum("by webhook" in s.text for s in telegram.to(ALICE)) == 1
+    update = {"update_id": 1, "message": {"message_id": 1, "date": 0, "chat": {"id": ALICE, "type": "private"},
+                                          "from": {"id": ALICE, "is_bot": False, "first_name": "M"}, "text": "forged"}}
+    for headers in ({}, {"X-Telegram-Bot-Api-Secret-Token": "guess"}):
+        forged = httpx.post(hook, json=update, headers=headers, timeout=10)
+        assert forged.status_code == 401, forged.text
+    garbage = httpx.post(hook, content=b"{not json", timeout=10,
+                         headers={"X-Telegram-Bot-Api-Secret-Token": telegram.webhook[1]})
+    assert garbage.status_code == 400
+    assert not telegram.calls_of("getUpdates")  # no polling beside a webhook (Telegram would answer 409)
+    rows = wait_until(lambda: (r := json.loads(processes.run("channels", "--json").stdout)) and
+                      r[0]["state"] == "connected" and r, timeout=60, what="the webhook channel connected")
+    assert rows[0]["in"] >= 2
