@@ -31,7 +31,7 @@ from bus.config import ENV_PREFIX, Config, ConfigError, RedisSettings, RuntimeSe
 from bus.private_file import write_private
 from bus.process_guard import die_with_parent
 from bus.redis_server import EmbeddedRedis, free_port
-from gateway.channels.config import ChannelSettings
+from gateway.channels.config import REFERENCE, ChannelSettings
 from gateway.config import GatewaySettings
 from gateway.runtime.daemon import AlreadyRunning, DaemonState, DataDirLock, Proc, StateFile, start_time, this_process
 from gateway.runtime.logfiles import RoleLog
@@ -65,11 +65,14 @@ SECRETS = {**secret_variables({"redis": RedisSettings, "runtime": RuntimeSetting
            "PINCER_TOKEN": "gateway"}  # a client's token (`pincer chat`): no child needs it
 
 
-def role_env(env: dict[str, str], role: str) -> dict[str, str]:
+def role_env(env: dict[str, str], role: str, *, withheld: frozenset[str] = frozenset()) -> dict[str, str]:
     """What one role may see of the environment: each secret setting only its own section's role (Redis'
     every Pincer role), the model providers' credentials only the Brain, every other setting every role.
-    The local model's server (role ``model``) sees no secret at all."""
+    The local model's server (role ``model``) sees no secret at all; ``withheld`` (the variables the
+    configuration names as `${NAME}`) no role sees: whoever needs one is handed its value as its setting."""
     def allowed(name: str) -> bool:
+        if name in withheld:
+            return False
         section = SECRETS.get(name.upper())
         if section is not None:
             return section == role or (section == "redis" and role in PINCER_ROLES)
@@ -78,6 +81,16 @@ def role_env(env: dict[str, str], role: str) -> dict[str, str]:
         return role == "brain" or not SECRET_NAME.search(name)
 
     return {k: v for k, v in env.items() if allowed(k)}
+
+
+def referenced_variables(raw: object) -> frozenset[str]:
+    """The environment variables a configuration reads as `${NAME}` (a chat channel's token, say)."""
+    if isinstance(raw, dict):
+        return frozenset().union(*(referenced_variables(v) for v in raw.values()))
+    if isinstance(raw, list):
+        return frozenset().union(*(referenced_variables(v) for v in raw))
+    found = REFERENCE.match(raw.strip()) if isinstance(raw, str) else None
+    return frozenset({found.group(1)}) if found else frozenset()
 
 
 @dataclass
@@ -131,6 +144,7 @@ class Supervisor:
         self.state = DaemonState(supervisor=this_process(), argv=argv, gateway_url=self.gateway.url,
                                  log_dir=str(self.runtime.logs_path))
         self.logs: dict[str, RoleLog] = {}
+        self.withheld = referenced_variables(config.raw)
 
     async def run(self) -> int:
         try:
@@ -252,7 +266,7 @@ class Supervisor:
     async def _start(self, child: Child, env: dict[str, str]) -> None:
         child.process = await asyncio.create_subprocess_exec(
             *child.argv,
-            env={**role_env(env, child.role), **child.env},
+            env={**role_env(env, child.role, withheld=self.withheld), **child.env},
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

@@ -78,3 +78,16 @@ def test_every_setting_reaches_the_roles_it_should_under_pincer_up() -> None:
                                                  "PINCER_LLM_API_KEY", "PATH", "PINCER_MODEL"}
     assert set(role_env(providers, "gateway")) == {"PINCER_GATEWAY_TOKEN", "PINCER_TOKEN", "PATH", "PINCER_MODEL"}
     assert set(role_env(providers, "hands")) == {"PATH", "PINCER_MODEL"}
+
+
+def test_a_variable_the_configuration_names_as_a_reference_reaches_no_role() -> None:
+    from gateway.runtime.supervisor import PINCER_ROLES, referenced_variables, role_env
+
+    raw = {"channels": {"telegram": {"bot_token": "${TELEGRAM_BOT_TOKEN}", "allow_from": ["${NOT_A_SECRET}"]}},
+           "brain": {"model": "openai/x"}}
+    withheld = referenced_variables(raw)
+    assert withheld == {"TELEGRAM_BOT_TOKEN", "NOT_A_SECRET"}
+    env = {"TELEGRAM_BOT_TOKEN": "1:abc", "OPENAI_API_KEY": "sk", "PATH": "/bin"}
+    for role in (*PINCER_ROLES, "model"):
+        assert "TELEGRAM_BOT_TOKEN" not in role_env(env, role, withheld=withheld), role
+    assert "OPENAI_API_KEY" in role_env(env, "brain", withheld=withheld)  # the providers' keys still reach it
