@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from bus.keys import BRAIN_GROUP
 from bus.protocol import ChatCancel
@@ -43,8 +42,10 @@ async def test_tokens_are_identities_kept_only_as_digests(bus: Bus) -> None:
         await store.create("alice")
     with pytest.raises(TokenError, match="configured token"):
         await store.create("owner")
-    with pytest.raises(ValidationError):
+    with pytest.raises(TokenError, match="token names are"):
         await store.create("../etc")
+    with pytest.raises(TokenError, match="chat platforms' users"):  # no token may squat telegram:123's sessions
+        await store.create("telegram:123")
 
     assert await store.revoke("alice") and not await store.revoke("alice")
     fresh = TokenStore(bus.redis, bus.keys)  # another Gateway: nothing cached
