@@ -107,7 +107,8 @@ async def test_dead_list_show_retry_and_purge(bus: Bus, processes: Processes) ->
     assert await bus.redis.xlen(bus.keys.dead) == 0
 
 
-@pytest.mark.parametrize("command", [["status"], ["tools"], ["dead", "list"], ["token", "list"], ["trace", "s1"]])
+@pytest.mark.parametrize("command", [["status"], ["tools"], ["dead", "list"], ["token", "list"], ["trace", "s1"],
+                                     ["channels"], ["channels", "pair", "ABCDEFGH"], ["hooks", "list"]])
 def test_every_command_says_plainly_when_redis_is_unreachable(processes: Processes, command: list[str]) -> None:
     nobody = f"redis://127.0.0.1:{free_port()}/0"
     done = processes.run(*command, extra_env={"PINCER_REDIS_URL": nobody}, timeout=60)

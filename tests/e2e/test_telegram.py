@@ -303,3 +303,26 @@ def test_webhook_mode_checks_the_secret_and_answers_a_redelivered_update_once(
     rows = wait_until(lambda: (r := json.loads(processes.run("channels", "--json").stdout)) and
                       r[0]["state"] == "connected" and r, timeout=60, what="the webhook channel connected")
     assert rows[0]["in"] >= 2
+
+
+def test_a_poller_that_makes_no_progress_is_reported_stalled_and_recovers(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram) -> None:
+    processes.env = {**channel_env, "PINCER_CHANNELS__TELEGRAM__STALL_S": "5"}
+    start_channel(processes, telegram)
+    telegram.hang(3600)  # every poll hangs from now on: the process is alive, the channel is not
+
+    def state() -> str:
+        rows = json.loads(processes.run("channels", "--json").stdout)
+        return str(rows[0]["state"]) if rows else ""
+
+    wait_until(lambda: state() == "stalled", timeout=90, what="the channel reported stalled")
+    with gateway_client(processes.env) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and "the telegram channel is stalled" in ready.json()["problems"]
+        assert 'pincer_channel_connected{channel="telegram"} 0.0' in client.get("/metrics").text
+    hung = len(telegram.calls_of("getUpdates"))  # each hung poll is abandoned and tried afresh, not waited on
+    wait_until(lambda: len(telegram.calls_of("getUpdates")) > hung, timeout=30, what="a fresh poll after a hung one")
+    telegram.hang_until = 0.0
+    telegram.say(ALICE, "back?")
+    answer(telegram, ALICE, "echo: back?", timeout=90)
+    wait_until(lambda: state() == "connected", timeout=60, what="connected again")
