@@ -2,8 +2,15 @@
 
 import sys
 
+from bus.config import Config
 from bus.service import start_role
 from gateway.channels.main import main
+from hands.config import HandsSettings
+
+
+def run(config: Config) -> int:
+    return main(config, name, workspace=config.section("hands", HandsSettings).workspace)
+
 
 name = sys.argv[1] if len(sys.argv) > 1 else ""
-sys.exit(start_role(name or "channel", lambda config: main(config, name)))
+sys.exit(start_role(name or "channel", run))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 from bus.config import Config, ConfigError
 from bus.service import new_instance_id, run_service
@@ -12,14 +13,15 @@ from gateway.channels.config import ChannelSettings
 from gateway.channels.errors import PlatformRefused
 from gateway.channels.worker import ChannelWorker
 from gateway.config import GatewaySettings
-from hands.config import HandsSettings
 
 log = logging.getLogger("gateway.channels")
 
 KNOWN = ("telegram",)
 
 
-def main(config: Config, name: str) -> int:
+def main(config: Config, name: str, *, workspace: Path) -> int:
+    """Run channel ``name``; files people send are saved in ``workspace`` (Hands' own, read by whoever
+    starts this: the channel imports nothing of Hands)."""
     if name not in KNOWN:
         raise ConfigError(f"no channel named {name!r}; channels: {', '.join(KNOWN)}")
     settings = config.section("channels", ChannelSettings)
@@ -28,7 +30,6 @@ def main(config: Config, name: str) -> int:
         raise ConfigError("channels.telegram.bot_token is empty: set it (or `${NAME}` to read it from the "
                           "environment variable NAME); @BotFather gives one")
     gateway = config.section("gateway", GatewaySettings)
-    workspace = config.section("hands", HandsSettings).workspace
     instance_id = new_instance_id(name)
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:

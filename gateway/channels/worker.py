@@ -2,10 +2,9 @@
 
 Two halves, joined by a stream in Redis (``channel_inbox``):
 
-- The **poller** (one per bot across every replica: a lease, taken over from a holder whose
-  heartbeat has stopped) fetches the platform's updates and writes them to the inbox together with
-  the platform's new offset, in one script that first checks the lease: an update is taken from
-  the platform only once the bus holds it, and a poller that lost its lease writes nothing.
+- The **intake** (``intake.py``: a poller, one per bot across every replica under a lease, or a
+  webhook every replica serves) writes the platform's updates to the inbox: an update is taken
+  from the platform only once the bus holds it, and never twice.
 - The **handler** (every replica, a consumer group) turns each update into what it means: a
   stranger's pairing code, a command (/new, /stop), a turn (a ``chat:message`` through the
   Gateway's own ``TurnRunner``, so a platform user meets the same admission, session and policy
@@ -22,30 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
-from bus.codec import encode
 from bus.consumer import GroupConsumer, HandedOver
-from bus.lease import HOLDS, Lease
 from bus.log import kv
-from bus.presence import Presence, alive
+from bus.presence import Presence
 from bus.protocol import (
     ApprovalRequest,
-    ChannelFile,
     ChannelUpdate,
     ChatDelta,
     ChatError,
@@ -55,11 +42,13 @@ from bus.protocol import (
 )
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
-from bus.streams import CONNECTION_ERRORS, Bus
+from bus.streams import Bus
 from gateway.channels.access import Access
 from gateway.channels.config import TelegramSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
-from gateway.channels.reply import Buttons, Delivery, StreamedReply, Surface
+from gateway.channels.intake import ROLE, Intake, Progress
+from gateway.channels.platform import RETRY_DELAYS, Patient, Platform, patiently
+from gateway.channels.reply import Buttons, Delivery, StreamedReply
 from gateway.config import GatewaySettings
 from gateway.server.errors import Refused
 from gateway.server.limits import CallerLimits
@@ -71,10 +60,6 @@ from memory.sessions import SessionStore
 log = logging.getLogger("gateway.channels")
 
 GROUP = "channel"
-ROLE = "channel"
-INBOX_KEEP = 10_000  # inbox entries kept (acknowledged ones are only history)
-RETRY_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-PATIENCE_S = 300.0  # how long a message waits out a platform that is away before it is given up
 ANSWER_POLL_S = 0.5  # a restarted channel reads the transcript this often for a turn's answer
 ATTACH = re.compile(r"^[ \t]*\[attach:\s*([^\]\n]{1,512})\][ \t]*$", re.M)
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -84,95 +69,12 @@ INSTRUCTIONS = ("You are talking with a person through {platform}. Keep answers 
                 "to the workspace); files they send you are saved under inbox/ in the workspace.")
 HELP = ("Talk to me as you would to a person. /new starts a fresh conversation, /stop stops what I am doing.")
 
-# KEYS: lease, inbox, offset. ARGV: holder, new offset, inbox length kept, then each entry as its
-# field count and its fields. -1: the lease is not ours (nothing written); 1: written.
-TAKE_UPDATES = HOLDS + """
-local i = 4
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, i + 1, i + n))
-  i = i + n + 1
-end
-redis.call('SET', KEYS[3], ARGV[2])
-return 1
-"""
-# KEYS: seen, inbox. ARGV: keep s, inbox length kept, then the entry's fields. 1: written; 0: a repeat.
-TAKE_PUSHED = """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
-return 1
-"""
-PUSHED_KEEP_S = 86_400  # a platform retries a webhook delivery for hours at most
-WEBHOOK_MAX_BYTES = 1 << 20
-WEBHOOK_CHECK_S = 15.0  # how often a webhook's health is asked of the platform (its progress)
-# KEYS: lease. ARGV: the dead holder, us, ttl ms. The lease of a holder whose heartbeat stopped, taken.
-TAKE_OVER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
-return 0
-"""
-
-T = TypeVar("T")
 
 
 class PlatformDown(HandedOver):
     """An update whose answer the platform would not take: left pending for the reaper to deliver again
     (after ``redis.claim_idle_s``; past ``redis.max_deliveries`` it goes to the dead letters, from where
     `pincer dead retry` sends it again). Its turn is not run again: the delivery record says it ran."""
-
-
-class Platform(Surface, Protocol):
-    """What a channel module offers the kit (gateway/channels/telegram.py is one)."""
-
-    name: str
-    bot_id: str
-    username: str
-
-    async def start(self) -> None: ...
-    async def close(self) -> None: ...
-    async def poll(self, offset: int) -> tuple[int, list[ChannelUpdate]]: ...
-    async def answer_press(self, press: str, text: str) -> None: ...
-    async def fetch_file(self, file: ChannelFile, limit: int) -> bytes: ...
-    async def send_file(self, chat: str, path: Path) -> None: ...
-    def parse(self, data: dict[str, Any]) -> tuple[str, ChannelUpdate | None]: ...
-    async def set_webhook(self, url: str, secret: str) -> None: ...
-    async def drop_webhook(self) -> None: ...
-    async def webhook_error(self) -> str: ...
-
-
-async def patiently(call: Callable[[], Awaitable[T]], *, what: str, within_s: float = PATIENCE_S) -> T:
-    """``call()``, again while the platform is away (after its retry_after, else with backoff), for up to
-    ``within_s``; then its last error."""
-    deadline = time.monotonic() + within_s
-    for attempt in range(1_000):
-        try:
-            return await call()
-        except PlatformAway as exc:
-            wait = exc.retry_after if exc.retry_after is not None else RETRY_DELAYS[min(attempt, 5)]
-            if time.monotonic() + wait > deadline:
-                raise
-            log.warning("%s: %s; again in %.1fs", what, exc, wait)
-            await asyncio.sleep(wait)
-    raise AssertionError("unreachable")
-
-
-class Patient:
-    """A platform whose sends and edits wait out an outage (a Surface for ``StreamedReply``)."""
-
-    def __init__(self, platform: Platform) -> None:
-        self.platform = platform
-        self.limit = platform.limit
-
-    def render(self, text: str) -> list[str]:
-        return self.platform.render(text)
-
-    async def send(self, chat: str, rendered: str, *, buttons: Buttons = ()) -> str:
-        return await patiently(lambda: self.platform.send(chat, rendered, buttons=buttons), what="send")
-
-    async def edit(self, chat: str, message: str, rendered: str, *, buttons: Buttons = ()) -> None:
-        await patiently(lambda: self.platform.edit(chat, message, rendered, buttons=buttons), what="edit")
-
-    async def typing(self, chat: str) -> None:
-        await self.platform.typing(chat)  # once: a missed indicator is not worth waiting for
 
 
 class ChannelWorker:
@@ -188,14 +90,8 @@ class ChannelWorker:
         self.access = Access(bus, self.name, allow_from=settings.allow_from, agent=settings.agent,
                              pairing_ttl_s=settings.pairing_ttl_s)
         self.surface = Patient(platform)
-        self.hung_s = settings.poll_timeout_s + 2 * settings.poll_grace_s  # a poll this long has hung
-        self.counts = {"in": 0, "out": 0, "errors": 0}
-        self.polling = False
-        self.last_progress = 0.0  # wall clock of the last successful poll by this instance
-        self.last_error = ""
-        self._take = bus.redis.register_script(TAKE_UPDATES)
-        self._take_over = bus.redis.register_script(TAKE_OVER)
-        self._take_pushed = bus.redis.register_script(TAKE_PUSHED)
+        self.progress = Progress()
+        self.counts = self.progress.counts
 
     # --- the process ---
 
@@ -217,8 +113,9 @@ class ChannelWorker:
             reaper = Reaper(self.bus, consumer, self.bus.settings)
             await reaper.start()
             stack.push_async_callback(reaper.close)
-            taking = self._webhook(stop) if self.settings.webhook_url else self._poll(stop)
-            poller = asyncio.create_task(taking, name=f"{self.name}:updates")
+            intake = Intake(self.bus, self.platform, self.settings, instance_id=self.instance_id,
+                            progress=self.progress)
+            poller = asyncio.create_task(intake.run(stop), name=f"{self.name}:updates")
             stack.push_async_callback(_awaited, poller)
             log.info("%s channel up %s", self.name, kv(bot=self.platform.bot_id, username=self.platform.username))
             await consumer.run(stop)
@@ -230,7 +127,7 @@ class ChannelWorker:
                 await self.platform.start()
                 return
             except PlatformAway as exc:
-                self._failed(exc)
+                self.progress.failed(exc)
                 delay = exc.retry_after or RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
                 log.warning("%s: cannot reach the platform (%s); again in %.1fs", self.name, exc, delay)
                 with contextlib.suppress(TimeoutError):
@@ -239,142 +136,10 @@ class ChannelWorker:
                     return
 
     def details(self) -> dict[str, Any]:
+        progress = self.progress
         return {"channel": self.name, "bot": self.platform.bot_id, "username": self.platform.username,
-                "polling": int(self.polling), "last_progress": round(self.last_progress, 3),
-                "stall_s": self.settings.stall_s, "last_error": self.last_error[:300], **self.counts}
-
-    def _failed(self, exc: BaseException) -> None:
-        self.counts["errors"] += 1
-        self.last_error = f"{time.strftime('%H:%M:%S')} {exc}"
-
-    # --- the poller ---
-
-    async def _poll(self, stop: asyncio.Event) -> None:
-        with contextlib.suppress(PlatformAway, PlatformRefused):  # polling cannot start while a webhook is set
-            await self.platform.drop_webhook()
-        lease = Lease(self.bus.redis, self.bus.keys.channel_poller(self.name, self.platform.bot_id),
-                      self.instance_id, ttl_ms=int((self.hung_s + self.settings.poll_grace_s) * 1000))
-        failures = 0
-        try:
-            while not stop.is_set():
-                try:
-                    if not await lease.take() and not await self._take_over_dead(lease):
-                        self.polling = False
-                        await _sleep_or_stop(stop, min(5.0, lease.ttl_ms / 3000))
-                        continue
-                    self.polling = True
-                    await self._poll_once(lease)
-                    failures = 0
-                except PlatformAway as exc:
-                    self._failed(exc)
-                    delay = exc.retry_after or RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
-                    failures += 1
-                    log.warning("%s poll: %s; again in %.1fs", self.name, exc, delay)
-                    await _sleep_or_stop(stop, delay)
-                except TimeoutError:  # a poll that hung past its own timeout: a fresh connection
-                    self._failed(TimeoutError("a poll hung; reconnecting"))
-                    failures += 1
-                    log.warning("%s poll hung past %ss; reconnecting", self.name, self.hung_s)
-                    await self.platform.close()
-                except PlatformRefused as exc:  # e.g. the token was revoked: said, then tried again slowly
-                    self._failed(exc)
-                    log.error("%s poll refused: %s", self.name, exc)
-                    await _sleep_or_stop(stop, 30.0)
-                except CONNECTION_ERRORS as exc:
-                    self._failed(exc)
-                    failures += 1
-                    log.warning("%s poll: Redis away (%s)", self.name, exc)
-                    await _sleep_or_stop(stop, RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)])
-                except Exception as exc:  # a poller that ended would leave the bot deaf, silently
-                    self._failed(exc)
-                    log.exception("%s poll failed unexpectedly; again in 5s", self.name)
-                    await _sleep_or_stop(stop, 5.0)
-        finally:
-            self.polling = False
-            with contextlib.suppress(*CONNECTION_ERRORS):
-                await lease.release()
-
-    # --- or a webhook: the platform pushes, every replica receives ---
-
-    async def _webhook(self, stop: asyncio.Event) -> None:
-        """Serve the webhook until ``stop``: each request checked for the secret, written to the inbox once
-        (the platform retries until it gets a 2xx, so a repeat is dropped by its update id), then answered."""
-        secret = self.settings.webhook_secret()
-        await patiently(lambda: self.platform.set_webhook(self.settings.webhook_url, secret), what="setWebhook")
-        host, _, port = self.settings.webhook_listen.rpartition(":")
-        app = Starlette(routes=[Route(self.settings.webhook_path(), partial(self._pushed, secret), methods=["POST"])])
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
-                                               lifespan="off"))
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # our loop's
-        serving = asyncio.create_task(server.serve())
-        try:
-            while not stop.is_set() and not serving.done():
-                try:
-                    problem = await self.platform.webhook_error()
-                    self.polling, self.last_progress = True, time.time()
-                    if problem:
-                        self._failed(PlatformAway(f"Telegram could not deliver to the webhook: {problem}"))
-                except (PlatformAway, PlatformRefused) as exc:
-                    self._failed(exc)
-                await _sleep_or_stop(stop, WEBHOOK_CHECK_S)
-        finally:
-            self.polling = False
-            server.should_exit = True
-            await serving
-
-    async def _pushed(self, secret: str, request: Request) -> Response:
-        given = request.headers.get("x-telegram-bot-api-secret-token", "")
-        if not hmac.compare_digest(given.encode(), secret.encode()):
-            return JSONResponse({"error": "the secret token is missing or wrong"}, status_code=401)
-        body = await request.body()
-        if len(body) > WEBHOOK_MAX_BYTES:
-            return JSONResponse({"error": "too large"}, status_code=413)
-        try:
-            event_id, update = self.platform.parse(json.loads(body))
-        except (ValueError, TypeError, KeyError) as exc:
-            return JSONResponse({"error": f"not an update: {exc}"}, status_code=400)
-        if update is not None:
-            inbox = self.bus.keys.channel_inbox(self.name, self.platform.bot_id)
-            seen = self.bus.keys.channel_delivery(self.name, f"pushed:{event_id}")
-            args: list[Any] = [PUSHED_KEEP_S, INBOX_KEEP]
-            for key, value in encode(update).items():
-                args.extend((key, value))
-            try:
-                if await self._take_pushed(keys=[seen, inbox], args=args):
-                    self.counts["in"] += 1
-            except CONNECTION_ERRORS:  # not taken: the platform delivers it again
-                return JSONResponse({"error": "busy"}, status_code=503)
-        self.last_progress = time.time()
-        return JSONResponse({"ok": True})
-
-    async def _take_over_dead(self, lease: Lease) -> bool:
-        """The lease of a holder whose heartbeat has stopped (killed, its host gone): ours at once."""
-        holder: bytes | None = await self.bus.redis.get(lease.key)  # type: ignore[assignment]  # bytes
-        if holder is None or holder.decode() in await alive(self.bus, ROLE):
-            return False
-        lease.held = bool(await self._take_over(keys=[lease.key], args=[holder, self.instance_id, lease.ttl_ms]))
-        if lease.held:
-            log.info("%s poller taken over from %s (no heartbeat)", self.name, holder.decode())
-        return lease.held
-
-    async def _poll_once(self, lease: Lease) -> None:
-        offset_key = self.bus.keys.channel_offset(self.name, self.platform.bot_id)
-        offset = int(await self.bus.redis.get(offset_key) or 0)
-        async with asyncio.timeout(self.hung_s):
-            next_offset, updates = await self.platform.poll(offset)
-        if next_offset != offset:
-            args: list[Any] = [self.instance_id, next_offset, INBOX_KEEP]
-            for update in updates:
-                fields = encode(update)
-                args.append(len(fields) * 2)
-                for key, value in fields.items():
-                    args.extend((key, value))
-            inbox = self.bus.keys.channel_inbox(self.name, self.platform.bot_id)
-            if await self._take(keys=[lease.key, inbox, offset_key], args=args) != 1:
-                lease.held = False  # another poller holds it now: it fetches these again
-                return
-            self.counts["in"] += len(updates)
-        self.last_progress = time.time()
+                "polling": int(progress.polling), "last_progress": round(progress.last, 3),
+                "stall_s": self.settings.stall_s, "last_error": progress.last_error[:300], **progress.counts}
 
     # --- the handler ---
 
@@ -384,10 +149,10 @@ class ChannelWorker:
         try:
             await self._handle(message)
         except PlatformAway as exc:  # still away after PATIENCE_S: left pending, delivered again later
-            self._failed(exc)
+            self.progress.failed(exc)
             raise PlatformDown(f"{self.name} is away ({exc}); update {message.event_id} stays pending") from None
         except PlatformRefused as exc:  # will never work (the person blocked the bot, say): counted, logged
-            self._failed(exc)
+            self.progress.failed(exc)
             log.warning("%s: update %s not answered: %s", self.name, message.event_id, exc)
         return []
 
@@ -588,11 +353,6 @@ def _free_name(folder: Path, name: str) -> Path:
         path = folder / f"{stem}-{n}{suffix}"
         n += 1
     return path
-
-
-async def _sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), delay)
 
 
 async def _awaited(task: asyncio.Task[None]) -> None:

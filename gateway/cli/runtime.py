@@ -104,9 +104,10 @@ def gateway(args: argparse.Namespace, config: Config) -> int:
 
 def channel(args: argparse.Namespace, config: Config) -> int:
     from gateway.channels.main import main as channel_main
+    from hands.config import HandsSettings
 
     validate_all(config)
-    return channel_main(config, args.name)
+    return channel_main(config, args.name, workspace=config.section("hands", HandsSettings).workspace)
 
 
 def mcp(args: argparse.Namespace, config: Config) -> int:

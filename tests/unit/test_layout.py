@@ -18,9 +18,8 @@ ALLOWED = {
     "localmodel": {"bus", "localmodel"},
     "gateway": {"bus", "memory", "gateway.config", "gateway.tokens"},  # what every room shares
     "gateway.server": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.server"},
-    # A chat channel starts turns as the server does (its TurnRunner), and saves files where Hands reads them.
-    "gateway.channels": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.server", "gateway.channels",
-                         "hands.config"},
+    # A chat channel starts turns as the server does (its TurnRunner).
+    "gateway.channels": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.server", "gateway.channels"},
     # The process runtime starts the other roles, so it may read their settings.
     "gateway.runtime": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.runtime", "brain", "hands",
                         "localmodel", "gateway.channels.config"},

@@ -1,0 +1,222 @@
+"""Taking a platform's updates into the channel's inbox stream: by long polling (one poller per bot across
+the replicas, under a fenced lease) or by a webhook (every replica serves it). Either way an update is
+taken only once the bus holds it, and never twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bus.codec import encode
+from bus.lease import HOLDS, Lease
+from bus.presence import alive
+from bus.streams import CONNECTION_ERRORS, Bus
+from gateway.channels.config import TelegramSettings
+from gateway.channels.errors import PlatformAway, PlatformRefused
+from gateway.channels.platform import RETRY_DELAYS, Platform, patiently
+
+log = logging.getLogger("gateway.channels")
+
+ROLE = "channel"
+INBOX_KEEP = 10_000  # inbox entries kept (acknowledged ones are only history)
+
+# KEYS: lease, inbox, offset. ARGV: holder, new offset, inbox length kept, then each entry as its
+# field count and its fields. -1: the lease is not ours (nothing written); 1: written.
+TAKE_UPDATES = HOLDS + """
+local i = 4
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+redis.call('SET', KEYS[3], ARGV[2])
+return 1
+"""
+# KEYS: seen, inbox. ARGV: keep s, inbox length kept, then the entry's fields. 1: written; 0: a repeat.
+TAKE_PUSHED = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
+return 1
+"""
+PUSHED_KEEP_S = 86_400  # a platform retries a webhook delivery for hours at most
+WEBHOOK_MAX_BYTES = 1 << 20
+WEBHOOK_CHECK_S = 15.0  # how often a webhook's health is asked of the platform (its progress)
+# KEYS: lease. ARGV: the dead holder, us, ttl ms. The lease of a holder whose heartbeat stopped, taken.
+TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
+return 0
+"""
+
+
+@dataclass
+class Progress:
+    """What a replica reports of itself in its heartbeat: whether it takes updates, when it last did, counts."""
+
+    counts: dict[str, int] = field(default_factory=lambda: {"in": 0, "out": 0, "errors": 0})
+    polling: bool = False
+    last: float = 0.0  # wall clock of the last successful poll (or webhook check)
+    last_error: str = ""
+
+    def failed(self, exc: BaseException) -> None:
+        self.counts["errors"] += 1
+        self.last_error = f"{time.strftime('%H:%M:%S')} {exc}"
+
+
+class Intake:
+    def __init__(self, bus: Bus, platform: Platform, settings: TelegramSettings, *, instance_id: str,
+                 progress: Progress) -> None:
+        self.bus, self.platform, self.settings = bus, platform, settings
+        self.instance_id, self.progress = instance_id, progress
+        self.name = platform.name
+        self.hung_s = settings.poll_timeout_s + 2 * settings.poll_grace_s  # a poll this long has hung
+        self._take = bus.redis.register_script(TAKE_UPDATES)
+        self._take_over = bus.redis.register_script(TAKE_OVER)
+        self._take_pushed = bus.redis.register_script(TAKE_PUSHED)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await (self._webhook(stop) if self.settings.webhook_url else self._poll(stop))
+
+    async def _poll(self, stop: asyncio.Event) -> None:
+        with contextlib.suppress(PlatformAway, PlatformRefused):  # polling cannot start while a webhook is set
+            await self.platform.drop_webhook()
+        lease = Lease(self.bus.redis, self.bus.keys.channel_poller(self.name, self.platform.bot_id),
+                      self.instance_id, ttl_ms=int((self.hung_s + self.settings.poll_grace_s) * 1000))
+        failures = 0
+        try:
+            while not stop.is_set():
+                try:
+                    if not await lease.take() and not await self._take_over_dead(lease):
+                        self.progress.polling = False
+                        await _sleep_or_stop(stop, min(5.0, lease.ttl_ms / 3000))
+                        continue
+                    self.progress.polling = True
+                    await self._poll_once(lease)
+                    failures = 0
+                except PlatformAway as exc:
+                    self.progress.failed(exc)
+                    delay = exc.retry_after or RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
+                    failures += 1
+                    log.warning("%s poll: %s; again in %.1fs", self.name, exc, delay)
+                    await _sleep_or_stop(stop, delay)
+                except TimeoutError:  # a poll that hung past its own timeout: a fresh connection
+                    self.progress.failed(TimeoutError("a poll hung; reconnecting"))
+                    failures += 1
+                    log.warning("%s poll hung past %ss; reconnecting", self.name, self.hung_s)
+                    await self.platform.close()
+                except PlatformRefused as exc:  # e.g. the token was revoked: said, then tried again slowly
+                    self.progress.failed(exc)
+                    log.error("%s poll refused: %s", self.name, exc)
+                    await _sleep_or_stop(stop, 30.0)
+                except CONNECTION_ERRORS as exc:
+                    self.progress.failed(exc)
+                    failures += 1
+                    log.warning("%s poll: Redis away (%s)", self.name, exc)
+                    await _sleep_or_stop(stop, RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)])
+                except Exception as exc:  # a poller that ended would leave the bot deaf, silently
+                    self.progress.failed(exc)
+                    log.exception("%s poll failed unexpectedly; again in 5s", self.name)
+                    await _sleep_or_stop(stop, 5.0)
+        finally:
+            self.progress.polling = False
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await lease.release()
+
+    # --- or a webhook: the platform pushes, every replica receives ---
+
+    async def _webhook(self, stop: asyncio.Event) -> None:
+        """Serve the webhook until ``stop``: each request checked for the secret, written to the inbox once
+        (the platform retries until it gets a 2xx, so a repeat is dropped by its update id), then answered."""
+        secret = self.settings.webhook_secret()
+        await patiently(lambda: self.platform.set_webhook(self.settings.webhook_url, secret), what="setWebhook")
+        host, _, port = self.settings.webhook_listen.rpartition(":")
+        app = Starlette(routes=[Route(self.settings.webhook_path(), partial(self._pushed, secret), methods=["POST"])])
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
+                                               lifespan="off"))
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # our loop's
+        serving = asyncio.create_task(server.serve())
+        try:
+            while not stop.is_set() and not serving.done():
+                try:
+                    problem = await self.platform.webhook_error()
+                    self.progress.polling, self.progress.last = True, time.time()
+                    if problem:
+                        self.progress.failed(PlatformAway(f"Telegram could not deliver to the webhook: {problem}"))
+                except (PlatformAway, PlatformRefused) as exc:
+                    self.progress.failed(exc)
+                await _sleep_or_stop(stop, WEBHOOK_CHECK_S)
+        finally:
+            self.progress.polling = False
+            server.should_exit = True
+            await serving
+
+    async def _pushed(self, secret: str, request: Request) -> Response:
+        given = request.headers.get("x-telegram-bot-api-secret-token", "")
+        if not hmac.compare_digest(given.encode(), secret.encode()):
+            return JSONResponse({"error": "the secret token is missing or wrong"}, status_code=401)
+        body = await request.body()
+        if len(body) > WEBHOOK_MAX_BYTES:
+            return JSONResponse({"error": "too large"}, status_code=413)
+        try:
+            event_id, update = self.platform.parse(json.loads(body))
+        except (ValueError, TypeError, KeyError) as exc:
+            return JSONResponse({"error": f"not an update: {exc}"}, status_code=400)
+        if update is not None:
+            inbox = self.bus.keys.channel_inbox(self.name, self.platform.bot_id)
+            seen = self.bus.keys.channel_delivery(self.name, f"pushed:{event_id}")
+            args: list[Any] = [PUSHED_KEEP_S, INBOX_KEEP]
+            for key, value in encode(update).items():
+                args.extend((key, value))
+            try:
+                if await self._take_pushed(keys=[seen, inbox], args=args):
+                    self.progress.counts["in"] += 1
+            except CONNECTION_ERRORS:  # not taken: the platform delivers it again
+                return JSONResponse({"error": "busy"}, status_code=503)
+        self.progress.last = time.time()
+        return JSONResponse({"ok": True})
+
+    async def _take_over_dead(self, lease: Lease) -> bool:
+        """The lease of a holder whose heartbeat has stopped (killed, its host gone): ours at once."""
+        holder: bytes | None = await self.bus.redis.get(lease.key)  # type: ignore[assignment]  # bytes
+        if holder is None or holder.decode() in await alive(self.bus, ROLE):
+            return False
+        lease.held = bool(await self._take_over(keys=[lease.key], args=[holder, self.instance_id, lease.ttl_ms]))
+        if lease.held:
+            log.info("%s poller taken over from %s (no heartbeat)", self.name, holder.decode())
+        return lease.held
+
+    async def _poll_once(self, lease: Lease) -> None:
+        offset_key = self.bus.keys.channel_offset(self.name, self.platform.bot_id)
+        offset = int(await self.bus.redis.get(offset_key) or 0)
+        async with asyncio.timeout(self.hung_s):
+            next_offset, updates = await self.platform.poll(offset)
+        if next_offset != offset:
+            args: list[Any] = [self.instance_id, next_offset, INBOX_KEEP]
+            for update in updates:
+                fields = encode(update)
+                args.append(len(fields) * 2)
+                for key, value in fields.items():
+                    args.extend((key, value))
+            inbox = self.bus.keys.channel_inbox(self.name, self.platform.bot_id)
+            if await self._take(keys=[lease.key, inbox, offset_key], args=args) != 1:
+                lease.held = False  # another poller holds it now: it fetches these again
+                return
+            self.progress.counts["in"] += len(updates)
+        self.progress.last = time.time()
+
+
+async def _sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), delay)

@@ -1,0 +1,75 @@
+"""What a chat platform's module offers the channel kit, and its calls made patient with an outage."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from bus.protocol import ChannelFile, ChannelUpdate
+from gateway.channels.errors import PlatformAway
+from gateway.channels.reply import Buttons, Surface
+
+log = logging.getLogger("gateway.channels")
+
+RETRY_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+PATIENCE_S = 300.0  # how long a message waits out a platform that is away before it is given up
+T = TypeVar("T")
+
+
+class Platform(Surface, Protocol):
+    """What a channel module offers the kit (gateway/channels/telegram.py is one)."""
+
+    name: str
+    bot_id: str
+    username: str
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    async def poll(self, offset: int) -> tuple[int, list[ChannelUpdate]]: ...
+    async def answer_press(self, press: str, text: str) -> None: ...
+    async def fetch_file(self, file: ChannelFile, limit: int) -> bytes: ...
+    async def send_file(self, chat: str, path: Path) -> None: ...
+    def parse(self, data: dict[str, Any]) -> tuple[str, ChannelUpdate | None]: ...
+    async def set_webhook(self, url: str, secret: str) -> None: ...
+    async def drop_webhook(self) -> None: ...
+    async def webhook_error(self) -> str: ...
+
+
+async def patiently(call: Callable[[], Awaitable[T]], *, what: str, within_s: float = PATIENCE_S) -> T:
+    """``call()``, again while the platform is away (after its retry_after, else with backoff), for up to
+    ``within_s``; then its last error."""
+    deadline = time.monotonic() + within_s
+    for attempt in range(1_000):
+        try:
+            return await call()
+        except PlatformAway as exc:
+            wait = exc.retry_after if exc.retry_after is not None else RETRY_DELAYS[min(attempt, 5)]
+            if time.monotonic() + wait > deadline:
+                raise
+            log.warning("%s: %s; again in %.1fs", what, exc, wait)
+            await asyncio.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+class Patient:
+    """A platform whose sends and edits wait out an outage (a Surface for ``StreamedReply``)."""
+
+    def __init__(self, platform: Platform) -> None:
+        self.platform = platform
+        self.limit = platform.limit
+
+    def render(self, text: str) -> list[str]:
+        return self.platform.render(text)
+
+    async def send(self, chat: str, rendered: str, *, buttons: Buttons = ()) -> str:
+        return await patiently(lambda: self.platform.send(chat, rendered, buttons=buttons), what="send")
+
+    async def edit(self, chat: str, message: str, rendered: str, *, buttons: Buttons = ()) -> None:
+        await patiently(lambda: self.platform.edit(chat, message, rendered, buttons=buttons), what="edit")
+
+    async def typing(self, chat: str) -> None:
+        await self.platform.typing(chat)  # once: a missed indicator is not worth waiting for
