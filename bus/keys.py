@@ -217,3 +217,11 @@ class Keys:
     def channel_generation(self, channel: str, user: str, chat: str) -> str:
         """How many times /new was said in a chat by a user: the session's name carries it."""
         return f"{self.prefix}channel:{channel}:generation:{user}:{chat}"
+
+    def channel_thread(self, channel: str, chat: str) -> str:
+        """Where a conversation's answers go, for a platform whose chat id does not say (an email thread)."""
+        return f"{self.prefix}channel:{channel}:thread:{chat}"
+
+    def channel_asked(self, channel: str, message: str) -> str:
+        """The choices of a question sent as a message that can only be answered by a reply (email)."""
+        return f"{self.prefix}channel:{channel}:asked:{message}"

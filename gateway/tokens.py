@@ -31,7 +31,7 @@ TOKEN_PREFIX = "pcr_"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 # A chat platform's user is an identity too, named by platform and user id ("telegram:12345"); no token
 # can take such a name, so no token can reach a platform user's sessions by naming itself after them.
-IDENTITY_PATTERN = r"^(?:[a-z]{2,16}:)?[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+IDENTITY_PATTERN = r"^(?:[a-z]{2,16}:)?[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$"
 OWNER = "owner"  # the configured token's name; no stored token may take it
 OWNER_TOKEN_FILE = "gateway.token"
 CACHE_S = 2.0  # a revoked token still works this long on a Gateway that used it just before

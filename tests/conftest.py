@@ -22,6 +22,7 @@ import pytest
 from bus.config import RedisSettings
 from bus.redis_server import EmbeddedRedis, free_port
 from bus.streams import Bus
+from tests.mailservers import Dovecot, SmtpSink
 from tests.scripted_llm import ScriptedLLM
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -250,3 +251,29 @@ def ws() -> Iterator[Path]:
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def mail_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA and a certificate for 127.0.0.1, for the mail servers' TLS."""
+    from tests.redis_topology import make_certificates
+
+    where = tmp_path_factory.mktemp("mail-certs")
+    make_certificates(where, "127.0.0.1")
+    return where
+
+
+@pytest.fixture
+def dovecot(mail_certs: Path) -> Iterator[Dovecot]:
+    """The system's Dovecot on loopback: the agent's mailbox (STARTTLS on its port, IMAPS on tls_port)."""
+    server = Dovecot(mail_certs).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def smtp() -> Iterator[SmtpSink]:
+    """aiosmtpd on loopback, plain text: where the agent's answers go."""
+    sink = SmtpSink().start()
+    yield sink
+    sink.stop()

@@ -25,13 +25,16 @@ def identity_name(channel: str, user: str) -> str:
 class Access:
     def __init__(self, bus: Bus, channel: str, *, allow_from: list[str], agent: str, pairing_ttl_s: int) -> None:
         self.bus, self.channel, self.agent = bus, channel, agent
-        self.allowed_ids = {a for a in allow_from if not a.startswith("@")}
+        self.allowed_ids = {a.lower() for a in allow_from if not a.startswith("@")}
         self.allowed_names = {a[1:].lower() for a in allow_from if a.startswith("@")}
         self.pairing_ttl_s = pairing_ttl_s
 
     async def identity(self, user: str, username: str = "") -> Identity | None:
         """The identity of a platform user who may talk to the agent; None for a stranger."""
-        allowed = user in self.allowed_ids or (username and username.lower() in self.allowed_names)
+        handle = username.lower()
+        # "@bob" names a Telegram username; "@example.com" an email domain; "alice@example.com" an address.
+        allowed = user in self.allowed_ids or (handle and (handle in self.allowed_names or handle in self.allowed_ids
+                                                           or handle.rpartition("@")[2] in self.allowed_names))
         if not allowed and not await self.bus.redis.hexists(self.bus.keys.channel_paired(self.channel), user):
             return None
         return Identity(name=identity_name(self.channel, user), scope="chat", agents=(self.agent,))

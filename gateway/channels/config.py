@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from bus.config import Section
 
@@ -26,31 +27,79 @@ def from_environment(value: str, *, key: str) -> str:
     return os.environ[name]
 
 
-class TelegramSettings(Section):
+class ChannelCommon(Section):
+    """What every channel has: who may talk, to which agent, and how patiently the platform is read."""
+
     enabled: bool = False
-    # From @BotFather; `${NAME}` reads it from the environment variable NAME.
-    bot_token: SecretStr = SecretStr("")
-    # The Bot API server's root: methods are called at {api_url}/bot{token}/{method}.
-    api_url: str = "https://api.telegram.org"
-    # Who may talk to the agent: Telegram user ids ("12345") or @usernames. Anyone else gets a
-    # one-time pairing code and nothing more, until `pincer channels pair CODE` lets them in.
+    # Who may talk to the agent (each platform's own form of a user, see its page in docs/channels/). Anyone
+    # else gets a one-time pairing code and nothing more, until `pincer channels pair CODE` lets them in.
     allow_from: list[str] = Field(default_factory=list)
     agent: str = Field(default="main", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     # In a group, answer only messages that mention the bot or reply to it.
     require_mention: bool = True
-    # Seconds a getUpdates long poll waits for news; the connection's own timeout is this plus 15.
+    # Seconds one long poll waits for news; the connection's own timeout is this plus poll_grace_s.
     poll_timeout_s: int = Field(default=25, ge=0, le=50)
     # A poll with no answer this long past poll_timeout_s counts as hung: its connection is dropped,
     # and after twice this long the poll is abandoned and the platform's connections made afresh.
     poll_grace_s: float = Field(default=15.0, ge=1, le=120)
-    # The answer is streamed by editing one message at most this often (Telegram allows about one a second).
+    # The answer is streamed by editing one message at most this often (platforms rate-limit edits).
     edit_interval_s: float = Field(default=1.0, ge=0.05, le=30)
-    # Files people send are saved in the workspace up to this size (the Bot API serves at most 20 MB).
+    # Files people send are saved in the workspace up to this size.
     max_file_bytes: int = Field(default=20 << 20, ge=1024)
     # No successful poll for this long: the poller is restarted and the channel reported unhealthy.
     stall_s: float = Field(default=90.0, ge=5)
     # How long a stranger's pairing code stays valid.
     pairing_ttl_s: int = Field(default=3600, ge=60)
+
+    # The form allow_from entries take on this platform, and how to say it.
+    ALLOW: ClassVar[re.Pattern[str]] = re.compile(r"^\S{1,256}$")
+    ALLOW_FORM: ClassVar[str] = "user ids"
+    NAME: ClassVar[str] = ""
+    # Fields that are secrets (`${NAME}` reads one from the environment variable NAME): handed to the
+    # channel's process alone, as its own settings.
+    SECRETS: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_environment(cls, data: object) -> object:
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in cls.SECRETS:
+                if isinstance(data.get(name), str):
+                    data[name] = from_environment(data[name], key=f"channels.{cls.NAME}.{name}")
+        return data
+
+    @field_validator("allow_from")
+    @classmethod
+    def _allow_from(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if not cls.ALLOW.match(str(entry)):
+                raise ValueError(f"allow_from entries are {cls.ALLOW_FORM}, got {entry!r}")
+        return [str(v) for v in value]
+
+    def missing(self) -> list[str]:
+        """The settings an enabled channel cannot run without."""
+        return []
+
+    def secrets(self) -> dict[str, str]:
+        """Each secret field's value (``${NAME}`` already read from the environment)."""
+        found = {}
+        for name in self.SECRETS:
+            value = getattr(self, name)
+            found[name] = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        return found
+
+
+class TelegramSettings(ChannelCommon):
+    NAME = "telegram"
+    ALLOW = re.compile(r"^(\d{1,20}|@[A-Za-z0-9_]{3,64})$")
+    ALLOW_FORM = "user ids (digits) or @usernames"
+    SECRETS = ("bot_token",)
+
+    # From @BotFather; `${NAME}` reads it from the environment variable NAME.
+    bot_token: SecretStr = SecretStr("")
+    # The Bot API server's root: methods are called at {api_url}/bot{token}/{method}.
+    api_url: str = "https://api.telegram.org"
     # Webhooks instead of polling: the public https URL Telegram posts updates to (a reverse proxy in
     # front of webhook_listen); empty: long polling. Each request must carry the secret token Pincer
     # registers with the webhook (derived from bot_token, the same on every replica).
@@ -64,6 +113,9 @@ class TelegramSettings(Section):
             raise ValueError(f"webhook_url must be the http(s) URL Telegram posts to, got {value!r}")
         return value
 
+    def missing(self) -> list[str]:
+        return [] if self.bot_token.get_secret_value() else ["bot_token"]
+
     def webhook_secret(self) -> str:
         """The secret token Telegram sends with each webhook request: derived from the bot's token."""
         seed = ("pincer-telegram-webhook:" + self.bot_token.get_secret_value()).encode()
@@ -72,11 +124,6 @@ class TelegramSettings(Section):
     def webhook_path(self) -> str:
         return urlsplit(self.webhook_url).path or "/"
 
-    @field_validator("bot_token", mode="before")
-    @classmethod
-    def _token_from_environment(cls, value: object) -> object:
-        return from_environment(value, key="channels.telegram.bot_token") if isinstance(value, str) else value
-
     @field_validator("api_url")
     @classmethod
     def _api_url(cls, value: str) -> str:
@@ -84,18 +131,72 @@ class TelegramSettings(Section):
             raise ValueError(f"api_url must be an http(s) URL such as https://api.telegram.org, got {value!r}")
         return value.rstrip("/")
 
-    @field_validator("allow_from")
+
+class EmailSettings(ChannelCommon):
+    """A mailbox the agent reads by IMAP (IDLE) and answers from by SMTP."""
+
+    NAME = "email"
+    ALLOW = re.compile(r"^([^@\s]+@|@)[A-Za-z0-9.-]+\.[A-Za-z0-9-]+$")
+    ALLOW_FORM = "email addresses (alice@example.com) or whole domains (@example.com)"
+    SECRETS = ("password",)
+
+    imap_host: str = ""
+    imap_port: int = Field(default=993, ge=1, le=65535)
+    smtp_host: str = ""
+    smtp_port: int = Field(default=465, ge=1, le=65535)
+    username: str = ""
+    password: SecretStr = SecretStr("")
+    # ssl: TLS from the first byte (IMAP 993, SMTP 465); starttls: upgraded after connecting (IMAP 143,
+    # SMTP 587); none: plain text, allowed only to a server on this machine (loopback).
+    tls: Literal["ssl", "starttls", "none"] = "ssl"
+    address: str = ""  # the agent's own address: what its answers come from
+    mailbox: str = "INBOX"
+    # A mail over this size (attachments included) is answered with a refusal, not read.
+    max_message_bytes: int = Field(default=25 << 20, ge=1024)
+    # A PEM bundle of certificate authorities to trust besides the system's (a server with a private CA).
+    ca_file: str = ""
+    # A From line is easily forged. When set, mail is read only if the receiving server of this name
+    # (the first word of its Authentication-Results header, e.g. mx.example.com) vouched for the
+    # sender's domain: DMARC passed, or a DKIM signature of that domain did.
+    authserv_id: str = ""
+
+    @field_validator("address")
     @classmethod
-    def _allow_from(cls, value: list[str]) -> list[str]:
-        for entry in value:
-            if not re.match(r"^(\d{1,20}|@[A-Za-z0-9_]{3,64})$", str(entry)):
-                raise ValueError(f"allow_from entries are user ids (digits) or @usernames, got {entry!r}")
-        return [str(v) for v in value]
+    def _address(cls, value: str) -> str:
+        if value and not re.match(r"^[^@\s<>]+@[^@\s<>]+$", value):
+            raise ValueError(f"address must be the agent's own address, such as agent@example.com, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _plain_only_on_loopback(self) -> EmailSettings:
+        if self.tls == "none":
+            for host in (self.imap_host, self.smtp_host):
+                if host and host not in LOOPBACK:
+                    raise ValueError(f"tls: none sends the password in the clear, so it is allowed only for a "
+                                     f"server on this machine (127.0.0.1, ::1, localhost), not {host!r}: use "
+                                     "tls: ssl or starttls")
+        return self
+
+    def missing(self) -> list[str]:
+        """The settings an enabled email channel cannot run without."""
+        return [name for name in ("imap_host", "smtp_host", "username", "address")
+                if not getattr(self, name)] + ([] if self.password.get_secret_value() else ["password"])
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class ChannelSettings(Section):
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    email: EmailSettings = Field(default_factory=EmailSettings)
 
     def enabled(self) -> list[str]:
         """The channels `pincer up` starts."""
-        return ["telegram"] if self.telegram.enabled else []
+        return [name for name in KNOWN if self.of(name).enabled]
+
+    def of(self, name: str) -> ChannelCommon:
+        found: ChannelCommon = getattr(self, name)
+        return found
+
+
+KNOWN = ("telegram", "email")

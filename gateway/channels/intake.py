@@ -24,9 +24,9 @@ from bus.codec import encode
 from bus.lease import HOLDS, Lease
 from bus.presence import alive
 from bus.streams import CONNECTION_ERRORS, Bus
-from gateway.channels.config import TelegramSettings
+from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
-from gateway.channels.platform import RETRY_DELAYS, Platform, patiently
+from gateway.channels.platform import RETRY_DELAYS, Platform, Webhooked, patiently
 
 log = logging.getLogger("gateway.channels")
 
@@ -76,7 +76,7 @@ class Progress:
 
 
 class Intake:
-    def __init__(self, bus: Bus, platform: Platform, settings: TelegramSettings, *, instance_id: str,
+    def __init__(self, bus: Bus, platform: Platform, settings: ChannelCommon, *, instance_id: str,
                  progress: Progress) -> None:
         self.bus, self.platform, self.settings = bus, platform, settings
         self.instance_id, self.progress = instance_id, progress
@@ -87,11 +87,13 @@ class Intake:
         self._take_pushed = bus.redis.register_script(TAKE_PUSHED)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await (self._webhook(stop) if self.settings.webhook_url else self._poll(stop))
+        hooked = self.platform if isinstance(self.platform, Webhooked) else None
+        await (self._webhook(hooked, stop) if hooked is not None and hooked.webhook_url else self._poll(hooked, stop))
 
-    async def _poll(self, stop: asyncio.Event) -> None:
-        with contextlib.suppress(PlatformAway, PlatformRefused):  # polling cannot start while a webhook is set
-            await self.platform.drop_webhook()
+    async def _poll(self, hooked: Webhooked | None, stop: asyncio.Event) -> None:
+        if hooked is not None:
+            with contextlib.suppress(PlatformAway, PlatformRefused):  # polling cannot start while a webhook is set
+                await hooked.drop_webhook()
         lease = Lease(self.bus.redis, self.bus.keys.channel_poller(self.name, self.platform.bot_id),
                       self.instance_id, ttl_ms=int((self.hung_s + self.settings.poll_grace_s) * 1000))
         failures = 0
@@ -136,13 +138,13 @@ class Intake:
 
     # --- or a webhook: the platform pushes, every replica receives ---
 
-    async def _webhook(self, stop: asyncio.Event) -> None:
+    async def _webhook(self, hooked: Webhooked, stop: asyncio.Event) -> None:
         """Serve the webhook until ``stop``: each request checked for the secret, written to the inbox once
         (the platform retries until it gets a 2xx, so a repeat is dropped by its update id), then answered."""
-        secret = self.settings.webhook_secret()
-        await patiently(lambda: self.platform.set_webhook(self.settings.webhook_url, secret), what="setWebhook")
-        host, _, port = self.settings.webhook_listen.rpartition(":")
-        app = Starlette(routes=[Route(self.settings.webhook_path(), partial(self._pushed, secret), methods=["POST"])])
+        secret = hooked.webhook_secret()
+        await patiently(lambda: hooked.set_webhook(hooked.webhook_url, secret), what="setWebhook")
+        host, _, port = hooked.webhook_listen.rpartition(":")
+        app = Starlette(routes=[Route(hooked.webhook_path(), partial(self._pushed, hooked, secret), methods=["POST"])])
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
                                                lifespan="off"))
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # our loop's
@@ -150,10 +152,10 @@ class Intake:
         try:
             while not stop.is_set() and not serving.done():
                 try:
-                    problem = await self.platform.webhook_error()
+                    problem = await hooked.webhook_error()
                     self.progress.polling, self.progress.last = True, time.time()
                     if problem:
-                        self.progress.failed(PlatformAway(f"Telegram could not deliver to the webhook: {problem}"))
+                        self.progress.failed(PlatformAway(f"{self.name} could not deliver to the webhook: {problem}"))
                 except (PlatformAway, PlatformRefused) as exc:
                     self.progress.failed(exc)
                 await _sleep_or_stop(stop, WEBHOOK_CHECK_S)
@@ -162,15 +164,15 @@ class Intake:
             server.should_exit = True
             await serving
 
-    async def _pushed(self, secret: str, request: Request) -> Response:
-        given = request.headers.get("x-telegram-bot-api-secret-token", "")
+    async def _pushed(self, hooked: Webhooked, secret: str, request: Request) -> Response:
+        given = request.headers.get(hooked.secret_header, "")
         if not hmac.compare_digest(given.encode(), secret.encode()):
             return JSONResponse({"error": "the secret token is missing or wrong"}, status_code=401)
         body = await request.body()
         if len(body) > WEBHOOK_MAX_BYTES:
             return JSONResponse({"error": "too large"}, status_code=413)
         try:
-            event_id, update = self.platform.parse(json.loads(body))
+            event_id, update = hooked.parse(json.loads(body))
         except (ValueError, TypeError, KeyError) as exc:
             return JSONResponse({"error": f"not an update: {exc}"}, status_code=400)
         if update is not None:
@@ -199,7 +201,8 @@ class Intake:
 
     async def _poll_once(self, lease: Lease) -> None:
         offset_key = self.bus.keys.channel_offset(self.name, self.platform.bot_id)
-        offset = int(await self.bus.redis.get(offset_key) or 0)
+        stored: bytes | None = await self.bus.redis.get(offset_key)  # type: ignore[assignment]  # bytes
+        offset = stored.decode() if stored else ""
         async with asyncio.timeout(self.hung_s):
             next_offset, updates = await self.platform.poll(offset)
         if next_offset != offset:

@@ -9,14 +9,15 @@ from pathlib import Path
 from bus.config import Config, ConfigError
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
-from gateway.channels.config import ChannelSettings
+from gateway.channels.config import KNOWN, ChannelCommon, ChannelSettings, EmailSettings, TelegramSettings
 from gateway.channels.errors import PlatformRefused
+from gateway.channels.platform import Platform
 from gateway.channels.worker import ChannelWorker
 from gateway.config import GatewaySettings
 
 log = logging.getLogger("gateway.channels")
 
-KNOWN = ("telegram",)
+HINTS = {"telegram": "@BotFather gives a bot its token", "email": "see docs/channels/email.md"}
 
 
 def main(config: Config, name: str, *, workspace: Path) -> int:
@@ -24,22 +25,32 @@ def main(config: Config, name: str, *, workspace: Path) -> int:
     starts this: the channel imports nothing of Hands)."""
     if name not in KNOWN:
         raise ConfigError(f"no channel named {name!r}; channels: {', '.join(KNOWN)}")
-    settings = config.section("channels", ChannelSettings)
-    telegram = settings.telegram
-    if not telegram.bot_token.get_secret_value():
-        raise ConfigError("channels.telegram.bot_token is empty: set it (or `${NAME}` to read it from the "
-                          "environment variable NAME); @BotFather gives one")
+    settings = config.section("channels", ChannelSettings).of(name)
+    if missing := settings.missing():
+        raise ConfigError(f"channels.{name} needs {', '.join(missing)} set (a secret may be `${{NAME}}`, read "
+                          f"from the environment variable NAME); {HINTS[name]}")
     gateway = config.section("gateway", GatewaySettings)
     instance_id = new_instance_id(name)
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
-        from gateway.channels.telegram import Telegram
-
-        worker = ChannelWorker(bus, Telegram(telegram), telegram, gateway, workspace=workspace,
+        worker = ChannelWorker(bus, platform_for(settings, bus), settings, gateway, workspace=workspace,
                                instance_id=instance_id, heartbeat_s=config.runtime.heartbeat_s)
         try:
             await worker.run(stop)
-        except PlatformRefused as exc:  # a wrong or revoked token: only a person can fix it
+        except PlatformRefused as exc:  # a wrong or revoked credential: only a person can fix it
             raise ConfigError(f"channels.{name}: {exc}") from None
 
     return run_service(name, config, body, instance_id=instance_id)
+
+
+def platform_for(settings: ChannelCommon, bus: Bus) -> Platform:
+    """The platform module's calls for these settings (imported only by the channel that uses it)."""
+    if isinstance(settings, TelegramSettings):
+        from gateway.channels.telegram import Telegram
+
+        return Telegram(settings)
+    if isinstance(settings, EmailSettings):
+        from gateway.channels.mail import Email
+
+        return Email(settings, bus)
+    raise ConfigError(f"no platform module for channels.{settings.NAME}")

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from bus.protocol import ChannelFile, ChannelUpdate
 from gateway.channels.errors import PlatformAway
@@ -26,13 +26,26 @@ class Platform(Surface, Protocol):
     name: str
     bot_id: str
     username: str
+    tells_strangers: bool  # a stranger is told their pairing code (else it is only logged: email's forged senders)
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...
-    async def poll(self, offset: int) -> tuple[int, list[ChannelUpdate]]: ...
+    async def poll(self, offset: str) -> tuple[str, list[ChannelUpdate]]: ...
     async def answer_press(self, press: str, text: str) -> None: ...
     async def fetch_file(self, file: ChannelFile, limit: int) -> bytes: ...
     async def send_file(self, chat: str, path: Path) -> None: ...
+
+
+@runtime_checkable
+class Webhooked(Protocol):
+    """A platform that can push its updates to a webhook instead of being polled (Telegram)."""
+
+    webhook_url: str  # empty: polled
+    webhook_listen: str  # host:port the webhook is served on
+    secret_header: str  # the request header that must carry webhook_secret()
+
+    def webhook_secret(self) -> str: ...
+    def webhook_path(self) -> str: ...
     def parse(self, data: dict[str, Any]) -> tuple[str, ChannelUpdate | None]: ...
     async def set_webhook(self, url: str, secret: str) -> None: ...
     async def drop_webhook(self) -> None: ...
@@ -60,7 +73,7 @@ class Patient:
 
     def __init__(self, platform: Platform) -> None:
         self.platform = platform
-        self.limit = platform.limit
+        self.limit, self.edits = platform.limit, platform.edits
 
     def render(self, text: str) -> list[str]:
         return self.platform.render(text)

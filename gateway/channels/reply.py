@@ -32,6 +32,7 @@ class Surface(Protocol):
     """What a platform offers a turn: messages sent and edited in one chat, and a typing indicator."""
 
     limit: int  # characters in one message, once rendered
+    edits: bool  # a sent message can be edited (else the answer is sent once, whole: email)
 
     def render(self, text: str) -> list[str]: ...
     async def send(self, chat: str, rendered: str, *, buttons: Buttons = ()) -> str: ...
@@ -95,6 +96,8 @@ class StreamedReply:
         return f"{lines}\n\n{answer}".strip() if lines else answer
 
     def _changed(self) -> None:
+        if not self.surface.edits:
+            return  # nothing is shown until the answer is whole
         self._dirty = True
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())

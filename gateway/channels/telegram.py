@@ -56,6 +56,8 @@ class Telegram:
 
     name = NAME
     limit = LIMIT
+    edits = True
+    tells_strangers = True
 
     def __init__(self, settings: TelegramSettings) -> None:
         self.settings = settings
@@ -70,6 +72,10 @@ class Telegram:
         self.bot_id = ""
         self.username = ""
         self._open = False
+        self.webhook_url, self.webhook_listen = settings.webhook_url, settings.webhook_listen
+        self.webhook_secret, self.webhook_path = settings.webhook_secret, settings.webhook_path
+
+    secret_header = "x-telegram-bot-api-secret-token"
 
     async def start(self) -> None:
         """Ask the platform who the bot is (a wrong token fails here, plainly)."""
@@ -88,16 +94,17 @@ class Telegram:
         if not self._open:
             await self.start()
 
-    async def poll(self, offset: int) -> tuple[int, list[ChannelUpdate]]:
+    async def poll(self, offset: str) -> tuple[str, list[ChannelUpdate]]:
         """Updates from ``offset`` (waiting up to poll_timeout_s for one): the next offset, and those the kit
         handles (others, such as edits or joins, are passed over but counted in the offset)."""
         await self._ensure_open()
         async with translated("getUpdates"):
-            updates = await self.bot.get_updates(offset=offset or None, timeout=self.settings.poll_timeout_s,
+            updates = await self.bot.get_updates(offset=int(offset) if offset else None,
+                                                 timeout=self.settings.poll_timeout_s,
                                                  allowed_updates=["message", "callback_query"])
         if not updates:
             return offset, []
-        return updates[-1].update_id + 1, [u for u in map(self._update, updates) if u is not None]
+        return str(updates[-1].update_id + 1), [u for u in map(self._update, updates) if u is not None]
 
     def parse(self, data: dict[str, Any]) -> tuple[str, ChannelUpdate | None]:
         """An update as a webhook request carries it: its id, and what the kit handles of it (if anything)."""

@@ -44,7 +44,7 @@ from bus.reaper import Reaper
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.channels.access import Access
-from gateway.channels.config import TelegramSettings
+from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.intake import ROLE, Intake, Progress
 from gateway.channels.platform import RETRY_DELAYS, Patient, Platform, patiently
@@ -78,7 +78,7 @@ class PlatformDown(HandedOver):
 
 
 class ChannelWorker:
-    def __init__(self, bus: Bus, platform: Platform, settings: TelegramSettings, gateway: GatewaySettings, *,
+    def __init__(self, bus: Bus, platform: Platform, settings: ChannelCommon, gateway: GatewaySettings, *,
                  workspace: Path, instance_id: str, heartbeat_s: float = 3.0) -> None:
         self.bus, self.platform, self.settings = bus, platform, settings
         self.workspace, self.instance_id, self.heartbeat_s = workspace, instance_id, heartbeat_s
@@ -209,7 +209,7 @@ class ChannelWorker:
             return
         code, new = await self.access.code_for(update.user, update.username)
         log.info("%s: a stranger wrote %s", self.name, kv(user=update.user, username=update.username, code=code))
-        if new:
+        if new and self.platform.tells_strangers:
             await self._say(update.chat, f"I don't know you yet. If you know who runs me, give them this code: "
                                          f"{code}\n(they let you in with: pincer channels pair {code})")
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import cast
 
 from bus.config import EX_CONFIG, Config, ConfigError, load_config
+from gateway.channels.config import KNOWN as KNOWN_CHANNELS
 
 SECTIONS = {"redis", "runtime", "hands", "brain", "gateway", "channels"}
 
@@ -124,14 +125,14 @@ def _parser() -> argparse.ArgumentParser:
     dead.add_argument("--redis", metavar="URL")
 
     channel = sub.add_parser("channel", help="run one chat channel's process (as `pincer up` does per enabled one)")
-    channel.add_argument("name", choices=["telegram"])
+    channel.add_argument("name", choices=KNOWN_CHANNELS)
     channel.add_argument("--redis", metavar="URL")
 
     channels = sub.add_parser("channels", help="chat channels: list (state) | pair CODE | paired | unpair USER")
     channels.add_argument("action", nargs="?", default="list", choices=["list", "pair", "paired", "unpair"])
     channels.add_argument("arg", nargs="?", metavar="CODE|USER", help="pair: the code a stranger was given; "
                           "unpair: their user id")
-    channels.add_argument("--channel", default="telegram", choices=["telegram"])
+    channels.add_argument("--channel", default="telegram", choices=KNOWN_CHANNELS)
     channels.add_argument("--json", action="store_true", help="print JSON")
     channels.add_argument("--redis", metavar="URL")
 

@@ -72,7 +72,7 @@ def _show(config: Config, running: list[dict[str, Any]], *, as_json: bool) -> in
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
-        print("no channel is enabled (channels.telegram.enabled in the config)")
+        print("no channel is enabled (channels.<name>.enabled in the config: telegram, email)")
         return 0
     print_channels(Console(), rows)
     return 0

@@ -230,9 +230,9 @@ class Supervisor:
         """A process per enabled chat channel. Its token is handed over as its own setting: a `${NAME}` in
         the file names a variable (TELEGRAM_BOT_TOKEN, say) that no other role may see."""
         settings = self.config.section("channels", ChannelSettings)
-        token = settings.telegram.bot_token.get_secret_value()
         return [Child(name, [sys.executable, "-m", "gateway.channels", name], role="channels",
-                      env={"PINCER_CHANNELS__TELEGRAM__BOT_TOKEN": token})
+                      env={f"PINCER_CHANNELS__{name.upper()}__{key.upper()}": value
+                           for key, value in settings.of(name).secrets().items()})
                 for name in settings.enabled()]
 
     def _local_model(self, model_file: Path, env: dict[str, str]) -> tuple[Child, dict[str, str]]:

@@ -19,7 +19,7 @@ from gateway.tokens import Identity
 
 SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 # A token's name, or a channel's identity (``telegram:12345``).
-OWNER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}$"
+OWNER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@+:-]{0,127}$"
 SEPARATOR = "/"
 ALL_OWNERS = "*"
 

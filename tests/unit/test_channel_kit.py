@@ -109,10 +109,11 @@ def test_the_token_is_read_from_the_environment_and_bad_settings_say_why(monkeyp
 
 class FakeSurface:
     limit = 50
+    edits = True
 
     def __init__(self) -> None:
         self.messages: dict[str, str] = {}
-        self.edits = 0
+        self.edited = 0
 
     def render(self, text: str) -> list[str]:
         return fitted(text, self.limit)
@@ -124,7 +125,7 @@ class FakeSurface:
 
     async def edit(self, chat: str, message: str, rendered: str, *, buttons: Buttons = ()) -> None:
         self.messages[message] = rendered
-        self.edits += 1
+        self.edited += 1
 
     async def typing(self, chat: str) -> None:
         return None
@@ -147,3 +148,21 @@ async def test_a_streamed_reply_edits_one_message_and_splits_only_the_final_answ
     again = StreamedReply(surface, "111", delivery, edit_interval_s=0.01, shown="1")  # after a restart
     await again.finish("the answer")
     assert surface.messages["1"] == "the answer" and len(surface.messages) >= 3  # edited, not sent anew
+
+
+async def test_a_surface_without_edits_gets_the_answer_once_whole(fake_bus: Bus) -> None:
+    class MailLike(FakeSurface):
+        edits = False
+        limit = 10_000
+
+    surface = MailLike()
+    delivery = Delivery(fake_bus, "email", "9:1")
+    reply = StreamedReply(surface, "thread", delivery, edit_interval_s=0.01)
+    reply.tool(ChatTool(session_id="s", message_id="m", call_id="c1", tool="read_file", status="started"))
+    for word in ("one ", "two "):
+        reply.delta(word)
+        await asyncio.sleep(0.02)  # past the edit interval: an editing surface would have been sent a draft
+    assert surface.messages == {}
+    reply.tool(ChatTool(session_id="s", message_id="m", call_id="c1", tool="read_file", status="finished"))
+    await reply.finish("one two")
+    assert surface.messages == {"1": "⚙ read_file ✓\n\none two"} and surface.edited == 0

@@ -1,0 +1,158 @@
+"""The email channel's platform calls against real servers: the system's Dovecot (IMAP, IDLE, TLS) and
+aiosmtpd (SMTP, STARTTLS and implicit TLS), with the thread book in a real Redis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bus.streams import Bus
+from gateway.channels.config import EmailSettings
+from gateway.channels.errors import PlatformAway, PlatformRefused
+from gateway.channels.mail import Email
+from tests.conftest import wait_until
+from tests.mailservers import AGENT, PASSWORD, Dovecot, SmtpSink, mail
+
+ALICE = "alice@example.com"
+
+
+def settings(dovecot: Dovecot, smtp: SmtpSink, **changes: object) -> EmailSettings:
+    return EmailSettings.model_validate({
+        "enabled": True, "imap_host": "127.0.0.1", "imap_port": dovecot.port, "smtp_host": "127.0.0.1",
+        "smtp_port": smtp.port, "username": AGENT, "password": PASSWORD, "tls": "none", "address": AGENT,
+        "allow_from": [ALICE], "poll_timeout_s": 2, **changes})
+
+
+async def test_new_mail_becomes_an_update_and_the_answer_goes_back_in_its_thread(
+        dovecot: Dovecot, smtp: SmtpSink, bus: Bus) -> None:
+    dovecot.deliver(mail(ALICE, "old mail, before the channel started"))
+    email = Email(settings(dovecot, smtp), bus)
+    await email.start()
+    try:
+        offset, updates = await email.poll("")
+        assert updates == [] and offset.endswith(":1")  # mail already there is not answered
+        sent = mail("Alice <Alice@Example.com>", "What is the time?\n\nOn Monday, Bob wrote:\n> quoted history",
+                    subject="A question")
+        dovecot.deliver(sent)
+        offset, updates = await email.poll(offset)
+        assert offset.endswith(":2") and len(updates) == 1
+        update = updates[0]
+        assert update.user == ALICE and update.text == "Subject: A question\n\nWhat is the time?"
+        assert await email.poll(offset) == (offset, [])  # nothing new: the IDLE waited and came back empty
+        message_id = await email.send(update.chat, "It is noon.")
+        wait_until(lambda: smtp.to(ALICE), what="the answer sent")
+        answer = smtp.to(ALICE)[0]
+        assert answer.recipients == [ALICE] and answer.sender == AGENT
+        assert answer.message["In-Reply-To"] == sent["Message-ID"] and answer.message["Subject"] == "Re: A question"
+        assert answer.message["Auto-Submitted"] == "auto-replied" and answer.message["Message-ID"] == message_id
+        assert answer.text.startswith("It is noon.") and "> What is the time?" in answer.text
+        follow = mail(ALICE, "And the date?", reply_to=answer.message)
+        dovecot.deliver(follow)
+        _, later = await email.poll(offset)
+        assert later[0].chat == update.chat  # the same thread is the same conversation
+    finally:
+        await email.close()
+
+
+async def test_robots_loops_and_forged_senders_are_never_answered(dovecot: Dovecot, smtp: SmtpSink, bus: Bus) -> None:
+    email = Email(settings(dovecot, smtp, authserv_id="mx.pincer.test"), bus)
+    await email.start()
+    try:
+        offset, _ = await email.poll("")
+        vouched = "mx.pincer.test; dkim=pass header.d=example.com; spf=pass"
+        for headers, sender in (({"Auto-Submitted": "auto-replied"}, ALICE),
+                                ({"Precedence": "bulk"}, ALICE),
+                                ({"List-Id": "<news.example.com>"}, ALICE),
+                                ({}, "mailer-daemon@example.com"),
+                                ({}, AGENT),  # its own answer, seen again: a loop
+                                ({}, ALICE),  # no Authentication-Results from our server: forged, maybe
+                                ({"Authentication-Results": "evil.test; dmarc=pass"}, ALICE),  # another server's
+                                ({"Authentication-Results": "mx.pincer.test; dkim=pass header.d=evil.test"}, ALICE)):
+            dovecot.deliver(mail(sender, "hi", headers={**headers}))
+        dovecot.deliver(mail(ALICE, "a real one", headers={"Authentication-Results": vouched}))
+        offset, updates = await email.poll(offset)
+        assert offset.endswith(":9")  # every one passed over, counted in the offset
+        assert [u.text for u in updates] == ["Subject: Hello\n\na real one"]
+    finally:
+        await email.close()
+
+
+async def test_html_attachments_and_an_approval_answered_by_reply(dovecot: Dovecot, smtp: SmtpSink, bus: Bus) -> None:
+    email = Email(settings(dovecot, smtp), bus)
+    await email.start()
+    try:
+        offset, _ = await email.poll("")
+        dovecot.deliver(mail(ALICE, "", html="<p>Look at <b>this</b><script>steal()</script></p>",
+                             attachment=("report.csv", b"a,b\n1,2\n")))
+        offset, [update] = await email.poll(offset)
+        assert "Look at this" in update.text and "steal" not in update.text
+        [file] = update.files
+        assert file.name == "report.csv" and await email.fetch_file(file, 1 << 20) == b"a,b\n1,2\n"
+        with pytest.raises(PlatformRefused, match="over the 4"):
+            await email.fetch_file(file, 4)
+        await email.send(update.chat, "Allow exec?", buttons=[[("Allow once", "ap:1:o")], [("Deny", "ap:1:d")]])
+        question = wait_until(lambda: smtp.to(ALICE), what="the question sent")[0]
+        assert "Reply to this mail with one of: ALLOW ONCE, DENY" in question.text
+        dovecot.deliver(mail(ALICE, "Deny\n\nOn Tuesday, the agent wrote:\n> Allow exec?", reply_to=question.message))
+        offset, [press] = await email.poll(offset)
+        assert press.press == update.chat and press.data == "ap:1:d"
+        dovecot.deliver(mail(ALICE, "maybe later", reply_to=question.message))
+        _, [said] = await email.poll(offset)
+        assert said.press is None and said.text == "maybe later"  # not a choice: said like anything else
+    finally:
+        await email.close()
+
+
+async def test_tls_both_ways_and_credentials_refused_plainly(
+        dovecot: Dovecot, mail_certs: Path, bus: Bus, tmp_path: Path) -> None:
+    for tls, imap_port, sink in (("starttls", dovecot.port, SmtpSink(mail_certs)),
+                                 ("ssl", dovecot.tls_port, SmtpSink(mail_certs, implicit_tls=True))):
+        sink.start()
+        try:
+            secure = settings(dovecot, sink, tls=tls, imap_port=imap_port, ca_file=str(mail_certs / "ca.crt"))
+            email = Email(secure, bus)
+            await email.start()
+            offset, _ = await email.poll("")
+            dovecot.deliver(mail(ALICE, f"over {tls}"))
+            _, [update] = await email.poll(offset)
+            await email.send(update.chat, f"answered over {tls}")
+            wait_until(lambda sink=sink: sink.to(ALICE), what=f"the answer sent over {tls}")
+            assert sink.logins  # the login went over TLS (the sink refuses one before it)
+            await email.close()
+            untrusted = Email(settings(dovecot, sink, tls=tls, imap_port=imap_port), bus)
+            with pytest.raises(PlatformRefused, match="certificate is not trusted"):
+                await untrusted.start()
+        finally:
+            sink.stop()
+    wrong = Email(settings(dovecot, SmtpSink(), password="nope"), bus)
+    with pytest.raises(PlatformRefused, match="IMAP login refused"):
+        await wrong.start()
+    missing = Email(settings(dovecot, SmtpSink(), mailbox="Nowhere"), bus)
+    with pytest.raises(PlatformRefused, match="no mailbox 'Nowhere'"):
+        await missing.start()
+    away = Email(settings(dovecot, SmtpSink(), imap_port=1), bus)
+    with pytest.raises(PlatformAway):
+        await away.start()
+
+
+async def test_an_smtp_server_that_says_later_is_away_and_one_that_refuses_is_refused(
+        dovecot: Dovecot, smtp: SmtpSink, bus: Bus) -> None:
+    email = Email(settings(dovecot, smtp), bus)
+    await email.start()
+    try:
+        offset, _ = await email.poll("")
+        dovecot.deliver(mail(ALICE, "hi"))
+        _, [update] = await email.poll(offset)
+        smtp.fail("451 4.3.0 try again later")
+        with pytest.raises(PlatformAway, match="451"):
+            await email.send(update.chat, "first try")
+        smtp.fail("554 5.7.1 rejected")
+        with pytest.raises(PlatformRefused, match="554"):
+            await email.send(update.chat, "second try")
+        await email.send(update.chat, "third try")
+        assert [m.text.splitlines()[0] for m in smtp.to(ALICE)] == ["third try"]
+        with pytest.raises(PlatformRefused, match="no conversation"):
+            await email.send("0" * 24, "to nobody")
+    finally:
+        await email.close()
