@@ -213,8 +213,11 @@ def authenticated(raw: bytes, sender: str, authserv_id: str) -> bool:
         server, _, results = value.partition(";")
         if server.strip().split(" ")[0] != authserv_id.lower():
             continue
-        if re.search(r"\bdmarc=pass\b", results):
-            return True
-        if re.search(rf"\bdkim=pass\b[^;]*\bheader\.d={re.escape(domain)}\b", results):
-            return True
+        for method in results.split(";"):
+            said = method.strip().split(" ")
+            props = dict(p.partition("=")[::2] for p in said[1:])
+            if said[0] == "dmarc=pass" and props.get("header.from", domain) == domain:
+                return True
+            if said[0] == "dkim=pass" and props.get("header.d") == domain:
+                return True
     return False
