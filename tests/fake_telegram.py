@@ -23,13 +23,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bus.redis_server import free_port
+from tests.loopback import ThreadedServer, request_params
 
 TOKEN = "123456:TEST-token_for-the-fake"
 BOT = {"id": 777000, "is_bot": True, "first_name": "Pincer", "username": "pincer_test_bot",
@@ -110,24 +110,16 @@ class FakeTelegram:
         self._news: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._current_poll: asyncio.Future[None] | None = None
-        self._server = uvicorn.Server(uvicorn.Config(self._app(), host="127.0.0.1", port=self.port,
-                                                     log_level="warning", lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._server = ThreadedServer(self._app(), self.port, "the fake Bot API server", lifespan="off")
 
     # --- lifecycle ---
 
     def start(self) -> FakeTelegram:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the fake Bot API server did not start")
-            time.sleep(0.02)
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
+        self._server.stop()
 
     # --- the people's side ---
 
@@ -210,27 +202,13 @@ class FakeTelegram:
         return Starlette(routes=[Route("/bot{token}/{method}", self._method, methods=["GET", "POST"]),
                                  Route("/file/bot{token}/{path:path}", self._download, methods=["GET"])])
 
-    async def _params(self, request: Request) -> dict[str, Any]:
-        params: dict[str, Any] = dict(request.query_params)
-        kind = request.headers.get("content-type", "")
-        if kind.startswith("application/json"):
-            params.update(await request.json())
-        elif kind.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
-            form = await request.form()
-            for key, value in form.multi_items():
-                if hasattr(value, "read"):
-                    params[key] = (value.filename, await value.read())
-                else:
-                    params[key] = value
-        return params
-
     async def _method(self, request: Request) -> Response:
         if self._loop is None:
             self._loop, self._news = asyncio.get_running_loop(), asyncio.Event()
         if request.path_params["token"] != TOKEN:
             return _error(401, "Unauthorized")
         method = request.path_params["method"]
-        params = await self._params(request)
+        params = await request_params(request)
         with self._lock:
             self.calls.append((method, params))
             failing = self.failing.get(method)

@@ -33,8 +33,9 @@ class Access:
         """The identity of a platform user who may talk to the agent; None for a stranger."""
         handle = username.lower()
         # "@bob" names a Telegram username; "@example.com" an email domain; "alice@example.com" an address.
-        allowed = user in self.allowed_ids or (handle and (handle in self.allowed_names or handle in self.allowed_ids
-                                                           or handle.rpartition("@")[2] in self.allowed_names))
+        domain = handle.rpartition("@")[2]
+        allowed = user.lower() in self.allowed_ids or (handle and (
+            handle in self.allowed_names or handle in self.allowed_ids or domain in self.allowed_names))
         if not allowed and not await self.bus.redis.hexists(self.bus.keys.channel_paired(self.channel), user):
             return None
         return Identity(name=identity_name(self.channel, user), scope="chat", agents=(self.agent,))

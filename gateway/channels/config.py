@@ -186,9 +186,38 @@ class EmailSettings(ChannelCommon):
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+class SlackSettings(ChannelCommon):
+    """A Slack app's bot, reached by Socket Mode (no public address needed)."""
+
+    NAME = "slack"
+    ALLOW = re.compile(r"^[UW][A-Z0-9]{2,20}$")
+    ALLOW_FORM = "Slack member ids (U0123ABCD: a profile's ⋮ menu, Copy member ID)"
+    SECRETS = ("bot_token", "app_token")
+
+    # The bot's token (xoxb-...), from the app's OAuth & Permissions page.
+    bot_token: SecretStr = SecretStr("")
+    # An app-level token with the connections:write scope (xapp-...): Socket Mode.
+    app_token: SecretStr = SecretStr("")
+    # The Web API's root (a test server, or a Slack Enterprise Grid's own).
+    api_url: str = "https://slack.com/api/"
+    # The hosts the bot's token may be shown to when a file people sent is fetched.
+    file_hosts: list[str] = Field(default_factory=lambda: ["files.slack.com"])
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(f"api_url must be an http(s) URL such as https://slack.com/api/, got {value!r}")
+        return value.rstrip("/") + "/"
+
+    def missing(self) -> list[str]:
+        return [name for name in ("bot_token", "app_token") if not getattr(self, name).get_secret_value()]
+
+
 class ChannelSettings(Section):
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     email: EmailSettings = Field(default_factory=EmailSettings)
+    slack: SlackSettings = Field(default_factory=SlackSettings)
 
     def enabled(self) -> list[str]:
         """The channels `pincer up` starts."""
@@ -199,4 +228,4 @@ class ChannelSettings(Section):
         return found
 
 
-KNOWN = ("telegram", "email")
+KNOWN = ("telegram", "slack", "email")

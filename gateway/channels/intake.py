@@ -23,10 +23,11 @@ from starlette.routing import Route
 from bus.codec import encode
 from bus.lease import HOLDS, Lease
 from bus.presence import alive
+from bus.protocol import ChannelUpdate
 from bus.streams import CONNECTION_ERRORS, Bus
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
-from gateway.channels.platform import RETRY_DELAYS, Platform, Webhooked, patiently
+from gateway.channels.platform import RETRY_DELAYS, Listening, Platform, Polled, Webhooked, patiently
 
 log = logging.getLogger("gateway.channels")
 
@@ -53,6 +54,7 @@ return 1
 """
 PUSHED_KEEP_S = 86_400  # a platform retries a webhook delivery for hours at most
 WEBHOOK_MAX_BYTES = 1 << 20
+LISTEN_CHECK_S = 1.0  # how often a kept connection is looked at (its progress)
 WEBHOOK_CHECK_S = 15.0  # how often a webhook's health is asked of the platform (its progress)
 # KEYS: lease. ARGV: the dead holder, us, ttl ms. The lease of a holder whose heartbeat stopped, taken.
 TAKE_OVER = """
@@ -87,10 +89,73 @@ class Intake:
         self._take_pushed = bus.redis.register_script(TAKE_PUSHED)
 
     async def run(self, stop: asyncio.Event) -> None:
+        if isinstance(self.platform, Listening):
+            await self._listen(self.platform, stop)
+            return
         hooked = self.platform if isinstance(self.platform, Webhooked) else None
-        await (self._webhook(hooked, stop) if hooked is not None and hooked.webhook_url else self._poll(hooked, stop))
+        if hooked is not None and hooked.webhook_url:
+            await self._webhook(hooked, stop)
+        elif isinstance(self.platform, Polled):
+            await self._poll(self.platform, hooked, stop)
+        else:
+            raise TypeError(f"{self.name}: the platform neither polls, listens nor takes a webhook")
 
-    async def _poll(self, hooked: Webhooked | None, stop: asyncio.Event) -> None:
+    # --- a connection the platform pushes events over: every replica keeps one ---
+
+    async def _listen(self, listening: Listening, stop: asyncio.Event) -> None:
+        """Keep the platform's connection until ``stop``; its progress is being connected. A connection that
+        stays down past stall_s (the library's own reconnecting has not helped) is made afresh."""
+        failures, down_since = 0, 0.0
+        try:
+            while not stop.is_set():
+                try:
+                    if not self.progress.polling:
+                        await listening.listen(self._take_event)
+                        self.progress.polling, down_since, failures = True, 0.0, 0
+                        log.info("%s: connected", self.name)
+                    if await listening.connected():
+                        self.progress.last, down_since = time.time(), 0.0
+                    else:
+                        down_since = down_since or time.monotonic()
+                        if time.monotonic() - down_since > self.settings.stall_s:
+                            self.progress.failed(PlatformAway(f"disconnected for {self.settings.stall_s:g}s"))
+                            await self.platform.close()
+                            self.progress.polling = False
+                    await _sleep_or_stop(stop, LISTEN_CHECK_S)
+                except PlatformAway as exc:
+                    self.progress.failed(exc)
+                    delay = exc.retry_after or RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
+                    failures += 1
+                    log.warning("%s connect: %s; again in %.1fs", self.name, exc, delay)
+                    await self.platform.close()
+                    await _sleep_or_stop(stop, delay)
+        finally:
+            self.progress.polling = False
+
+    async def _take_event(self, event_id: str, update: ChannelUpdate | None) -> bool:
+        """An event pushed to us, in the inbox once (a platform redelivers until acknowledged): whether it
+        may be acknowledged (False while Redis is away: the platform delivers it again)."""
+        if update is None:
+            return True
+        try:
+            if await self._store_once(event_id, update):
+                self.progress.counts["in"] += 1
+        except CONNECTION_ERRORS as exc:
+            self.progress.failed(exc)
+            log.warning("%s: Redis away (%s); event %s left with the platform", self.name, exc, event_id)
+            return False
+        self.progress.last = time.time()
+        return True
+
+    async def _store_once(self, event_id: str, update: ChannelUpdate) -> bool:
+        inbox = self.bus.keys.channel_inbox(self.name, self.platform.bot_id)
+        seen = self.bus.keys.channel_delivery(self.name, f"pushed:{event_id}")
+        args: list[Any] = [PUSHED_KEEP_S, INBOX_KEEP]
+        for key, value in encode(update).items():
+            args.extend((key, value))
+        return bool(await self._take_pushed(keys=[seen, inbox], args=args))
+
+    async def _poll(self, polled: Polled, hooked: Webhooked | None, stop: asyncio.Event) -> None:
         if hooked is not None:
             with contextlib.suppress(PlatformAway, PlatformRefused):  # polling cannot start while a webhook is set
                 await hooked.drop_webhook()
@@ -105,7 +170,7 @@ class Intake:
                         await _sleep_or_stop(stop, min(5.0, lease.ttl_ms / 3000))
                         continue
                     self.progress.polling = True
-                    await self._poll_once(lease)
+                    await self._poll_once(polled, lease)
                     failures = 0
                 except PlatformAway as exc:
                     self.progress.failed(exc)
@@ -175,18 +240,8 @@ class Intake:
             event_id, update = hooked.parse(json.loads(body))
         except (ValueError, TypeError, KeyError) as exc:
             return JSONResponse({"error": f"not an update: {exc}"}, status_code=400)
-        if update is not None:
-            inbox = self.bus.keys.channel_inbox(self.name, self.platform.bot_id)
-            seen = self.bus.keys.channel_delivery(self.name, f"pushed:{event_id}")
-            args: list[Any] = [PUSHED_KEEP_S, INBOX_KEEP]
-            for key, value in encode(update).items():
-                args.extend((key, value))
-            try:
-                if await self._take_pushed(keys=[seen, inbox], args=args):
-                    self.progress.counts["in"] += 1
-            except CONNECTION_ERRORS:  # not taken: the platform delivers it again
-                return JSONResponse({"error": "busy"}, status_code=503)
-        self.progress.last = time.time()
+        if not await self._take_event(event_id, update):  # not taken: the platform delivers it again
+            return JSONResponse({"error": "busy"}, status_code=503)
         return JSONResponse({"ok": True})
 
     async def _take_over_dead(self, lease: Lease) -> bool:
@@ -199,12 +254,12 @@ class Intake:
             log.info("%s poller taken over from %s (no heartbeat)", self.name, holder.decode())
         return lease.held
 
-    async def _poll_once(self, lease: Lease) -> None:
+    async def _poll_once(self, polled: Polled, lease: Lease) -> None:
         offset_key = self.bus.keys.channel_offset(self.name, self.platform.bot_id)
         stored: bytes | None = await self.bus.redis.get(offset_key)  # type: ignore[assignment]  # bytes
         offset = stored.decode() if stored else ""
         async with asyncio.timeout(self.hung_s):
-            next_offset, updates = await self.platform.poll(offset)
+            next_offset, updates = await polled.poll(offset)
         if next_offset != offset:
             args: list[Any] = [self.instance_id, next_offset, INBOX_KEEP]
             for update in updates:

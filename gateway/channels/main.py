@@ -9,7 +9,14 @@ from pathlib import Path
 from bus.config import Config, ConfigError
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
-from gateway.channels.config import KNOWN, ChannelCommon, ChannelSettings, EmailSettings, TelegramSettings
+from gateway.channels.config import (
+    KNOWN,
+    ChannelCommon,
+    ChannelSettings,
+    EmailSettings,
+    SlackSettings,
+    TelegramSettings,
+)
 from gateway.channels.errors import PlatformRefused
 from gateway.channels.platform import Platform
 from gateway.channels.worker import ChannelWorker
@@ -17,7 +24,8 @@ from gateway.config import GatewaySettings
 
 log = logging.getLogger("gateway.channels")
 
-HINTS = {"telegram": "@BotFather gives a bot its token", "email": "see docs/channels/email.md"}
+HINTS = {"telegram": "@BotFather gives a bot its token", "email": "see docs/channels/email.md",
+         "slack": "see docs/channels/slack.md"}
 
 
 def main(config: Config, name: str, *, workspace: Path) -> int:
@@ -49,6 +57,10 @@ def platform_for(settings: ChannelCommon, bus: Bus) -> Platform:
         from gateway.channels.telegram import Telegram
 
         return Telegram(settings)
+    if isinstance(settings, SlackSettings):
+        from gateway.channels.slack import Slack
+
+        return Slack(settings, bus)
     if isinstance(settings, EmailSettings):
         from gateway.channels.mail import Email
 

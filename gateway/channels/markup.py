@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 
 FENCE = re.compile(r"```[^\n`]*\n?(.*?)```", re.S)
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
@@ -20,28 +21,47 @@ LINK = re.compile(r"\[([^\]\n]{1,500})\]\(([^)\s]{1,2000})\)")
 def telegram_html(text: str) -> str:
     """``text`` (the model's Markdown) as Telegram's HTML parse mode: every character escaped but the tags
     made here (``<pre>``, ``<code>``, ``<b>``, ``<i>``)."""
+    return _fenced(text, lambda code: f"<pre>{html.escape(code, quote=False)}</pre>", _inline)
+
+
+def _fenced(text: str, block: Callable[[str], str], inline: Callable[[str], str]) -> str:
+    """``text`` with its fenced code blocks rendered by ``block`` and everything between by ``inline``."""
     out: list[str] = []
     last = 0
-    for block in FENCE.finditer(text):
-        out.append(_inline(text[last:block.start()]))
-        out.append(f"<pre>{html.escape(block.group(1).rstrip(), quote=False)}</pre>")
-        last = block.end()
-    out.append(_inline(text[last:]))
+    for found in FENCE.finditer(text):
+        out.append(inline(text[last:found.start()]))
+        out.append(block(found.group(1).rstrip()))
+        last = found.end()
+    out.append(inline(text[last:]))
     return "".join(out)
 
 
 def _inline(text: str) -> str:
+    def plain(part: str) -> str:
+        return ITALIC.sub(r"<i>\1</i>", BOLD.sub(r"<b>\1</b>", html.escape(part, quote=False)))
+
+    return _coded(text, lambda code: f"<code>{html.escape(code, quote=False)}</code>", plain)
+
+
+def _coded(text: str, code: Callable[[str], str], plain: Callable[[str], str]) -> str:
+    """``text`` with its inline code rendered by ``code`` and the rest (links made plain text) by ``plain``."""
     parts = INLINE_CODE.split(text)  # odd places: code
-    rendered = []
-    for index, part in enumerate(parts):
-        if index % 2:
-            rendered.append(f"<code>{html.escape(part, quote=False)}</code>")
-            continue
-        part = LINK.sub(lambda m: f"{m.group(1)} ({m.group(2)})", part)
-        part = html.escape(part, quote=False)
-        part = BOLD.sub(r"<b>\1</b>", part)
-        rendered.append(ITALIC.sub(r"<i>\1</i>", part))
-    return "".join(rendered)
+    return "".join(code(part) if index % 2 else plain(LINK.sub(lambda m: f"{m.group(1)} ({m.group(2)})", part))
+                   for index, part in enumerate(parts))
+
+
+def slack_mrkdwn(text: str) -> str:
+    """``text`` (the model's Markdown) as Slack's mrkdwn: ``&``, ``<`` and ``>`` escaped everywhere (so no
+    link, mention or @channel can be made), ``**bold**`` as ``*bold*``, code kept, links as plain text."""
+    return _fenced(text, lambda code: f"```{_slack_escape(code)}```", _slack_inline)
+
+
+def _slack_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _slack_inline(text: str) -> str:
+    return _coded(text, lambda code: f"`{_slack_escape(code)}`", lambda part: BOLD.sub(r"*\1*", _slack_escape(part)))
 
 
 def split_text(text: str, limit: int) -> list[str]:
@@ -67,13 +87,15 @@ def split_text(text: str, limit: int) -> list[str]:
     return pieces
 
 
-def fitted(text: str, limit: int) -> list[str]:
-    """``text`` rendered as Telegram HTML in messages that each fit ``limit`` characters once rendered."""
+def fitted(text: str, limit: int, render: Callable[[str], str] = telegram_html) -> list[str]:
+    """``text`` rendered (Telegram's HTML by default) in messages that each fit ``limit`` characters once
+    rendered."""
     out: list[str] = []
     for piece in split_text(text, limit):
-        html_piece = telegram_html(piece)
-        if len(html_piece) <= limit:
-            out.append(html_piece)
+        rendered = render(piece)
+        if len(rendered) <= limit:
+            out.append(rendered)
         else:  # escapes made it longer: cut the piece smaller
-            out.extend(fitted(piece[: len(piece) // 2], limit) + fitted(piece[len(piece) // 2:], limit))
+            half = len(piece) // 2
+            out.extend(fitted(piece[:half], limit, render) + fitted(piece[half:], limit, render))
     return out

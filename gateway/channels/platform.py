@@ -30,10 +30,29 @@ class Platform(Surface, Protocol):
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...
-    async def poll(self, offset: str) -> tuple[str, list[ChannelUpdate]]: ...
     async def answer_press(self, press: str, text: str) -> None: ...
     async def fetch_file(self, file: ChannelFile, limit: int) -> bytes: ...
     async def send_file(self, chat: str, path: Path) -> None: ...
+
+
+@runtime_checkable
+class Polled(Protocol):
+    """A platform read by polling from an offset (Telegram's getUpdates, IMAP's UIDs)."""
+
+    async def poll(self, offset: str) -> tuple[str, list[ChannelUpdate]]: ...
+
+
+Take = Callable[[str, ChannelUpdate | None], Awaitable[bool]]  # (event id, update) -> stored (then acknowledge)
+
+
+@runtime_checkable
+class Listening(Protocol):
+    """A platform that pushes its events over a connection it keeps (Slack's Socket Mode, Discord's gateway)
+    instead of being polled: each event is handed to ``take`` and acknowledged to the platform only once
+    ``take`` says the bus holds it (a platform redelivers what was not acknowledged)."""
+
+    async def listen(self, take: Take) -> None: ...  # returns once connected; the connection is kept
+    async def connected(self) -> bool: ...
 
 
 @runtime_checkable

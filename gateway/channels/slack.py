@@ -1,0 +1,262 @@
+"""Slack through slack_sdk: Socket Mode for events in, the Web API for answers out.
+
+Socket Mode needs no public address: every replica keeps a connection (Slack spreads events over
+up to ten), each envelope is written to the inbox once (by its event id) and acknowledged to
+Slack only then, so an envelope the bus could not take is delivered again by Slack. The SDK's
+client reconnects by itself (pings, ``disconnect`` messages, refreshed URLs); the kit watches
+that it stays connected.
+
+Conversations: a direct message is one session; in a channel the bot answers when mentioned,
+in a thread under the message, and the thread is a session (later messages in a thread the bot
+has answered need no mention). Text is Slack's mrkdwn, escaped; approvals are Block Kit buttons,
+a press answered to its presser alone (an ephemeral message).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import httpx
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bus.protocol import ChannelFile, ChannelUpdate
+from bus.streams import Bus
+from gateway.channels.config import SlackSettings
+from gateway.channels.errors import PlatformAway, PlatformRefused
+from gateway.channels.markup import fitted, slack_mrkdwn
+from gateway.channels.platform import Take
+from gateway.channels.reply import Buttons
+
+log = logging.getLogger("gateway.channels.slack")
+
+NAME = "slack"
+LIMIT = 3000  # characters of a section block's text (a message's text alone may be longer; ours stay under)
+THREAD_KEEP_S = 30 * 86_400  # a thread the bot answered in is followed without a mention this long
+TIMEOUT_S = 30
+# Errors that say the call will never work as made (anything unknown counts so too: it is logged).
+AWAY = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout",
+        "team_added_to_org"}
+MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
+
+
+@contextlib.asynccontextmanager
+async def translated(what: str) -> AsyncIterator[None]:
+    """The SDK's errors as the kit's, saying which call failed."""
+    try:
+        yield
+    except SlackApiError as exc:
+        response = exc.response
+        error = str(response.get("error", "")) if hasattr(response, "get") else ""
+        status = getattr(response, "status_code", 0)
+        if error == "ratelimited" or status == 429:
+            wait = float(response.headers.get("Retry-After", "1")) if hasattr(response, "headers") else 1.0
+            raise PlatformAway(f"Slack {what}: rate limited, retry in {wait:g}s", retry_after=wait) from None
+        if error in AWAY or status >= 500:
+            raise PlatformAway(f"Slack {what}: {error or status}") from None
+        raise PlatformRefused(f"Slack {what}: {error or status}") from None
+    except (SlackClientError, aiohttp.ClientError, httpx.HTTPError, OSError, TimeoutError) as exc:
+        raise PlatformAway(f"Slack {what}: {type(exc).__name__}: {exc}") from None
+
+
+class Slack:
+    """One Slack app's bot. ``limit``, ``edits`` and ``render`` make it a ``reply.Surface``."""
+
+    name = NAME
+    limit = LIMIT
+    edits = True
+    tells_strangers = True
+
+    def __init__(self, settings: SlackSettings, bus: Bus) -> None:
+        self.settings, self.bus = settings, bus
+        self.web = AsyncWebClient(settings.bot_token.get_secret_value(), base_url=settings.api_url,
+                                  timeout=TIMEOUT_S)
+        self.bot_id = ""
+        self.username = ""
+        self._socket: SocketModeClient | None = None
+        self._take: Take | None = None
+
+    async def start(self) -> None:
+        """Ask Slack who the bot is (a wrong token fails here, plainly)."""
+        async with translated("auth.test"):
+            me = await self.web.auth_test()
+        self.bot_id, self.username = str(me["user_id"]), str(me.get("user", ""))
+
+    async def close(self) -> None:
+        socket, self._socket = self._socket, None
+        if socket is not None:
+            with contextlib.suppress(Exception):
+                await socket.close()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
+            with contextlib.suppress(Exception):
+                await socket.aiohttp_client_session.close()
+
+    # --- Socket Mode: events in ---
+
+    async def listen(self, take: Take) -> None:
+        self._take = take
+        socket = SocketModeClient(self.settings.app_token.get_secret_value(), logger=log,
+                                  web_client=AsyncWebClient(base_url=self.settings.api_url, timeout=TIMEOUT_S))
+        socket.socket_mode_request_listeners.append(self._envelope)
+        self._socket = socket
+        async with translated("apps.connections.open"):
+            socket.wss_uri = await socket.issue_new_wss_url()  # an app token refused fails here, not in a loop
+        await socket.connect()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
+
+    async def connected(self) -> bool:
+        return self._socket is not None and await self._socket.is_connected()
+
+    async def _envelope(self, client: Any, request: SocketModeRequest) -> None:
+        try:
+            event_id, update = await self.parse(request.type, request.payload, request.envelope_id)
+        except (KeyError, TypeError, ValueError) as exc:  # not what Slack documents: acknowledged, logged
+            log.warning("Slack: an envelope of type %s could not be read: %s", request.type, exc)
+            event_id, update = request.envelope_id, None
+        if self._take is not None and await self._take(event_id, update):
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
+
+    async def parse(self, kind: str, payload: dict[str, Any], envelope_id: str) -> tuple[str, ChannelUpdate | None]:
+        """An envelope's payload: its id (the same on Slack's redeliveries), and what the kit handles of it."""
+        if kind == "events_api":
+            return str(payload["event_id"]), await self._message(payload.get("event") or {}, str(payload["event_id"]))
+        if kind == "interactive" and payload.get("type") == "block_actions":
+            press_id = str(payload.get("trigger_id") or envelope_id)
+            return f"press:{press_id}", self._press(payload, press_id)
+        return envelope_id, None  # slash commands, shortcuts, others: not ours to handle
+
+    async def _message(self, event: dict[str, Any], event_id: str) -> ChannelUpdate | None:
+        # app_mention repeats a channel message the message event already brings: only messages are read.
+        if event.get("type") != "message" or event.get("subtype") not in (None, "file_share", "thread_broadcast"):
+            return None
+        user = str(event.get("user") or "")
+        if not user or event.get("bot_id") or user == self.bot_id:
+            return None
+        channel, ts = str(event["channel"]), str(event["ts"])
+        thread = str(event.get("thread_ts") or "")
+        direct = event.get("channel_type") == "im"
+        text = str(event.get("text") or "")
+        named = f"<@{self.bot_id}>" in text or f"<@{self.bot_id}|" in text
+        text = MENTION.sub(lambda m: "" if m.group(1) == self.bot_id else m.group(0), text)
+        text = re.sub(r"[ \t]{2,}", " ", text).strip()
+        if direct:
+            chat = f"{channel}:{thread}" if thread else channel
+            mentioned = True
+        else:
+            chat = f"{channel}:{thread or ts}"
+            mentioned = named or (bool(thread) and await self._following(channel, thread))
+        return ChannelUpdate(channel=NAME, event_id=event_id, user=user, chat=chat, group=not direct,
+                             text=_unescaped(text)[:64_000], mentioned=mentioned, files=_files(event),
+                             platform_message=ts)
+
+    def _press(self, payload: dict[str, Any], press_id: str) -> ChannelUpdate | None:
+        actions = payload.get("actions") or []
+        channel = str((payload.get("channel") or {}).get("id") or payload["container"]["channel_id"])
+        message = payload.get("message") or {}
+        ts = str(payload.get("container", {}).get("message_ts") or message.get("ts") or "")
+        thread = str(message.get("thread_ts") or "")
+        user = str(payload["user"]["id"])
+        if not actions:
+            return None
+        return ChannelUpdate(channel=NAME, event_id=f"press:{press_id}", user=user,
+                             username=str(payload["user"].get("username") or ""),
+                             chat=f"{channel}:{thread}" if thread else channel, group=not channel.startswith("D"),
+                             press=f"{channel}:{user}", data=str(actions[0].get("value") or "")[:256],
+                             platform_message=ts)
+
+    async def _following(self, channel: str, thread: str) -> bool:
+        return bool(await self.bus.redis.exists(self.bus.keys.channel_thread(NAME, f"{channel}:{thread}")))
+
+    # --- the Surface a turn is shown on ---
+
+    def render(self, text: str) -> list[str]:
+        return fitted(text, LIMIT, slack_mrkdwn)
+
+    async def send(self, chat: str, rendered: str, *, buttons: Buttons = ()) -> str:
+        channel, _, thread = chat.partition(":")
+        async with translated("chat.postMessage"):
+            sent = await self.web.chat_postMessage(channel=channel, thread_ts=thread or None, text=rendered,
+                                                   blocks=_blocks(rendered, buttons), unfurl_links=False,
+                                                   unfurl_media=False)
+        if thread:  # a thread the bot speaks in is followed without a mention
+            await self.bus.redis.set(self.bus.keys.channel_thread(NAME, chat), "1", ex=THREAD_KEEP_S)
+        return str(sent["ts"])
+
+    async def edit(self, chat: str, message: str, rendered: str, *, buttons: Buttons = ()) -> None:
+        channel = chat.partition(":")[0]
+        async with translated("chat.update"):
+            await self.web.chat_update(channel=channel, ts=message, text=rendered, blocks=_blocks(rendered, buttons))
+
+    async def typing(self, chat: str) -> None:
+        """Slack's Web API has no typing indicator for bots; the streamed message shows the work instead."""
+
+    async def answer_press(self, press: str, text: str) -> None:
+        channel, _, user = press.partition(":")
+        async with translated("chat.postEphemeral"):
+            await self.web.chat_postEphemeral(channel=channel, user=user, text=slack_mrkdwn(text[:LIMIT]))
+
+    async def fetch_file(self, file: ChannelFile, limit: int) -> bytes:
+        if file.size > limit:
+            raise PlatformRefused(f"{file.name or 'the file'} is {file.size} bytes, over the {limit} allowed "
+                                  "(channels.slack.max_file_bytes)")
+        host = urlsplit(file.ref).hostname or ""
+        allowed = {*self.settings.file_hosts, urlsplit(self.settings.api_url).hostname or ""}
+        if urlsplit(file.ref).scheme not in ("https", "http") or host not in allowed:
+            # the bot's token goes with the request: never to a host that is not Slack's
+            raise PlatformRefused(f"{file.name}: its address is not on a Slack file host "
+                                  "(channels.slack.file_hosts)")
+        token = self.settings.bot_token.get_secret_value()
+        headers = {"Authorization": f"Bearer {token}"}
+        async with (translated("a file's download"), httpx.AsyncClient(timeout=TIMEOUT_S) as http,
+                    http.stream("GET", file.ref, headers=headers) as response):
+            if response.status_code == 429 or response.status_code >= 500:
+                raise PlatformAway(f"Slack file download: HTTP {response.status_code}")
+            if response.status_code != 200:
+                raise PlatformRefused(f"{file.name}: Slack answered HTTP {response.status_code}")
+            data = bytearray()
+            async for chunk in response.aiter_bytes():
+                data += chunk
+                if len(data) > limit:
+                    raise PlatformRefused(f"{file.name or 'the file'} is over the {limit} bytes allowed")
+        return bytes(data)
+
+    async def send_file(self, chat: str, path: Path) -> None:
+        channel, _, thread = chat.partition(":")
+        async with translated("files.upload"):
+            await self.web.files_upload_v2(channel=channel, thread_ts=thread or None, file=str(path),
+                                           filename=path.name, title=path.name)
+
+
+def _blocks(rendered: str, buttons: Buttons) -> list[dict[str, Any]]:
+    """The text as a section; buttons, if any, as an actions block. No buttons: no blocks (an edit with
+    an empty list takes a question's buttons away once it is answered)."""
+    if not buttons:
+        return []
+    elements = [{"type": "button", "text": {"type": "plain_text", "text": label[:75]}, "value": data,
+                 "action_id": f"pincer-{index}"}
+                for index, (label, data) in enumerate(item for row in buttons for item in row)]
+    return [{"type": "section", "text": {"type": "mrkdwn", "text": rendered or " "}},
+            {"type": "actions", "elements": elements[:25]}]
+
+
+def _files(event: dict[str, Any]) -> list[ChannelFile]:
+    found = []
+    for file in event.get("files") or []:
+        url = file.get("url_private_download") or file.get("url_private")
+        if url:
+            found.append(ChannelFile(ref=str(url), name=str(file.get("name") or file.get("id") or "file"),
+                                     size=int(file.get("size") or 0), mime=str(file.get("mimetype") or "")))
+    return found[:10]
+
+
+def _unescaped(text: str) -> str:
+    """Slack escapes &, < and > in what people write; the agent reads what they typed."""
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
