@@ -360,6 +360,7 @@ class ChannelUpdate(BaseMessage):
     press: str | None = None  # a button press: the platform's id to answer it by ...
     data: str = Field(default="", max_length=256)  # ... and the button's data
     platform_message: str = ""  # the message said, or the one whose button was pressed
+    invite: bool = False  # the user asks the bot into ``chat`` (a Matrix invite): accepted only if they may talk
 
 
 Message = Annotated[

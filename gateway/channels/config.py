@@ -27,6 +27,12 @@ def from_environment(value: str, *, key: str) -> str:
     return os.environ[name]
 
 
+def http_url(value: str, key: str, example: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", value):
+        raise ValueError(f"{key} must be an http(s) URL such as {example}, got {value!r}")
+    return value
+
+
 class ChannelCommon(Section):
     """What every channel has: who may talk, to which agent, and how patiently the platform is read."""
 
@@ -127,9 +133,7 @@ class TelegramSettings(ChannelCommon):
     @field_validator("api_url")
     @classmethod
     def _api_url(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError(f"api_url must be an http(s) URL such as https://api.telegram.org, got {value!r}")
-        return value.rstrip("/")
+        return http_url(value, "api_url", "https://api.telegram.org").rstrip("/")
 
 
 class EmailSettings(ChannelCommon):
@@ -206,18 +210,50 @@ class SlackSettings(ChannelCommon):
     @field_validator("api_url")
     @classmethod
     def _api_url(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError(f"api_url must be an http(s) URL such as https://slack.com/api/, got {value!r}")
-        return value.rstrip("/") + "/"
+        return http_url(value, "api_url", "https://slack.com/api/").rstrip("/") + "/"
 
     def missing(self) -> list[str]:
         return [name for name in ("bot_token", "app_token") if not getattr(self, name).get_secret_value()]
+
+
+class MatrixSettings(ChannelCommon):
+    """A Matrix account the agent uses, on any homeserver."""
+
+    NAME = "matrix"
+    ALLOW = re.compile(r"^@[^:\s]{1,255}:[^\s]{1,255}$")
+    ALLOW_FORM = "Matrix user ids (@alice:example.org)"
+    SECRETS = ("access_token",)
+
+    # The homeserver's client API root (https://matrix.example.org).
+    homeserver: str = ""
+    # The bot's account (@pincer:example.org) and an access token for it (see docs/channels/matrix.md).
+    user_id: str = ""
+    access_token: SecretStr = SecretStr("")
+    # Answers longer than this are sent as several messages.
+    max_message_chars: int = Field(default=16_000, ge=500, le=60_000)
+
+    @field_validator("homeserver")
+    @classmethod
+    def _homeserver(cls, value: str) -> str:
+        return http_url(value, "homeserver", "https://matrix.example.org").rstrip("/") if value else value
+
+    @field_validator("user_id")
+    @classmethod
+    def _user_id(cls, value: str) -> str:
+        if value and not cls.ALLOW.match(value):
+            raise ValueError(f"user_id must be the bot's Matrix id, such as @pincer:example.org, got {value!r}")
+        return value
+
+    def missing(self) -> list[str]:
+        return [name for name in ("homeserver", "user_id") if not getattr(self, name)] + \
+            ([] if self.access_token.get_secret_value() else ["access_token"])
 
 
 class ChannelSettings(Section):
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     email: EmailSettings = Field(default_factory=EmailSettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
+    matrix: MatrixSettings = Field(default_factory=MatrixSettings)
 
     def enabled(self) -> list[str]:
         """The channels `pincer up` starts."""
@@ -228,4 +264,4 @@ class ChannelSettings(Section):
         return found
 
 
-KNOWN = ("telegram", "slack", "email")
+KNOWN = ("telegram", "slack", "matrix", "email")

@@ -34,6 +34,7 @@ from bus.streams import Bus
 from gateway.channels import mailtext
 from gateway.channels.config import EmailSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
+from gateway.channels.questions import Questions, first_word_choices
 from gateway.channels.reply import Buttons
 
 log = logging.getLogger("gateway.channels.email")
@@ -42,7 +43,6 @@ NAME = "email"
 LIMIT = 200_000  # characters of one answer: mail has no practical limit, a runaway answer does
 BATCH = 20  # mails read in one poll
 THREAD_KEEP_S = 90 * 86_400  # a conversation can be picked up again for this long
-ASKED_KEEP_S = 86_400  # an approval question outlives its turn's timeout
 TIMEOUT_S = 30.0  # one IMAP command, or one SMTP exchange
 
 
@@ -78,7 +78,7 @@ class Thread:
 
 
 class MailBook:
-    """Conversations and the questions asked in them, kept in Redis (every replica answers any thread)."""
+    """Conversations, kept in Redis (every replica answers any thread)."""
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
@@ -94,15 +94,6 @@ class MailBook:
                                   f"{THREAD_KEEP_S // 86_400} days, or was never started by a person)")
         return Thread(**json.loads(raw))
 
-    async def ask(self, message_id: str, chat: str, buttons: Buttons) -> None:
-        choices = {label.strip().lower(): data for row in buttons for label, data in row}
-        await self.bus.redis.set(self.bus.keys.channel_asked(NAME, message_id),
-                                 json.dumps({"chat": chat, "choices": choices}), ex=ASKED_KEEP_S)
-
-    async def asked(self, message_id: str) -> dict[str, Any] | None:
-        raw = await self.bus.redis.get(self.bus.keys.channel_asked(NAME, message_id))
-        return json.loads(raw) if raw is not None else None
-
 
 class Email:
     """One mailbox's calls. ``limit``, ``edits`` and ``render`` make it a ``reply.Surface``."""
@@ -115,6 +106,7 @@ class Email:
     def __init__(self, settings: EmailSettings, bus: Bus) -> None:
         self.settings = settings
         self.book = MailBook(bus)
+        self.questions = Questions(bus, NAME)
         self.bot_id = settings.address.lower()
         self.username = settings.address
         self._imap: aioimaplib.IMAP4 | None = None
@@ -270,12 +262,8 @@ class Email:
         """A reply to a question, answered with one of its choices: the choice's data (else None)."""
         if not mail.replied_to:
             return None
-        asked = await self.book.asked(mail.replied_to)
-        if asked is None:
-            return None
-        first = next((line.strip(" .!*").lower() for line in mail.text.splitlines() if line.strip()), "")
-        data = asked["choices"].get(first)
-        return str(data) if data is not None else None
+        first = next((line for line in mail.text.splitlines() if line.strip()), "")
+        return await self.questions.answer(mail.replied_to, first)
 
     async def fetch_file(self, file: ChannelFile, limit: int) -> bytes:
         if file.size > limit:
@@ -311,7 +299,7 @@ class Email:
                                   quoted_from=thread.to, quoted_date=thread.quoted_date)
         message_id = str(message["Message-ID"])
         if buttons:
-            await self.book.ask(message_id, chat, buttons)
+            await self.questions.ask(message_id, first_word_choices(buttons))
         await self._send(message, "send an answer")
         return message_id
 

@@ -14,6 +14,7 @@ from gateway.channels.config import (
     ChannelCommon,
     ChannelSettings,
     EmailSettings,
+    MatrixSettings,
     SlackSettings,
     TelegramSettings,
 )
@@ -25,7 +26,7 @@ from gateway.config import GatewaySettings
 log = logging.getLogger("gateway.channels")
 
 HINTS = {"telegram": "@BotFather gives a bot its token", "email": "see docs/channels/email.md",
-         "slack": "see docs/channels/slack.md"}
+         "slack": "see docs/channels/slack.md", "matrix": "see docs/channels/matrix.md"}
 
 
 def main(config: Config, name: str, *, workspace: Path) -> int:
@@ -61,6 +62,10 @@ def platform_for(settings: ChannelCommon, bus: Bus) -> Platform:
         from gateway.channels.slack import Slack
 
         return Slack(settings, bus)
+    if isinstance(settings, MatrixSettings):
+        from gateway.channels.matrix import Matrix
+
+        return Matrix(settings, bus)
     if isinstance(settings, EmailSettings):
         from gateway.channels.mail import Email
 

@@ -36,6 +36,13 @@ class Platform(Surface, Protocol):
 
 
 @runtime_checkable
+class Invited(Protocol):
+    """A platform where people ask the bot into a conversation (Matrix's invites)."""
+
+    async def accept_invite(self, chat: str, accept: bool) -> None: ...
+
+
+@runtime_checkable
 class Polled(Protocol):
     """A platform read by polling from an offset (Telegram's getUpdates, IMAP's UIDs)."""
 

@@ -47,7 +47,7 @@ from gateway.channels.access import Access
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.intake import ROLE, Intake, Progress
-from gateway.channels.platform import RETRY_DELAYS, Patient, Platform, patiently
+from gateway.channels.platform import RETRY_DELAYS, Invited, Patient, Platform, patiently
 from gateway.channels.reply import Buttons, Delivery, StreamedReply
 from gateway.config import GatewaySettings
 from gateway.server.errors import Refused
@@ -63,6 +63,7 @@ GROUP = "channel"
 ANSWER_POLL_S = 0.5  # a restarted channel reads the transcript this often for a turn's answer
 ATTACH = re.compile(r"^[ \t]*\[attach:\s*([^\]\n]{1,512})\][ \t]*$", re.M)
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+SESSION_UNSAFE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9_.:-]+")
 
 INSTRUCTIONS = ("You are talking with a person through {platform}. Keep answers short enough to read on a "
                 "phone. To send them a file from the workspace, write a line `[attach: PATH]` (PATH relative "
@@ -158,6 +159,9 @@ class ChannelWorker:
 
     async def _handle(self, update: ChannelUpdate) -> None:
         identity = await self.access.identity(update.user, update.username)
+        if update.invite:
+            await self._invited(identity, update)
+            return
         if update.press is not None:
             await self._pressed(identity, update)
             return
@@ -187,12 +191,25 @@ class ChannelWorker:
             return
         await self._turn(identity, session, update, text)
 
+    async def _invited(self, identity: Identity | None, update: ChannelUpdate) -> None:
+        """An invitation into a conversation: taken from someone who may talk to the agent, declined (and the
+        stranger's pairing code logged) from anyone else."""
+        invited = self.platform
+        if not isinstance(invited, Invited):
+            return
+        log.info("%s: %s invites the bot to %s: %s", self.name, update.user, update.chat,
+                 "accepted" if identity else "declined")
+        await patiently(lambda: invited.accept_invite(update.chat, identity is not None), what="answer an invitation")
+        if identity is None:
+            code, _ = await self.access.code_for(update.user, update.username)
+            log.info("%s: a stranger wrote %s", self.name, kv(user=update.user, username=update.username, code=code))
+
     async def _session(self, identity: Identity, update: ChannelUpdate) -> str:
         """Each chat is a session of its own, per person (in a group, each member's own lane); /new starts
         a fresh one."""
         generation = int(await self.bus.redis.get(
             self.bus.keys.channel_generation(self.name, update.user, update.chat)) or 0)
-        chat = update.chat.lstrip("-")
+        chat = SESSION_UNSAFE.sub("", update.chat)  # "-5001" (Telegram), "!room:server" (Matrix)
         name = f"{'group' if update.group else 'chat'}-{chat}" + (f"-{generation}" if generation else "")
         return qualify(identity, name)
 

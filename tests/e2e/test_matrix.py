@@ -1,0 +1,188 @@
+"""The Matrix channel end to end: a real `pincer channel matrix` process (matrix-nio inside), real Brain and
+Hands processes, litellm against the scripted model, and a real homeserver (Synapse, tests/matrix_server.py)
+with people acting through its client-server API."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Processes, wait_until
+from tests.e2e.conftest import start_stack
+from tests.matrix_server import Person, Synapse
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def synapse() -> Iterator[Synapse]:
+    server = Synapse().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def people(synapse: Synapse) -> dict[str, Person]:
+    people = {who: synapse.register() for who in ("alice", "bob", "stranger")}
+    return {**people, "bot": synapse.register(f"pincer{people['alice'].user_id.split(':')[0][5:]}")}
+
+
+@pytest.fixture
+def matrix_env(processes: Processes, pincer_env: dict[str, str], ws: Path, synapse: Synapse,
+               people: dict[str, Person]) -> dict[str, str]:
+    (ws / "notes.txt").write_text("the secret word is pincer-42\n")
+    bot = people["bot"]
+    processes.env = {**pincer_env, "PINCER_WORKSPACE": str(ws), "PINCER_HANDS__EXEC__MODE": "ask",
+                     "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
+                     "PINCER_REDIS__CLAIM_IDLE_S": "2", "PINCER_REDIS__REAP_INTERVAL_S": "0.5",
+                     "MATRIX_TOKEN": bot.token,
+                     "PINCER_CHANNELS__MATRIX__ENABLED": "true",
+                     "PINCER_CHANNELS__MATRIX__HOMESERVER": synapse.url,
+                     "PINCER_CHANNELS__MATRIX__USER_ID": bot.user_id,
+                     "PINCER_CHANNELS__MATRIX__ACCESS_TOKEN": "${MATRIX_TOKEN}",
+                     "PINCER_CHANNELS__MATRIX__ALLOW_FROM": json.dumps([people["alice"].user_id,
+                                                                         people["bob"].user_id]),
+                     "PINCER_CHANNELS__MATRIX__POLL_TIMEOUT_S": "2",
+                     "PINCER_CHANNELS__MATRIX__POLL_GRACE_S": "3",
+                     "PINCER_CHANNELS__MATRIX__EDIT_INTERVAL_S": "0.2"}
+    start_stack(processes, hands=1)
+    return processes.env
+
+
+def start_channel(processes: Processes, name: str = "matrix") -> None:
+    up = processes.logs().count("matrix channel up")
+    processes.start("channel", "matrix", name=name)
+    wait_until(lambda: processes.logs().count("matrix channel up") > up, timeout=60, what="the channel up")
+
+
+def answer(person: Person, room: str, contains: str, *, timeout: float = 60) -> dict[str, Any]:
+    """The bot's message in ``room`` that shows ``contains`` (its edits applied), once it does."""
+    return wait_until(lambda: next((m for m in person.messages(room) if m["type"] == "m.room.message"
+                                    and contains in str(m["content"].get("body", ""))), None),
+                      timeout=timeout, what=f"a message in {room} with {contains!r}")
+
+
+def direct_room(person: Person, bot: Person) -> str:
+    room = person.room(bot.user_id)
+    wait_until(lambda: bot.user_id in person.joined(room), timeout=60, what="the bot joining the room")
+    return room
+
+
+def test_a_plain_turn_and_a_tool_turn_stream_by_edits(
+        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person]) -> None:
+    alice, bot = people["alice"], people["bot"]
+    start_channel(processes)
+    room = direct_room(alice, bot)
+    alice.say(room, "hello <b>there</b> **you**")
+    shown = answer(alice, room, "echo: hello")
+    assert shown["content"]["body"] == "echo: hello <b>there</b> you"
+    assert shown["content"]["formatted_body"] == "echo: hello &lt;b&gt;there&lt;/b&gt; <b>you</b>"
+    alice.say(room, 'CALL read_file {"path": "notes.txt"}')
+    tool = answer(alice, room, "RESULT read_file")
+    assert "pincer-42" in tool["content"]["body"] and "⚙ read_file" in tool["content"]["body"]
+    assert tool.get("edits", 0) >= 1  # streamed into one message by m.replace edits
+    assert len([m for m in alice.messages(room) if m["type"] == "m.room.message"]) == 2
+
+
+def test_a_strangers_invite_is_declined_until_paired(
+        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person],
+        scripted_llm: ScriptedLLM) -> None:
+    stranger, bot = people["stranger"], people["bot"]
+    start_channel(processes)
+    asked = len(scripted_llm.requests)
+    room = stranger.room(bot.user_id)
+    logged = wait_until(lambda: next((line for line in processes.logs().splitlines()
+                                      if "a stranger wrote" in line and "code=" in line), None),
+                        timeout=60, what="the stranger's code logged")
+    code = logged.split("code=")[1].split()[0].strip('"')
+    assert bot.user_id not in stranger.joined(room) and len(scripted_llm.requests) == asked
+    paired = processes.run("channels", "pair", code, "--channel", "matrix")
+    assert paired.returncode == 0 and "as matrix:" in paired.stdout, paired.stderr
+    second = direct_room(stranger, bot)
+    stranger.say(second, "thanks")
+    answer(stranger, second, "echo: thanks")
+
+
+def test_in_a_group_a_mention_is_needed_and_an_approval_is_its_own_persons(
+        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person], ws: Path) -> None:
+    alice, bob, bot = people["alice"], people["bob"], people["bot"]
+    start_channel(processes)
+    room = alice.room(bot.user_id, bob.user_id, name="team")
+    bob.join(room)
+    wait_until(lambda: bot.user_id in alice.joined(room), timeout=60, what="the bot in the group")
+    alice.say(room, "talking among ourselves")
+    alice.say(room, 'CALL exec {"command": "echo approved > out.txt; cat out.txt"}', mentions=[bot.user_id])
+    ask = answer(alice, room, "Allow exec?")
+    assert "React with ✅ allow once" in ask["content"]["body"]
+    reactions = wait_until(lambda: [m for m in alice.messages(room) if m["type"] == "m.reaction"
+                                    and m["content"]["m.relates_to"]["event_id"] == ask["event_id"]] or None,
+                           timeout=30, what="the bot's own reactions as the choices")
+    assert {r["content"]["m.relates_to"]["key"] for r in reactions} == {"✅", "🔁", "❌"}
+    bob.react(room, ask["event_id"], "✅")  # Bob may talk, but this is Alice's turn
+    answer(alice, room, "not yours")
+    assert not (ws / "out.txt").exists()
+    alice.react(room, ask["event_id"], "✅")
+    done = answer(alice, room, "RESULT exec")
+    assert "approved" in done["content"]["body"] and (ws / "out.txt").read_text() == "approved\n"
+    assert not any("ourselves" in t for t in alice.texts(room))
+    bob.say(room, f"{bot.user_id.removeprefix('@').partition(':')[0]}: what now?")  # named: a mention
+    answer(alice, room, "what now?")
+
+
+def test_files_both_ways_and_an_encrypted_room_is_declined_plainly(
+        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person], ws: Path,
+        scripted_llm: ScriptedLLM) -> None:
+    alice, bot = people["alice"], people["bot"]
+    start_channel(processes)
+    room = direct_room(alice, bot)
+    alice.send_file(room, "../../data.txt", b"hello from a file")
+    answer(alice, room, "The person sent a file, saved in the workspace at inbox/matrix/")
+    alice.say(room, f'CALL read_file {{"path": "inbox/matrix/{alice.user_id[1:].replace(":", "@")}/data.txt"}}')
+    result = answer(alice, room, "RESULT read_file")
+    assert "hello from a file" in result["content"]["body"]
+    alice.say(room, "here you are\n[attach: notes.txt]")
+    sent = wait_until(lambda: next((m for m in alice.messages(room) if m["content"].get("msgtype") == "m.file"),
+                                   None), timeout=60, what="the file sent back")
+    assert sent["content"]["body"] == "notes.txt"
+    assert alice.download(sent["content"]["url"]) == b"the secret word is pincer-42\n"
+    asked = len(scripted_llm.requests)
+    secret = alice.room(bot.user_id, encrypted=True)
+    wait_until(lambda: bot.user_id in alice.joined(secret), timeout=60, what="the bot in the encrypted room")
+    alice.send(secret, {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AwgAEn...", "sender_key": "x",
+                        "device_id": "D", "session_id": "s"}, kind="m.room.encrypted")
+    notice = answer(alice, secret, "end-to-end encrypted")
+    assert notice["content"]["msgtype"] == "m.notice" and len(scripted_llm.requests) == asked
+
+
+def test_killed_mid_turn_and_the_homeserver_restarted_each_message_is_answered_once(
+        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person], synapse: Synapse,
+        scripted_llm: ScriptedLLM) -> None:
+    alice, bot = people["alice"], people["bot"]
+    start_channel(processes, name="matrix-1")
+    room = direct_room(alice, bot)
+    alice.say(room, "SLEEP 4\nslow one")
+    wait_until(lambda: any("slow one" in json.dumps(r["messages"]) for r in scripted_llm.requests), timeout=60,
+               what="the turn at the model")
+    first = next(proc for name, proc, _ in processes.started if name == "matrix-1")
+    processes.stop(first, sig=signal.SIGKILL)
+    alice.say(room, "while it was down")
+    start_channel(processes, name="matrix-2")
+    answer(alice, room, "slept 4s", timeout=120)
+    answer(alice, room, "echo: while it was down", timeout=60)
+    synapse.stop()  # the homeserver goes away: the channel waits, and syncs on from where it was
+    wait_until(lambda: "matrix poll:" in processes.logs(), timeout=60, what="the poller noticing")
+    synapse.start()
+    for n in range(3):
+        alice.say(room, f"after {n}")
+    for n in range(3):
+        answer(alice, room, f"echo: after {n}", timeout=120)
+    texts = alice.texts(room)
+    for text in ("slept 4s", "echo: while it was down", "echo: after 0", "echo: after 1", "echo: after 2"):
+        assert sum(text in t for t in texts) == 1, (text, texts)
+    assert sum("slow one" in json.dumps(r["messages"][-1]) for r in scripted_llm.requests) == 1

@@ -1,0 +1,208 @@
+"""A real Matrix homeserver on loopback for the Matrix channel's tests: Synapse from PyPI (pinned), installed
+once per machine in a venv of its own (its dependencies are not Pincer's), run with SQLite and no
+federation. The people's side talks to it over the client-server API with httpx.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from bus.redis_server import free_port
+
+CACHE = Path("/var/tmp/pincer-test-synapse")
+SYNAPSE = ("matrix-synapse", "1.163.2")
+SECRET = "pincer-test-registration-secret"
+LIMITS = {"per_second": 1000, "burst_count": 1000}
+
+
+def synapse_python() -> Path:
+    """The python of a venv holding Synapse, made (once) with uv from the package registry."""
+    name, version = SYNAPSE
+    venv = CACHE / f"synapse-{version}"
+    python = venv / "bin" / "python"
+    if not (venv / ".complete").exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        uv = shutil.which("uv") or str(Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "uv")
+        subprocess.run([uv, "venv", "--quiet", "--python", "3.11", str(venv)], check=True, timeout=300)
+        subprocess.run([uv, "pip", "install", "--quiet", "--python", str(python), f"{name}=={version}"], check=True,
+                       timeout=900)
+        (venv / ".complete").write_text(version)
+    return python
+
+
+class Synapse:
+    """One homeserver named ``localhost``, its data in a folder of its own."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="pincer-synapse-"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._names = itertools.count(1)
+
+    def start(self) -> Synapse:
+        python = synapse_python()
+        config = self.root / "homeserver.yaml"
+        limits = "{per_second: 1000, burst_count: 1000}"
+        config.write_text(f"""
+server_name: localhost
+pid_file: {self.root}/homeserver.pid
+listeners:
+  - port: {self.port}
+    bind_addresses: ['127.0.0.1']
+    type: http
+    tls: false
+    x_forwarded: false
+    resources: [{{names: [client], compress: false}}]
+database: {{name: sqlite3, args: {{database: {self.root}/homeserver.db}}}}
+media_store_path: {self.root}/media
+registration_shared_secret: "{SECRET}"
+report_stats: false
+macaroon_secret_key: "pincer-test-macaroon"
+form_secret: "pincer-test-form"
+signing_key_path: {self.root}/signing.key
+trusted_key_servers: []
+suppress_key_server_warning: true
+encryption_enabled_by_default_for_room_type: "off"
+rc_message: {limits}
+rc_login: {{address: {limits}, account: {limits}, failed_attempts: {limits}}}
+rc_joins: {{local: {limits}, remote: {limits}}}
+rc_invites: {{per_room: {limits}, per_user: {limits}, per_issuer: {limits}}}
+rc_registration: {limits}
+""")
+        subprocess.run([str(python), "-m", "synapse.app.homeserver", "-c", str(config), "--generate-keys"],
+                       check=True, capture_output=True, timeout=120)
+        self.process = subprocess.Popen([str(python), "-m", "synapse.app.homeserver", "-c", str(config)],
+                                        stdout=subprocess.DEVNULL, stderr=(self.root / "stderr.log").open("wb"))
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/_matrix/client/versions", timeout=2).status_code == 200:
+                    return self
+            if self.process.poll() is not None:
+                raise RuntimeError(f"synapse exited: {(self.root / 'stderr.log').read_text()[-3000:]}")
+            time.sleep(0.2)
+        raise RuntimeError(f"synapse did not answer on {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def register(self, name: str = "") -> Person:
+        """A new account (by the shared-secret admin API), logged in."""
+        name = name or f"user{next(self._names)}"
+        password = f"pw-{name}"
+        nonce = httpx.get(f"{self.url}/_synapse/admin/v1/register", timeout=10).json()["nonce"]
+        mac = hmac.new(SECRET.encode(), b"\x00".join([nonce.encode(), name.encode(), password.encode(), b"notadmin"]),
+                       hashlib.sha1).hexdigest()
+        made = httpx.post(f"{self.url}/_synapse/admin/v1/register", timeout=30,
+                          json={"nonce": nonce, "username": name, "password": password, "admin": False, "mac": mac})
+        made.raise_for_status()
+        return Person(self.url, made.json()["user_id"], made.json()["access_token"])
+
+
+class Person:
+    """Someone on the homeserver, as their client would act: rooms, messages, reactions, files."""
+
+    def __init__(self, url: str, user_id: str, token: str) -> None:
+        self.url, self.user_id, self.token = url, user_id, token
+        self._txn = itertools.count(1)
+        self.since = ""
+
+    def call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        response = httpx.request(method, f"{self.url}/_matrix/client/v3{path}", timeout=30,
+                                 headers={"Authorization": f"Bearer {self.token}"}, **kwargs)
+        response.raise_for_status()
+        body: dict[str, Any] = response.json()
+        return body
+
+    def room(self, *invite: str, encrypted: bool = False, name: str = "") -> str:
+        state = [{"type": "m.room.encryption", "state_key": "", "content": {"algorithm": "m.megolm.v1.aes-sha2"}}]
+        made = self.call("POST", "/createRoom", json={"preset": "private_chat", "invite": list(invite),
+                                                      "is_direct": len(invite) == 1 and not name,
+                                                      "name": name, **({"initial_state": state} if encrypted else {})})
+        return str(made["room_id"])
+
+    def join(self, room_id: str) -> None:
+        self.call("POST", f"/join/{quote(room_id)}", json={})
+
+    def invite(self, room_id: str, user_id: str) -> None:
+        self.call("POST", f"/rooms/{quote(room_id)}/invite", json={"user_id": user_id})
+
+    def send(self, room_id: str, content: dict[str, Any], kind: str = "m.room.message") -> str:
+        sent = self.call("PUT", f"/rooms/{quote(room_id)}/send/{kind}/{self.user_id}.{next(self._txn)}", json=content)
+        return str(sent["event_id"])
+
+    def say(self, room_id: str, text: str, *, mentions: list[str] | None = None, reply_to: str = "") -> str:
+        content: dict[str, Any] = {"msgtype": "m.text", "body": text}
+        if mentions is not None:
+            content["m.mentions"] = {"user_ids": mentions}
+        if reply_to:
+            content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply_to}}
+        return self.send(room_id, content)
+
+    def react(self, room_id: str, event_id: str, key: str) -> str:
+        return self.send(room_id, {"m.relates_to": {"rel_type": "m.annotation", "event_id": event_id, "key": key}},
+                         kind="m.reaction")
+
+    def send_file(self, room_id: str, name: str, data: bytes) -> str:
+        uploaded = httpx.post(f"{self.url}/_matrix/media/v3/upload", params={"filename": name}, content=data,
+                              timeout=30, headers={"Authorization": f"Bearer {self.token}",
+                                                   "Content-Type": "application/octet-stream"})
+        uploaded.raise_for_status()
+        return self.send(room_id, {"msgtype": "m.file", "body": name, "filename": name,
+                                   "url": uploaded.json()["content_uri"], "info": {"size": len(data)}})
+
+    def messages(self, room_id: str) -> list[dict[str, Any]]:
+        """The room's messages by others, oldest first, each with its latest edit applied."""
+        found = self.call("GET", f"/rooms/{quote(room_id)}/messages", params={"dir": "b", "limit": 500})
+        events = list(reversed(found["chunk"]))
+        shown: dict[str, dict[str, Any]] = {}
+        for event in events:
+            content = event.get("content") or {}
+            relates = content.get("m.relates_to") or {}
+            if event.get("sender") == self.user_id:
+                continue
+            if event["type"] == "m.room.message" and relates.get("rel_type") == "m.replace":
+                original = shown.get(relates.get("event_id", ""))
+                if original is not None:
+                    original["content"] = content.get("m.new_content") or original["content"]
+                    original["edits"] = original.get("edits", 0) + 1
+            elif event["type"] in ("m.room.message", "m.reaction"):
+                shown[event["event_id"]] = dict(event)
+        return list(shown.values())
+
+    def texts(self, room_id: str) -> list[str]:
+        return [str(m["content"].get("body", "")) for m in self.messages(room_id) if m["type"] == "m.room.message"]
+
+    def joined(self, room_id: str) -> list[str]:
+        return list(self.call("GET", f"/rooms/{quote(room_id)}/joined_members")["joined"])
+
+    def download(self, mxc: str) -> bytes:
+        server, _, media = mxc.removeprefix("mxc://").partition("/")
+        got = httpx.get(f"{self.url}/_matrix/client/v1/media/download/{server}/{media}", timeout=30,
+                        headers={"Authorization": f"Bearer {self.token}"})
+        got.raise_for_status()
+        return got.content
