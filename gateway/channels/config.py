@@ -249,10 +249,35 @@ class MatrixSettings(ChannelCommon):
             ([] if self.access_token.get_secret_value() else ["access_token"])
 
 
+class DiscordSettings(ChannelCommon):
+    """A Discord application's bot, on the gateway connection."""
+
+    NAME = "discord"
+    ALLOW = re.compile(r"^(\d{15,21}|@[A-Za-z0-9_.]{2,32})$")
+    ALLOW_FORM = "Discord user ids (digits: Developer Mode, Copy User ID) or @usernames"
+    SECRETS = ("bot_token",)
+
+    # The bot's token, from the application's Bot page.
+    bot_token: SecretStr = SecretStr("")
+    # The REST API's root (a test server's; the gateway's address is asked of it).
+    api_url: str = "https://discord.com/api/v10"
+    # The hosts files people post may be fetched from.
+    file_hosts: list[str] = Field(default_factory=lambda: ["cdn.discordapp.com", "media.discordapp.net"])
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str) -> str:
+        return http_url(value, "api_url", "https://discord.com/api/v10").rstrip("/")
+
+    def missing(self) -> list[str]:
+        return [] if self.bot_token.get_secret_value() else ["bot_token"]
+
+
 class ChannelSettings(Section):
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     email: EmailSettings = Field(default_factory=EmailSettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
+    discord: DiscordSettings = Field(default_factory=DiscordSettings)
     matrix: MatrixSettings = Field(default_factory=MatrixSettings)
 
     def enabled(self) -> list[str]:
@@ -264,4 +289,4 @@ class ChannelSettings(Section):
         return found
 
 
-KNOWN = ("telegram", "slack", "matrix", "email")
+KNOWN = ("telegram", "slack", "discord", "matrix", "email")

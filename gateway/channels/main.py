@@ -13,6 +13,7 @@ from gateway.channels.config import (
     KNOWN,
     ChannelCommon,
     ChannelSettings,
+    DiscordSettings,
     EmailSettings,
     MatrixSettings,
     SlackSettings,
@@ -26,7 +27,8 @@ from gateway.config import GatewaySettings
 log = logging.getLogger("gateway.channels")
 
 HINTS = {"telegram": "@BotFather gives a bot its token", "email": "see docs/channels/email.md",
-         "slack": "see docs/channels/slack.md", "matrix": "see docs/channels/matrix.md"}
+         "slack": "see docs/channels/slack.md", "matrix": "see docs/channels/matrix.md",
+         "discord": "see docs/channels/discord.md"}
 
 
 def main(config: Config, name: str, *, workspace: Path) -> int:
@@ -62,6 +64,10 @@ def platform_for(settings: ChannelCommon, bus: Bus) -> Platform:
         from gateway.channels.slack import Slack
 
         return Slack(settings, bus)
+    if isinstance(settings, DiscordSettings):
+        from gateway.channels.discord_bot import Discord
+
+        return Discord(settings, bus)
     if isinstance(settings, MatrixSettings):
         from gateway.channels.matrix import Matrix
 

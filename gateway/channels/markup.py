@@ -46,8 +46,7 @@ def _inline(text: str) -> str:
 def _coded(text: str, code: Callable[[str], str], plain: Callable[[str], str]) -> str:
     """``text`` with its inline code rendered by ``code`` and the rest (links made plain text) by ``plain``."""
     parts = INLINE_CODE.split(text)  # odd places: code
-    return "".join(code(part) if index % 2 else plain(LINK.sub(lambda m: f"{m.group(1)} ({m.group(2)})", part))
-                   for index, part in enumerate(parts))
+    return "".join(code(part) if index % 2 else plain(plain_links(part)) for index, part in enumerate(parts))
 
 
 def slack_mrkdwn(text: str) -> str:
@@ -62,6 +61,11 @@ def _slack_escape(text: str) -> str:
 
 def _slack_inline(text: str) -> str:
     return _coded(text, lambda code: f"`{_slack_escape(code)}`", lambda part: BOLD.sub(r"*\1*", _slack_escape(part)))
+
+
+def plain_links(text: str) -> str:
+    """Markdown links as their text and their address, both plain."""
+    return LINK.sub(lambda m: f"{m.group(1)} ({m.group(2)})", text)
 
 
 def split_text(text: str, limit: int) -> list[str]:
