@@ -24,8 +24,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
+import httpx
+from slack_sdk.signature import SignatureVerifier
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -66,11 +68,15 @@ class FakeSlack:
         self.acked: list[str] = []
         self.deliveries: list[tuple[str, int]] = []  # (envelope id, retry attempt) of each one sent
         self.connections_opened = 0
+        self.push_url = ""  # set: envelopes are posted there, signed (the Events API), not sent over sockets
+        self.signing_secret = ""
+        self.pushes: list[tuple[str, int, int]] = []  # (envelope id, retry number, HTTP status) of each post
         self.refuse_connections_until = 0.0
         self.failing: dict[str, list[tuple[int, str, float]]] = {}
         self._hosted: dict[str, tuple[str, bytes]] = {}
         self._staged: dict[str, bytes] = {}
         self._envelopes: dict[str, dict[str, Any]] = {}  # not yet acknowledged, by envelope id
+        self._all: dict[str, dict[str, Any]] = {}
         self._due: dict[str, float] = {}  # when each unacknowledged envelope is (re)sent
         self._sockets: list[WebSocket] = []
         self._ids = itertools.count(1)
@@ -147,6 +153,17 @@ class FakeSlack:
         self.refuse_connections_until = time.monotonic() + seconds
         self._soon(self._drop_all())
 
+    def push_to(self, url: str, signing_secret: str) -> None:
+        """The Events API: each envelope's payload posted to ``url``, signed, until it is answered 200."""
+        self.push_url, self.signing_secret = url, signing_secret
+
+    @staticmethod
+    def signed(body: bytes, secret: str, timestamp: str = "") -> dict[str, str]:
+        """The headers Slack signs a request with (by slack_sdk's own signer)."""
+        timestamp = timestamp or str(int(time.time()))
+        signature = SignatureVerifier(secret).generate_signature(timestamp=timestamp, body=body) or ""
+        return {"X-Slack-Request-Timestamp": timestamp, "X-Slack-Signature": signature}
+
     def unacked(self) -> int:
         with self._lock:
             return len(self._envelopes)
@@ -156,8 +173,12 @@ class FakeSlack:
     def _next_ts(self) -> str:
         return f"{int(time.time())}.{next(self._ts):06d}"
 
+    def sent_envelope(self, envelope_id: str) -> dict[str, Any] | None:
+        return self._all.get(envelope_id)
+
     def _queue(self, envelope: dict[str, Any]) -> None:
         envelope["envelope_id"] = f"env-{next(self._ids)}"
+        self._all[envelope["envelope_id"]] = envelope
         with self._lock:
             self._envelopes[envelope["envelope_id"]] = envelope
             self._due[envelope["envelope_id"]] = 0.0
@@ -194,6 +215,10 @@ class FakeSlack:
             with self._lock:
                 due = [e for eid, e in self._envelopes.items() if self._due[eid] <= now]
                 sockets = list(self._sockets)
+            if self.push_url:
+                for envelope in due:
+                    await self._post(envelope, now)
+                due = []
             for envelope in due if sockets else []:
                 eid = envelope["envelope_id"]
                 attempt = sum(1 for d, _ in self.deliveries if d == eid)
@@ -214,6 +239,30 @@ class FakeSlack:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 0.25)
+
+    async def _post(self, envelope: dict[str, Any], now: float) -> None:
+        eid = envelope["envelope_id"]
+        attempt = sum(1 for d, _, _ in self.pushes if d == eid)
+        if envelope["type"] == "interactive":
+            body = urlencode({"payload": json.dumps(envelope["payload"])}).encode()
+            kind = "application/x-www-form-urlencoded"
+        else:
+            body, kind = json.dumps(envelope["payload"]).encode(), "application/json"
+        headers = {"Content-Type": kind, **self.signed(body, self.signing_secret)}
+        if attempt:
+            headers.update({"X-Slack-Retry-Num": str(attempt), "X-Slack-Retry-Reason": "http_error"})
+        try:
+            async with httpx.AsyncClient(timeout=3) as http:  # Slack waits 3 s for an answer
+                status = (await http.post(self.push_url, content=body, headers=headers)).status_code
+        except httpx.HTTPError:
+            status = 0
+        self.pushes.append((eid, attempt, status))
+        with self._lock:
+            if status == 200 or attempt >= 3:
+                self._envelopes.pop(eid, None)
+                self._due.pop(eid, None)
+            elif eid in self._due:
+                self._due[eid] = now + self.redeliver_s
 
     async def _socket(self, socket: WebSocket) -> None:
         if time.monotonic() < self.refuse_connections_until:

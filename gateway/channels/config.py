@@ -196,12 +196,18 @@ class SlackSettings(ChannelCommon):
     NAME = "slack"
     ALLOW = re.compile(r"^[UW][A-Z0-9]{2,20}$")
     ALLOW_FORM = "Slack member ids (U0123ABCD: a profile's ⋮ menu, Copy member ID)"
-    SECRETS = ("bot_token", "app_token")
+    SECRETS = ("bot_token", "app_token", "signing_secret")
 
     # The bot's token (xoxb-...), from the app's OAuth & Permissions page.
     bot_token: SecretStr = SecretStr("")
     # An app-level token with the connections:write scope (xapp-...): Socket Mode.
     app_token: SecretStr = SecretStr("")
+    # The Events API over HTTP instead of Socket Mode: the public https URL set as the app's Request URL
+    # (events and interactivity both; a reverse proxy in front of events_listen), and the app's signing
+    # secret, which every request must be signed with.
+    events_url: str = ""
+    events_listen: str = Field(default="127.0.0.1:8782", pattern=r"^[^\s:]+:\d{1,5}$")
+    signing_secret: SecretStr = SecretStr("")
     # The Web API's root (a test server, or a Slack Enterprise Grid's own).
     api_url: str = "https://slack.com/api/"
     # The hosts the bot's token may be shown to when a file people sent is fetched.
@@ -212,8 +218,14 @@ class SlackSettings(ChannelCommon):
     def _api_url(cls, value: str) -> str:
         return http_url(value, "api_url", "https://slack.com/api/").rstrip("/") + "/"
 
+    @field_validator("events_url")
+    @classmethod
+    def _events_url(cls, value: str) -> str:
+        return http_url(value, "events_url", "https://agent.example.com/slack/events") if value else value
+
     def missing(self) -> list[str]:
-        return [name for name in ("bot_token", "app_token") if not getattr(self, name).get_secret_value()]
+        needed = ("bot_token", "signing_secret") if self.events_url else ("bot_token", "app_token")
+        return [name for name in needed if not getattr(self, name).get_secret_value()]
 
 
 class MatrixSettings(ChannelCommon):

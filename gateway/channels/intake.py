@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -89,12 +87,11 @@ class Intake:
         self._take_pushed = bus.redis.register_script(TAKE_PUSHED)
 
     async def run(self, stop: asyncio.Event) -> None:
-        if isinstance(self.platform, Listening):
-            await self._listen(self.platform, stop)
-            return
         hooked = self.platform if isinstance(self.platform, Webhooked) else None
         if hooked is not None and hooked.webhook_url:
             await self._webhook(hooked, stop)
+        elif isinstance(self.platform, Listening):
+            await self._listen(self.platform, stop)
         elif isinstance(self.platform, Polled):
             await self._poll(self.platform, hooked, stop)
         else:
@@ -206,10 +203,9 @@ class Intake:
     async def _webhook(self, hooked: Webhooked, stop: asyncio.Event) -> None:
         """Serve the webhook until ``stop``: each request checked for the secret, written to the inbox once
         (the platform retries until it gets a 2xx, so a repeat is dropped by its update id), then answered."""
-        secret = hooked.webhook_secret()
-        await patiently(lambda: hooked.set_webhook(hooked.webhook_url, secret), what="setWebhook")
+        await patiently(hooked.set_webhook, what="set the webhook")
         host, _, port = hooked.webhook_listen.rpartition(":")
-        app = Starlette(routes=[Route(hooked.webhook_path(), partial(self._pushed, hooked, secret), methods=["POST"])])
+        app = Starlette(routes=[Route(hooked.webhook_path(), partial(self._pushed, hooked), methods=["POST"])])
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
                                                lifespan="off"))
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # our loop's
@@ -229,18 +225,20 @@ class Intake:
             server.should_exit = True
             await serving
 
-    async def _pushed(self, hooked: Webhooked, secret: str, request: Request) -> Response:
-        given = request.headers.get(hooked.secret_header, "")
-        if not hmac.compare_digest(given.encode(), secret.encode()):
-            return JSONResponse({"error": "the secret token is missing or wrong"}, status_code=401)
+    async def _pushed(self, hooked: Webhooked, request: Request) -> Response:
         body = await request.body()
         if len(body) > WEBHOOK_MAX_BYTES:
             return JSONResponse({"error": "too large"}, status_code=413)
+        refusal = hooked.refusal(request.headers, body)
+        if refusal is not None:
+            return JSONResponse({"error": refusal}, status_code=401)
         try:
-            event_id, update = hooked.parse(json.loads(body))
+            hook = await hooked.read_hook(request.headers, body)
         except (ValueError, TypeError, KeyError) as exc:
-            return JSONResponse({"error": f"not an update: {exc}"}, status_code=400)
-        if not await self._take_event(event_id, update):  # not taken: the platform delivers it again
+            return JSONResponse({"error": f"not an event: {exc}"}, status_code=400)
+        if hook.answer is not None:
+            return JSONResponse(hook.answer)
+        if not await self._take_event(hook.event_id, hook.update):  # not taken: the platform delivers it again
             return JSONResponse({"error": "busy"}, status_code=503)
         return JSONResponse({"ok": True})
 

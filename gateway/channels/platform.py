@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -64,18 +65,27 @@ class Listening(Protocol):
 
 @runtime_checkable
 class Webhooked(Protocol):
-    """A platform that can push its updates to a webhook instead of being polled (Telegram)."""
+    """A platform that can push its updates to a webhook instead (Telegram's webhook, Slack's Events API)."""
 
-    webhook_url: str  # empty: polled
+    webhook_url: str  # empty: not by webhook
     webhook_listen: str  # host:port the webhook is served on
-    secret_header: str  # the request header that must carry webhook_secret()
 
-    def webhook_secret(self) -> str: ...
     def webhook_path(self) -> str: ...
-    def parse(self, data: dict[str, Any]) -> tuple[str, ChannelUpdate | None]: ...
-    async def set_webhook(self, url: str, secret: str) -> None: ...
+    def refusal(self, headers: Mapping[str, str], body: bytes) -> str | None: ...  # why it is not the platform's
+    async def read_hook(self, headers: Mapping[str, str], body: bytes) -> Hook: ...  # ValueError: not an event
+    async def set_webhook(self) -> None: ...
     async def drop_webhook(self) -> None: ...
     async def webhook_error(self) -> str: ...
+
+
+@dataclass
+class Hook:
+    """What a webhook request carries: an event (its id, and what the kit handles of it), or a handshake the
+    platform wants answered at once (Slack's url_verification)."""
+
+    event_id: str = ""
+    update: ChannelUpdate | None = None
+    answer: dict[str, Any] | None = None
 
 
 async def patiently(call: Callable[[], Awaitable[T]], *, what: str, within_s: float = PATIENCE_S) -> T:

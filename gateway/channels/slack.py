@@ -1,4 +1,4 @@
-"""Slack through slack_sdk: Socket Mode for events in, the Web API for answers out.
+"""Slack through slack_sdk: Socket Mode (or the Events API over HTTP) for events in, the Web API for answers out.
 
 Socket Mode needs no public address: every replica keeps a connection (Slack spreads events over
 up to ten), each envelope is written to the inbox once (by its event id) and acknowledged to
@@ -15,16 +15,18 @@ a press answered to its presser alone (an ephemeral message).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import httpx
 from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
@@ -35,7 +37,7 @@ from bus.streams import Bus
 from gateway.channels.config import SlackSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.markup import fitted, slack_mrkdwn
-from gateway.channels.platform import Take
+from gateway.channels.platform import Hook, Take
 from gateway.channels.reply import Buttons
 
 log = logging.getLogger("gateway.channels.slack")
@@ -85,6 +87,52 @@ class Slack:
         self.username = ""
         self._socket: SocketModeClient | None = None
         self._take: Take | None = None
+
+    # --- or the Events API: Slack posts signed requests to events_url ---
+
+    @property
+    def webhook_url(self) -> str:
+        return self.settings.events_url
+
+    @property
+    def webhook_listen(self) -> str:
+        return self.settings.events_listen
+
+    def webhook_path(self) -> str:
+        return urlsplit(self.settings.events_url).path or "/"
+
+    def refusal(self, headers: Mapping[str, str], body: bytes) -> str | None:
+        """Slack signs every request with the app's signing secret; one older than five minutes is refused."""
+        verifier = SignatureVerifier(self.settings.signing_secret.get_secret_value())
+        if not verifier.is_valid(body, headers.get("x-slack-request-timestamp"), headers.get("x-slack-signature")):
+            return "not signed with the app's signing secret, or older than five minutes"
+        return None
+
+    async def read_hook(self, headers: Mapping[str, str], body: bytes) -> Hook:
+        """An event (JSON), a button press (a form's ``payload``), or Slack's url_verification handshake."""
+        if headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            payload = json.loads(parse_qs(body.decode())["payload"][0])
+            event_id, update = await self.parse("interactive", payload, str(payload.get("trigger_id", "")))
+            return Hook(event_id=event_id, update=update)
+        data = json.loads(body)
+        if data.get("type") == "url_verification":
+            return Hook(answer={"challenge": str(data["challenge"])})
+        if data.get("type") != "event_callback":
+            return Hook(event_id=str(data.get("type")))
+        event_id, update = await self.parse("events_api", data, str(data["event_id"]))
+        return Hook(event_id=event_id, update=update)
+
+    async def set_webhook(self) -> None:
+        """Slack's Request URL is set in the app's settings, not by a call: only the token is checked."""
+        await self.webhook_error()
+
+    async def drop_webhook(self) -> None:
+        """Nothing to undo: Socket Mode and the Request URL are both the app's settings."""
+
+    async def webhook_error(self) -> str:
+        async with translated("auth.test"):
+            await self.web.auth_test()
+        return ""
 
     async def start(self) -> None:
         """Ask Slack who the bot is (a wrong token fails here, plainly)."""

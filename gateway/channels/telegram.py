@@ -9,11 +9,12 @@ after ``retry_after`` if the platform said so) and ``PlatformRefused`` (this cal
 from __future__ import annotations
 
 import contextlib
+import hmac
+import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, Message, Update
 from telegram import error as tg
@@ -24,12 +25,14 @@ from bus.protocol import ChannelFile, ChannelUpdate
 from gateway.channels.config import TelegramSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.markup import fitted
+from gateway.channels.platform import Hook
 from gateway.channels.reply import Buttons
 
 log = logging.getLogger("gateway.channels.telegram")
 
 NAME = "telegram"
 LIMIT = 4096  # characters of one message's text, entities parsed
+SECRET_HEADER = "x-telegram-bot-api-secret-token"
 POOL = 96  # HTTP connections for calls other than getUpdates: the kit runs up to 32 turns at once
 
 
@@ -73,9 +76,7 @@ class Telegram:
         self.username = ""
         self._open = False
         self.webhook_url, self.webhook_listen = settings.webhook_url, settings.webhook_listen
-        self.webhook_secret, self.webhook_path = settings.webhook_secret, settings.webhook_path
-
-    secret_header = "x-telegram-bot-api-secret-token"
+        self.webhook_path = settings.webhook_path
 
     async def start(self) -> None:
         """Ask the platform who the bot is (a wrong token fails here, plainly)."""
@@ -106,14 +107,22 @@ class Telegram:
             return offset, []
         return str(updates[-1].update_id + 1), [u for u in map(self._update, updates) if u is not None]
 
-    def parse(self, data: dict[str, Any]) -> tuple[str, ChannelUpdate | None]:
-        """An update as a webhook request carries it: its id, and what the kit handles of it (if anything)."""
-        update = Update.de_json(data, self.bot)
-        return str(update.update_id), self._update(update)
+    def refusal(self, headers: Mapping[str, str], body: bytes) -> str | None:
+        """Every request must carry the secret token registered with the webhook."""
+        given = headers.get(SECRET_HEADER, "")
+        if not hmac.compare_digest(given.encode(), self.settings.webhook_secret().encode()):
+            return "the secret token is missing or wrong"
+        return None
 
-    async def set_webhook(self, url: str, secret: str) -> None:
+    async def read_hook(self, headers: Mapping[str, str], body: bytes) -> Hook:
+        """An update as a webhook request carries it: its id, and what the kit handles of it (if anything)."""
+        update = Update.de_json(json.loads(body), self.bot)
+        return Hook(event_id=str(update.update_id), update=self._update(update))
+
+    async def set_webhook(self) -> None:
         async with translated("setWebhook"):
-            await self.bot.set_webhook(url, secret_token=secret, allowed_updates=["message", "callback_query"])
+            await self.bot.set_webhook(self.webhook_url, secret_token=self.settings.webhook_secret(),
+                                       allowed_updates=["message", "callback_query"])
 
     async def drop_webhook(self) -> None:
         """Long polling cannot start while a webhook is set (Telegram answers 409)."""

@@ -4,15 +4,18 @@ server speaking Slack's Web API and Socket Mode envelopes (tests/fake_slack.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from bus.redis_server import EmbeddedRedis
+from bus.redis_server import EmbeddedRedis, free_port
 from tests.conftest import Processes, gateway_client, wait_until
 from tests.e2e.conftest import start_stack
 from tests.fake_slack import APP_TOKEN, BOT_TOKEN, BOT_USER, FakeSlack, Posted
@@ -203,3 +206,45 @@ def test_a_redis_restart_leaves_events_with_slack_and_loses_none(
     finally:
         processes.stop_all()
         server.stop()
+
+
+def test_events_api_over_http_checks_signatures_and_answers_a_retry_once(
+        processes: Processes, slack_env: dict[str, str], slack: FakeSlack, ws: Path) -> None:
+    port = free_port()
+    url, secret = f"http://127.0.0.1:{port}/slack/events", "signing-secret-for-tests"
+    processes.env = {**slack_env, "PINCER_CHANNELS__SLACK__EVENTS_URL": url,
+                     "PINCER_CHANNELS__SLACK__EVENTS_LISTEN": f"127.0.0.1:{port}",
+                     "PINCER_CHANNELS__SLACK__SIGNING_SECRET": secret, "PINCER_CHANNELS__SLACK__APP_TOKEN": ""}
+    processes.start("channel", "slack", name="slack-http")
+    challenge = json.dumps({"type": "url_verification", "challenge": "abc123", "token": "legacy"}).encode()
+
+    def handshake() -> httpx.Response | None:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.post(url, content=challenge, headers={"Content-Type": "application/json",
+                                                                **slack.signed(challenge, secret)}, timeout=5)
+        return None
+
+    shook = wait_until(handshake, timeout=60, what="the events endpoint answering Slack's handshake")
+    assert shook.status_code == 200 and shook.json() == {"challenge": "abc123"}
+    assert slack.connections_opened == 0  # no Socket Mode beside the Events API
+    for headers in ({}, slack.signed(challenge, "a-wrong-secret"),
+                    slack.signed(challenge, secret, timestamp=str(int(time.time()) - 600))):  # forged, or replayed
+        refused = httpx.post(url, content=challenge, headers={"Content-Type": "application/json", **headers}, timeout=5)
+        assert refused.status_code == 401, refused.text
+    slack.push_to(url, secret)
+    slack.fail("chat.postMessage", status=500, error="internal_error")
+    slack.say(ALICE, "by the events api")
+    answer(slack, DM, "echo: by the events api")
+    slack.say(ALICE, 'CALL exec {"command": "echo approved > out.txt; cat out.txt"}')
+    ask = answer(slack, DM, "Allow exec?")
+    slack.press(ALICE, ask, ask.buttons[0]["value"])  # interactivity: a form with a payload, signed the same way
+    assert "approved" in answer(slack, DM, "RESULT exec").text and (ws / "out.txt").exists()
+    first = slack.pushes[0][0]
+    envelope = slack.sent_envelope(first)
+    assert envelope is not None
+    body = json.dumps(envelope["payload"]).encode()
+    again = httpx.post(url, content=body, timeout=5, headers={"Content-Type": "application/json",
+                                                              "X-Slack-Retry-Num": "1", **slack.signed(body, secret)})
+    assert again.status_code == 200  # a retry of an event already taken: acknowledged, not answered again
+    assert sum("by the events api" in p.text for p in slack.in_channel(DM)) == 1
+    assert all(status == 200 for _, _, status in slack.pushes)

@@ -95,4 +95,4 @@ def test_each_platform_checks_its_own_settings() -> None:
     assert settings.enabled() == ["slack", "email"]
     assert settings.of("slack").missing() == ["app_token"]
     assert settings.of("email").missing() == ["imap_host", "smtp_host", "username", "address", "password"]
-    assert settings.of("slack").secrets() == {"bot_token": "xoxb-1", "app_token": ""}
+    assert settings.of("slack").secrets() == {"bot_token": "xoxb-1", "app_token": "", "signing_secret": ""}
