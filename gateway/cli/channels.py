@@ -79,10 +79,10 @@ def _show(config: Config, running: list[dict[str, Any]], *, as_json: bool) -> in
 
 
 def print_channels(console: Console, rows: list[dict[str, Any]]) -> None:
-    table = Table("channel", "state", "bot", "replicas", "last poll", "in", "out", "errors", "last error",
+    table = Table("channel", "state", "bot", "replicas", "last progress", "in", "out", "errors", "last error",
                   title="Channels")
     for row in rows:
         ago = f"{row['last_progress_s_ago']}s ago" if row["last_progress_s_ago"] is not None else "-"
-        table.add_row(row["channel"], row["state"], f"@{row['bot']}" if row["bot"] else "-", str(row["replicas"]),
+        table.add_row(row["channel"], row["state"], row["bot"] or "-", str(row["replicas"]),
                       ago, str(row["in"]), str(row["out"]), str(row["errors"]), row["last_error"])
     console.print(table)
