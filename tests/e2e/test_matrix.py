@@ -120,9 +120,12 @@ def test_in_a_group_a_mention_is_needed_and_an_approval_is_its_own_persons(
     alice.say(room, 'CALL exec {"command": "echo approved > out.txt; cat out.txt"}', mentions=[bot.user_id])
     ask = answer(alice, room, "Allow exec?")
     assert "React with ✅ allow once" in ask["content"]["body"]
-    reactions = wait_until(lambda: [m for m in alice.messages(room) if m["type"] == "m.reaction"
-                                    and m["content"]["m.relates_to"]["event_id"] == ask["event_id"]] or None,
-                           timeout=30, what="the bot's own reactions as the choices")
+    def choices() -> list[dict[str, Any]] | None:  # the bot reacts once per choice, one after another
+        found = [m for m in alice.messages(room) if m["type"] == "m.reaction"
+                 and m["content"]["m.relates_to"]["event_id"] == ask["event_id"]]
+        return found if len(found) == 3 else None
+
+    reactions = wait_until(choices, timeout=30, what="the bot's three reactions as the choices")
     assert {r["content"]["m.relates_to"]["key"] for r in reactions} == {"✅", "🔁", "❌"}
     bob.react(room, ask["event_id"], "✅")  # Bob may talk, but this is Alice's turn
     answer(alice, room, "not yours")
