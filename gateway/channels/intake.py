@@ -8,9 +8,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -28,6 +29,7 @@ from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.platform import RETRY_DELAYS, Listening, Platform, Polled, Webhooked, patiently
 
 log = logging.getLogger("gateway.channels")
+T = TypeVar("T")
 
 ROLE = "channel"
 INBOX_KEEP = 10_000  # inbox entries kept (acknowledged ones are only history)
@@ -179,7 +181,9 @@ class Intake:
                     self.progress.failed(TimeoutError("a poll hung; reconnecting"))
                     failures += 1
                     log.warning("%s poll hung past %ss; reconnecting", self.name, self.hung_s)
-                    await self.platform.close()
+                    with contextlib.suppress(TimeoutError):
+                        await abandoned_after(self.settings.poll_grace_s, self.platform.close(),
+                                              what=f"{self.name} close")
                 except PlatformRefused as exc:  # e.g. the token was revoked: said, then tried again slowly
                     self.progress.failed(exc)
                     log.error("%s poll refused: %s", self.name, exc)
@@ -256,8 +260,7 @@ class Intake:
         offset_key = self.bus.keys.channel_offset(self.name, self.platform.bot_id)
         stored: bytes | None = await self.bus.redis.get(offset_key)  # type: ignore[assignment]  # bytes
         offset = stored.decode() if stored else ""
-        async with asyncio.timeout(self.hung_s):
-            next_offset, updates = await polled.poll(offset)
+        next_offset, updates = await abandoned_after(self.hung_s, polled.poll(offset), what=f"{self.name} poll")
         if next_offset != offset:
             args: list[Any] = [self.instance_id, next_offset, INBOX_KEEP]
             for update in updates:
@@ -271,6 +274,24 @@ class Intake:
                 return
             self.progress.counts["in"] += len(updates)
         self.progress.last = time.time()
+
+
+async def abandoned_after(seconds: float, work: Coroutine[Any, Any, T], *, what: str) -> T:
+    """``work``'s result, or TimeoutError after ``seconds``. Run as a task of its own so that a library
+    that swallows cancellation (and would hang a plain timeout with it) cannot hold the caller: the task
+    is cancelled and left behind, and whatever it ends with later is only logged."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if task in done:
+        return task.result()
+    task.cancel()
+    task.add_done_callback(partial(_left_behind, what))
+    raise TimeoutError(f"{what} did not finish in {seconds:g}s")
+
+
+def _left_behind(what: str, task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.info("%s, abandoned, ended with %r", what, task.exception())
 
 
 async def _sleep_or_stop(stop: asyncio.Event, delay: float) -> None:

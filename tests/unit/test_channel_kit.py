@@ -4,6 +4,7 @@ platform's limit, who may talk (allow_from, pairing), settings read from the env
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html.parser
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,7 @@ from bus.protocol import ChatTool
 from bus.streams import Bus
 from gateway.channels.access import Access, pair, paired
 from gateway.channels.config import TelegramSettings
+from gateway.channels.intake import abandoned_after
 from gateway.channels.markup import fitted, split_text, telegram_html
 from gateway.channels.reply import Buttons, Delivery, StreamedReply
 from tests.fakes import fake_bus as in_memory_bus
@@ -166,3 +168,22 @@ async def test_a_surface_without_edits_gets_the_answer_once_whole(fake_bus: Bus)
     reply.tool(ChatTool(session_id="s", message_id="m", call_id="c1", tool="read_file", status="finished"))
     await reply.finish("one two")
     assert surface.messages == {"1": "⚙ read_file ✓\n\none two"} and surface.edited == 0
+
+
+async def test_a_poll_that_swallows_its_cancellation_is_abandoned_not_awaited_forever() -> None:
+    stopped = asyncio.Event()
+
+    async def stubborn() -> tuple[str, list[Any]]:  # a library that catches CancelledError and goes on waiting
+        while not stopped.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+        return "", []
+
+    with pytest.raises(TimeoutError, match=r"poll did not finish in 0\.05s"):
+        await abandoned_after(0.05, stubborn(), what="poll")
+    assert await abandoned_after(1.0, asyncio.sleep(0, result="done"), what="quick") == "done"
+    stopped.set()
+    for task in asyncio.all_tasks() - {asyncio.current_task()}:  # the abandoned poll, woken to see it may end
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+        assert task.done()
