@@ -5,6 +5,7 @@ federation. The people's side talks to it over the client-server API with httpx.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -20,6 +21,8 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import nio  # the person's side of encrypted rooms, with the e2e extra the channel's encryption uses
+from nio.crypto.attachments import decrypt_attachment
 
 from bus.redis_server import free_port
 
@@ -27,6 +30,7 @@ CACHE = Path("/var/tmp/pincer-test-synapse")
 SYNAPSE = ("matrix-synapse", "1.163.2")
 SECRET = "pincer-test-registration-secret"
 LIMITS = {"per_second": 1000, "burst_count": 1000}
+ENCRYPTION = {"type": "m.room.encryption", "state_key": "", "content": {"algorithm": "m.megolm.v1.aes-sha2"}}
 
 
 def synapse_python() -> Path:
@@ -120,14 +124,14 @@ rc_registration: {limits}
         made = httpx.post(f"{self.url}/_synapse/admin/v1/register", timeout=30,
                           json={"nonce": nonce, "username": name, "password": password, "admin": False, "mac": mac})
         made.raise_for_status()
-        return Person(self.url, made.json()["user_id"], made.json()["access_token"])
+        return Person(self.url, made.json()["user_id"], made.json()["access_token"], made.json()["device_id"])
 
 
 class Person:
     """Someone on the homeserver, as their client would act: rooms, messages, reactions, files."""
 
-    def __init__(self, url: str, user_id: str, token: str) -> None:
-        self.url, self.user_id, self.token = url, user_id, token
+    def __init__(self, url: str, user_id: str, token: str, device_id: str = "") -> None:
+        self.url, self.user_id, self.token, self.device_id = url, user_id, token, device_id
         self._txn = itertools.count(1)
         self.since = ""
 
@@ -139,7 +143,7 @@ class Person:
         return body
 
     def room(self, *invite: str, encrypted: bool = False, name: str = "") -> str:
-        state = [{"type": "m.room.encryption", "state_key": "", "content": {"algorithm": "m.megolm.v1.aes-sha2"}}]
+        state = [ENCRYPTION]
         made = self.call("POST", "/createRoom", json={"preset": "private_chat", "invite": list(invite),
                                                       "is_direct": len(invite) == 1 and not name,
                                                       "name": name, **({"initial_state": state} if encrypted else {})})
@@ -206,3 +210,87 @@ class Person:
                         headers={"Authorization": f"Bearer {self.token}"})
         got.raise_for_status()
         return got.content
+
+
+class EncryptedPerson:
+    """Someone whose client encrypts (matrix-nio with its e2e extra, as Element would): their own device keys,
+    encrypted rooms, messages sealed for every device in the room, answers read by decrypting them."""
+
+    def __init__(self, person: Person, store: Path) -> None:
+        self.person, self.loop = person, asyncio.new_event_loop()
+        config = nio.AsyncClientConfig(encryption_enabled=True, store_sync_tokens=True)
+        store.mkdir(parents=True, exist_ok=True)
+        self.client = nio.AsyncClient(person.url, person.user_id, store_path=str(store), config=config)
+        self.client.restore_login(person.user_id, person.device_id, person.token)
+        self.seen: dict[str, list[Any]] = {}  # room -> its events, decrypted where the keys came
+        self._run(self._sync(first=True))
+
+    def _run(self, work: Any) -> Any:
+        return self.loop.run_until_complete(work)
+
+    async def _sync(self, *, first: bool = False) -> None:
+        client = self.client
+        synced = await client.sync(timeout=0, full_state=first)
+        assert isinstance(synced, nio.SyncResponse), synced
+        for room_id, room in synced.rooms.join.items():
+            self.seen.setdefault(room_id, []).extend(room.timeline.events)
+        if client.should_upload_keys:
+            await client.keys_upload()
+        if client.should_query_keys:
+            await client.keys_query()
+        if client.should_claim_keys:
+            await client.keys_claim(client.get_users_for_key_claiming())
+        await client.send_to_device_messages()
+
+    def room(self, *invite: str) -> str:
+        made = self._run(self.client.room_create(is_direct=True, invite=list(invite), initial_state=[ENCRYPTION]))
+        assert isinstance(made, nio.RoomCreateResponse), made
+        return str(made.room_id)
+
+    def say(self, room_id: str, text: str) -> str:
+        self._run(self._sync())
+        sent = self._run(self.client.room_send(room_id, "m.room.message", {"msgtype": "m.text", "body": text},
+                                               ignore_unverified_devices=True))
+        assert isinstance(sent, nio.RoomSendResponse), sent
+        return str(sent.event_id)
+
+    def send_file(self, room_id: str, name: str, data: bytes) -> None:
+        uploaded, keys = self._run(self.client.upload(lambda *_: data, content_type="application/octet-stream",
+                                                      filename=name, encrypt=True, filesize=len(data)))
+        assert isinstance(uploaded, nio.UploadResponse), uploaded
+        sent = self._run(self.client.room_send(room_id, "m.room.message", {
+            "msgtype": "m.file", "body": name, "filename": name, "file": {"url": uploaded.content_uri, **keys},
+            "info": {"size": len(data)}}, ignore_unverified_devices=True))
+        assert isinstance(sent, nio.RoomSendResponse), sent
+
+    def files(self, room_id: str) -> dict[str, bytes]:
+        """The files others sent to the room, downloaded and decrypted."""
+        self._run(self._sync())
+        found = {}
+        for event in self.seen.get(room_id, []):
+            if isinstance(event, nio.RoomEncryptedFile) and event.sender != self.person.user_id:
+                got = self._run(self.client.download(mxc=event.url))
+                found[event.body] = decrypt_attachment(got.body, event.key["k"], event.hashes["sha256"], event.iv)
+        return found
+
+    def answers(self, room_id: str) -> list[str]:
+        """What others said in the room that this person could decrypt, each with its latest edit applied."""
+        self._run(self._sync())
+        shown: dict[str, str] = {}
+        for event in self.seen.get(room_id, []):
+            if event.sender == self.person.user_id or not isinstance(event, nio.RoomMessage):
+                continue
+            content = event.source.get("content") or {}
+            relates = content.get("m.relates_to") or {}
+            if relates.get("rel_type") == "m.replace" and relates.get("event_id") in shown:
+                shown[relates["event_id"]] = str((content.get("m.new_content") or content).get("body", ""))
+            elif relates.get("rel_type") != "m.replace":
+                shown[event.event_id] = str(content.get("body", ""))
+        return list(shown.values())
+
+    def undecrypted(self, room_id: str) -> int:
+        return sum(isinstance(event, nio.MegolmEvent) for event in self.seen.get(room_id, []))
+
+    def close(self) -> None:
+        self._run(self.client.close())
+        self.loop.close()

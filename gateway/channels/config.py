@@ -234,7 +234,7 @@ class MatrixSettings(ChannelCommon):
     NAME = "matrix"
     ALLOW = re.compile(r"^@[^:\s]{1,255}:[^\s]{1,255}$")
     ALLOW_FORM = "Matrix user ids (@alice:example.org)"
-    SECRETS = ("access_token",)
+    SECRETS = ("access_token", "store_key")
 
     # The homeserver's client API root (https://matrix.example.org).
     homeserver: str = ""
@@ -243,6 +243,14 @@ class MatrixSettings(ChannelCommon):
     access_token: SecretStr = SecretStr("")
     # Answers longer than this are sent as several messages.
     max_message_chars: int = Field(default=16_000, ge=500, le=60_000)
+    # Read and write end-to-end encrypted rooms. The device's keys live in store_dir, so one channel
+    # process holds them: a second one with encryption on waits for it, then refuses to start.
+    encryption: bool = False
+    # Where the device's keys are kept (default: <runtime.data_dir>/matrix). Back it up: losing it
+    # loses the history of encrypted rooms, and people see a new device.
+    store_dir: str = ""
+    # Encrypts the keys at rest in store_dir (`${NAME}` from the environment); empty: a fixed key.
+    store_key: SecretStr = SecretStr("")
 
     @field_validator("homeserver")
     @classmethod

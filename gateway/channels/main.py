@@ -44,7 +44,8 @@ def main(config: Config, name: str, *, workspace: Path) -> int:
     instance_id = new_instance_id(name)
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
-        worker = ChannelWorker(bus, platform_for(settings, bus), settings, gateway, workspace=workspace,
+        platform = platform_for(settings, bus, data_dir=Path(config.runtime.data_dir), instance_id=instance_id)
+        worker = ChannelWorker(bus, platform, settings, gateway, workspace=workspace,
                                instance_id=instance_id, heartbeat_s=config.runtime.heartbeat_s)
         try:
             await worker.run(stop)
@@ -54,7 +55,7 @@ def main(config: Config, name: str, *, workspace: Path) -> int:
     return run_service(name, config, body, instance_id=instance_id)
 
 
-def platform_for(settings: ChannelCommon, bus: Bus) -> Platform:
+def platform_for(settings: ChannelCommon, bus: Bus, *, data_dir: Path, instance_id: str = "") -> Platform:
     """The platform module's calls for these settings (imported only by the channel that uses it)."""
     if isinstance(settings, TelegramSettings):
         from gateway.channels.telegram import Telegram
@@ -71,7 +72,7 @@ def platform_for(settings: ChannelCommon, bus: Bus) -> Platform:
     if isinstance(settings, MatrixSettings):
         from gateway.channels.matrix import Matrix
 
-        return Matrix(settings, bus)
+        return Matrix(settings, bus, store_dir=Path(settings.store_dir or data_dir / "matrix"), instance_id=instance_id)
     if isinstance(settings, EmailSettings):
         from gateway.channels.mail import Email
 

@@ -9,8 +9,12 @@ A room is a conversation (per person, as everywhere in the kit); in a room of mo
 bot answers when mentioned (``m.mentions``, its id or name in the text, a reply to it). Invitations
 are the kit's to accept or decline (only from people who may talk to the agent). Answers stream by
 edits (``m.replace``); an approval is asked as a message the bot reacts to with its choices, and
-a person's reaction (or a reply with the choice's word) answers it. Encrypted rooms are declined
-with a notice: the channel has no end-to-end encryption (docs/channels/matrix.md says why).
+a person's reaction (or a reply with the choice's word) answers it.
+
+End-to-end encryption (``encryption: true``) is nio's, with the device's keys in a store on disk:
+one process holds them (a device lease in Redis), keys are uploaded and fetched after each sync,
+and a message whose room key has not arrived yet waits in Redis and is read when it does.
+Without it, encrypted rooms are declined with a notice.
 """
 
 from __future__ import annotations
@@ -19,19 +23,25 @@ import asyncio
 import contextlib
 import hashlib
 import html
+import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import nio
+from nio.crypto.attachments import decrypt_attachment
 
+from bus.lease import Lease
+from bus.presence import alive
 from bus.protocol import ChannelFile, ChannelUpdate
-from bus.streams import Bus
+from bus.streams import CONNECTION_ERRORS, Bus
 from gateway.channels.config import MatrixSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
+from gateway.channels.intake import ROLE as CHANNEL_ROLE
 from gateway.channels.markup import fitted
 from gateway.channels.questions import Questions, first_word_choices
 from gateway.channels.reply import Buttons
@@ -41,14 +51,21 @@ log = logging.getLogger("gateway.channels.matrix")
 NAME = "matrix"
 TIMELINE_LIMIT = 100  # events a sync brings per room; a busier room says "limited" and is logged
 # A sync brings what the kit reads and what nio needs to know the rooms (their members, encryption).
+ROOM_FILTER: dict[str, Any] = {"state": {"lazy_load_members": True}, "ephemeral": {"not_types": ["*"]},
+                               "account_data": {"not_types": ["*"]}}
 FILTER = {"presence": {"not_types": ["*"]}, "account_data": {"not_types": ["*"]},
-          "room": {"timeline": {"limit": TIMELINE_LIMIT}, "state": {"lazy_load_members": True},
-                   "ephemeral": {"not_types": ["*"]}, "account_data": {"not_types": ["*"]}}}
+          "room": {**ROOM_FILTER, "timeline": {"limit": TIMELINE_LIMIT}}}
 REACTIONS = {"allow once": "✅", "always": "🔁", "deny": "❌"}
 REFUSED = {"M_UNKNOWN_TOKEN", "M_MISSING_TOKEN", "M_FORBIDDEN", "M_NOT_FOUND", "M_TOO_LARGE", "M_BAD_JSON",
            "M_NOT_JSON", "M_UNRECOGNIZED", "M_USER_DEACTIVATED", "M_INVALID_PARAM"}
 ENCRYPTED_NOTICE = ("This room is end-to-end encrypted, and this agent cannot read encrypted rooms. "
                     "Talk to it in an unencrypted room (or direct chat without encryption).")
+# Before the kit's own syncs, one that only learns the joined rooms (nio sends only to rooms it knows).
+ROOMS_FILTER = {**FILTER, "room": {**ROOM_FILTER, "timeline": {"limit": 1}}}
+DEVICE_TTL_MS = 30_000  # the device lease; renewed every third of it
+DEVICE_WAIT_S = 60.0  # how long a second process waits for the device's holder to go
+UNDECRYPTED_KEEP_S = 3600.0  # a message whose room key never came is given up after this
+ENCRYPTED_FILE = "e2e:"  # a ChannelFile ref of an encrypted attachment: this, then its `file` as JSON
 IDENTITY_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
 
 
@@ -87,20 +104,28 @@ class Matrix:
     edits = True
     tells_strangers = True
 
-    def __init__(self, settings: MatrixSettings, bus: Bus) -> None:
+    def __init__(self, settings: MatrixSettings, bus: Bus, *, store_dir: Path, instance_id: str = "") -> None:
         self.settings, self.bus = settings, bus
         self.limit = settings.max_message_chars
-        config = nio.AsyncClientConfig(store_sync_tokens=False, encryption_enabled=False, max_limit_exceeded=0,
-                                       max_timeouts=0, request_timeout=30)
-        self.client = nio.AsyncClient(settings.homeserver, user=settings.user_id, config=config)
+        self.store_dir, self.instance_id = store_dir, instance_id
+        config = nio.AsyncClientConfig(store_sync_tokens=False, encryption_enabled=settings.encryption,
+                                       pickle_key=settings.store_key.get_secret_value() or "pincer-matrix",
+                                       max_limit_exceeded=0, max_timeouts=0, request_timeout=30)
+        self.client = nio.AsyncClient(settings.homeserver, user=settings.user_id, config=config,
+                                      store_path=str(store_dir) if settings.encryption else "")
         self.client.access_token = settings.access_token.get_secret_value()
         self.client.user_id = settings.user_id
         self.questions = Questions(bus, NAME)
         self.bot_id = ""
         self.username = ""
+        self._device: Lease | None = None
+        self._holding: asyncio.Task[None] | None = None
+        self._read_late: list[str] = []  # waiting messages the last poll returned (the bus has them now)
+        self._device_lost = ""  # why this process may no longer use the device's keys
 
     async def start(self) -> None:
-        """Ask the homeserver whose token this is (a wrong token fails here, plainly)."""
+        """Ask the homeserver whose token this is (a wrong token fails here, plainly); with encryption,
+        hold the device and open its keys."""
         async with translated("whoami"):
             me = checked(await self.client.whoami(), "whoami")
         if me.user_id != self.settings.user_id:
@@ -108,14 +133,117 @@ class Matrix:
                                   "(channels.matrix.user_id)")
         self.client.device_id = me.device_id
         self.bot_id = self.username = me.user_id
+        if self.settings.encryption:
+            await self._open_keys(str(me.device_id or ""))
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.client.close()
 
+    # --- end-to-end encryption: the device's keys, held by one process ---
+
+    async def _open_keys(self, device_id: str) -> None:
+        if not device_id:
+            raise PlatformRefused("the access token has no device, and encryption needs one: make the token by "
+                                  "logging in (docs/channels/matrix.md), or set encryption: false")
+        if self._device is None:  # start() is tried again while the homeserver is away
+            await self._hold_device(device_id)
+        await asyncio.to_thread(self.store_dir.mkdir, mode=0o700, parents=True, exist_ok=True)
+        self.client.load_store()
+        log.info("Matrix: end-to-end encryption on, device %s, keys in %s", device_id, self.store_dir)
+        async with translated("sync rooms"):  # nio encrypts only for rooms (and members) it knows
+            checked(await self.client.sync(timeout=0, sync_filter=ROOMS_FILTER, full_state=True), "sync rooms")
+        await self._exchange_keys()
+
+    async def _hold_device(self, device_id: str) -> None:
+        """The device lease: two processes using one device's keys would break each other's sessions. A
+        holder that stopped (cleanly or killed) has no heartbeat, and its lease is taken at once."""
+        key = self.bus.keys.channel_thread(NAME, f"device:{self.settings.user_id}:{device_id}")
+        self._device = lease = Lease(self.bus.redis, key, self.instance_id or f"matrix-{id(self)}",
+                                     ttl_ms=DEVICE_TTL_MS)
+        deadline = time.monotonic() + DEVICE_WAIT_S
+        while not await lease.take():
+            holder: bytes | None = await self.bus.redis.get(key)  # type: ignore[assignment]  # bytes
+            if holder is not None and holder.decode() not in await alive(self.bus, CHANNEL_ROLE):
+                await self.bus.redis.delete(key)  # its process is gone (killed): no heartbeat
+                continue
+            if time.monotonic() > deadline:
+                raise PlatformRefused(f"another Matrix channel process ({holder.decode() if holder else '?'}) holds "
+                                      f"device {device_id}'s encryption keys; run one Matrix channel with "
+                                      "encryption, or give each its own access token")
+            await asyncio.sleep(2.0)
+        self._holding = asyncio.create_task(self._keep_device(lease))
+
+    async def _keep_device(self, lease: Lease) -> None:
+        while True:
+            await asyncio.sleep(lease.ttl_ms / 3000)
+            try:
+                if not await lease.take():
+                    self._device_lost = (f"another process took device {self.client.device_id}'s encryption keys "
+                                         "(its lease lapsed while Redis was away?); restart this channel")
+                    log.error("Matrix: %s", self._device_lost)
+                    return
+            except CONNECTION_ERRORS as exc:  # Redis away: the lease is retaken when it is back
+                log.warning("Matrix: device lease not renewed (%s)", exc)
+
+    async def _exchange_keys(self) -> None:
+        """What nio learnt it owes after a sync: its keys uploaded, others' fetched, room keys sent."""
+        client = self.client
+        async with translated("keys"):
+            if client.should_upload_keys:
+                checked(await client.keys_upload(), "keys upload")
+            if client.should_query_keys:
+                checked(await client.keys_query(), "keys query")
+            if client.should_claim_keys:
+                checked(await client.keys_claim(client.get_users_for_key_claiming()), "keys claim")
+            for sent in await client.send_to_device_messages():
+                checked(sent, "to-device")
+
+    async def _wait_for_key(self, room_id: str, event: nio.MegolmEvent) -> None:
+        """A message whose room key has not come yet: kept (in Redis, so a restart keeps it) and the key
+        asked of the sender's devices."""
+        waiting = self.bus.keys.channel_thread(NAME, f"undecrypted:{self.bot_id}")
+        await self.bus.redis.hset(waiting, event.event_id, json.dumps({"room": room_id, "at": time.time(),
+                                                                       "source": event.source}))
+        log.info("Matrix: message %s in %s waits for its room key", event.event_id, room_id)
+        with contextlib.suppress(nio.LocalProtocolError):  # already asked for this session
+            async with translated("key request"):
+                checked(await self.client.request_room_key(event), "key request")
+
+    async def _read_waiting(self) -> list[ChannelUpdate]:
+        """The waiting messages whose keys have come since (or given up on, after UNDECRYPTED_KEEP_S)."""
+        waiting = self.bus.keys.channel_thread(NAME, f"undecrypted:{self.bot_id}")
+        if self._read_late:
+            await self.bus.redis.hdel(waiting, *self._read_late)
+        self._read_late = []
+        updates = []
+        kept: dict[bytes, bytes] = await self.bus.redis.hgetall(waiting)  # type: ignore[assignment]  # bytes
+        for event_id, raw in kept.items():
+            entry = json.loads(raw)
+            event = nio.Event.parse_encrypted_event(entry["source"])
+            if not isinstance(event, nio.MegolmEvent):
+                await self.bus.redis.hdel(waiting, event_id)
+                continue
+            event.room_id = entry["room"]
+            try:
+                decrypted = self.client.decrypt_event(event)
+            except nio.EncryptionError:
+                if time.time() - float(entry["at"]) > UNDECRYPTED_KEEP_S:
+                    log.warning("Matrix: message %s in %s never became readable (its room key did not come); "
+                                "given up", event.event_id, entry["room"])
+                    await self.bus.redis.hdel(waiting, event_id)
+                continue
+            self._read_late.append(event_id.decode())
+            update = await self._update(entry["room"], decrypted.source) if isinstance(decrypted, nio.Event) else None
+            if update is not None:
+                updates.append(update)
+        return updates
+
     # --- reading: the sync ---
 
     async def poll(self, offset: str) -> tuple[str, list[ChannelUpdate]]:
+        if self._device_lost:
+            raise PlatformRefused(self._device_lost)
         wait_ms = self.settings.poll_timeout_s * 1000 if offset else 0
         async with translated("sync"):
             sync = checked(await self.client.sync(timeout=wait_ms, since=offset or None, sync_filter=FILTER,
@@ -126,10 +254,16 @@ class Matrix:
                 if room.timeline.limited:
                     log.warning("Matrix: room %s had more than %d new events; older ones were not read",
                                 room_id, TIMELINE_LIMIT)
-                for event in room.timeline.events:
+                for event in room.timeline.events:  # nio has decrypted what it holds the keys of
+                    if isinstance(event, nio.MegolmEvent) and self.client.olm is not None:
+                        await self._wait_for_key(room_id, event)
+                        continue
                     update = await self._update(room_id, event.source)
                     if update is not None:
                         updates.append(update)
+        if self.client.olm is not None:
+            await self._exchange_keys()
+            updates.extend(await self._read_waiting())
         return str(sync.next_batch), updates
 
     def _invitation(self, room_id: str, room: Any) -> ChannelUpdate | None:
@@ -167,9 +301,9 @@ class Matrix:
             if data:
                 return base.model_copy(update={"press": room_id, "data": data})
         files: list[ChannelFile] = []
-        if msgtype in ("m.file", "m.image", "m.audio", "m.video") and str(content.get("url", "")).startswith("mxc://"):
+        if msgtype in ("m.file", "m.image", "m.audio", "m.video") and (ref := _attachment(content)):
             info = content.get("info") or {}
-            files = [ChannelFile(ref=str(content["url"]), name=str(content.get("filename") or text or "file"),
+            files = [ChannelFile(ref=ref, name=str(content.get("filename") or text or "file"),
                                  size=int(info.get("size") or 0), mime=str(info.get("mimetype") or ""))]
             text = ""
         elif msgtype not in ("m.text", "m.emote"):  # m.notice is what bots say: never answered (no loops)
@@ -203,6 +337,8 @@ class Matrix:
         return fitted(text, self.limit)
 
     async def _send(self, room_id: str, content: dict[str, Any]) -> str:
+        if self._device_lost:
+            raise PlatformRefused(self._device_lost)
         async with translated("send"):
             sent = checked(await self.client.room_send(room_id, "m.room.message", content,
                                                        ignore_unverified_devices=True), "send")
@@ -240,27 +376,46 @@ class Matrix:
         if file.size > limit:
             raise PlatformRefused(f"{file.name or 'the file'} is {file.size} bytes, over the {limit} allowed "
                                   "(channels.matrix.max_file_bytes)")
+        sealed = json.loads(file.ref.removeprefix(ENCRYPTED_FILE)) if file.ref.startswith(ENCRYPTED_FILE) else None
         async with translated("download"):
-            got = checked(await self.client.download(mxc=file.ref), "download")
+            got = checked(await self.client.download(mxc=sealed["url"] if sealed else file.ref), "download")
         data = bytes(got.body)
         if len(data) > limit:
             raise PlatformRefused(f"{file.name or 'the file'} is over the {limit} bytes allowed")
+        if sealed:
+            try:
+                data = decrypt_attachment(data, sealed["key"]["k"], sealed["hashes"]["sha256"], sealed["iv"])
+            except (nio.EncryptionError, KeyError, TypeError, ValueError) as exc:
+                raise PlatformRefused(f"{file.name or 'the file'} could not be decrypted ({exc})") from None
         return data
 
     async def send_file(self, chat: str, path: Path) -> None:
         data = await asyncio.to_thread(path.read_bytes)
+        room = self.client.rooms.get(chat)
+        seal = self.client.olm is not None and room is not None and room.encrypted
         async with translated("upload"):
-            uploaded, _ = await self.client.upload(lambda *_: data, content_type="application/octet-stream",
-                                                   filename=path.name, filesize=len(data))
+            uploaded, keys = await self.client.upload(lambda *_: data, content_type="application/octet-stream",
+                                                      filename=path.name, filesize=len(data), encrypt=seal)
         checked(uploaded, "upload")
-        await self._send(chat, {"msgtype": "m.file", "body": path.name, "filename": path.name,
-                                "url": uploaded.content_uri, "info": {"size": len(data)}})
+        where = {"file": {"url": uploaded.content_uri, **(keys or {})}} if seal else {"url": uploaded.content_uri}
+        await self._send(chat, {"msgtype": "m.file", "body": path.name, "filename": path.name, **where,
+                                "info": {"size": len(data)}})
 
 
 def _content(rendered: str) -> dict[str, Any]:
     """A text message: the rendered HTML, and the same as plain text for clients without HTML."""
     plain = html.unescape(re.sub(r"<[^>]+>", "", rendered))
     return {"msgtype": "m.text", "body": plain, "format": "org.matrix.custom.html", "formatted_body": rendered}
+
+
+def _attachment(content: dict[str, Any]) -> str:
+    """A file message's reference: its mxc:// URL, or (encrypted) the marker and its keys as JSON."""
+    if str(content.get("url", "")).startswith("mxc://"):
+        return str(content["url"])
+    sealed = content.get("file")
+    if isinstance(sealed, dict) and str(sealed.get("url", "")).startswith("mxc://"):
+        return ENCRYPTED_FILE + json.dumps(sealed)
+    return ""
 
 
 def _without_reply_fallback(body: str) -> str:

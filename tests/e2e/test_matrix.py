@@ -9,12 +9,13 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
 from tests.conftest import Processes, wait_until
 from tests.e2e.conftest import start_stack
-from tests.matrix_server import Person, Synapse
+from tests.matrix_server import EncryptedPerson, Person, Synapse
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
@@ -189,3 +190,42 @@ def test_killed_mid_turn_and_the_homeserver_restarted_each_message_is_answered_o
     for text in ("slept 4s", "echo: while it was down", "echo: after 0", "echo: after 1", "echo: after 2"):
         assert sum(text in t for t in texts) == 1, (text, texts)
     assert sum("slow one" in json.dumps(r["messages"][-1]) for r in scripted_llm.requests) == 1
+
+
+def test_with_encryption_on_an_encrypted_room_is_talked_to_in_kind_and_its_keys_outlive_a_kill(
+        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person], tmp_path: Path) -> None:
+    bot = people["bot"]
+    processes.env = {**processes.env, "PINCER_CHANNELS__MATRIX__ENCRYPTION": "true",
+                     "PINCER_CHANNELS__MATRIX__STORE_DIR": str(tmp_path / "bot-keys")}
+    start_channel(processes, name="matrix-1")
+    alice = EncryptedPerson(people["alice"], tmp_path / "alice-keys")
+    try:
+        room = alice.room(bot.user_id)
+        wait_until(lambda: bot.user_id in people["alice"].joined(room), timeout=60, what="the bot in the room")
+        alice.say(room, "hello in secret")
+        wait_until(lambda: "echo: hello in secret" in alice.answers(room), timeout=60, what="the decrypted answer")
+        on_server = people["alice"].call("GET", f"/rooms/{quote(room)}/messages", params={"dir": "b", "limit": 100})
+        bots = [event for event in on_server["chunk"] if event["sender"] == bot.user_id]
+        assert bots and all(event["type"] != "m.room.message" for event in bots)  # only ciphertext on the server
+        assert "hello in secret" not in json.dumps(on_server)
+        alice.send_file(room, "data.txt", b"hello from a sealed file")
+        wait_until(lambda: any("saved in the workspace at inbox/matrix/" in text for text in alice.answers(room)),
+                   timeout=60, what="the sealed file taken")
+        inbox = f"inbox/matrix/{alice.person.user_id[1:].replace(':', '@')}"
+        alice.say(room, f'CALL read_file {{"path": "{inbox}/data.txt"}}')
+        wait_until(lambda: any("hello from a sealed file" in text for text in alice.answers(room)), timeout=60,
+                   what="the file read by a tool, decrypted")
+        alice.say(room, "here you are\n[attach: notes.txt]")
+        assert wait_until(lambda: alice.files(room).get("notes.txt"), timeout=60,
+                          what="a sealed file sent back") == b"the secret word is pincer-42\n"
+        first = next(proc for name, proc, _ in processes.started if name == "matrix-1")
+        processes.stop(first, sig=signal.SIGKILL)
+        start_channel(processes, name="matrix-2")  # the same device: its keys were kept in store_dir
+        assert "new device" not in processes.logs()
+        alice.say(room, "still secret after the kill")
+        wait_until(lambda: "echo: still secret after the kill" in alice.answers(room), timeout=90,
+                   what="an answer from the restarted channel")
+        assert alice.undecrypted(room) == 0
+        assert sum(text == "echo: hello in secret" for text in alice.answers(room)) == 1
+    finally:
+        alice.close()

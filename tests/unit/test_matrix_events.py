@@ -3,13 +3,15 @@ answers a question, and what is never answered (its own words, notices, edits: n
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.channels.config import MatrixSettings
-from gateway.channels.matrix import Matrix, user_key
+from gateway.channels.matrix import ENCRYPTED_FILE, Matrix, _attachment, user_key
 from tests.fakes import fake_bus
 
 BOT = "@pincer:example.org"
@@ -17,10 +19,10 @@ ROOM = "!room:example.org"
 
 
 @pytest.fixture
-async def matrix() -> AsyncIterator[Matrix]:
+async def matrix(tmp_path: Path) -> AsyncIterator[Matrix]:
     bus = fake_bus()
     platform = Matrix(MatrixSettings.model_validate({"homeserver": "http://127.0.0.1:9", "user_id": BOT,
-                                                     "access_token": "t"}), bus)
+                                                     "access_token": "t"}), bus, store_dir=tmp_path)
     platform.bot_id = BOT
     yield platform
     await platform.close()
@@ -64,3 +66,10 @@ def test_user_ids_become_identity_names_that_fit() -> None:
     assert user_key("@alice:example.org") == "alice@example.org"
     odd = user_key("@we/ird=name:example.org")
     assert odd.startswith("h") and len(odd) == 25 and odd != user_key("@we/ird=other:example.org")
+
+
+def test_an_encrypted_attachment_is_referred_to_with_its_keys() -> None:
+    sealed = {"url": "mxc://example.org/abc", "key": {"k": "K"}, "iv": "IV", "hashes": {"sha256": "H"}, "v": "v2"}
+    assert _attachment({"url": "mxc://example.org/plain"}) == "mxc://example.org/plain"
+    assert json.loads(_attachment({"file": sealed}).removeprefix(ENCRYPTED_FILE)) == sealed
+    assert _attachment({"url": "https://elsewhere.example/x"}) == "" and _attachment({"file": "nonsense"}) == ""
