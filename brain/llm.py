@@ -69,7 +69,9 @@ OnText = Callable[[str], Awaitable[None]]
 
 
 class LLMClient(Protocol):
-    async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText) -> Completion:
+    async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText, *,
+                       max_output_tokens: int | None = None) -> Completion:
+        """One completion; ``max_output_tokens`` (sent as max_tokens) bounds what it may write."""
         ...
 
 
@@ -96,7 +98,8 @@ class LiteLLMClient:
         self.openai_direct = openai_direct
         self._openai: Any = None  # one openai.AsyncOpenAI for every direct call (its connection pool)
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText) -> Completion:
+    async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText, *,
+                       max_output_tokens: int | None = None) -> Completion:
         """The first model (then each fallback) that answers; a provider outage moves on, other errors do not."""
         failures: list[str] = []
         for model in [self.model, *self.fallbacks]:
@@ -108,7 +111,7 @@ class LiteLLMClient:
                 await on_text(text)
 
             try:
-                done = await self._complete(model, messages, tools, relay)
+                done = await self._complete(model, messages, tools, relay, max_output_tokens)
             except LLMError as exc:
                 if exc.code not in FALLBACK_ON or streamed:
                     raise  # a bad request or key is not fixed by another model; half an answer cannot be redone
@@ -120,11 +123,13 @@ class LiteLLMClient:
         raise LLMError(ErrorCode.SERVICE_UNAVAILABLE, "every model failed: " + " | ".join(failures))
 
     async def _complete(self, model: str, messages: list[dict[str, Any]], tools: list[ToolSpec],
-                        on_text: OnText) -> Completion:
+                        on_text: OnText, max_output_tokens: int | None) -> Completion:
         kwargs: dict[str, Any] = {
             "model": model, "messages": messages, "stream": True, "timeout": self.timeout_s,
             "num_retries": self.retries, "stream_options": {"include_usage": True},
         }
+        if max_output_tokens is not None:
+            kwargs["max_tokens"] = max_output_tokens
         if tools:
             kwargs["tools"] = [_tool_param(spec) for spec in tools]
         if self.api_base:
@@ -153,7 +158,7 @@ class LiteLLMClient:
             self._openai = openai.AsyncOpenAI(api_key=self.api_key or os.environ.get("OPENAI_API_KEY"),
                                               base_url=self.api_base or os.environ.get("OPENAI_API_BASE"),
                                               max_retries=self.retries, timeout=self.timeout_s)
-        options = {k: kwargs[k] for k in ("messages", "stream", "stream_options", "tools") if k in kwargs}
+        options = {k: kwargs[k] for k in ("messages", "stream", "stream_options", "tools", "max_tokens") if k in kwargs}
         return await self._openai.chat.completions.create(model=model.removeprefix("openai/"), **options)
 
 
@@ -185,18 +190,6 @@ async def _assemble(stream: Any, on_text: OnText) -> Completion:
     return done
 
 
-def cost_usd(model: str, usage: dict[str, Any]) -> float | None:
-    """What a completion cost by litellm's price table; None for a model it does not price."""
-    import litellm
-
-    try:
-        prompt, completion = litellm.cost_per_token(model=model, prompt_tokens=usage.get("prompt_tokens", 0),
-                                                    completion_tokens=usage.get("completion_tokens", 0))
-    except Exception:  # unknown model: litellm raises several kinds
-        return None
-    return prompt + completion
-
-
 def takes_litellm(model: str, *, openai_direct: bool) -> bool:
     """Whether calls to ``model`` go through litellm (all but ``openai/`` ones on the direct road)."""
     return not (openai_direct and model.startswith("openai/"))
@@ -219,7 +212,7 @@ def context_window(model: str) -> int:
     """
     if not model:
         return DEFAULT_WINDOW_TOKENS
-    table = _price_table()
+    table = price_table()
     for name in (model, model.partition("/")[2]):
         info = table.get(name) if name else None
         if isinstance(info, dict) and (info.get("max_input_tokens") or info.get("max_tokens")):
@@ -227,7 +220,7 @@ def context_window(model: str) -> int:
     return DEFAULT_WINDOW_TOKENS
 
 
-def _price_table() -> dict[str, Any]:
+def price_table() -> dict[str, Any]:
     spec = importlib.util.find_spec("litellm")
     if spec is None or not spec.submodule_search_locations:
         return {}

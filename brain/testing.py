@@ -44,7 +44,8 @@ class FunctionModel:
         self.function = function
         self.seen: list[list[dict[str, Any]]] = []
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText) -> Completion:
+    async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText, *,
+                       max_output_tokens: int | None = None) -> Completion:
         self.seen.append([dict(m) for m in messages])
         answer = self.function(messages, tools)
         done = await answer if inspect.isawaitable(answer) else answer

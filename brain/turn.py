@@ -12,11 +12,12 @@ from typing import Any
 from brain.catalog import NoHandsAvailable, ToolCatalog
 from brain.config import BrainSettings
 from brain.context import fit
-from brain.llm import NOT_CONFIGURED, LLMClient, LLMError, ToolCall, context_window, cost_usd, resolve_model
+from brain.llm import LOCAL, NOT_CONFIGURED, LLMClient, LLMError, ToolCall, context_window, resolve_model
 from brain.loop_detector import LoopDetector
 from brain.plan import plan
 from brain.prompt import system_prompt
 from brain.session_order import Lease
+from brain.spend import BudgetExceeded, Governor
 from brain.tool_text import MAX_ARGS_DEPTH, depth, error_for_model, for_model, local_failure, summary
 from bus import otel, trace
 from bus.log import kv
@@ -55,6 +56,7 @@ class TurnDeps:
     settings: BrainSettings
     llm: LLMClient | None  # None: no model configured
     meter: Meter = field(default_factory=Meter)  # what /metrics shows of this Brain (sent with its heartbeat)
+    spend: Governor | None = None  # the pool's spend governor (None: nothing counted, only in unit tests)
 
 
 class Turn:
@@ -82,6 +84,8 @@ class Turn:
         self.window_tokens = settings.context_window_tokens or context_window(resolve_model(settings.model) or "")
         self.call_ids: dict[str, str] = {}  # the model's call id -> ours, for the latest response
         self.model_name = resolve_model(settings.model) or ""
+        # The models a call may be answered by, as priced: the configured name, then each fallback.
+        self.models = [LOCAL if settings.model == LOCAL else self.model_name, *settings.fallbacks]
 
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
@@ -145,12 +149,10 @@ class Turn:
             self.lease.check()
             shown = fit(messages, window_tokens=self.window_tokens, result_tokens=budget.tool_result_max_tokens,
                         keep_from=turn_starts)
-            with otel.span(f"chat {self.model_name}", kind="client", gen_ai__operation__name="chat",
-                           gen_ai__request__model=self.model_name, gen_ai__conversation__id=msg.session_id) as opened:
-                completion = await deps.llm.complete(shown, tools, self._stream_text)  # type: ignore[union-attr]  # checked: a model is configured
-                otel.set_attributes(opened, gen_ai__response__model=completion.model,
-                                    gen_ai__usage__input_tokens=completion.usage.get("prompt_tokens"),
-                                    gen_ai__usage__output_tokens=completion.usage.get("completion_tokens"))
+            try:
+                completion = await self._call_model(shown, tools)
+            except BudgetExceeded as exc:
+                return await self.stop(ErrorCode.BUDGET_EXCEEDED, str(exc))
             self.model_calls += 1
             self._count(completion.usage)
             meter = deps.meter
@@ -158,10 +160,6 @@ class Turn:
             for kind in ("prompt", "completion"):
                 meter.count("pincer_model_tokens", completion.model, kind,
                             value=completion.usage.get(f"{kind}_tokens") or 0)
-            if budget.max_cost_usd is not None:  # pricing needs litellm's table: only when a cost budget is set
-                cost = cost_usd(completion.model, completion.usage) or 0.0
-                self.cost_usd += cost
-                meter.count("pincer_model_cost_usd", completion.model, value=cost)
             final = not completion.tool_calls
             assistant = self._entry(role="assistant", content=completion.text or None,
                                     tool_calls=[call.to_openai() for call in completion.tool_calls] or None,
@@ -185,6 +183,29 @@ class Turn:
                 return stop
         return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model made {budget.max_iterations} calls "
                                "without a final answer (brain.max_iterations)")
+
+    async def _call_model(self, shown: list[dict[str, Any]], tools: list[ToolSpec]) -> Any:
+        """One model call under the spend governor: its cost bound held before (BudgetExceeded: not made),
+        its real cost settled after, whatever happens to it."""
+        deps, msg = self.deps, self.message
+        spend = deps.spend
+        hold = await spend.reserve(msg.agent_id, msg.sender, self.models, shown, tools) if spend else None
+        bound = {"max_output_tokens": deps.settings.budget.max_output_tokens} if hold else {}
+        try:
+            with otel.span(f"chat {self.model_name}", kind="client", gen_ai__operation__name="chat",
+                           gen_ai__request__model=self.model_name, gen_ai__conversation__id=msg.session_id) as opened:
+                completion = await deps.llm.complete(shown, tools, self._stream_text, **bound)  # type: ignore[union-attr]  # checked: a model is configured
+                otel.set_attributes(opened, gen_ai__response__model=completion.model,
+                                    gen_ai__usage__input_tokens=completion.usage.get("prompt_tokens"),
+                                    gen_ai__usage__output_tokens=completion.usage.get("completion_tokens"))
+        except BaseException:
+            if spend is not None:  # nothing the provider counted came back: the hold is given back
+                await asyncio.shield(spend.release(hold))
+            raise
+        if spend is not None:
+            answered = self.models[min(len(completion.tried), len(self.models) - 1)]
+            self.cost_usd += await spend.settle(hold, msg.agent_id, msg.sender, answered, completion.usage)
+        return completion
 
     def _restore(self, turn: list[TranscriptEntry]) -> int:
         """Counters of a resumed turn, and the calls of its last response still without a result."""

@@ -13,12 +13,15 @@ from typing import Any
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
 from brain.llm import LiteLLMClient, LLMClient, resolve_model, takes_litellm, warm_up
+from brain.scheduler import Scheduler
 from brain.session_order import SessionOrder
+from brain.spend import Governor
 from brain.turn import Turn, TurnDeps
 from bus.broadcast import BroadcastReader
 from bus.consumer import GroupConsumer, HandedOver, Reply, delivery
 from bus.keys import BRAIN_GROUP
 from bus.log import kv
+from bus.metrics import Meter
 from bus.presence import Presence
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
 from bus.reaper import Reaper
@@ -50,10 +53,11 @@ class BrainWorker:
                  heartbeat_s: float = 3.0) -> None:
         self.bus, self.settings, self.instance_id = bus, settings, instance_id
         self.inbox = ReplyInbox(bus, instance_id)
+        meter = Meter()
         self.deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=SessionStore(bus.redis, bus.keys),
                              memory=LongTermMemory(bus.redis, bus.keys),
                              catalog=ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s),
-                             settings=settings, llm=llm)
+                             settings=settings, llm=llm, meter=meter, spend=Governor(bus, settings, meter))
         self._llm_override = llm  # one client for every agent (tests' fakes); None: each agent's own model
         self._llms: dict[str, LLMClient | None] = {}
         self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s,
@@ -74,6 +78,8 @@ class BrainWorker:
                                       aside=settings.max_waiting)
         # A turn whose Brain died is taken over (and resumed from its transcript) by another Brain.
         self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
+        self.scheduler = Scheduler(bus, settings.scheduler, instance_id=instance_id, meter=meter) \
+            if settings.scheduler.enabled else None
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         if isinstance(message, ChatCancel):  # sent to the group: pass it to every Brain
@@ -144,8 +150,7 @@ class BrainWorker:
             agent = self.settings.for_agent(agent_id)
             assert agent is not None
             models = [resolve_model(agent.model) or "", *agent.fallbacks]
-            if agent.max_cost_usd is not None or any(
-                    takes_litellm(m, openai_direct=agent.openai_direct) for m in models if m):
+            if any(takes_litellm(m, openai_direct=agent.openai_direct) for m in models if m):
                 return True
         return False
 
@@ -172,4 +177,12 @@ class BrainWorker:
             services.push_async_callback(self.reaper.close)
             model = resolve_model(self.settings.model) or "(none configured)"
             log.info("brain ready: model %s", model)
+            if self.scheduler is not None:
+                scheduling = asyncio.create_task(self.scheduler.run(stop), name="scheduler")
+                services.push_async_callback(_awaited, scheduling)
             await self.consumer.run(stop)
+
+
+async def _awaited(task: asyncio.Task[Any]) -> None:
+    """A service task, awaited at the end (it stops on the same event as the consumer)."""
+    await task

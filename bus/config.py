@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -57,6 +58,15 @@ class ConfigError(PincerError):
 
 class RedisUnreachable(PincerError):
     """Redis did not answer at start-up: worth retrying (exit status 1), unlike a bad configuration."""
+
+
+def time_zone(value: str, key: str) -> str:
+    """``value`` if it names an IANA time zone; else a ValueError saying what ``key`` takes."""
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"{key} must be an IANA time zone such as Europe/Berlin or UTC, got {value!r}") from None
+    return value
 
 
 class Section(BaseModel):

@@ -225,3 +225,57 @@ class Keys:
     def channel_asked(self, channel: str, message: str) -> str:
         """The choices of a question sent as a message that can only be answered by a reply (email)."""
         return f"{self.prefix}channel:{channel}:asked:{message}"
+
+    def channel_outbox(self, channel: str) -> str:
+        """Stream of what the agent says on its own initiative in a channel's chats (``channel:send``)."""
+        return f"{self.prefix}channel:{channel}:outbox"
+
+    def spend(self, period: str, scope: str) -> str:
+        """Hash of what one budget scope (pool, agent:X, identity:Y) spent in a period (day:..., month:...)."""
+        return f"{self.prefix}spend:{period}:{scope}"
+
+    @property
+    def spend_holds(self) -> str:
+        """Sorted set of the cost bounds reserved for calls in flight, scored by when each lapses."""
+        return f"{self.prefix}spend:holds"
+
+    def spend_hold(self, hold_id: str) -> str:
+        """Hash of one reservation: its bound and the budgets it holds it in."""
+        return f"{self.prefix}spend:hold:{hold_id}"
+
+    @property
+    def alerts(self) -> str:
+        """Stream of what the owner is told (a budget's share reached)."""
+        return f"{self.prefix}alerts"
+
+    @property
+    def jobs(self) -> str:
+        """Hash of every scheduled job, by id (<owner>/<name>), as JSON."""
+        return f"{self.prefix}jobs"
+
+    @property
+    def jobs_due(self) -> str:
+        """Sorted set of job ids, scored by their next due instant (Unix seconds)."""
+        return f"{self.prefix}jobs:due"
+
+    def job_runs(self, job_id: str) -> str:
+        """Hash of a job's records, one per due instant (its milliseconds, zero-padded)."""
+        return f"{self.prefix}jobs:runs:{job_id}"
+
+    def job_turn(self, message_id: str) -> str:
+        """Which job and due instant a turn was started for (until its outcome is recorded)."""
+        return f"{self.prefix}jobs:turn:{message_id}"
+
+    @property
+    def jobs_results(self) -> str:
+        """Stream the turns that jobs start answer on (read by the schedulers, a group)."""
+        return f"{self.prefix}jobs:results"
+
+    @property
+    def scheduler_lease(self) -> str:
+        return f"{self.prefix}jobs:scheduler"
+
+    @property
+    def scheduler_tick(self) -> str:
+        """When the scheduler holding the lease last looked at the due set (its liveness)."""
+        return f"{self.prefix}jobs:tick"

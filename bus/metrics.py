@@ -37,7 +37,15 @@ METRICS = {m.name: m for m in (
     Metric("pincer_chat_turn_seconds", "histogram", "Chat turn duration", ("agent",)),
     Metric("pincer_model_calls", "counter", "Model calls, by model", ("model",)),
     Metric("pincer_model_tokens", "counter", "Tokens used, by model and kind (prompt, completion)", ("model", "kind")),
-    Metric("pincer_model_cost_usd", "counter", "Model cost in USD by litellm's price table, by model", ("model",)),
+    Metric("pincer_model_cost_usd", "counter", "Model cost in USD (brain.prices, else litellm's table), by model, "
+           "agent and identity", ("model", "agent", "identity")),
+    Metric("pincer_budget_refusals", "counter", "Model calls refused before they were made, by the budget reached",
+           ("budget",)),
+    Metric("pincer_budget_alerts", "counter", "Budget alerts told to the owner, by budget and share",
+           ("budget", "share")),
+    Metric("pincer_job_runs", "counter", "Jobs' due instants recorded, by status (fired, skipped, missed)",
+           ("status",)),
+    Metric("pincer_job_fire_lag_seconds", "histogram", "From a job's due instant to its turn sent", ()),
     Metric("pincer_gateway_refusals", "counter", "Requests the Gateway refused, by code", ("code",)),
 )}
 

@@ -45,7 +45,27 @@ async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
         key = bus.keys.hands_lane(lane.decode() if isinstance(lane, bytes) else lane)
         queues.append(await _stream(bus, key[len(bus.keys.prefix):], key, HANDS_GROUP))
     return {"time": now, "prefix": bus.keys.prefix, "instances": roles, "streams": queues, "backlog": backlog,
-            "channels": channel_states(roles["channel"], now=now), "dead": await bus.redis.xlen(bus.keys.dead)}
+            "channels": channel_states(roles["channel"], now=now), "dead": await bus.redis.xlen(bus.keys.dead),
+            "scheduler": await scheduler_state(bus, now)}
+
+
+async def scheduler_state(bus: Bus, now: float) -> dict[str, Any]:
+    """The jobs' scheduler: idle (no job due), running, or stalled (jobs are due and the holder of its lease
+    has not looked for SCHEDULER_STALL_S, or a job is overdue by more than JOB_OVERDUE_S)."""
+    jobs = int(await bus.redis.zcard(bus.keys.jobs_due))
+    tick: bytes | None = await bus.redis.get(bus.keys.scheduler_tick)  # type: ignore[assignment]  # bytes
+    tick_age = round(now - float(tick), 1) if tick else None
+    oldest: list[tuple[bytes, float]] = await bus.redis.zrange(bus.keys.jobs_due, 0, 0,  # type: ignore[assignment]
+                                                               withscores=True)
+    overdue = round(max(0.0, now - float(oldest[0][1]) / 1000), 1) if oldest else 0.0
+    state = "idle" if not jobs else "stalled" if tick_age is None or tick_age > SCHEDULER_STALL_S \
+        or overdue > JOB_OVERDUE_S else "running"
+    return {"state": state, "jobs": jobs, "last_tick_s_ago": tick_age, "overdue_s": overdue,
+            "overdue_job": oldest[0][0].decode() if oldest and overdue > JOB_OVERDUE_S else ""}
+
+
+SCHEDULER_STALL_S = 10.0  # the holder looks every second at most: this long without, it has stalled
+JOB_OVERDUE_S = 60.0  # a due instant not fired this long after
 
 
 def channel_states(running: list[dict[str, Any]], *, now: float | None = None) -> list[dict[str, Any]]:

@@ -38,7 +38,8 @@ class ErrorCode(StrEnum):
     # Chat-turn failures (chat:error), beyond the seed's tool codes.
     MODEL_NOT_CONFIGURED = "MODEL_NOT_CONFIGURED"
     MODEL_ERROR = "MODEL_ERROR"
-    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"  # one turn's own limits (iterations, tokens, time)
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"  # a spend budget of the pool, an agent or an identity: no call is made
     LOOP_DETECTED = "LOOP_DETECTED"
     # The Gateway's refusals (HTTP), before anything reaches the bus.
     UNAUTHENTICATED = "UNAUTHENTICATED"
@@ -363,6 +364,17 @@ class ChannelUpdate(BaseMessage):
     invite: bool = False  # the user asks the bot into ``chat`` (a Matrix invite): accepted only if they may talk
 
 
+class ChannelSend(BaseMessage):
+    """Something to say in a chat on the agent's own initiative (a job's answer, an alert), read from the
+    channel's outbox by its process: sent once, whatever redelivers it (``key`` names the sending)."""
+
+    type: Literal["channel:send"] = "channel:send"
+    channel: str
+    chat: str
+    text: str = Field(max_length=64_000)
+    key: str = Field(min_length=1, max_length=256)
+
+
 Message = Annotated[
     ToolsList
     | ToolsAvailable
@@ -378,6 +390,7 @@ Message = Annotated[
     | ChatError
     | ApprovalRequest
     | ApprovalDecision
-    | ChannelUpdate,
+    | ChannelUpdate
+    | ChannelSend,
     Field(discriminator="type"),
 ]

@@ -33,6 +33,7 @@ from bus.log import kv
 from bus.presence import Presence
 from bus.protocol import (
     ApprovalRequest,
+    ChannelSend,
     ChannelUpdate,
     ChatDelta,
     ChatError,
@@ -101,7 +102,8 @@ class ChannelWorker:
         if stop.is_set():
             return
         inbox_key = self.bus.keys.channel_inbox(self.name, self.platform.bot_id)
-        consumer = GroupConsumer(self.bus, streams=[inbox_key], group=GROUP, consumer=self.instance_id,
+        outbox_key = self.bus.keys.channel_outbox(self.name)  # what the agent says unasked (a job's answer)
+        consumer = GroupConsumer(self.bus, streams=[inbox_key, outbox_key], group=GROUP, consumer=self.instance_id,
                                  handler=self.handle, concurrency=32, block_ms=1000)
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(self.platform.close)
@@ -145,17 +147,29 @@ class ChannelWorker:
     # --- the handler ---
 
     async def handle(self, message: Message, _stream: str) -> list[Any]:
-        if not isinstance(message, ChannelUpdate):
+        if not isinstance(message, (ChannelUpdate, ChannelSend)):
             return []
+        what = f"update {message.event_id}" if isinstance(message, ChannelUpdate) else f"sending {message.key}"
         try:
-            await self._handle(message)
+            await (self._handle(message) if isinstance(message, ChannelUpdate) else self._send_out(message))
         except PlatformAway as exc:  # still away after PATIENCE_S: left pending, delivered again later
             self.progress.failed(exc)
-            raise PlatformDown(f"{self.name} is away ({exc}); update {message.event_id} stays pending") from None
+            raise PlatformDown(f"{self.name} is away ({exc}); {what} stays pending") from None
         except PlatformRefused as exc:  # will never work (the person blocked the bot, say): counted, logged
             self.progress.failed(exc)
-            log.warning("%s: update %s not answered: %s", self.name, message.event_id, exc)
+            log.warning("%s: %s not done: %s", self.name, what, exc)
         return []
+
+    async def _send_out(self, message: ChannelSend) -> None:
+        """Said on the agent's own initiative: each piece once, whatever delivers the message again."""
+        delivery = Delivery(self.bus, self.name, f"send:{message.key}")
+        done = int((await delivery.read()).get("pieces", "0"))
+        for n, piece in enumerate(self.surface.render(message.text)):
+            if n >= done:
+                await self.surface.send(message.chat, piece)
+                await delivery.note(pieces=str(n + 1))
+        if done == 0:
+            self.counts["out"] += 1
 
     async def _handle(self, update: ChannelUpdate) -> None:
         identity = await self.access.identity(update.user, update.username)

@@ -148,6 +148,34 @@ def _parser() -> argparse.ArgumentParser:
     hooks.add_argument("--json", action="store_true", help="print JSON (list)")
     hooks.add_argument("--redis", metavar="URL")
 
+    cron = sub.add_parser("cron", help="scheduled jobs: add NAME | list | show | pause | resume | rm | run | runs "
+                          "(as the token's identity, through the Gateway)")
+    cron.add_argument("action", choices=["add", "list", "show", "pause", "resume", "rm", "run", "runs"])
+    cron.add_argument("name", nargs="?", metavar="NAME", help="lowercase letters, digits, _ and -")
+    when = cron.add_mutually_exclusive_group()
+    when.add_argument("--every", metavar="DURATION", help="add: run every 10s, 30m, 2h, 1d")
+    when.add_argument("--cron", metavar="EXPR", help="add: a cron expression, such as \"0 8 * * 1-5\"")
+    when.add_argument("--at", metavar="WHEN", help="add: once, at an ISO 8601 time (2026-12-24T18:00)")
+    cron.add_argument("--tz", default="UTC", help="add: the time zone of --cron and of an --at without offset")
+    cron.add_argument("--message", "-m", help="add: what the agent is asked each time")
+    cron.add_argument("--agent", default="main", help="add: the agent that runs it (default main)")
+    cron.add_argument("--session", help="add: the session it runs in (default cron-NAME)")
+    cron.add_argument("--deliver", action="append", metavar="CHANNEL:CHAT",
+                      help="add: also send the answer to this chat (repeatable), e.g. telegram:123456789")
+    cron.add_argument("--catch-up", default="run_once", choices=["run_once", "skip", "all"],
+                      help="add: what to do with instants missed while no scheduler ran (default run_once)")
+    cron.add_argument("--window", default="1h", metavar="DURATION",
+                      help="add: with --catch-up all, how far back missed instants are run (default 1h)")
+    cron.add_argument("--limit", type=int, default=50, help="runs: how many records (default 50)")
+    cron.add_argument("--json", action="store_true", help="print JSON")
+    cron.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
+    cron.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")
+
+    budget = sub.add_parser("budget", help="spend today and this month per pool, agent and identity, "
+                            "against brain.budget's limits")
+    budget.add_argument("--json", action="store_true", help="print JSON")
+    budget.add_argument("--redis", metavar="URL")
+
     tools = sub.add_parser("tools", help="list the tools Hands offers")
     tools.add_argument("--json", action="store_true", help="print JSON")
     tools.add_argument("--redis", metavar="URL")
@@ -181,6 +209,7 @@ COMMANDS = {
     "status": "ops:status", "dead": "ops:dead", "policy": "policy:command",
     "tools": "catalog:tools", "skills": "catalog:skills",
     "channel": "runtime:channel", "channels": "channels:command", "hooks": "hooks:command",
+    "budget": "budget:command", "cron": "cron:command",
 }
 
 

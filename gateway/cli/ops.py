@@ -106,6 +106,12 @@ async def show_status(config: Config, *, as_json: bool) -> int:
     for lane, held in found["backlog"].items():
         backlog.add_row(lane, str(held.get("ready", "")), str(held.get("waiting", "")), f"{held.get('oldest_s', '')}s")
     console.print(backlog if backlog.row_count else "backlog: empty")
+    scheduler = found["scheduler"]
+    if scheduler["jobs"]:
+        overdue = f", {scheduler['overdue_job']} {scheduler['overdue_s']:.0f}s overdue" if scheduler["overdue_job"] \
+            else ""
+        console.print(f"scheduler: {scheduler['state']}, {scheduler['jobs']} job(s) scheduled, last looked "
+                      f"{scheduler['last_tick_s_ago']}s ago{overdue}")
     dead = found["dead"]
     console.print(f"dead letters: {dead}" + (" (see `pincer dead list`)" if dead else ""))
     return 0

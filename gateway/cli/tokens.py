@@ -16,6 +16,7 @@ from bus.redis_client import CONNECTION_ERRORS, RedisRefused
 from gateway.cli.ops import connected_bus
 from gateway.config import GatewaySettings
 from gateway.tokens import NAME_PATTERN, TokenError, TokenStore
+from memory.jobs import JobStore
 
 
 async def manage_tokens(config: Config, action: str, name: str | None, *, scope: str, agents: list[str],
@@ -39,7 +40,12 @@ async def manage_tokens(config: Config, action: str, name: str | None, *, scope:
                 if not await store.revoke(name):
                     print(f"pincer: error: no token named {name!r} (`pincer token list` shows them)", file=sys.stderr)
                     return 1
-                print(f"token {name!r} revoked (Gateways stop accepting it within seconds)", file=sys.stderr)
+                jobs = JobStore(bus)
+                stopped = [job.name for job in await jobs.all(owner=name)]
+                for job_name in stopped:  # a job runs as its identity: it goes with the token
+                    await jobs.remove(f"{name}/{job_name}")
+                print(f"token {name!r} revoked (Gateways stop accepting it within seconds)"
+                      + (f"; its jobs removed: {', '.join(stopped)}" if stopped else ""), file=sys.stderr)
                 return 0
             identities = await store.list()
     except TokenError as exc:

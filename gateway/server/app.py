@@ -48,6 +48,7 @@ from gateway.server.fanout import Fanout
 from gateway.server.guard import Guard
 from gateway.server.handling import caller, collect_or_cancel, credential, read_json, session_id_of
 from gateway.server.hooks import Hooks, HookStore
+from gateway.server.jobs_api import JobRoutes
 from gateway.server.limits import CallerLimits, Hold
 from gateway.server.live import LiveSocket
 from gateway.server.observe import metrics_text, readiness
@@ -56,6 +57,7 @@ from gateway.server.page import page_routes
 from gateway.server.session_names import ALL_OWNERS, path_of, shown_to
 from gateway.server.turns import SendMessage, Turn, TurnRunner
 from gateway.tokens import TokenStore, WebSessions
+from memory.jobs import JobStore
 from memory.sessions import SessionStore
 
 log = logging.getLogger("gateway.http")
@@ -123,6 +125,7 @@ class Gateway:
                 Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
                 Route("/v1/hooks/{name}", self.hook, methods=["POST"]),
                 *OpenAIRoutes(self.settings.openai, self.turns, self.connections).routes(),
+                *JobRoutes(JobStore(self.bus), self.turns.agents_for).routes(),
                 WebSocketRoute("/v1/ws", self.live),
                 Route("/v1/me", self.me, methods=["GET"]),
                 Route("/v1/status", self.pool_status, methods=["GET"]),

@@ -31,6 +31,7 @@ TURN_STATUS = {
     ErrorCode.MODEL_NOT_CONFIGURED: 503,
     ErrorCode.SERVICE_UNAVAILABLE: 503,
     ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.BUDGET_EXCEEDED: 429,  # as a provider says a quota is spent
     ErrorCode.TIMEOUT: 504,
     ErrorCode.INVALID_ARGUMENTS: 400,
 }

@@ -71,6 +71,12 @@ class PoolCollector(Collector):
             oldest.add_metric(key, q["oldest_pending_s"] or 0.0)
         yield from (length, pending, undelivered, oldest)
         yield GaugeMetricFamily("pincer_dead_letters", "Entries in the dead-letter stream", value=self.found["dead"])
+        scheduler = self.found["scheduler"]
+        yield GaugeMetricFamily("pincer_jobs_scheduled", "Jobs with a next due instant", value=scheduler["jobs"])
+        yield GaugeMetricFamily("pincer_scheduler_stalled", "1 while jobs are due and the scheduler does not fire them",
+                                value=1.0 if scheduler["state"] == "stalled" else 0.0)
+        yield GaugeMetricFamily("pincer_jobs_overdue_seconds", "How late the most overdue job's instant is",
+                                value=scheduler["overdue_s"])
 
     def _channels(self) -> Iterator[Metric]:
         labels = ["channel"]
@@ -135,6 +141,11 @@ async def readiness(bus: Bus, *, max_backlog: int) -> tuple[bool, dict[str, Any]
                                      (inbox["undelivered"] >= max_backlog, "the Brain inbox is too far behind"))
                 if bad]
     problems += [f"the {c['channel']} channel is {c['state']}" for c in found["channels"] if c["state"] != "connected"]
+    scheduler = found["scheduler"]
+    if scheduler["state"] == "stalled":
+        problems.append("the jobs' scheduler has stalled: " + (
+            f"job {scheduler['overdue_job']} is {scheduler['overdue_s']:.0f}s overdue" if scheduler["overdue_job"]
+            else f"no Brain has looked at the due jobs for {scheduler['last_tick_s_ago'] or '?'}s"))
     body = {"status": "ready" if not problems else "not ready", "brains": brains, "hands": hands,
             "inbox_backlog": inbox["undelivered"], "checked": round(time.time(), 3)}
     if problems:

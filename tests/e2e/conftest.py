@@ -19,6 +19,7 @@ from bus.presence import alive
 from bus.redis_server import free_port
 from bus.streams import Bus
 from tests.conftest import ROOT, Processes, gateway_client, gateway_health, stack_healthy, wait_until
+from tests.fake_telegram import FakeTelegram
 from tests.scripted_llm import ScriptedLLM
 
 
@@ -165,3 +166,11 @@ def secured(processes: Processes, pincer_env: dict[str, str]) -> Iterator[dict[s
     wait_until(lambda: stack_healthy(processes.env), timeout=60, what="healthy stack")
     yield processes.env
     shutil.rmtree(workspace, ignore_errors=True)
+
+
+@pytest.fixture
+def telegram() -> Iterator[FakeTelegram]:
+    """A local Bot API server speaking Telegram's documented HTTP shape (tests/fake_telegram.py)."""
+    fake = FakeTelegram().start()
+    yield fake
+    fake.stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,6 @@ from tests.scripted_llm import ScriptedLLM
 pytestmark = pytest.mark.e2e
 
 ALICE, BOB, STRANGER = 111, 222, 999
-
-
-@pytest.fixture
-def telegram() -> Iterator[FakeTelegram]:
-    fake = FakeTelegram().start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from bus.protocol import (
     ApprovalDecision,
     ApprovalRequest,
     ChannelFile,
+    ChannelSend,
     ChannelUpdate,
     ChatCancel,
     ChatDelta,
@@ -52,6 +53,7 @@ SAMPLES = [
     ApprovalDecision(approval_id="a1", decision="allow-once", by="me"),
     ChannelUpdate(channel="telegram", event_id="5001", user="111", username="alice", chat="-5001", group=True,
                   text="hi", mentioned=True, files=[ChannelFile(ref="f1", name="a.txt", size=3)], platform_message="7"),
+    ChannelSend(channel="telegram", chat="111", text="the job's answer", key="turn1:telegram:111"),
 ]
 
 

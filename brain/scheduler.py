@@ -1,0 +1,221 @@
+"""The jobs' scheduler: it runs in every Brain, and the one holding a fenced lease fires what is due.
+
+Each due instant is claimed in one Lua script that first checks the lease is still ours and the job is
+still due at that very instant: it writes the instant's record, sends the turn (a ``chat:message`` as
+the job's owner) and moves the job to its next instant, all at once. So an instant is never fired
+twice (a holder paused past its lease cannot write after the next holder has), and never dropped
+silently: one the scheduler was away for is decided by the job's catch-up policy and recorded as
+fired, skipped (why) or missed (why). The turn's outcome is added to its record when the turn ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from brain.config import SchedulerSettings
+from bus.codec import encode
+from bus.consumer import GroupConsumer
+from bus.lease import HOLDS, Lease
+from bus.log import kv
+from bus.metrics import Meter
+from bus.presence import alive
+from bus.protocol import ChannelSend, ChatError, ChatMessage, ChatReply, Message, new_id
+from bus.reaper import Reaper
+from bus.streams import CONNECTION_ERRORS, Bus
+from memory.jobs import TURN_KEEP_S, Job, JobStore, Run, due_field
+
+log = logging.getLogger("brain.scheduler")
+
+GROUP = "scheduler"
+BATCH = 1000  # due instants of one job decided in one claim (a long outage is worked through in steps)
+# KEYS: lease, due set, the job's records, jobs, brain inbox, then one turn key per message.
+# ARGV: holder, job id, due (ms), next due (ms, '' for none), record count, (field, json)...,
+#       message count, then per message: its field count, its fields..., its turn value.
+# -1: the lease is not ours; 0: the instant was already taken (or the job is gone); 1: done.
+FIRE = HOLDS + """
+local score = redis.call('ZSCORE', KEYS[2], ARGV[2])
+if not score or tonumber(score) ~= tonumber(ARGV[3]) then return 0 end
+if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 0 then redis.call('ZREM', KEYS[2], ARGV[2]) return 0 end
+if ARGV[4] == '' then redis.call('ZREM', KEYS[2], ARGV[2]) else redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2]) end
+local a = 6
+for r = 1, tonumber(ARGV[5]) do redis.call('HSET', KEYS[3], ARGV[a], ARGV[a + 1]) a = a + 2 end
+local m = tonumber(ARGV[a])
+a = a + 1
+for k = 1, m do
+  local n = tonumber(ARGV[a])
+  redis.call('XADD', KEYS[5], '*', unpack(ARGV, a + 1, a + n))
+  a = a + n + 1
+  redis.call('SET', KEYS[5 + k], ARGV[a], 'EX', ARGV[#ARGV])
+  a = a + 1
+end
+return 1
+"""
+TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
+return 0
+"""
+
+
+@dataclass
+class Plan:
+    """What to do with a job's due instants up to now."""
+
+    records: list[Run] = field(default_factory=list)
+    fire: list[float] = field(default_factory=list)
+    next_due: float | None = None
+
+
+def plan(job: Job, due: float, now: float, *, grace_s: float) -> Plan:
+    """Decide each of the job's instants from ``due`` to ``now``: one on time fires; those the scheduler was
+    away for follow the job's catch-up policy (a long outage is decided in batches of BATCH)."""
+    instants = [due, *job.schedule.instants(due, now, limit=BATCH - 1)]
+    result = Plan(next_due=job.schedule.next_after(instants[-1]))
+    more = result.next_due is not None and result.next_due <= now  # another batch follows this one
+    grace = min(grace_s, job.schedule.period_s(due) / 2)
+    late = [t for t in instants if now - t > grace]
+    on_time = [t for t in instants if now - t <= grace]
+    away = f"the scheduler was away (due {_ago(now - instants[0])} before it ran)"
+    if job.catch_up == "all":
+        result.fire = [t for t in instants if now - t <= max(job.window_s, grace)]
+        result.records = [Run(job=job.id, due=t, status="missed",
+                              reason=f"{away}; older than its catch-up window ({job.window_s:g}s)")
+                          for t in instants if t not in result.fire]
+        return result
+    if on_time:
+        result.fire = on_time[-1:]
+    elif job.catch_up == "run_once" and not more:
+        result.fire = late[-1:]
+    why = ("catch-up run_once: one run stands for the instants missed" if job.catch_up == "run_once"
+           else "catch-up skip: instants missed are not run")
+    result.records = [Run(job=job.id, due=t, status="skipped", reason=f"{away}; {why}")
+                      for t in instants if t not in result.fire]
+    return result
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+
+
+class Scheduler:
+    def __init__(self, bus: Bus, settings: SchedulerSettings, *, instance_id: str, meter: Meter,
+                 clock: Any = time.time) -> None:
+        self.bus, self.settings, self.instance_id, self.meter, self.clock = bus, settings, instance_id, meter, clock
+        self.store = JobStore(bus)
+        self.lease = Lease(bus.redis, bus.keys.scheduler_lease, instance_id, ttl_ms=round(settings.lease_s * 1000))
+        self._fire = bus.redis.register_script(FIRE)
+        self._take_over = bus.redis.register_script(TAKE_OVER)
+        self.results = GroupConsumer(bus, streams=[bus.keys.jobs_results], group=GROUP, consumer=instance_id,
+                                     handler=self._ended, concurrency=8, block_ms=1000)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        results = asyncio.create_task(self.results.run(stop), name="scheduler:results")
+        reaper = Reaper(self.bus, self.results, self.bus.settings)  # outcomes a killed Brain had taken
+        await reaper.start()
+        try:
+            while not stop.is_set():
+                wait = self.settings.tick_s
+                try:
+                    if await self.lease.take() or await self._take_over_dead():
+                        wait = await self.tick()
+                except CONNECTION_ERRORS as exc:
+                    log.warning("scheduler: Redis away (%s)", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)
+        finally:
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await self.lease.release()
+            await reaper.close()
+            await results
+
+    async def _take_over_dead(self) -> bool:
+        """The lease of a Brain whose heartbeat stopped (killed): ours at once, not after its ttl."""
+        holder: bytes | None = await self.bus.redis.get(self.lease.key)  # type: ignore[assignment]  # bytes
+        if holder is None or holder.decode() in await alive(self.bus, "brain"):
+            return False
+        self.lease.held = bool(await self._take_over(keys=[self.lease.key],
+                                                     args=[holder, self.instance_id, self.lease.ttl_ms]))
+        if self.lease.held:
+            log.info("scheduler taken over from %s (no heartbeat)", holder.decode())
+        return self.lease.held
+
+    async def tick(self) -> float:
+        """Fire what is due; how long until the next look."""
+        now = self.clock()
+        await self.bus.redis.set(self.bus.keys.scheduler_tick, f"{now:.3f}")
+        for job_id, due in await self.store.due(now):
+            if not self.lease.held:
+                break
+            job = await self.store.get(job_id)
+            if job is None:
+                await self.bus.redis.zrem(self.bus.keys.jobs_due, job_id)
+                continue
+            await self._claim(job, due, plan(job, due, now, grace_s=self.settings.grace_s), now)
+        upcoming = await self.bus.redis.zrange(self.bus.keys.jobs_due, 0, 0, withscores=True)
+        until = float(upcoming[0][1]) / 1000 - self.clock() if upcoming else self.settings.tick_s
+        return max(0.01, min(self.settings.tick_s, until))
+
+    async def _claim(self, job: Job, due: float, decided: Plan, now: float) -> None:
+        fired = []
+        for instant in decided.fire:
+            message = ChatMessage(session_id=job.session_id, message_id=new_id(), agent_id=job.agent,
+                                  sender=job.owner, text=job.message, reply_to=self.bus.keys.jobs_results)
+            fired.append((instant, message))
+            decided.records.append(Run(job=job.id, due=instant, status="fired", fired_at=now,
+                                       turn=message.message_id))
+        args: list[Any] = [self.instance_id, job.id, round(due * 1000),
+                           "" if decided.next_due is None else round(decided.next_due * 1000), len(decided.records)]
+        for record in decided.records:
+            args.extend((due_field(record.due), record.model_dump_json()))
+        args.append(len(fired))
+        for instant, message in fired:
+            fields = encode(message)
+            args.append(len(fields) * 2)
+            for key, value in fields.items():
+                args.extend((key, value))
+            args.append(f"{job.id}|{due_field(instant)}")
+        args.append(TURN_KEEP_S)
+        keys = [self.lease.key, self.bus.keys.jobs_due, self.bus.keys.job_runs(job.id), self.bus.keys.jobs,
+                self.bus.keys.brain_inbox, *(self.bus.keys.job_turn(m.message_id) for _, m in fired)]
+        done = await self._fire(keys=keys, args=args)
+        if done == -1:
+            self.lease.held = False
+            log.warning("scheduler lease lost before %s was claimed; its holder fires it", job.id)
+            return
+        if done == 1:
+            for record in decided.records:
+                self.meter.count("pincer_job_runs", record.status)
+                if record.status == "fired":
+                    self.meter.observe("pincer_job_fire_lag_seconds", max(0.0, now - record.due))
+            log.info("job due %s", kv(job=job.id, fired=len(fired), recorded=len(decided.records),
+                                      lag_s=round(now - due, 3)))
+            await self.store.trim(job.id)
+
+    async def _ended(self, message: Message, _stream: str) -> list[Any]:
+        """A job's turn ended: its outcome recorded (and, later, delivered)."""
+        if not isinstance(message, (ChatReply, ChatError)):
+            return []
+        key = self.bus.keys.job_turn(message.message_id)
+        found: bytes | None = await self.bus.redis.get(key)  # type: ignore[assignment]  # bytes
+        if found is None:
+            return []
+        job_id, _, due_ms = found.decode().rpartition("|")
+        outcome = "ok" if isinstance(message, ChatReply) else message.code.value
+        answer = message.text if isinstance(message, ChatReply) else message.message
+        await self.store.ended(job_id, int(due_ms) / 1000, outcome, answer)
+        job = await self.store.get(job_id)
+        if job is not None and job.deliver:
+            text = answer if outcome == "ok" else f"The job {job.name} did not finish ({outcome}): {answer}"
+            for target in job.deliver:  # each chat's channel sends it once (the key), whoever redelivers this
+                channel, _, chat = target.partition(":")
+                await self.bus.publish(self.bus.keys.channel_outbox(channel), ChannelSend(
+                    channel=channel, chat=chat, text=text[:64_000] or "(no answer)",
+                    key=f"{message.message_id}:{target}"))
+        await self.bus.redis.delete(key)
+        return []

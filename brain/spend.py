@@ -1,0 +1,341 @@
+"""The spend governor: what every model call costs, counted across all the Brains of a pool, and limits
+that no call can pass.
+
+Before a call, its cost bound (the prompt's tokens, counted generously, at the input price, plus the most
+it may write at the output price) is reserved in Redis, in one script, against every budget the call
+counts in: the pool's, its agent's and its identity's, each over a day and a month. A budget already
+reached (what was spent plus what calls in flight hold) refuses the call, which is then never made; so
+a budget is passed by at most the bound of the last call it admitted. After the call the provider's own
+token counts settle it: the bound is released and the real cost added. A Brain killed mid-call leaves
+its hold behind; holds lapse after a deadline and are swept by the next reservation.
+
+Amounts are integers of micro-dollars in Redis, so concurrent additions are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from brain.config import BrainSettings, LimitSettings
+from brain.llm import LOCAL, price_table
+from bus.metrics import Meter
+from bus.protocol import ChannelSend, ToolSpec
+from bus.streams import Bus
+
+log = logging.getLogger("brain.spend")
+
+MICRO = 1_000_000  # micro-dollars per dollar
+DAY_KEEP_S = 40 * 86_400
+MONTH_KEEP_S = 400 * 86_400
+PROMPT_MARGIN = 1.25  # the counted prompt tokens times this: tokenizers differ from cl100k by less
+MESSAGE_OVERHEAD = 8  # tokens a provider adds around each message
+THREAD_OVER_CHARS = 50_000  # a prompt longer than this is counted in a thread (it takes milliseconds)
+ALERTS_KEEP = 1000
+HELD_PAUSE_S = 0.05  # first wait for calls in flight to settle, doubling to 1 s
+
+# KEYS: holds, this hold, then the budgets. ARGV: now, deadline, bound, hold id, hold key prefix, then each
+# budget's limit (-1: none) and keep s. {0}: reserved; {i, spent, held}: budget i (1-based) is reached.
+RESERVE = """
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 50)
+for _, id in ipairs(expired) do
+  local hold = ARGV[5] .. id
+  local bound = tonumber(redis.call('HGET', hold, 'bound') or '0')
+  local held_in = redis.call('HGET', hold, 'keys')
+  if held_in then
+    for key in string.gmatch(held_in, '[^\\n]+') do redis.call('HINCRBY', key, 'held', -bound) end
+  end
+  redis.call('DEL', hold)
+  redis.call('ZREM', KEYS[1], id)
+end
+local n = #KEYS - 2
+for i = 1, n do
+  local limit = tonumber(ARGV[4 + 2 * i])
+  if limit >= 0 then
+    local spent = tonumber(redis.call('HGET', KEYS[2 + i], 'spent') or '0')
+    local held = tonumber(redis.call('HGET', KEYS[2 + i], 'held') or '0')
+    if spent + held >= limit then return {i, spent, held} end
+  end
+end
+for i = 1, n do
+  redis.call('HINCRBY', KEYS[2 + i], 'held', ARGV[3])
+  redis.call('EXPIRE', KEYS[2 + i], ARGV[5 + 2 * i])
+end
+redis.call('HSET', KEYS[2], 'bound', ARGV[3], 'keys', table.concat(KEYS, '\\n', 3))
+redis.call('EXPIRE', KEYS[2], math.ceil(tonumber(ARGV[2]) - tonumber(ARGV[1])) + 60)
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+return {0}
+"""
+# KEYS: holds, this hold (may be gone), then the budgets. ARGV: cost, hold id, model ('': a hold given
+# back, no call), prompt tokens, output tokens, then each budget's limit (-1: none) and keep s, then the
+# alert shares (per mille).
+# Returns {i, per mille, spent} for each alert share newly reached.
+SETTLE = """
+local bound = tonumber(redis.call('HGET', KEYS[2], 'bound') or '0')
+local held = redis.call('DEL', KEYS[2]) == 1
+redis.call('ZREM', KEYS[1], ARGV[2])
+local n = #KEYS - 2
+local reached = {}
+for i = 1, n do
+  local key = KEYS[2 + i]
+  if held then redis.call('HINCRBY', key, 'held', -bound) end
+  local spent = redis.call('HINCRBY', key, 'spent', ARGV[1])
+  if ARGV[3] ~= '' then
+    redis.call('HINCRBY', key, 'calls', 1)
+    redis.call('HINCRBY', key, 'input_tokens', ARGV[4])
+    redis.call('HINCRBY', key, 'output_tokens', ARGV[5])
+    redis.call('HINCRBY', key, 'model:' .. ARGV[3], ARGV[1])
+  end
+  redis.call('EXPIRE', key, ARGV[5 + 2 * i])
+  local limit = tonumber(ARGV[4 + 2 * i])
+  if limit >= 0 then
+    for s = 6 + 2 * n, #ARGV do
+      local share = tonumber(ARGV[s])
+      if spent * 1000 >= limit * share and redis.call('HSETNX', key, 'alerted:' .. share, 1) == 1 then
+        table.insert(reached, {i, share, spent})
+      end
+    end
+  end
+end
+return reached
+"""
+
+
+class BudgetExceeded(Exception):
+    """A call refused before it was made: the budget it would pass (named as its setting)."""
+
+
+@dataclass(frozen=True)
+class Price:
+    input_per_mtok: float
+    output_per_mtok: float
+
+    def micro(self, prompt_tokens: int, output_tokens: int) -> int:
+        """The cost of that many tokens, in micro-dollars (rounded up: a bound is never short)."""
+        return math.ceil(prompt_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok)
+
+
+@dataclass(frozen=True)
+class Budget:
+    name: str  # as its setting: brain.budget.agents.main.daily_usd
+    what: str  # as people say it: "the agent main's day"
+    key: str
+    limit: int  # micro-dollars; -1: none (only counted)
+    keep_s: int
+    scope: str = ""  # pool, agent:<id>, identity:<name>
+    period: str = ""  # day:2026-12-01, month:2026-12
+
+
+@dataclass
+class Hold:
+    hold_id: str
+    budgets: list[Budget] = field(default_factory=list)
+    bound: int = 0
+
+
+class Governor:
+    def __init__(self, bus: Bus, settings: BrainSettings, meter: Meter, *, clock: Any = time.time) -> None:
+        self.bus, self.settings, self.meter, self.clock = bus, settings, meter, clock
+        self.budget = settings.budget
+        self.limited = self.budget.limited()
+        self.zone = ZoneInfo(self.budget.timezone)
+        self._reserve = bus.redis.register_script(RESERVE)
+        self._settle = bus.redis.register_script(SETTLE)
+
+    # --- what a call counts in ---
+
+    def budgets(self, agent: str, identity: str) -> list[Budget]:
+        """Every budget a call of ``agent`` for ``identity`` counts in (limited or only counted), day and month."""
+        now = datetime.fromtimestamp(self.clock(), self.zone)
+        day, month = f"day:{now:%Y-%m-%d}", f"month:{now:%Y-%m}"
+        named = self.budget.identities.get(identity)
+        groups: list[tuple[str, str, str, LimitSettings]] = [
+            ("pool", "brain.budget", "the pool's", LimitSettings(daily_usd=self.budget.daily_usd,
+                                                                monthly_usd=self.budget.monthly_usd)),
+            (f"agent:{agent}", f"brain.budget.agents.{agent}", f"the agent {agent}'s",
+             self.budget.agents.get(agent) or LimitSettings()),
+            (f"identity:{identity}",
+             f"brain.budget.identities.{identity}" if named else "brain.budget.per_identity",
+             f"{identity}'s", named or self.budget.per_identity)]
+        found = []
+        for scope, setting, whose, limits in groups:
+            for period, field_name, word, usd, keep in ((day, "daily_usd", "day", limits.daily_usd, DAY_KEEP_S),
+                                                        (month, "monthly_usd", "month", limits.monthly_usd,
+                                                         MONTH_KEEP_S)):
+                found.append(Budget(name=f"{setting}.{field_name}", what=f"{whose} {word}",
+                                    key=self.bus.keys.spend(period, scope),
+                                    limit=-1 if usd is None else round(usd * MICRO), keep_s=keep,
+                                    scope=scope, period=period))
+        return found
+
+    def price(self, model: str) -> Price | None:
+        """The configured price, else litellm's table's; the local model is free; None: unknown."""
+        configured = self.settings.prices.get(model)
+        if configured is not None:
+            return Price(configured.input_per_mtok, configured.output_per_mtok)
+        if model == LOCAL or model.startswith("local/"):
+            return Price(0.0, 0.0)
+        return table_price(model)
+
+    # --- before and after a call ---
+
+    async def reserve(self, agent: str, identity: str, models: list[str], messages: list[dict[str, Any]],
+                      tools: list[ToolSpec]) -> Hold | None:
+        """The call's bound held in every budget it counts in (None when no limit applies: only counted after);
+        BudgetExceeded when one is reached."""
+        if not self.limited:
+            return None
+        prices = [(model, self.price(model)) for model in models]
+        unpriced = [model for model, price in prices if price is None]
+        if unpriced:
+            raise BudgetExceeded(f"model {unpriced[0]} has no price, so no call of it can be held to brain.budget: "
+                                 f"set brain.prices.{unpriced[0]} (input_per_mtok and output_per_mtok, USD)")
+        prompt = await prompt_bound(messages, tools)
+        bound = max(price.micro(prompt, self.budget.max_output_tokens) for _, price in prices if price)
+        hold = Hold(hold_id=uuid.uuid4().hex, budgets=self.budgets(agent, identity), bound=bound)
+        keys = [self.bus.keys.spend_holds, self.bus.keys.spend_hold(hold.hold_id), *(b.key for b in hold.budgets)]
+        give_up, pause = time.monotonic() + self._longest_call_s(), HELD_PAUSE_S
+        while True:
+            now = self.clock()
+            args: list[Any] = [now, now + self._longest_call_s(), bound, hold.hold_id, self.bus.keys.spend_hold("")]
+            for budget in hold.budgets:
+                args.extend((budget.limit, budget.keep_s))
+            said = await self._reserve(keys=keys, args=args)
+            if int(said[0]) == 0:
+                return hold
+            reached, spent, held = hold.budgets[int(said[0]) - 1], int(said[1]), int(said[2])
+            if spent >= reached.limit or time.monotonic() > give_up:
+                break
+            # Not spent yet, but calls in flight hold the rest: wait for them to settle (at the edge of a
+            # budget calls go one at a time, so it is passed by one call's cost at most).
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+        self.meter.count("pincer_budget_refusals", reached.name)
+        raise BudgetExceeded(f"{reached.what} budget is spent: ${spent / MICRO:.4f} of ${reached.limit / MICRO:.2f}"
+                             + (f" (${held / MICRO:.4f} more held by calls in flight)" if held else "")
+                             + f"; no model call is made until it renews, or {reached.name} is raised")
+
+    async def settle(self, hold: Hold | None, agent: str, identity: str, model: str, usage: dict[str, Any]) -> float:
+        """The call's real cost (the provider's token counts at the model's price) recorded, its hold released,
+        and each alert share newly reached told once; the cost in USD."""
+        prompt, output = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        price = self.price(model)
+        cost = price.micro(prompt, output) if price else 0
+        budgets = hold.budgets if hold else self.budgets(agent, identity)
+        hold_id = hold.hold_id if hold else uuid.uuid4().hex
+        args: list[Any] = [cost, hold_id, model, prompt, output]
+        for budget in budgets:
+            args.extend((budget.limit, budget.keep_s))
+        args.extend(round(share * 1000) for share in self.budget.alerts)
+        reached = await self._settle(keys=[self.bus.keys.spend_holds, self.bus.keys.spend_hold(hold_id),
+                                           *(b.key for b in budgets)], args=args)
+        if model:
+            self.meter.count("pincer_model_cost_usd", model, agent, identity, value=cost / MICRO)
+        for index, share, spent in reached:
+            await self._alert(budgets[int(index) - 1], int(share) / 1000, int(spent))
+        return cost / MICRO
+
+    async def release(self, hold: Hold | None) -> None:
+        """A call that was never made (or failed before the provider counted anything): its hold given back."""
+        if hold is not None:
+            await self.settle(hold, "", "", "", {})
+
+    async def _alert(self, budget: Budget, share: float, spent: int) -> None:
+        text = (f"{budget.what} budget is {share:.0%} spent: ${spent / MICRO:.2f} of ${budget.limit / MICRO:.2f} "
+                f"({budget.name})")
+        log.warning("budget alert: %s", text)
+        self.meter.count("pincer_budget_alerts", budget.name, f"{share:g}")
+        await self.bus.redis.xadd(self.bus.keys.alerts, {"kind": "budget", "budget": budget.name, "share": share,
+                                                         "spent_usd": spent / MICRO, "limit_usd": budget.limit / MICRO,
+                                                         "text": text, "at": self.clock()},
+                                  maxlen=ALERTS_KEEP, approximate=True)
+        for target in self.budget.notify:  # the channel sends it once (the key), whoever tells it again
+            channel, _, chat = target.partition(":")
+            await self.bus.publish(self.bus.keys.channel_outbox(channel), ChannelSend(
+                channel=channel, chat=chat, text=f"Pincer: {text}", key=f"alert:{budget.key}:{share:g}"))
+
+    def _longest_call_s(self) -> float:
+        """How long a call may take with its retries and fallbacks: past this its hold has lapsed."""
+        tries = (self.settings.llm_retries + 1) * (len(self.settings.fallbacks) + 1)
+        return self.settings.llm_timeout_s * tries + 60.0
+
+
+async def prompt_bound(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> int:
+    """The prompt's tokens, counted with cl100k over its JSON (quotes and keys included) and widened by
+    PROMPT_MARGIN: above what any provider's tokenizer counts for it."""
+    text = json.dumps(messages, ensure_ascii=False) + json.dumps([spec.model_dump() for spec in tools])
+    count = await asyncio.to_thread(_tokens, text) if len(text) > THREAD_OVER_CHARS else _tokens(text)
+    return math.ceil(count * PROMPT_MARGIN) + MESSAGE_OVERHEAD * (len(messages) + len(tools)) + 16
+
+
+def _tokens(text: str) -> int:
+    return len(_encoding().encode(text, disallowed_special=()))
+
+
+@cache
+def _encoding() -> Any:
+    """tiktoken's cl100k, from the copy litellm ships (tiktoken would otherwise fetch it from the internet)."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is not None and spec.submodule_search_locations:
+        bundled = Path(next(iter(spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"
+        os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(bundled))
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base")
+
+
+def table_price(model: str) -> Price | None:
+    """litellm's price for a model, by its full name or without the provider's prefix."""
+    table = price_table()
+    for name in (model, model.partition("/")[2]):
+        info = table.get(name) if name else None
+        if isinstance(info, dict) and info.get("input_cost_per_token") is not None:
+            return Price(float(info["input_cost_per_token"]) * MICRO,
+                         float(info.get("output_cost_per_token") or 0) * MICRO)
+    return None
+
+
+async def report(bus: Bus, settings: BrainSettings, *, clock: Any = time.time) -> dict[str, Any]:
+    """What `pincer budget` shows: this day's and month's spend per scope (the pool, every agent and identity
+    that spent or has a limit), what is left of each limit, and the latest alerts."""
+    governor = Governor(bus, settings, Meter(), clock=clock)
+    scopes = {"pool", *(f"agent:{a}" for a in {"main", *settings.agents, *settings.budget.agents}),
+              *(f"identity:{i}" for i in settings.budget.identities)}
+    now = datetime.fromtimestamp(clock(), governor.zone)
+    for period in (f"day:{now:%Y-%m-%d}", f"month:{now:%Y-%m}"):
+        prefix = bus.keys.spend(period, "")
+        async for key in bus.redis.scan_iter(match=f"{prefix}*", count=500):
+            scopes.add(key.decode().removeprefix(prefix))
+    rows = []
+    for scope in sorted(scopes, key=lambda s: (s != "pool", s)):
+        kind, _, name = scope.partition(":")
+        for budget in governor.budgets(name if kind == "agent" else "-", name if kind == "identity" else "-"):
+            if budget.scope != scope:
+                continue
+            raw: dict[bytes, bytes] = await bus.redis.hgetall(budget.key)  # type: ignore[assignment]  # bytes
+            got = {k.decode(): int(v) for k, v in raw.items() if not k.startswith(b"alerted:")}
+            limit = None if budget.limit < 0 else budget.limit / MICRO
+            spent = got.get("spent", 0) / MICRO
+            rows.append({"scope": scope, "period": budget.period,
+                         "budget": budget.name, "spent_usd": round(spent, 6),
+                         "held_usd": round(got.get("held", 0) / MICRO, 6), "limit_usd": limit,
+                         "left_usd": None if limit is None else round(max(0.0, limit - spent), 6),
+                         "calls": got.get("calls", 0), "input_tokens": got.get("input_tokens", 0),
+                         "output_tokens": got.get("output_tokens", 0),
+                         "models": {k.removeprefix("model:"): v / MICRO for k, v in got.items()
+                                    if k.startswith("model:")}})
+    alerts: list[tuple[bytes, dict[bytes, bytes]]] = await bus.redis.xrevrange(bus.keys.alerts, count=20)  # type: ignore[assignment]  # bytes
+    return {"timezone": settings.budget.timezone, "budgets": rows,
+            "alerts": [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in alerts]}

@@ -1,0 +1,103 @@
+"""`pincer cron`: scheduled jobs, through the Gateway as the identity of the token used (the owner's by
+default, as `pincer chat`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from bus.config import Config
+
+ACTIONS = ("add", "list", "show", "pause", "resume", "rm", "run", "runs")
+
+
+def command(args: argparse.Namespace, config: Config) -> int:
+    from gateway.cli.credentials import caller_token
+    from gateway.config import GatewaySettings
+
+    settings = config.section("gateway", GatewaySettings)
+    if args.action not in ("list",) and not args.name:
+        print(f"pincer: error: `pincer cron {args.action}` needs the job's NAME", file=sys.stderr)
+        return 2
+    if args.action == "add" and not args.message:
+        print("pincer: error: `pincer cron add` needs --message TEXT (what the agent is asked each time)",
+              file=sys.stderr)
+        return 2
+    base = (args.url or settings.url).rstrip("/")
+    token = caller_token(args, config, settings)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+            response = _call(client, args)
+    except httpx.HTTPError as exc:
+        print(f"pincer: error: cannot reach the Gateway at {base} ({exc}); is `pincer up` running?", file=sys.stderr)
+        return 1
+    if response.status_code >= 400:
+        try:
+            said = response.json().get("error", {}).get("message") or response.text
+        except ValueError:
+            said = response.text
+        print(f"pincer: error: {said}", file=sys.stderr)
+        return 1
+    found = response.json()
+    if args.json:
+        print(json.dumps(found, indent=2))
+    else:
+        _show(Console(), args.action, found)
+    return 0
+
+
+def _call(client: httpx.Client, args: argparse.Namespace) -> httpx.Response:
+    name = args.name
+    if args.action == "add":
+        body: dict[str, Any] = {"name": name, "message": args.message or "", "tz": args.tz, "agent": args.agent,
+                                "catch_up": args.catch_up, "window": args.window, "deliver": args.deliver or []}
+        if args.session:
+            body["session"] = args.session
+        for kind in ("every", "cron", "at"):
+            if getattr(args, kind):
+                body[kind] = getattr(args, kind)
+        return client.post("/v1/cron", json=body)
+    if args.action == "list":
+        return client.get("/v1/cron")
+    if args.action == "show":
+        return client.get(f"/v1/cron/{name}")
+    if args.action == "rm":
+        return client.delete(f"/v1/cron/{name}")
+    if args.action == "runs":
+        return client.get(f"/v1/cron/{name}/runs", params={"limit": args.limit})
+    return client.post(f"/v1/cron/{name}/{args.action}")
+
+
+def _when(moment: float | None) -> str:
+    return datetime.fromtimestamp(moment).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z") if moment else "-"
+
+
+def _show(console: Console, action: str, found: dict[str, Any]) -> None:
+    if action == "list":
+        table = Table("name", "schedule", "next due", "agent", "session", "state", title="Jobs")
+        for job in found["jobs"]:
+            table.add_row(job["name"], job["schedule"], _when(job["next_due"]), job["agent"], job["session_id"],
+                          "paused" if job["paused"] else "active")
+        console.print(table if found["jobs"] else "no jobs (pincer cron add NAME --every 30m --message TEXT)")
+    elif action == "runs":
+        table = Table("due", "status", "fired", "outcome", "turn", "why / answer", title=f"Runs of {found['job']}")
+        for run in found["runs"]:
+            table.add_row(_when(run["due"]), run["status"], _when(run["fired_at"]), run["outcome"] or "-",
+                          run["turn"] or "-", (run["reason"] or run["answer"])[:80])
+        console.print(table)
+    elif action == "run":
+        console.print(f"fired by hand: turn {found['turn']} (pincer cron runs shows its outcome)")
+    elif action == "rm":
+        console.print(f"removed {found['removed']}")
+    else:
+        console.print(f"{found['id']}: {found['schedule']}, next due {_when(found['next_due'])}, "
+                      f"{'paused' if found['paused'] else 'active'}; runs as {found['owner']} in "
+                      f"{found['session_id']} (agent {found['agent']})")

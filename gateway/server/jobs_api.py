@@ -1,0 +1,153 @@
+"""``/v1/cron``: an identity's scheduled jobs, made, listed, paused, run and read back (what `pincer cron`
+calls). A job belongs to the caller's identity and runs as it; only an operator may deliver answers to
+chats other than the caller's own."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bus.protocol import ErrorCode
+from gateway.server.errors import Refused, not_found
+from gateway.server.handling import caller, read_json
+from gateway.tokens import Identity
+from memory.jobs import CatchUp, Job, JobExists, JobStore, Schedule, as_json, parse_duration
+
+SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+CHAT_SCOPE_MAX_JOBS = 20  # jobs one non-operator identity may keep
+CHAT_SCOPE_MIN_EVERY_S = 60.0  # and how often the most frequent may run
+EXAMPLE = '{"name": "morning", "cron": "0 8 * * 1-5", "tz": "Europe/Berlin", "message": "What is on today?"}'
+
+
+class NewJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    message: str
+    every: str | None = None  # a duration: 10s, 30m, 2h
+    cron: str | None = None
+    tz: str = "UTC"
+    at: str | None = None  # ISO 8601; without an offset, in ``tz``
+    agent: str = "main"
+    session: str = ""
+    deliver: list[str] = []
+    catch_up: CatchUp = "run_once"
+    window: str = "1h"
+
+
+class JobRoutes:
+    def __init__(self, store: JobStore, agents_for: Any) -> None:
+        self.store, self.agents_for = store, agents_for
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/cron", self.list_jobs, methods=["GET"]),
+                Route("/v1/cron", self.add, methods=["POST"]),
+                Route("/v1/cron/{name}", self.show, methods=["GET"]),
+                Route("/v1/cron/{name}", self.remove, methods=["DELETE"]),
+                Route("/v1/cron/{name}/runs", self.runs, methods=["GET"]),
+                Route("/v1/cron/{name}/{action}", self.act, methods=["POST"])]
+
+    async def list_jobs(self, request: Request) -> Response:
+        identity = caller(request)
+        jobs = await self.store.all(owner=identity.name)
+        return JSONResponse({"jobs": [as_json(job, next_due=await self.store.next_due(job.id)) for job in jobs]})
+
+    async def add(self, request: Request) -> Response:
+        identity = caller(request)
+        body = await read_json(request, NewJob, example=EXAMPLE)
+        job = self._job(identity, body)
+        if body.agent not in await self.agents_for(identity):
+            raise Refused(403, ErrorCode.FORBIDDEN, f"this token may not use agent {body.agent!r}")
+        if not identity.operator:
+            if len(await self.store.all(owner=identity.name)) >= CHAT_SCOPE_MAX_JOBS:
+                raise Refused(403, ErrorCode.FORBIDDEN, f"this identity already has {CHAT_SCOPE_MAX_JOBS} jobs, the "
+                              "most a chat token may keep; remove one first")
+            if job.schedule.period_s(time.time()) < CHAT_SCOPE_MIN_EVERY_S:
+                raise Refused(403, ErrorCode.FORBIDDEN, f"a chat token's job may run every "
+                              f"{CHAT_SCOPE_MIN_EVERY_S:g}s at most often; an operator token may go below")
+            foreign = [target for target in job.deliver if target != identity.name]
+            if foreign:
+                raise Refused(403, ErrorCode.FORBIDDEN, f"only an operator token may deliver to {foreign[0]}: a "
+                              f"chat identity may deliver only to its own chat ({identity.name})")
+        try:
+            first = await self.store.add(job)
+        except JobExists as exc:
+            raise Refused(409, ErrorCode.BAD_REQUEST, str(exc)) from None
+        except ValueError as exc:
+            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
+        return JSONResponse(as_json(job, next_due=first), status_code=201)
+
+    def _job(self, identity: Identity, body: NewJob) -> Job:
+        given = [kind for kind in ("every", "cron", "at") if getattr(body, kind) is not None]
+        if len(given) != 1:
+            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "give exactly one of every (10s, 30m, 2h), cron "
+                          "(\"0 8 * * 1-5\") or at (2026-12-24T18:00)")
+        if body.session and not SESSION_NAME.match(body.session):
+            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "session is a session's name: letters, digits, _ . -")
+        try:
+            schedule = Schedule(kind=given[0], tz=body.tz, anchor=time.time(), cron=body.cron,  # type: ignore[arg-type]
+                                every_s=parse_duration(body.every) if body.every else None,
+                                at=_instant(body.at, body.tz) if body.at else None)
+            return Job(name=body.name, owner=identity.name, agent=body.agent, schedule=schedule,
+                       message=body.message, session=body.session, deliver=body.deliver, catch_up=body.catch_up,
+                       window_s=parse_duration(body.window))
+        except ValidationError as exc:
+            raise Refused(400, ErrorCode.INVALID_ARGUMENTS,
+                          "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()[:5])) from None
+        except ValueError as exc:
+            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
+
+    async def _own(self, request: Request) -> Job:
+        identity, name = caller(request), request.path_params["name"]
+        job = await self.store.get(f"{identity.name}/{name}")
+        if job is None:
+            raise not_found(f"no job named {name!r} (pincer cron list shows yours)")
+        return job
+
+    async def show(self, request: Request) -> Response:
+        job = await self._own(request)
+        return JSONResponse(as_json(job, next_due=await self.store.next_due(job.id)))
+
+    async def remove(self, request: Request) -> Response:
+        job = await self._own(request)
+        await self.store.remove(job.id)
+        return JSONResponse({"removed": job.id})
+
+    async def runs(self, request: Request) -> Response:
+        job = await self._own(request)
+        try:
+            limit = max(1, min(500, int(request.query_params.get("limit", "50"))))
+        except ValueError:
+            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "limit is a number of records (1 to 500)") from None
+        found = await self.store.runs(job.id, limit=limit)
+        return JSONResponse({"job": job.id, "runs": [run.model_dump() for run in found]})
+
+    async def act(self, request: Request) -> Response:
+        action = request.path_params["action"]
+        if action not in ("pause", "resume", "run"):
+            raise not_found(f"no action {action!r} on a job: pause, resume or run")
+        job = await self._own(request)
+        if action == "run":
+            run = await self.store.run_now(job)
+            return JSONResponse(run.model_dump(), status_code=202)
+        changed = await self.store.set_paused(job, action == "pause")
+        return JSONResponse(as_json(changed, next_due=await self.store.next_due(job.id)))
+
+
+def _instant(text: str, tz: str) -> float:
+    """An ISO 8601 moment; one without an offset is read in ``tz``."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"at is an ISO 8601 date and time such as 2026-12-24T18:00, got {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=ZoneInfo(tz))
+    return moment.timestamp()

@@ -1,0 +1,65 @@
+"""The spend governor through the front door, with real Gateway, Brain and Hands processes and the scripted
+model priced by brain.prices: an identity's budget refuses its next call (no request reaches the model), the
+OpenAI SDK sees a 429 naming the budget, others go on, and `pincer budget` and /metrics show the spend."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.conftest import OWNER_TOKEN, Processes, gateway_client, wait_until
+from tests.e2e.conftest import create_token, start_stack
+from tests.e2e.test_observe import sample
+from tests.e2e.test_openai_api import client
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.e2e
+
+CALL_USD = (11 * 1000 + 7 * 1000) / 1e6  # the scripted model's usage (11 in, 7 out) at the prices below
+
+
+def test_an_identity_past_its_budget_is_refused_before_the_model_and_the_spend_is_shown(
+        processes: Processes, pincer_env: dict[str, str], scripted_llm: ScriptedLLM) -> None:
+    processes.env = {**pincer_env,
+                     "PINCER_BRAIN__PRICES": json.dumps({"openai/scripted": {"input_per_mtok": 1000,
+                                                                             "output_per_mtok": 1000}}),
+                     "PINCER_BRAIN__BUDGET__PER_IDENTITY__DAILY_USD": "0.05",
+                     "PINCER_BRAIN__BUDGET__MAX_OUTPUT_TOKENS": "64"}
+    start_stack(processes, hands=1)
+    alice = client(processes.env, create_token(processes, "alice"))
+    answers = 0
+    with pytest.raises(openai.RateLimitError) as refused:
+        for n in range(10):
+            alice.chat.completions.create(model="pincer", messages=[{"role": "user", "content": f"hello {n}"}])
+            answers += 1
+    assert answers == 3  # $0.018 a call: the third passes $0.05, by less than one call
+    assert "BUDGET_EXCEEDED" in str(refused.value) and "brain.budget.per_identity.daily_usd" in str(refused.value)
+    asked = len(scripted_llm.requests)
+    with pytest.raises(openai.RateLimitError):
+        alice.chat.completions.create(model="pincer", messages=[{"role": "user", "content": "please"}])
+    assert len(scripted_llm.requests) == asked  # refused before the model was called
+
+    owner = gateway_client(processes.env, token=OWNER_TOKEN)
+    assert owner.post("/v1/sessions/mine/messages", json={"text": "still here?"}).json()["text"] == \
+        "echo: still here?"
+
+    shown = processes.run("budget", "--json")
+    assert shown.returncode == 0, shown.stderr
+    rows = {(row["scope"], row["period"].split(":")[0]): row for row in json.loads(shown.stdout)["budgets"]}
+    day = rows[("identity:alice", "day")]
+    assert day["calls"] == 3 and day["limit_usd"] == 0.05 and day["left_usd"] == 0.0
+    assert day["spent_usd"] == pytest.approx(3 * CALL_USD) and day["held_usd"] == 0
+    assert rows[("pool", "day")]["calls"] == len(scripted_llm.requests) == 4
+    assert rows[("pool", "month")]["spent_usd"] == pytest.approx(4 * CALL_USD)
+    table = processes.run("budget")
+    assert "identity:alice" in table.stdout and "$0.0500" in table.stdout
+
+    def scraped() -> str | None:  # counters travel with the next heartbeat
+        text = owner.get("/metrics").text
+        return text if "pincer_budget_refusals" in text else None
+
+    text = wait_until(scraped, timeout=20, what="the governor's counters in /metrics")
+    assert sample(text, "pincer_model_cost_usd_total", identity="alice") == pytest.approx(3 * CALL_USD)
+    assert sample(text, "pincer_budget_refusals_total", budget="brain.budget.per_identity.daily_usd") == 2

@@ -1,0 +1,133 @@
+"""The jobs' scheduler on a real Redis, inside real Brains (a fake model): due instants fired once and
+recorded with their turn's outcome, two Brains never firing one instant twice, a fenced lease, pause and
+resume, and the catch-up of instants a stopped scheduler missed."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brain.config import BrainSettings, SchedulerSettings
+from brain.llm import Completion
+from brain.scheduler import Scheduler
+from brain.testing import FunctionModel
+from brain.worker import BrainWorker
+from bus.metrics import Meter
+from bus.protocol import ChatMessage
+from bus.streams import Bus
+from hands.config import HandsSettings
+from hands.worker import HandsWorker
+from memory.jobs import Job, JobStore, Schedule
+from tests.conftest import async_wait_until
+
+
+def answer(messages: list[dict[str, Any]], _tools: Any) -> Completion:
+    return Completion(text=f"done: {messages[-1]['content']}")
+
+
+@pytest.fixture
+async def brains(bus: Bus, tmp_path: Path):
+    running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+
+    async def start(count: int, **scheduler: Any) -> list[BrainWorker]:
+        settings = BrainSettings(model="fake/model", tools_list_timeout_s=2.0,
+                                 scheduler=SchedulerSettings(tick_s=0.2, lease_s=2.0, **scheduler))
+        workers: list[Any] = [HandsWorker(bus, HandsSettings(workspace=tmp_path), worker_id="hands-j",
+                                          heartbeat_s=0.5)]
+        made = [BrainWorker(bus, settings, instance_id=f"brain-j{n}", llm=FunctionModel(answer), heartbeat_s=0.5)
+                for n in range(count)]
+        for worker in [*workers, *made]:
+            stop = asyncio.Event()
+            running.append((stop, asyncio.create_task(worker.run(stop))))
+        return made
+
+    yield start
+    for stop, _ in running:
+        stop.set()
+    await asyncio.gather(*(task for _, task in running))
+
+
+def every(name: str, seconds: float, **fields: Any) -> Job:
+    return Job(name=name, owner="alice", message=f"tick from {name}",
+               schedule=Schedule(kind="every", every_s=seconds, anchor=time.time()), **fields)
+
+
+async def test_two_brains_fire_each_instant_once_and_record_its_outcome(bus: Bus, brains) -> None:
+    store = JobStore(bus)
+    await brains(2)
+    job = every("ping", 1.0)
+    await store.add(job)
+    runs = await async_wait_until(lambda: _ended(store, job.id, 3), timeout=30, what="three runs ended")
+    fired = [r for r in runs if r.status == "fired"]
+    assert len({r.due for r in runs}) == len(runs)  # one record per instant
+    assert all(r.outcome == "ok" and r.answer == "done: tick from ping" and r.turn for r in fired)
+    assert [round(b.due - a.due, 3) for a, b in itertools.pairwise(runs)] == [1.0] * (len(runs) - 1)
+    sent = [m for m in await _inbox(bus) if m.session_id == "alice/cron-ping"]
+    assert sorted(m.message_id for m in sent) == sorted(r.turn for r in fired)  # each sent once, as alice
+    assert {m.sender for m in sent} == {"alice"}
+
+
+async def test_paused_nothing_is_due_and_resumed_it_goes_on_from_now(bus: Bus, brains) -> None:
+    store = JobStore(bus)
+    await brains(1)
+    job = every("pausable", 1.0)
+    await store.add(job)
+    await async_wait_until(lambda: _ended(store, job.id, 1), timeout=30, what="a first run")
+    paused = await store.set_paused(job, True)
+    assert await store.next_due(job.id) is None  # not in the due set: no scheduler can fire it
+    assert (await store.get(job.id)).paused  # type: ignore[union-attr]
+    before = {r.due for r in await store.runs(job.id)}
+    resumed_at = time.time()
+    await store.set_paused(paused, False)
+    assert (await store.next_due(job.id) or 0) > resumed_at  # from now on, not what was missed meanwhile
+    runs = await async_wait_until(lambda: _ended(store, job.id, len(before) + 2), timeout=30,
+                                  what="runs after the resume")
+    assert all(r.status == "fired" and r.due > resumed_at for r in runs if r.due not in before)
+
+
+async def test_a_scheduler_that_lost_its_lease_cannot_fire(bus: Bus) -> None:
+    store = JobStore(bus)
+    job = every("fenced", 60.0)
+    job.schedule.anchor = time.time() - 120
+    first = await store.add(job, now=job.schedule.anchor)  # due two minutes ago
+    scheduler = Scheduler(bus, SchedulerSettings(), instance_id="brain-old", meter=Meter())
+    assert await scheduler.lease.take()
+    await bus.redis.set(bus.keys.scheduler_lease, "brain-new")  # it stalled; another took the lease
+    await scheduler.tick()
+    assert await store.runs(job.id) == [] and await store.next_due(job.id) == pytest.approx(first, abs=0.001)
+    assert not scheduler.lease.held and not await _inbox(bus)
+
+
+async def test_instants_missed_while_no_scheduler_ran_follow_the_catch_up_policy(bus: Bus) -> None:
+    store = JobStore(bus)
+    now = time.time()
+    once, skip = every("once", 60.0), every("skipper", 60.0, catch_up="skip")
+    for job in (once, skip):
+        job.schedule.anchor = now - 600  # due ten minutes ago: ten instants and one on time
+        await store.add(job, now=now - 600)
+    scheduler = Scheduler(bus, SchedulerSettings(grace_s=5), instance_id="brain-back", meter=Meter())
+    assert await scheduler.lease.take()
+    await scheduler.tick()
+    ran = await store.runs(once.id)
+    assert [r.status for r in ran].count("fired") == 1 and len(ran) == 11 and ran[-1].status == "fired"
+    assert all("catch-up run_once" in r.reason for r in ran[:-1])
+    skipped = await store.runs(skip.id)
+    assert [r.status for r in skipped] == ["skipped"] * 10 + ["fired"]  # the on-time one still runs
+    assert (await store.next_due(once.id) or 0) > now
+
+
+async def _ended(store: JobStore, job_id: str, count: int) -> list[Any] | None:
+    runs = await store.runs(job_id)
+    return runs if len([r for r in runs if r.outcome]) >= count else None
+
+
+async def _inbox(bus: Bus) -> list[ChatMessage]:
+    from bus.codec import decode
+
+    entries = await bus.redis.xrange(bus.keys.brain_inbox)
+    return [m for _, fields in entries if isinstance(m := decode(fields), ChatMessage)]
