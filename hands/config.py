@@ -134,8 +134,10 @@ class ToolRules(Section):
 
 class ToolPolicySettings(ToolRules):
     profile: str | None = "full"
-    owner_only: list[str] = Field(default_factory=list)  # tools only owners may use
-    owners: list[str] = Field(default_factory=list)  # sender ids that count as owners
+    # Tools only owners may use: scheduling jobs, by default (a job runs unattended, as its maker).
+    owner_only: list[str] = Field(default_factory=lambda: ["schedule"])
+    # Sender ids that count as owners: the configured token's identity ("owner"), by default.
+    owners: list[str] = Field(default_factory=lambda: ["owner"])
     agents: dict[str, ToolRules] = Field(default_factory=dict)  # per-agent layers, narrowing the global one
 
 

@@ -46,6 +46,7 @@ from hands.workspace import Workspace
 
 if TYPE_CHECKING:  # the worker's services, passed in (they import nothing of the executor)
     from hands.seams import ApprovalAsking, JobKeeping, NoteKeeping, PoolGates, Sandboxing
+    from memory.jobs import JobStore
 
 log = logging.getLogger("hands.executor")
 
@@ -73,7 +74,8 @@ class Executor:
     def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str,
                  memory: NoteKeeping | None = None, sandbox: Sandboxing | None = None, jobs: JobKeeping | None = None,
                  approvals: ApprovalAsking | None = None, pool: PoolGates | None = None,
-                 progress: ProgressSink = _drop_progress, meter: Meter | None = None) -> None:
+                 progress: ProgressSink = _drop_progress, meter: Meter | None = None,
+                 schedules: JobStore | None = None) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
         # Resolved once, not per call; files it creates belong to the sandbox's uid.
         self.workspace = Workspace(settings.workspace, owner=sandbox.owner if sandbox else None)
@@ -82,6 +84,7 @@ class Executor:
         self._retry_policy = settings.retry
         self.tool_policy = ToolPolicy(settings.tools)
         self.memory, self.sandbox, self.jobs, self.progress = memory, sandbox, jobs, progress
+        self.schedules = schedules
         self.meter = meter or Meter()  # what /metrics shows of this worker's calls (sent with its heartbeat)
         self.approvals = approvals
         self.pool = pool  # limits across every worker, when configured
@@ -234,7 +237,8 @@ class Executor:
         return ToolContext(call_id=call.call_id, session_id=call.session_id, agent_id=call.agent_id,
                            worker_id=self.worker_id, settings=self.settings, workspace=self.workspace,
                            memory=self.memory, sandbox=self.sandbox, policy=self.policy, jobs=self.jobs,
-                           approvals=self.approvals, call=call, send_progress=self._progress_sender(call))
+                           approvals=self.approvals, call=call, send_progress=self._progress_sender(call),
+                           schedules=self.schedules)
 
     def _progress_sender(self, call: ToolExecute) -> Callable[[str], Awaitable[Any]]:
         started = time.monotonic()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the services a handler may use, as Protocols (hands/seams.p
     from bus.protocol import ToolExecute
     from hands.permissions import PermissionPolicy
     from hands.seams import ApprovalAsking, JobKeeping, NoteKeeping, Sandboxing
+    from memory.jobs import JobStore
 
 class Category(StrEnum):
     FILE = "file_operation"
@@ -68,6 +69,7 @@ class ToolContext:
     sandbox: Sandboxing | None = None  # for tools that run commands
     policy: PermissionPolicy | None = None  # for tools that check each target themselves
     jobs: JobKeeping | None = None  # for commands that outlive their call
+    schedules: JobStore | None = None  # the scheduled jobs (the schedule tool)
     approvals: ApprovalAsking | None = None  # for commands that may need a person's yes
     call: ToolExecute | None = None  # the tool:execute being served
     send_progress: SendProgress | None = None

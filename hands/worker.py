@@ -46,6 +46,7 @@ from hands.sandbox.runner import Sandbox
 from hands.skills import SkillReport, load_skills, skill_reader
 from hands.tools import builtin_tools
 from hands.workspace import Workspace
+from memory.jobs import JobStore
 from memory.longterm import LongTermMemory
 
 log = logging.getLogger("hands.worker")
@@ -85,7 +86,7 @@ class HandsWorker:
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
                                  approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys), pool=self.pool,
-                                 progress=self._progress, meter=self.meter)
+                                 progress=self._progress, meter=self.meter, schedules=JobStore(bus))
         self.mcp = McpServers(settings.mcp, self.registry, self.sandbox, bus=bus, worker_id=worker_id,
                               on_change=self._tools_changed)
         self.presence = Presence(bus, "hands", worker_id, interval_s=heartbeat_s, details=self._details)

@@ -32,6 +32,10 @@ DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 MIN_EVERY_S = 1.0
 RUNS_KEPT = 500  # records kept per job (the oldest dropped)
+# What a non-operator identity may schedule (through /v1/cron, or the agent's schedule tool for a sender
+# who is not an owner): this many jobs, none more often than this.
+GUEST_MAX_JOBS = 20
+GUEST_MIN_EVERY_S = 60.0
 TURN_KEEP_S = 7 * 86_400  # how long a job's turn waits for its outcome to be recorded
 CatchUp = Literal["run_once", "skip", "all"]
 Status = Literal["fired", "skipped", "missed", "failed"]
@@ -173,6 +177,19 @@ class Run(BaseModel):
 
 class JobExists(Exception):
     pass
+
+
+def guest_refusal(job: Job, existing: int) -> str | None:
+    """Why an identity that is not an operator may not keep this job (None: it may)."""
+    if existing >= GUEST_MAX_JOBS:
+        return f"this identity already has {GUEST_MAX_JOBS} jobs, the most it may keep; remove one first"
+    if job.schedule.period_s(time.time()) < GUEST_MIN_EVERY_S:
+        return f"a job may run every {GUEST_MIN_EVERY_S:g}s at most often for this identity (an operator may go below)"
+    foreign = [target for target in job.deliver if target != job.owner]
+    if foreign:
+        return (f"only an operator may deliver to {foreign[0]}: an identity may deliver only to its own chat "
+                f"({job.owner})")
+    return None
 
 
 class JobStore:

@@ -19,11 +19,9 @@ from bus.protocol import ErrorCode
 from gateway.server.errors import Refused, not_found
 from gateway.server.handling import caller, read_json
 from gateway.tokens import Identity
-from memory.jobs import CatchUp, Job, JobExists, JobStore, Schedule, as_json, parse_duration
+from memory.jobs import CatchUp, Job, JobExists, JobStore, Schedule, as_json, guest_refusal, parse_duration
 
 SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-CHAT_SCOPE_MAX_JOBS = 20  # jobs one non-operator identity may keep
-CHAT_SCOPE_MIN_EVERY_S = 60.0  # and how often the most frequent may run
 EXAMPLE = '{"name": "morning", "cron": "0 8 * * 1-5", "tz": "Europe/Berlin", "message": "What is on today?"}'
 
 
@@ -66,17 +64,8 @@ class JobRoutes:
         job = self._job(identity, body)
         if body.agent not in await self.agents_for(identity):
             raise Refused(403, ErrorCode.FORBIDDEN, f"this token may not use agent {body.agent!r}")
-        if not identity.operator:
-            if len(await self.store.all(owner=identity.name)) >= CHAT_SCOPE_MAX_JOBS:
-                raise Refused(403, ErrorCode.FORBIDDEN, f"this identity already has {CHAT_SCOPE_MAX_JOBS} jobs, the "
-                              "most a chat token may keep; remove one first")
-            if job.schedule.period_s(time.time()) < CHAT_SCOPE_MIN_EVERY_S:
-                raise Refused(403, ErrorCode.FORBIDDEN, f"a chat token's job may run every "
-                              f"{CHAT_SCOPE_MIN_EVERY_S:g}s at most often; an operator token may go below")
-            foreign = [target for target in job.deliver if target != identity.name]
-            if foreign:
-                raise Refused(403, ErrorCode.FORBIDDEN, f"only an operator token may deliver to {foreign[0]}: a "
-                              f"chat identity may deliver only to its own chat ({identity.name})")
+        if not identity.operator and (why := guest_refusal(job, len(await self.store.all(owner=identity.name)))):
+            raise Refused(403, ErrorCode.FORBIDDEN, why)
         try:
             first = await self.store.add(job)
         except JobExists as exc:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.conftest import TOOL_NAMES, Processes, gateway_client, gateway_url, wait_until
+from tests.conftest import OWNER_TOOL_NAMES, TOOL_NAMES, Processes, gateway_client, gateway_url, wait_until
 from tests.e2e.conftest import send, start_stack
 from tests.scripted_llm import ScriptedLLM
 
@@ -34,7 +34,7 @@ def test_a_chat_turn_reads_a_file_through_hands(stack: dict[str, str], scripted_
     # litellm really spoke HTTP to the model, offering the tools Hands announced.
     first = scripted_llm.requests[0]
     assert first["stream"] is True
-    assert sorted(t["function"]["name"] for t in first["tools"]) == TOOL_NAMES
+    assert sorted(t["function"]["name"] for t in first["tools"]) == OWNER_TOOL_NAMES  # the owner's turn
     assert "tidy-notes" in first["messages"][0]["content"]  # the instruction skill is offered in the prompt
 
     with gateway_client(stack) as client:
@@ -66,7 +66,7 @@ def test_unknown_tool_and_invalid_arguments_reach_the_model(stack: dict[str, str
     body = send(stack, 'CALL teleport {"to": "mars"}\nCALL read_file {"path": 5}').json()
     teleport, read = body["text"].split("\n", 1)
     assert teleport.startswith("RESULT teleport:") and '"error": "TOOL_NOT_FOUND"' in teleport
-    assert "available tools: " + ", ".join(TOOL_NAMES) in teleport
+    assert "available tools: " + ", ".join(OWNER_TOOL_NAMES) in teleport
     assert '"error": "INVALID_ARGUMENTS"' in read and "path: 5 is not of type 'string'" in read
 
 

@@ -83,7 +83,7 @@ def test_a_chat_token_keeps_to_its_own_jobs_and_chats(processes: Processes, jobs
     assert refused.returncode == 1 and "every 60s at most often" in refused.stderr
     foreign = processes.run("cron", "add", "post", "--every", "1h", "--message", "x", "--deliver",
                             f"telegram:{CHAT}", extra_env={"PINCER_TOKEN": alice})
-    assert foreign.returncode == 1 and "only an operator token may deliver to telegram:4242" in foreign.stderr
+    assert foreign.returncode == 1 and "only an operator may deliver to telegram:4242" in foreign.stderr
     bad = processes.run("cron", "add", "typo", "--cron", "every day", "--message", "x",
                         extra_env={"PINCER_TOKEN": alice})
     assert bad.returncode == 1 and "is not a cron expression" in bad.stderr

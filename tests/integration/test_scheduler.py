@@ -131,3 +131,38 @@ async def _inbox(bus: Bus) -> list[ChatMessage]:
 
     entries = await bus.redis.xrange(bus.keys.brain_inbox)
     return [m for _, fields in entries if isinstance(m := decode(fields), ChatMessage)]
+
+
+async def test_the_schedule_tool_makes_lists_and_cancels_its_senders_own_jobs(bus: Bus, engine, call) -> None:
+    await engine(tools={"owners": ["owner", "boss"]})
+    store = JobStore(bus)
+    refused = await call("schedule", {"action": "create", "name": "x", "every": "1h", "message": "m"},
+                         sender="telegram:42")
+    assert not refused.success and refused.error.code.value == "PERMISSION_DENIED"  # owner-only by default
+    made = await call("schedule", {"action": "create", "name": "standup", "cron": "0 8 * * 1-5",
+                                   "tz": "Europe/Berlin", "message": "What is on today?"}, sender="boss")
+    assert made.success and made.data["owner"] == "boss"
+    assert made.data["schedule"] == "cron '0 8 * * 1-5' (Europe/Berlin)"
+    assert (await store.get("boss/standup")) is not None and (await store.next_due("boss/standup") or 0) > time.time()
+    again = await call("schedule", {"action": "create", "name": "standup", "every": "2h", "message": "m"},
+                       sender="boss")
+    assert not again.success and "already exists" in again.error.message
+    bad = await call("schedule", {"action": "create", "name": "typo", "cron": "daily", "message": "m"},
+                     sender="boss")
+    assert not bad.success and "is not a cron expression" in bad.error.message
+    listed = await call("schedule", {"action": "list"}, sender="owner")
+    assert listed.data["jobs"] == []  # the owner's own list: not boss's
+    assert [j["name"] for j in (await call("schedule", {"action": "list"}, sender="boss")).data["jobs"]] == ["standup"]
+    assert (await call("schedule", {"action": "cancel", "name": "standup"}, sender="boss")).success
+    assert await store.get("boss/standup") is None
+
+
+async def test_a_chat_user_allowed_to_schedule_gets_answers_in_their_chat_within_limits(bus: Bus, engine, call) -> None:
+    await engine(tools={"owner_only": []})
+    quick = await call("schedule", {"action": "create", "name": "spam", "every": "10s", "message": "m"},
+                       sender="telegram:42")
+    assert not quick.success and "every 60s at most often" in quick.error.message
+    made = await call("schedule", {"action": "create", "name": "remind", "every": "1h", "message": "stretch"},
+                      sender="telegram:42")
+    assert made.success and made.data["deliver"] == ["telegram:42"] and made.data["session_id"] == \
+        "telegram:42/cron-remind"

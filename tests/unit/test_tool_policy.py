@@ -19,7 +19,8 @@ def allowed(settings: dict, *, agent: str = "main", sender: str = "") -> list[st
 
 
 def test_profiles() -> None:
-    assert allowed({}) == ALL  # full by default
+    assert allowed({}, sender="owner") == ALL  # full by default
+    assert allowed({}) == [n for n in ALL if n != "schedule"]  # owner-only by default: jobs run unattended
     assert allowed({"profile": "minimal"}) == ["memory_read", "memory_search", "memory_write"]
     coding = allowed({"profile": "coding"})
     assert "exec" in coding and "read_file" in coding and "web_fetch" not in coding

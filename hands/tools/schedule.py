@@ -1,0 +1,96 @@
+"""The schedule tool: the agent makes, lists and cancels its sender's own jobs (memory/jobs.py), which the
+Brains' scheduler then runs as that sender. A sender who is a chat user gets the answers in their chat."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from pydantic import ValidationError
+
+from bus.protocol import ErrorCode
+from hands.errors import ToolFailure
+from hands.registry import Category, ToolContext, ToolDefinition
+from memory.jobs import Job, JobExists, Schedule, as_json, guest_refusal, parse_duration
+
+CHANNELS = ("telegram", "slack", "discord", "matrix")  # identities whose own chat a job's answer can go to
+
+
+async def schedule(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    store, call = ctx.schedules, ctx.call
+    if store is None or call is None:
+        raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "scheduling is not available on this worker", retryable=False)
+    owner = call.sender
+    if not owner:
+        raise ToolFailure(ErrorCode.PERMISSION_DENIED, "this call has no sender: a job needs someone to run as")
+    action = args["action"]
+    if action == "list":
+        jobs = await store.all(owner=owner)
+        return {"jobs": [as_json(job, next_due=await store.next_due(job.id)) for job in jobs]}
+    name = args.get("name")
+    if not name:
+        raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"action {action} needs the job's name")
+    if action == "cancel":
+        if not await store.remove(f"{owner}/{name}"):
+            known = [job.name for job in await store.all(owner=owner)]
+            raise ToolFailure(ErrorCode.FILE_NOT_FOUND, f"no job named {name!r}; jobs: {', '.join(known) or '(none)'}")
+        return {"cancelled": name}
+    job = _job(owner, name, args, ctx)
+    if owner not in ctx.settings.tools.owners and (why := guest_refusal(job, len(await store.all(owner=owner)))):
+        raise ToolFailure(ErrorCode.PERMISSION_DENIED, why)
+    try:
+        first = await store.add(job)
+    except JobExists as exc:
+        raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, str(exc),
+                          suggestions=["cancel it first, or pick another name"]) from None
+    except ValueError as exc:
+        raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
+    return as_json(job, next_due=first)
+
+
+def _job(owner: str, name: str, args: dict[str, Any], ctx: ToolContext) -> Job:
+    given = [kind for kind in ("every", "cron", "at") if args.get(kind)]
+    if len(given) != 1:
+        raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, "give exactly one of every (10m, 2h), cron ('0 8 * * 1-5') "
+                          "or at (2026-12-24T18:00)")
+    if not args.get("message"):
+        raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, "create needs message: what to ask each time it runs")
+    tz = args.get("tz") or "UTC"
+    channel = owner.partition(":")[0]
+    try:
+        at = None
+        if args.get("at"):
+            moment = datetime.fromisoformat(args["at"])
+            at = (moment if moment.tzinfo else moment.replace(tzinfo=ZoneInfo(tz))).timestamp()
+        schedule = Schedule(kind=given[0], tz=tz, anchor=time.time(), cron=args.get("cron"), at=at,  # type: ignore[arg-type]
+                            every_s=parse_duration(args["every"]) if args.get("every") else None)
+        return Job(name=name, owner=owner, agent=ctx.agent_id, schedule=schedule, message=args["message"],
+                   deliver=[owner] if channel in CHANNELS else [])  # a chat user hears back in their chat
+    except ValidationError as exc:
+        raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, "; ".join(
+            str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()[:5])) from None
+    except ValueError as exc:
+        raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
+
+
+SCHEDULE_TOOLS = [
+    ToolDefinition(
+        name="schedule",
+        description=("Schedule a message to yourself, run later as the person you are talking to: create (name, "
+                     "message, and one of every like '30m', cron like '0 8 * * 1-5' with tz, or at like "
+                     "'2026-12-24T18:00'), list their jobs, or cancel one by name. A chat user gets the answers "
+                     "in their chat."),
+        parameters={"type": "object", "properties": {
+            "action": {"type": "string", "enum": ["create", "list", "cancel"]},
+            "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"},
+            "message": {"type": "string", "maxLength": 32_000},
+            "every": {"type": "string", "pattern": "^[0-9.]+[smhd]$"},
+            "cron": {"type": "string", "maxLength": 100},
+            "at": {"type": "string", "maxLength": 40},
+            "tz": {"type": "string", "maxLength": 64},
+        }, "required": ["action"], "additionalProperties": False},
+        handler=schedule, category=Category.MEMORY, idempotent=False,
+    ),
+]
