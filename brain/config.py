@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from bus.config import Section, time_zone
+from memory.jobs import parse_duration
 
 DEFAULT_INSTRUCTIONS = (
     "You are Pincer, a helpful assistant. You can act through the tools you are given; "
@@ -99,6 +100,28 @@ class SchedulerSettings(Section):
     grace_s: float = Field(default=60.0, gt=0)
 
 
+class HeartbeatSettings(Section):
+    """A periodic check-in of one agent: it reads a checklist and speaks only when there is something to say."""
+
+    every: str = "30m"  # a duration: 10m, 1h
+    # The checklist in the workspace the agent reads each time (like HEARTBEAT.md).
+    checklist: str = Field(default="HEARTBEAT.md", pattern=r"^[^/\x00][^\x00]{0,255}$")
+    # Chats its reports go to (CHANNEL:CHAT); a report is also in its session (owner/heartbeat-<agent>).
+    deliver: list[str] = Field(default_factory=list)
+    # Its own spend limit per day, besides the pool's and the owner's.
+    daily_usd: float | None = Field(default=0.25, ge=0)
+    # Not run while the owner has not talked to the agent for this long (null: run even so).
+    idle_after: str | None = "24h"
+    owner: str = "owner"  # the identity it runs as (its tools, policy and budgets)
+
+    @field_validator("every", "idle_after")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
+        return value
+
+
 class LocalModelSettings(Section):
     """The local model (``brain.model: local``), which `pincer up` runs as its own process."""
 
@@ -148,6 +171,16 @@ class BrainSettings(Section):
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     # Scheduled jobs (docs/jobs.md).
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    # Heartbeats by agent id (docs/jobs.md), e.g. {main: {every: 30m, deliver: [telegram:123]}}; none by default.
+    heartbeats: dict[str, HeartbeatSettings] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _heartbeats_of_known_agents(self) -> BrainSettings:
+        unknown = sorted(set(self.heartbeats) - set(self.agent_ids()))
+        if unknown:
+            raise ValueError(f"heartbeats names agent {unknown[0]!r}, which is not configured; agents: "
+                             f"{', '.join(self.agent_ids())} (add it under brain.agents)")
+        return self
 
     def for_agent(self, agent_id: str) -> BrainSettings | None:
         """This agent's settings (the section with its overrides), or None for an unknown agent."""

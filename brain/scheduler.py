@@ -17,17 +17,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from brain.config import SchedulerSettings
+from brain.config import HeartbeatSettings, SchedulerSettings
 from bus.codec import encode
 from bus.consumer import GroupConsumer
 from bus.lease import HOLDS, Lease
 from bus.log import kv
 from bus.metrics import Meter
 from bus.presence import alive
-from bus.protocol import ChannelSend, ChatError, ChatMessage, ChatReply, Message, new_id
+from bus.protocol import ChannelSend, ChatError, ChatReply, Message
 from bus.reaper import Reaper
 from bus.streams import CONNECTION_ERRORS, Bus
-from memory.jobs import TURN_KEEP_S, Job, JobStore, Run, due_field
+from memory.jobs import SILENT, TURN_KEEP_S, Job, JobStore, Run, Schedule, due_field, parse_duration
 
 log = logging.getLogger("brain.scheduler")
 
@@ -103,10 +103,29 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
 
 
+HEARTBEAT_PROMPT = (
+    "[Heartbeat: a scheduled check-in, nobody is waiting for you.] Read {checklist} in the workspace and do what "
+    "it asks. If there is nothing worth telling the person, answer exactly " + SILENT + " and nothing else; "
+    "otherwise answer with what they should know, briefly.")
+SYNC_EVERY_S = 60.0  # how often the holder brings the heartbeat jobs in step with the config
+
+
+def heartbeat_jobs(heartbeats: dict[str, HeartbeatSettings], *, now: float) -> list[Job]:
+    """The jobs the configured heartbeats are: one per agent, named heartbeat-<agent>, in a session of its own."""
+    return [Job(name=f"heartbeat-{agent}".lower()[:64], owner=beat.owner, agent=agent, heartbeat=True,
+                message=HEARTBEAT_PROMPT.format(checklist=beat.checklist), deliver=beat.deliver,
+                daily_usd=beat.daily_usd, catch_up="skip", session=f"heartbeat-{agent}",
+                idle_after_s=parse_duration(beat.idle_after) if beat.idle_after else None,
+                schedule=Schedule(kind="every", every_s=parse_duration(beat.every), anchor=now))
+            for agent, beat in sorted(heartbeats.items())]
+
+
 class Scheduler:
     def __init__(self, bus: Bus, settings: SchedulerSettings, *, instance_id: str, meter: Meter,
-                 clock: Any = time.time) -> None:
+                 clock: Any = time.time, heartbeats: dict[str, HeartbeatSettings] | None = None) -> None:
         self.bus, self.settings, self.instance_id, self.meter, self.clock = bus, settings, instance_id, meter, clock
+        self.heartbeats = heartbeats or {}
+        self._synced = 0.0
         self.store = JobStore(bus)
         self.lease = Lease(bus.redis, bus.keys.scheduler_lease, instance_id, ttl_ms=round(settings.lease_s * 1000))
         self._fire = bus.redis.register_script(FIRE)
@@ -149,6 +168,8 @@ class Scheduler:
         """Fire what is due; how long until the next look."""
         now = self.clock()
         await self.bus.redis.set(self.bus.keys.scheduler_tick, f"{now:.3f}")
+        if now - self._synced > SYNC_EVERY_S:
+            await self.sync_heartbeats(now)
         for job_id, due in await self.store.due(now):
             if not self.lease.held:
                 break
@@ -156,16 +177,47 @@ class Scheduler:
             if job is None:
                 await self.bus.redis.zrem(self.bus.keys.jobs_due, job_id)
                 continue
-            await self._claim(job, due, plan(job, due, now, grace_s=self.settings.grace_s), now)
+            decided = plan(job, due, now, grace_s=self.settings.grace_s)
+            if decided.fire and (idle := await self._idle_owner(job, now)):
+                decided.records += [Run(job=job.id, due=t, status="skipped", reason=idle) for t in decided.fire]
+                decided.fire = []
+            await self._claim(job, due, decided, now)
         upcoming = await self.bus.redis.zrange(self.bus.keys.jobs_due, 0, 0, withscores=True)
         until = float(upcoming[0][1]) / 1000 - self.clock() if upcoming else self.settings.tick_s
         return max(0.01, min(self.settings.tick_s, until))
 
+    async def sync_heartbeats(self, now: float) -> None:
+        """The heartbeat jobs in step with brain.heartbeats: new ones made, changed ones remade (their records
+        kept), ones no longer configured removed."""
+        wanted = {job.id: job for job in heartbeat_jobs(self.heartbeats, now=now)}
+        for job in await self.store.all():
+            if job.heartbeat and job.id not in wanted:
+                await self.store.remove(job.id)
+                log.info("heartbeat removed %s", kv(job=job.id))
+        for job_id, job in wanted.items():
+            found = await self.store.get(job_id)
+            same = found is not None and found.model_dump(exclude={"created_at", "schedule"}) == \
+                job.model_dump(exclude={"created_at", "schedule"}) and found.schedule.every_s == job.schedule.every_s
+            if not same:
+                await self.store.replace(job, now=now)
+                log.info("heartbeat set %s", kv(job=job_id, every=job.schedule.describe()))
+        self._synced = now
+
+    async def _idle_owner(self, job: Job, now: float) -> str:
+        """Why a heartbeat does not run now: its owner has not talked to the agent for idle_after_s ("": it runs)."""
+        if not job.heartbeat or job.idle_after_s is None:
+            return ""
+        seen: bytes | None = await self.bus.redis.get(self.bus.keys.identity_seen(job.owner))  # type: ignore[assignment]
+        if seen is not None and now - float(seen) <= job.idle_after_s:
+            return ""
+        since = "ever" if seen is None else f"{_ago(now - float(seen))}"
+        return (f"its owner {job.owner} has not talked to the agent for {since} (more than idle_after, "
+                f"{job.idle_after_s:g}s): a heartbeat does not run for an idle owner")
+
     async def _claim(self, job: Job, due: float, decided: Plan, now: float) -> None:
         fired = []
         for instant in decided.fire:
-            message = ChatMessage(session_id=job.session_id, message_id=new_id(), agent_id=job.agent,
-                                  sender=job.owner, text=job.message, reply_to=self.bus.keys.jobs_results)
+            message = job.turn(reply_to=self.bus.keys.jobs_results)
             fired.append((instant, message))
             decided.records.append(Run(job=job.id, due=instant, status="fired", fired_at=now,
                                        turn=message.message_id))
@@ -210,7 +262,8 @@ class Scheduler:
         answer = message.text if isinstance(message, ChatReply) else message.message
         await self.store.ended(job_id, int(due_ms) / 1000, outcome, answer)
         job = await self.store.get(job_id)
-        if job is not None and job.deliver:
+        silent = job is not None and job.heartbeat and outcome == "ok" and answer.strip().startswith(SILENT)
+        if job is not None and job.deliver and not silent:  # a heartbeat with nothing to report says nothing
             text = answer if outcome == "ok" else f"The job {job.name} did not finish ({outcome}): {answer}"
             for target in job.deliver:  # each chat's channel sends it once (the key), whoever redelivers this
                 channel, _, chat = target.partition(":")

@@ -34,6 +34,7 @@ from brain.llm import LOCAL, price_table
 from bus.metrics import Meter
 from bus.protocol import ChannelSend, ToolSpec
 from bus.streams import Bus
+from memory.jobs import Job, JobStore
 
 log = logging.getLogger("brain.spend")
 
@@ -151,13 +152,15 @@ class Governor:
         self.budget = settings.budget
         self.limited = self.budget.limited()
         self.zone = ZoneInfo(self.budget.timezone)
+        self.jobs = JobStore(bus)
         self._reserve = bus.redis.register_script(RESERVE)
         self._settle = bus.redis.register_script(SETTLE)
 
     # --- what a call counts in ---
 
-    def budgets(self, agent: str, identity: str) -> list[Budget]:
-        """Every budget a call of ``agent`` for ``identity`` counts in (limited or only counted), day and month."""
+    def budgets(self, agent: str, identity: str, job: Job | None = None) -> list[Budget]:
+        """Every budget a call of ``agent`` for ``identity`` (and ``job``) counts in, limited or only counted,
+        day and month."""
         now = datetime.fromtimestamp(self.clock(), self.zone)
         day, month = f"day:{now:%Y-%m-%d}", f"month:{now:%Y-%m}"
         named = self.budget.identities.get(identity)
@@ -169,12 +172,17 @@ class Governor:
             (f"identity:{identity}",
              f"brain.budget.identities.{identity}" if named else "brain.budget.per_identity",
              f"{identity}'s", named or self.budget.per_identity)]
+        if job is not None:
+            groups.append((f"job:{job.id}", f"the job {job.id}", f"the job {job.id}'s",
+                           LimitSettings(daily_usd=job.daily_usd)))
         found = []
         for scope, setting, whose, limits in groups:
             for period, field_name, word, usd, keep in ((day, "daily_usd", "day", limits.daily_usd, DAY_KEEP_S),
                                                         (month, "monthly_usd", "month", limits.monthly_usd,
                                                          MONTH_KEEP_S)):
-                found.append(Budget(name=f"{setting}.{field_name}", what=f"{whose} {word}",
+                named_as = f"{setting}.{field_name}" if job is None or scope != f"job:{job.id}" else \
+                    f"the daily_usd of {setting} (pincer cron add --daily-usd)"
+                found.append(Budget(name=named_as, what=f"{whose} {word}",
                                     key=self.bus.keys.spend(period, scope),
                                     limit=-1 if usd is None else round(usd * MICRO), keep_s=keep,
                                     scope=scope, period=period))
@@ -192,10 +200,11 @@ class Governor:
     # --- before and after a call ---
 
     async def reserve(self, agent: str, identity: str, models: list[str], messages: list[dict[str, Any]],
-                      tools: list[ToolSpec]) -> Hold | None:
+                      tools: list[ToolSpec], *, job: str | None = None) -> Hold | None:
         """The call's bound held in every budget it counts in (None when no limit applies: only counted after);
         BudgetExceeded when one is reached."""
-        if not self.limited:
+        scheduled = await self.jobs.get(job) if job else None
+        if not self.limited and (scheduled is None or scheduled.daily_usd is None):
             return None
         prices = [(model, self.price(model)) for model in models]
         unpriced = [model for model, price in prices if price is None]
@@ -204,7 +213,7 @@ class Governor:
                                  f"set brain.prices.{unpriced[0]} (input_per_mtok and output_per_mtok, USD)")
         prompt = await prompt_bound(messages, tools)
         bound = max(price.micro(prompt, self.budget.max_output_tokens) for _, price in prices if price)
-        hold = Hold(hold_id=uuid.uuid4().hex, budgets=self.budgets(agent, identity), bound=bound)
+        hold = Hold(hold_id=uuid.uuid4().hex, budgets=self.budgets(agent, identity, scheduled), bound=bound)
         keys = [self.bus.keys.spend_holds, self.bus.keys.spend_hold(hold.hold_id), *(b.key for b in hold.budgets)]
         give_up, pause = time.monotonic() + self._longest_call_s(), HELD_PAUSE_S
         while True:
@@ -227,13 +236,14 @@ class Governor:
                              + (f" (${held / MICRO:.4f} more held by calls in flight)" if held else "")
                              + f"; no model call is made until it renews, or {reached.name} is raised")
 
-    async def settle(self, hold: Hold | None, agent: str, identity: str, model: str, usage: dict[str, Any]) -> float:
+    async def settle(self, hold: Hold | None, agent: str, identity: str, model: str, usage: dict[str, Any], *,
+                     job: str | None = None) -> float:
         """The call's real cost (the provider's token counts at the model's price) recorded, its hold released,
         and each alert share newly reached told once; the cost in USD."""
         prompt, output = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
         price = self.price(model)
         cost = price.micro(prompt, output) if price else 0
-        budgets = hold.budgets if hold else self.budgets(agent, identity)
+        budgets = hold.budgets if hold else self.budgets(agent, identity, await self.jobs.get(job) if job else None)
         hold_id = hold.hold_id if hold else uuid.uuid4().hex
         args: list[Any] = [cost, hold_id, model, prompt, output]
         for budget in budgets:
@@ -321,7 +331,8 @@ async def report(bus: Bus, settings: BrainSettings, *, clock: Any = time.time) -
     rows = []
     for scope in sorted(scopes, key=lambda s: (s != "pool", s)):
         kind, _, name = scope.partition(":")
-        for budget in governor.budgets(name if kind == "agent" else "-", name if kind == "identity" else "-"):
+        job = await governor.jobs.get(name) if kind == "job" else None
+        for budget in governor.budgets(name if kind == "agent" else "-", name if kind == "identity" else "-", job):
             if budget.scope != scope:
                 continue
             raw: dict[bytes, bytes] = await bus.redis.hgetall(budget.key)  # type: ignore[assignment]  # bytes

@@ -189,7 +189,7 @@ class Turn:
         its real cost settled after, whatever happens to it."""
         deps, msg = self.deps, self.message
         spend = deps.spend
-        hold = await spend.reserve(msg.agent_id, msg.sender, self.models, shown, tools) if spend else None
+        hold = await spend.reserve(msg.agent_id, msg.sender, self.models, shown, tools, job=msg.job) if spend else None
         bound = {"max_output_tokens": deps.settings.budget.max_output_tokens} if hold else {}
         try:
             with otel.span(f"chat {self.model_name}", kind="client", gen_ai__operation__name="chat",
@@ -204,7 +204,7 @@ class Turn:
             raise
         if spend is not None:
             answered = self.models[min(len(completion.tried), len(self.models) - 1)]
-            self.cost_usd += await spend.settle(hold, msg.agent_id, msg.sender, answered, completion.usage)
+            self.cost_usd += await spend.settle(hold, msg.agent_id, msg.sender, answered, completion.usage, job=msg.job)
         return completion
 
     def _restore(self, turn: list[TranscriptEntry]) -> int:

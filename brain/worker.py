@@ -31,6 +31,7 @@ from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
 
 log = logging.getLogger("brain.worker")
+SEEN_KEEP_S = 90 * 86_400
 
 
 def default_llm(settings: BrainSettings) -> LLMClient | None:
@@ -78,8 +79,8 @@ class BrainWorker:
                                       aside=settings.max_waiting)
         # A turn whose Brain died is taken over (and resumed from its transcript) by another Brain.
         self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
-        self.scheduler = Scheduler(bus, settings.scheduler, instance_id=instance_id, meter=meter) \
-            if settings.scheduler.enabled else None
+        self.scheduler = Scheduler(bus, settings.scheduler, instance_id=instance_id, meter=meter,
+                                   heartbeats=settings.heartbeats) if settings.scheduler.enabled else None
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         if isinstance(message, ChatCancel):  # sent to the group: pass it to every Brain
@@ -91,6 +92,9 @@ class BrainWorker:
         async with self._sessions.turn(message, on_wait=self.consumer.set_aside) as lease:
             await self.consumer.take_back()  # a turn slot again, if it gave its own away while waiting
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
+            if message.job is None:  # the identity talks to the agent itself (heartbeats skip idle owners)
+                await self.bus.redis.set(self.bus.keys.identity_seen(message.sender), f"{time.time():.3f}",
+                                         ex=SEEN_KEEP_S)
             agent = self.settings.for_agent(message.agent_id)
             if agent is None:
                 return [(message.reply_to, ChatError(

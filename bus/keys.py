@@ -271,6 +271,10 @@ class Keys:
         """Stream the turns that jobs start answer on (read by the schedulers, a group)."""
         return f"{self.prefix}jobs:results"
 
+    def identity_seen(self, identity: str) -> str:
+        """When an identity last started a turn itself (not a job's): heartbeats skip an idle owner."""
+        return f"{self.prefix}seen:{identity}"
+
     @property
     def scheduler_lease(self) -> str:
         return f"{self.prefix}jobs:scheduler"

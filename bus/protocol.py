@@ -240,6 +240,8 @@ class ChatMessage(BaseMessage):
     # Text the client adds to the agent's instructions for this turn (an OpenAI client's
     # system message): appended to them, never put in their place.
     instructions: str | None = None
+    # The scheduled job that started this turn (<owner>/<name>): its spend counts in the job's budget too.
+    job: str | None = None
 
 
 class ChatCancel(BaseMessage):

@@ -32,6 +32,7 @@ DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 MIN_EVERY_S = 1.0
 RUNS_KEPT = 500  # records kept per job (the oldest dropped)
+SILENT = "HEARTBEAT_OK"  # a heartbeat's answer that means "nothing to report": recorded, not delivered
 # What a non-operator identity may schedule (through /v1/cron, or the agent's schedule tool for a sender
 # who is not an owner): this many jobs, none more often than this.
 GUEST_MAX_JOBS = 20
@@ -135,6 +136,11 @@ class Job(BaseModel):
     window_s: float = Field(default=3600.0, gt=0)  # catch_up "all": missed instants this recent are run
     paused: bool = False
     created_at: float = Field(default_factory=time.time)
+    daily_usd: float | None = Field(default=None, ge=0)  # its own spend limit per day (brain.budget's governor)
+    # A heartbeat (brain.heartbeats): kept in step with the config by the scheduler, silent when its
+    # answer is HEARTBEAT_OK, and skipped while its owner has not talked to the agent for idle_after_s.
+    heartbeat: bool = False
+    idle_after_s: float | None = None
 
     @field_validator("name")
     @classmethod
@@ -159,6 +165,11 @@ class Job(BaseModel):
     @property
     def session_id(self) -> str:
         return f"{self.owner}/{self.session or 'cron-' + self.name}"
+
+    def turn(self, *, reply_to: str = "") -> ChatMessage:
+        """The chat message one run of the job sends (answered on ``reply_to``, the jobs' results stream)."""
+        return ChatMessage(session_id=self.session_id, agent_id=self.agent, sender=self.owner, text=self.message,
+                           reply_to=reply_to, job=self.id)
 
 
 class Run(BaseModel):
@@ -207,6 +218,17 @@ class JobStore:
         if not job.paused:
             await self.bus.redis.zadd(self.keys.jobs_due, {job.id: round(first * 1000)})
         return first
+
+    async def replace(self, job: Job, *, now: float | None = None) -> None:
+        """Store ``job`` in place of the one with its id (its records kept), due from now on."""
+        first = job.schedule.next_after(now or time.time())
+        async with self.bus.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.jobs, job.id, job.model_dump_json())
+            if first is None or job.paused:
+                pipe.zrem(self.keys.jobs_due, job.id)
+            else:
+                pipe.zadd(self.keys.jobs_due, {job.id: round(first * 1000)})
+            await pipe.execute()
 
     async def get(self, job_id: str) -> Job | None:
         raw = await self.bus.redis.hget(self.keys.jobs, job_id)
@@ -265,8 +287,7 @@ class JobStore:
     async def run_now(self, job: Job, *, now: float | None = None) -> Run:
         """Fire the job once, now, by hand (its schedule unchanged): recorded like a due instant."""
         now = now or time.time()
-        message = ChatMessage(session_id=job.session_id, agent_id=job.agent, sender=job.owner, text=job.message,
-                              reply_to=self.keys.jobs_results)
+        message = job.turn(reply_to=self.keys.jobs_results)
         run = Run(job=job.id, due=now, status="fired", reason="run by hand", fired_at=now, turn=message.message_id)
         async with self.bus.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self.keys.job_runs(job.id), due_field(now), run.model_dump_json())

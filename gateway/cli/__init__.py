@@ -166,6 +166,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="add: what to do with instants missed while no scheduler ran (default run_once)")
     cron.add_argument("--window", default="1h", metavar="DURATION",
                       help="add: with --catch-up all, how far back missed instants are run (default 1h)")
+    cron.add_argument("--daily-usd", type=float, metavar="USD", help="add: the job's own spend limit per day "
+                      "(its turns also count in its owner's and the pool's budgets)")
     cron.add_argument("--limit", type=int, default=50, help="runs: how many records (default 50)")
     cron.add_argument("--json", action="store_true", help="print JSON")
     cron.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")

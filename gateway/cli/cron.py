@@ -61,6 +61,8 @@ def _call(client: httpx.Client, args: argparse.Namespace) -> httpx.Response:
                                 "catch_up": args.catch_up, "window": args.window, "deliver": args.deliver or []}
         if args.session:
             body["session"] = args.session
+        if args.daily_usd is not None:
+            body["daily_usd"] = args.daily_usd
         for kind in ("every", "cron", "at"):
             if getattr(args, kind):
                 body[kind] = getattr(args, kind)

@@ -39,6 +39,7 @@ class NewJob(BaseModel):
     deliver: list[str] = []
     catch_up: CatchUp = "run_once"
     window: str = "1h"
+    daily_usd: float | None = None  # the job's own spend limit per day
 
 
 class JobRoutes:
@@ -87,7 +88,7 @@ class JobRoutes:
                                 at=_instant(body.at, body.tz) if body.at else None)
             return Job(name=body.name, owner=identity.name, agent=body.agent, schedule=schedule,
                        message=body.message, session=body.session, deliver=body.deliver, catch_up=body.catch_up,
-                       window_s=parse_duration(body.window))
+                       window_s=parse_duration(body.window), daily_usd=body.daily_usd)
         except ValidationError as exc:
             raise Refused(400, ErrorCode.INVALID_ARGUMENTS,
                           "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()[:5])) from None

@@ -17,6 +17,7 @@ from brain.llm import Completion
 from brain.scheduler import Scheduler
 from brain.testing import FunctionModel
 from brain.worker import BrainWorker
+from bus.codec import decode
 from bus.metrics import Meter
 from bus.protocol import ChatMessage
 from bus.streams import Bus
@@ -127,8 +128,6 @@ async def _ended(store: JobStore, job_id: str, count: int) -> list[Any] | None:
 
 
 async def _inbox(bus: Bus) -> list[ChatMessage]:
-    from bus.codec import decode
-
     entries = await bus.redis.xrange(bus.keys.brain_inbox)
     return [m for _, fields in entries if isinstance(m := decode(fields), ChatMessage)]
 
@@ -166,3 +165,41 @@ async def test_a_chat_user_allowed_to_schedule_gets_answers_in_their_chat_within
                       sender="telegram:42")
     assert made.success and made.data["deliver"] == ["telegram:42"] and made.data["session_id"] == \
         "telegram:42/cron-remind"
+
+
+async def test_a_heartbeat_skips_an_idle_owner_stays_silent_with_nothing_to_say_and_else_is_delivered(
+        bus: Bus, tmp_path: Path) -> None:
+    said = {"text": "HEARTBEAT_OK"}
+    settings = BrainSettings(model="fake/model", tools_list_timeout_s=2.0,  # priced: a heartbeat has a budget
+                             prices={"fake/model": {"input_per_mtok": 1.0, "output_per_mtok": 1.0}},
+                             scheduler=SchedulerSettings(tick_s=0.2, lease_s=2.0),
+                             heartbeats={"main": {"every": "1s", "idle_after": "1h", "deliver": ["telegram:42"]}})
+    brain = BrainWorker(bus, settings, instance_id="brain-hb", heartbeat_s=0.5,
+                        llm=FunctionModel(lambda _m, _t: Completion(text=said["text"])))
+    hands = HandsWorker(bus, HandsSettings(workspace=tmp_path), worker_id="hands-hb", heartbeat_s=0.5)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(worker.run(stop)) for worker in (brain, hands)]
+    store = JobStore(bus)
+    try:
+        idle = await async_wait_until(lambda: _recorded(store, "owner/heartbeat-main", "skipped"), timeout=30,
+                                      what="a heartbeat skipped")
+        assert "has not talked to the agent for ever" in idle.reason and "idle owner" in idle.reason
+        assert not await bus.redis.xlen(bus.keys.brain_inbox)  # no turn, no model call for an idle owner
+        await bus.redis.set(bus.keys.identity_seen("owner"), str(time.time()))  # the owner talked just now
+        quiet = await async_wait_until(lambda: _recorded(store, "owner/heartbeat-main", "fired", ended=True),
+                                       timeout=30, what="a heartbeat with nothing to say")
+        assert quiet.answer == "HEARTBEAT_OK" and quiet.outcome == "ok"
+        said["text"] = "Your build failed twice tonight."
+        await async_wait_until(lambda: bus.redis.xlen(bus.keys.channel_outbox("telegram")), timeout=30,
+                               what="a report delivered")
+        sent = [decode(f) for _, f in await bus.redis.xrange(bus.keys.channel_outbox("telegram"))]
+        assert {(m.chat, m.text) for m in sent} == {("42", "Your build failed twice tonight.")}  # never the OK
+        job = await store.get("owner/heartbeat-main")
+        assert job is not None and job.heartbeat and job.daily_usd == 0.25 and job.catch_up == "skip"
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+
+async def _recorded(store: JobStore, job_id: str, status: str, *, ended: bool = False) -> Any:
+    return next((r for r in await store.runs(job_id) if r.status == status and (r.outcome or not ended)), None)

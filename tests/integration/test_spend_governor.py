@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from brain.config import BrainSettings
 from brain.llm import Completion
-from brain.spend import MICRO, BudgetExceeded, Governor
+from brain.spend import MICRO, BudgetExceeded, Governor, report
 from brain.testing import FunctionModel
 from brain.worker import BrainWorker
 from bus.metrics import Meter
@@ -22,6 +23,7 @@ from bus.replies import ReplyInbox
 from bus.streams import Bus
 from hands.config import HandsSettings
 from hands.worker import HandsWorker
+from memory.jobs import Job, JobStore, Schedule
 
 MODEL = "fake/priced"
 PRICES = {MODEL: {"input_per_mtok": 1000.0, "output_per_mtok": 3000.0}}
@@ -70,8 +72,8 @@ async def say(bus: Bus):
     inbox = ReplyInbox(bus, "gateway-spend", block_ms=100)
     await inbox.start()
 
-    async def send(text: str, session_id: str, sender: str = "owner") -> ChatReply | ChatError:
-        message = ChatMessage(session_id=session_id, text=text, reply_to=inbox.stream, sender=sender)
+    async def send(text: str, session_id: str, sender: str = "owner", job: str | None = None) -> ChatReply | ChatError:
+        message = ChatMessage(session_id=session_id, text=text, reply_to=inbox.stream, sender=sender, job=job)
         async with inbox.expect(message.message_id) as queue:
             await bus.publish(bus.keys.brain_inbox, message)
             async with asyncio.timeout(60):
@@ -136,6 +138,23 @@ async def test_an_identitys_budget_stops_only_that_identity(bus: Bus, brains, sa
     assert isinstance(await say("and me?", session_id="b", sender="bob"), ChatReply)
     boss = [await say(f"go {n}", session_id="c", sender="boss") for n in range(6)]
     assert all(isinstance(final, ChatReply) for final in boss)
+
+
+async def test_a_jobs_own_budget_stops_only_its_turns(bus: Bus, brains, say) -> None:
+    provider = PricedProvider()
+    await brains(provider, 1)  # no limit of the pool's: only the job's own
+    job = Job(name="digest", owner="owner", message="m", daily_usd=0.1,
+              schedule=Schedule(kind="every", every_s=3600, anchor=time.time() + 3600))
+    await JobStore(bus).add(job)
+    runs = [await say(f"run {n}", session_id="owner/cron-digest", job=job.id) for n in range(4)]
+    assert [type(f) for f in runs[:2]] == [ChatReply, ChatReply]
+    stopped = runs[-1]
+    assert isinstance(stopped, ChatError) and stopped.code is ErrorCode.BUDGET_EXCEEDED
+    assert "the job owner/digest's day budget is spent" in stopped.message and "--daily-usd" in stopped.message
+    assert isinstance(await say("not the job", session_id="mine"), ChatReply)  # the owner's own turns go on
+    shown = await report(bus, BrainSettings(model=MODEL, prices=PRICES))
+    row = next(r for r in shown["budgets"] if r["scope"] == "job:owner/digest" and r["period"].startswith("day"))
+    assert row["limit_usd"] == 0.1 and row["calls"] == 2
 
 
 async def test_an_unpriced_model_under_a_budget_is_refused_saying_what_to_set(bus: Bus, brains, say) -> None:
