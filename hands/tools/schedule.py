@@ -15,7 +15,9 @@ from hands.errors import ToolFailure
 from hands.registry import Category, ToolContext, ToolDefinition
 from memory.jobs import Job, JobExists, Schedule, as_json, guest_refusal, parse_duration
 
-CHANNELS = ("telegram", "slack", "discord", "matrix")  # identities whose own chat a job's answer can go to
+# Platforms where a user's id is also their direct chat (Discord and Matrix need a DM channel or room made
+# first): a job made by such a user answers there.
+CHANNELS = ("telegram", "slack")
 
 
 async def schedule(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
