@@ -39,7 +39,8 @@ def setup_logging(role: str, instance: str, level: str = "INFO", *, fmt: str = "
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # Third-party chatter stays out unless something is wrong.
-    for noisy in ("httpx", "httpcore", "LiteLLM", "litellm", "uvicorn.access", "openai", "redis", "asyncio"):
+    for noisy in ("httpx", "httpcore", "LiteLLM", "litellm", "uvicorn.access", "openai", "redis", "asyncio",
+                  "peewee"):  # peewee: every SQL statement of matrix-nio's key store
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

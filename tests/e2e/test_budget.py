@@ -35,7 +35,7 @@ def test_an_identity_past_its_budget_is_refused_before_the_model_and_the_spend_i
             alice.chat.completions.create(model="pincer", messages=[{"role": "user", "content": f"hello {n}"}])
             answers += 1
     assert answers == 3  # $0.018 a call: the third passes $0.05, by less than one call
-    assert "BUDGET_EXCEEDED" in str(refused.value) and "brain.budget.per_identity.daily_usd" in str(refused.value)
+    assert refused.value.code == "BUDGET_EXCEEDED" and "brain.budget.per_identity.daily_usd" in str(refused.value)
     asked = len(scripted_llm.requests)
     with pytest.raises(openai.RateLimitError):
         alice.chat.completions.create(model="pincer", messages=[{"role": "user", "content": "please"}])
@@ -53,8 +53,8 @@ def test_an_identity_past_its_budget_is_refused_before_the_model_and_the_spend_i
     assert day["spent_usd"] == pytest.approx(3 * CALL_USD) and day["held_usd"] == 0
     assert rows[("pool", "day")]["calls"] == len(scripted_llm.requests) == 4
     assert rows[("pool", "month")]["spent_usd"] == pytest.approx(4 * CALL_USD)
-    table = processes.run("budget")
-    assert "identity:alice" in table.stdout and "$0.0500" in table.stdout
+    table = processes.run("budget", extra_env={"COLUMNS": "200"})
+    assert "identity:alice" in table.stdout and "alert: alice's day budget is 100% spent" in table.stdout
 
     def scraped() -> str | None:  # counters travel with the next heartbeat
         text = owner.get("/metrics").text
