@@ -243,6 +243,8 @@ class MatrixSettings(ChannelCommon):
     access_token: SecretStr = SecretStr("")
     # Answers longer than this are sent as several messages.
     max_message_chars: int = Field(default=16_000, ge=500, le=60_000)
+    # Events one sync brings per room; what a busier room had since is read back page by page.
+    sync_timeline_limit: int = Field(default=100, ge=1, le=1000)
     # Read and write end-to-end encrypted rooms. The device's keys live in store_dir, so one channel
     # process holds them: a second one with encryption on waits for it, then refuses to start.
     encryption: bool = False

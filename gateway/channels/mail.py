@@ -226,7 +226,10 @@ class Email:
     async def _read(self, imap: aioimaplib.IMAP4, uid: int) -> ChannelUpdate | None:
         size, raw = await self._fetch(imap, uid, "read a mail")
         if not raw:
-            return None  # expunged between the search and the fetch
+            if uid in await self._uids_after(imap, uid - 1):  # still there: the answer was lost, not the mail
+                raise PlatformAway(f"email read a mail: UID FETCH {uid} brought no message; reading it again")
+            log.info("email: UID %s was deleted before it was read", uid)
+            return None
         try:
             mail = mailtext.read(raw, own_address=self.settings.address)
         except Exception:  # a message the parser cannot read is skipped, never a stuck mailbox

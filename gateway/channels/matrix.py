@@ -49,19 +49,26 @@ from gateway.channels.reply import Buttons
 log = logging.getLogger("gateway.channels.matrix")
 
 NAME = "matrix"
-TIMELINE_LIMIT = 100  # events a sync brings per room; a busier room says "limited" and is logged
+GAP_PAGES = 50  # pages of 100 events read back to fill what a limited sync left out (then the rest is logged)
 # A sync brings what the kit reads and what nio needs to know the rooms (their members, encryption).
 ROOM_FILTER: dict[str, Any] = {"state": {"lazy_load_members": True}, "ephemeral": {"not_types": ["*"]},
                                "account_data": {"not_types": ["*"]}}
-FILTER = {"presence": {"not_types": ["*"]}, "account_data": {"not_types": ["*"]},
-          "room": {**ROOM_FILTER, "timeline": {"limit": TIMELINE_LIMIT}}}
+
+
 REACTIONS = {"allow once": "✅", "always": "🔁", "deny": "❌"}
 REFUSED = {"M_UNKNOWN_TOKEN", "M_MISSING_TOKEN", "M_FORBIDDEN", "M_NOT_FOUND", "M_TOO_LARGE", "M_BAD_JSON",
            "M_NOT_JSON", "M_UNRECOGNIZED", "M_USER_DEACTIVATED", "M_INVALID_PARAM"}
 ENCRYPTED_NOTICE = ("This room is end-to-end encrypted, and this agent cannot read encrypted rooms. "
                     "Talk to it in an unencrypted room (or direct chat without encryption).")
+
+
+def sync_filter(timeline_limit: int) -> dict[str, Any]:
+    return {"presence": {"not_types": ["*"]}, "account_data": {"not_types": ["*"]},
+            "room": {**ROOM_FILTER, "timeline": {"limit": timeline_limit}}}
+
+
 # Before the kit's own syncs, one that only learns the joined rooms (nio sends only to rooms it knows).
-ROOMS_FILTER = {**FILTER, "room": {**ROOM_FILTER, "timeline": {"limit": 1}}}
+ROOMS_FILTER = sync_filter(1)
 DEVICE_TTL_MS = 30_000  # the device lease; renewed every third of it
 DEVICE_WAIT_S = 60.0  # how long a second process waits for the device's holder to go
 UNDECRYPTED_KEEP_S = 3600.0  # a message whose room key never came is given up after this
@@ -246,15 +253,15 @@ class Matrix:
             raise PlatformRefused(self._device_lost)
         wait_ms = self.settings.poll_timeout_s * 1000 if offset else 0
         async with translated("sync"):
-            sync = checked(await self.client.sync(timeout=wait_ms, since=offset or None, sync_filter=FILTER,
-                                                  full_state=not offset), "sync")
+            sync = checked(await self.client.sync(timeout=wait_ms, since=offset or None, full_state=not offset,
+                                                  sync_filter=sync_filter(self.settings.sync_timeline_limit)), "sync")
         updates = [u for u in (self._invitation(room_id, room) for room_id, room in sync.rooms.invite.items()) if u]
         if offset:  # the first sync only finds "now": what is already in the rooms is history
             for room_id, room in sync.rooms.join.items():
-                if room.timeline.limited:
-                    log.warning("Matrix: room %s had more than %d new events; older ones were not read",
-                                room_id, TIMELINE_LIMIT)
-                for event in room.timeline.events:  # nio has decrypted what it holds the keys of
+                events = list(room.timeline.events)
+                if room.timeline.limited:  # more happened than one sync brings: the rest read back to our token
+                    events = [*await self._gap(room_id, room.timeline.prev_batch, offset), *events]
+                for event in events:  # nio has decrypted what it holds the keys of
                     if isinstance(event, nio.MegolmEvent) and self.client.olm is not None:
                         await self._wait_for_key(room_id, event)
                         continue
@@ -265,6 +272,23 @@ class Matrix:
             await self._exchange_keys()
             updates.extend(await self._read_waiting())
         return str(sync.next_batch), updates
+
+    async def _gap(self, room_id: str, start: str, until: str) -> list[Any]:
+        """The events a limited sync left out, oldest first: paged back from its ``prev_batch`` to ``until``,
+        the token of the sync before (GAP_PAGES pages at most; beyond them, logged)."""
+        found: list[Any] = []
+        token = start
+        for _ in range(GAP_PAGES):
+            async with translated("read back"):
+                page = checked(await self.client.room_messages(room_id, start=token, end=until, limit=100),
+                               "read back")
+            found.extend(page.chunk)
+            if not page.chunk or not page.end or page.end == token:
+                return list(reversed(found))
+            token = page.end
+        log.warning("Matrix: room %s had more than %d events since the last sync; the oldest were not read",
+                    room_id, GAP_PAGES * 100)
+        return list(reversed(found))
 
     def _invitation(self, room_id: str, room: Any) -> ChannelUpdate | None:
         for event in room.invite_state:  # nio's own events (it takes the content out of their source)

@@ -236,3 +236,22 @@ def device_keys(person: Person, user_id: str) -> dict[str, str]:
     """The identity keys the homeserver publishes for a user's devices."""
     found = person.call("POST", "/keys/query", json={"device_keys": {user_id: []}})["device_keys"].get(user_id, {})
     return {device: str(info["keys"].get(f"curve25519:{device}")) for device, info in found.items()}
+
+
+def test_more_said_while_away_than_one_sync_brings_is_read_back_and_answered(
+        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person]) -> None:
+    alice, bot = people["alice"], people["bot"]
+    processes.env = {**processes.env, "PINCER_CHANNELS__MATRIX__SYNC_TIMELINE_LIMIT": "3"}
+    start_channel(processes, name="matrix-1")
+    room = direct_room(alice, bot)
+    alice.say(room, "before")
+    answer(alice, room, "echo: before")
+    first = next(proc for name, proc, _ in processes.started if name == "matrix-1")
+    processes.stop(first)
+    for n in range(8):  # eight messages (and a sync brings three events a room): a limited timeline
+        alice.say(room, f"while away {n}")
+    start_channel(processes, name="matrix-2")
+    for n in range(8):
+        answer(alice, room, f"echo: while away {n}", timeout=90)
+    texts = alice.texts(room)
+    assert all(sum(f"while away {n}" in t for t in texts) == 1 for n in range(8)), texts

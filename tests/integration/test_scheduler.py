@@ -203,3 +203,22 @@ async def test_a_heartbeat_skips_an_idle_owner_stays_silent_with_nothing_to_say_
 
 async def _recorded(store: JobStore, job_id: str, status: str, *, ended: bool = False) -> Any:
     return next((r for r in await store.runs(job_id) if r.status == status and (r.outcome or not ended)), None)
+
+
+async def test_a_stalled_scheduler_is_reported_by_status_and_readyz(bus: Bus) -> None:
+    from bus.pool import scheduler_state
+    from gateway.server.observe import readiness
+
+    store = JobStore(bus)
+    assert (await scheduler_state(bus, time.time()))["state"] == "idle"  # nothing scheduled: nothing to report
+    job = every("late", 60.0)
+    job.schedule.anchor = time.time() - 90
+    await store.add(job, now=job.schedule.anchor)  # due 90 s ago, and no Brain has looked
+    state = await scheduler_state(bus, time.time())
+    assert state["state"] == "stalled" and state["overdue_job"] == job.id and state["overdue_s"] >= 89
+    _, body = await readiness(bus, max_backlog=1000)
+    assert any("the jobs' scheduler has stalled: job alice/late is" in p for p in body["problems"])
+    scheduler = Scheduler(bus, SchedulerSettings(grace_s=5), instance_id="brain-now", meter=Meter())
+    assert await scheduler.lease.take()
+    await scheduler.tick()  # a holder catches up: running again
+    assert (await scheduler_state(bus, time.time()))["state"] == "running"

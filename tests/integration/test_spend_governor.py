@@ -17,6 +17,7 @@ from brain.llm import Completion
 from brain.spend import MICRO, BudgetExceeded, Governor, report
 from brain.testing import FunctionModel
 from brain.worker import BrainWorker
+from bus.codec import decode
 from bus.metrics import Meter
 from bus.protocol import ChatError, ChatMessage, ChatReply, ErrorCode, ToolSpec
 from bus.replies import ReplyInbox
@@ -95,7 +96,8 @@ async def spent(bus: Bus, scope: str) -> dict[str, int]:
 async def test_many_sessions_on_three_brains_stop_at_the_pools_budget_and_the_meter_matches(
         bus: Bus, brains, say) -> None:
     provider = PricedProvider()
-    await brains(provider, 3, budget={"daily_usd": 1.0, "monthly_usd": 50.0, "max_output_tokens": 64})
+    await brains(provider, 3, budget={"daily_usd": 1.0, "monthly_usd": 50.0, "max_output_tokens": 64,
+                                      "notify": ["telegram:42"]})
 
     async def session(n: int) -> list[ChatReply | ChatError]:
         return [await say(f"message {m} of session {n}", session_id=f"s{n}") for m in range(3)]
@@ -119,6 +121,10 @@ async def test_many_sessions_on_three_brains_stop_at_the_pools_budget_and_the_me
     told = sorted((f[b"budget"].decode(), float(f[b"share"])) for _, f in alerts)
     assert told == [("brain.budget.daily_usd", 0.5), ("brain.budget.daily_usd", 0.8),
                     ("brain.budget.daily_usd", 1.0)]  # each once, none for the month (at 2%)
+    sent = [decode(f) for _, f in await bus.redis.xrange(bus.keys.channel_outbox("telegram"))]
+    assert sorted(m.text.split(" spent")[0] for m in sent) == [
+        f"Pincer: the pool's day budget is {share}" for share in ("100%", "50%", "80%")]  # to the owner's chat
+    assert {m.chat for m in sent} == {"42"} and len({m.key for m in sent}) == 3
 
     calls = provider.calls
     after = await asyncio.gather(*(say("one more", session_id=f"late{n}") for n in range(5)))
