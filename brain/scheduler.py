@@ -108,6 +108,7 @@ HEARTBEAT_PROMPT = (
     "it asks. If there is nothing worth telling the person, answer exactly " + SILENT + " and nothing else; "
     "otherwise answer with what they should know, briefly.")
 SYNC_EVERY_S = 60.0  # how often the holder brings the heartbeat jobs in step with the config
+TRIM_EVERY = 20  # claims between trims of a job's records (a record a claim, RUNS_KEPT kept: no hurry)
 
 
 def heartbeat_jobs(heartbeats: dict[str, HeartbeatSettings], *, now: float) -> list[Job]:
@@ -126,6 +127,7 @@ class Scheduler:
         self.bus, self.settings, self.instance_id, self.meter, self.clock = bus, settings, instance_id, meter, clock
         self.heartbeats = heartbeats or {}
         self._synced = 0.0
+        self._claims = 0
         self.store = JobStore(bus)
         self.lease = Lease(bus.redis, bus.keys.scheduler_lease, instance_id, ttl_ms=round(settings.lease_s * 1000))
         self._fire = bus.redis.register_script(FIRE)
@@ -170,10 +172,10 @@ class Scheduler:
         await self.bus.redis.set(self.bus.keys.scheduler_tick, f"{now:.3f}")
         if now - self._synced > SYNC_EVERY_S:
             await self.sync_heartbeats(now)
-        for job_id, due in await self.store.due(now):
+        due_now = await self.store.due(now)
+        for (job_id, due), job in zip(due_now, await self.store.many([j for j, _ in due_now]), strict=True):
             if not self.lease.held:
                 break
-            job = await self.store.get(job_id)
             if job is None:
                 await self.bus.redis.zrem(self.bus.keys.jobs_due, job_id)
                 continue
@@ -247,7 +249,9 @@ class Scheduler:
                     self.meter.observe("pincer_job_fire_lag_seconds", max(0.0, now - record.due))
             log.info("job due %s", kv(job=job.id, fired=len(fired), recorded=len(decided.records),
                                       lag_s=round(now - due, 3)))
-            await self.store.trim(job.id)
+            self._claims += 1
+            if self._claims % TRIM_EVERY == 0 or len(decided.records) > 1:
+                await self.store.trim(job.id)
 
     async def _ended(self, message: Message, _stream: str) -> list[Any]:
         """A job's turn ended: its outcome recorded (and, later, delivered)."""

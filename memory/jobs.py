@@ -234,6 +234,13 @@ class JobStore:
         raw = await self.bus.redis.hget(self.keys.jobs, job_id)
         return Job.model_validate_json(raw) if raw else None
 
+    async def many(self, job_ids: list[str]) -> list[Job | None]:
+        """Several jobs in one round trip (None where one is gone)."""
+        if not job_ids:
+            return []
+        raw: list[bytes | None] = await self.bus.redis.hmget(self.keys.jobs, job_ids)  # type: ignore[assignment]
+        return [Job.model_validate_json(value) if value else None for value in raw]
+
     async def all(self, owner: str | None = None) -> list[Job]:
         raw: dict[bytes, bytes] = await self.bus.redis.hgetall(self.keys.jobs)  # type: ignore[assignment]
         jobs = [Job.model_validate_json(value) for value in raw.values()]
