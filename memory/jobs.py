@@ -80,20 +80,24 @@ class Schedule(BaseModel):
         return self
 
     def next_after(self, moment: float) -> float | None:
-        """The first due instant strictly after ``moment`` (None: there is none, a one-off done)."""
+        """The first due instant strictly after ``moment`` (None: there is none, a one-off done). Instants are
+        whole milliseconds, as the due set keeps them: an instant read back from it is never found again."""
+        after = round(moment * 1000)
         if self.kind == "at":
             assert self.at is not None
-            return self.at if self.at > moment else None
+            at = round(self.at * 1000)
+            return at / 1000 if at > after else None
         if self.kind == "every":
             assert self.every_s is not None
-            steps = math.floor((moment - self.anchor) / self.every_s) + 1
-            return self.anchor + max(steps, 0) * self.every_s if moment >= self.anchor else self.anchor
+            anchor, every = round(self.anchor * 1000), max(1, round(self.every_s * 1000))
+            steps = (after - anchor) // every + 1 if after >= anchor else 0
+            return (anchor + steps * every) / 1000
         assert self.cron is not None
         zone = ZoneInfo(self.tz)
         # cronsim works in whole minutes: start from the minute of ``moment`` and skip what is not after it.
         start = datetime.fromtimestamp(math.floor(moment), zone).replace(second=0, microsecond=0)
         for instant in CronSim(self.cron, start - timedelta(seconds=1)):
-            if instant.timestamp() > moment:
+            if round(instant.timestamp() * 1000) > after:
                 return instant.timestamp()
         return None  # pragma: no cover  # cronsim's iterator does not end
 

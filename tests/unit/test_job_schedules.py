@@ -98,3 +98,15 @@ def test_a_very_long_outage_is_worked_through_in_batches() -> None:
     assert first.fire == [] and len(first.records) == 1000 and first.next_due == 1001.0
     last = plan(fast, 4001.0, 5000.2, grace_s=60)
     assert last.fire == [5000.0] and len(last.records) == 999 and last.next_due == 5001.0
+
+
+def test_an_instant_read_back_from_the_due_set_is_never_found_again() -> None:
+    anchor = 1_796_176_654.1234567  # a job made at an odd moment: its instants are not whole milliseconds
+    ticking = Job(name="odd", owner="alice", message="m", schedule=Schedule(kind="every", every_s=2, anchor=anchor))
+    for k in range(200):
+        due = round((anchor + 2 * k) * 1000) / 1000  # as the due set keeps it: whole milliseconds
+        decided = plan(ticking, due, due + 0.5, grace_s=60)
+        assert decided.fire == [due] and decided.records == [], k  # fired once, not twice
+        assert decided.next_due == pytest.approx(due + 2, abs=0.001)
+    once = Schedule(kind="at", at=anchor)
+    assert once.next_after(round(anchor * 1000) / 1000) is None  # a one-off read back is done
