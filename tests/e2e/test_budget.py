@@ -13,6 +13,8 @@ from tests.conftest import OWNER_TOKEN, Processes, gateway_client, wait_until
 from tests.e2e.conftest import create_token, start_stack
 from tests.e2e.test_observe import sample
 from tests.e2e.test_openai_api import client
+from tests.e2e.test_telegram import start_channel
+from tests.fake_telegram import TOKEN, FakeTelegram
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
@@ -63,3 +65,30 @@ def test_an_identity_past_its_budget_is_refused_before_the_model_and_the_spend_i
     text = wait_until(scraped, timeout=20, what="the governor's counters in /metrics")
     assert sample(text, "pincer_model_cost_usd_total", identity="alice") == pytest.approx(3 * CALL_USD)
     assert sample(text, "pincer_budget_refusals_total", budget="brain.budget.per_identity.daily_usd") == 2
+
+
+def test_a_chat_user_past_their_budget_is_told_so_in_their_chat_and_the_model_is_not_called(
+        processes: Processes, pincer_env: dict[str, str], scripted_llm: ScriptedLLM, telegram: FakeTelegram) -> None:
+    user = 777
+    processes.env = {**pincer_env, "TG_TOKEN": TOKEN,
+                     "PINCER_BRAIN__PRICES": json.dumps({"openai/scripted": {"input_per_mtok": 1000,
+                                                                             "output_per_mtok": 1000}}),
+                     "PINCER_BRAIN__BUDGET__IDENTITIES": json.dumps({f"telegram:{user}": {"daily_usd": 0.02}}),
+                     "PINCER_CHANNELS__TELEGRAM__ENABLED": "true",
+                     "PINCER_CHANNELS__TELEGRAM__BOT_TOKEN": "${TG_TOKEN}",
+                     "PINCER_CHANNELS__TELEGRAM__API_URL": telegram.api_url,
+                     "PINCER_CHANNELS__TELEGRAM__ALLOW_FROM": f'["{user}"]',
+                     "PINCER_CHANNELS__TELEGRAM__POLL_TIMEOUT_S": "1",
+                     "PINCER_CHANNELS__TELEGRAM__POLL_GRACE_S": "2"}
+    start_stack(processes, hands=1)
+    start_channel(processes, telegram)
+    telegram.say(user, "first")
+    wait_until(lambda: any(s.text == "echo: first" for s in telegram.to(user)), timeout=60, what="an answer")
+    asked = len(scripted_llm.requests)  # $0.018 spent of $0.02: one more call is admitted, then none
+    telegram.say(user, "second")
+    wait_until(lambda: any(s.text == "echo: second" for s in telegram.to(user)), timeout=60, what="a second answer")
+    telegram.say(user, "third")
+    told = wait_until(lambda: next((s for s in telegram.to(user) if "day budget is spent" in s.text), None),
+                      timeout=60, what="the budget told in the chat")
+    assert f"telegram:{user}'s day budget is spent" in told.text and "brain.budget.identities" in told.text
+    assert len(scripted_llm.requests) == asked + 1  # the third never reached the model

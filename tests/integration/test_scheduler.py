@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -222,3 +224,29 @@ async def test_a_stalled_scheduler_is_reported_by_status_and_readyz(bus: Bus) ->
     assert await scheduler.lease.take()
     await scheduler.tick()  # a holder catches up: running again
     assert (await scheduler_state(bus, time.time()))["state"] == "running"
+
+
+async def test_cron_across_a_daylight_saving_change_with_its_scheduler_replaced_fires_each_instant_once(
+        bus: Bus) -> None:
+    berlin = ZoneInfo("Europe/Berlin")
+    start = datetime(2027, 10, 31, 1, 40, tzinfo=berlin).timestamp()  # the night the clocks go back
+    clock = [start]
+    store = JobStore(bus)
+    job = Job(name="halfhourly", owner="alice", message="m",
+              schedule=Schedule(kind="cron", cron="*/30 * * * *", tz="Europe/Berlin"))
+    await store.add(job, now=start)
+    schedulers = [Scheduler(bus, SchedulerSettings(grace_s=600), instance_id=f"brain-dst{n}", meter=Meter(),
+                            clock=lambda: clock[0]) for n in range(3)]
+    for step in range(180):  # three real hours, a minute at a time
+        clock[0] += 60
+        if step % 7 == 0:  # the holder dies (its lease gone with it) and the next Brain takes over
+            await bus.redis.delete(bus.keys.scheduler_lease)
+        holder = schedulers[step // 7 % 3]
+        if await holder.lease.take():
+            await holder.tick()
+    runs = await store.runs(job.id)
+    expected = job.schedule.instants(start, clock[0])
+    assert [datetime.fromtimestamp(t, berlin).strftime("%H:%M%z") for t in expected][:4] == [
+        "02:00+0200", "02:30+0200", "02:00+0100", "02:30+0100"]  # the repeated hour's instants, both times
+    assert [r.due for r in runs] == expected and {r.status for r in runs} == {"fired"}
+    assert len({r.turn for r in runs}) == len(runs)
