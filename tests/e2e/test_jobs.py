@@ -63,6 +63,8 @@ def test_a_job_made_with_pincer_cron_runs_on_time_is_recorded_and_delivered_to_a
     assert all(r["status"] == "fired" and r["turn"] and r["answer"] == "echo: how are things" for r in ok)
     assert all(0 <= r["fired_at"] - r["due"] < 2 for r in ok)  # on time (the lag's figures are in bench/)
 
+    status = processes.run("status", extra_env={"COLUMNS": "200"})
+    assert status.returncode == 0 and "scheduler: running, 1 job(s) scheduled" in status.stdout, status.stdout
     paused = cron(processes, "pause", "heartbeat")
     assert paused["paused"] and paused["next_due"] is None
     listed = cron(processes, "list")["jobs"]
@@ -73,8 +75,6 @@ def test_a_job_made_with_pincer_cron_runs_on_time_is_recorded_and_delivered_to_a
                            for r in cron(processes, "runs", "heartbeat")["runs"]), timeout=30, what="the hand run")
     assert cron(processes, "rm", "heartbeat")["removed"].endswith("/heartbeat")
     assert cron(processes, "list")["jobs"] == []
-    status = processes.run("status")
-    assert status.returncode == 0
 
 
 def test_a_chat_token_keeps_to_its_own_jobs_and_chats(processes: Processes, jobs_env: dict[str, str]) -> None:

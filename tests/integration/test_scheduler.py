@@ -209,7 +209,7 @@ async def _recorded(store: JobStore, job_id: str, status: str, *, ended: bool = 
 
 async def test_a_stalled_scheduler_is_reported_by_status_and_readyz(bus: Bus) -> None:
     from bus.pool import scheduler_state
-    from gateway.server.observe import readiness
+    from gateway.server.observe import metrics_text, readiness
 
     store = JobStore(bus)
     assert (await scheduler_state(bus, time.time()))["state"] == "idle"  # nothing scheduled: nothing to report
@@ -220,6 +220,8 @@ async def test_a_stalled_scheduler_is_reported_by_status_and_readyz(bus: Bus) ->
     assert state["state"] == "stalled" and state["overdue_job"] == job.id and state["overdue_s"] >= 89
     _, body = await readiness(bus, max_backlog=1000)
     assert any("the jobs' scheduler has stalled: job alice/late is" in p for p in body["problems"])
+    exposition, _ = await metrics_text(bus)
+    assert b"pincer_scheduler_stalled 1.0" in exposition and b"pincer_jobs_scheduled 1.0" in exposition
     scheduler = Scheduler(bus, SchedulerSettings(grace_s=5), instance_id="brain-now", meter=Meter())
     assert await scheduler.lease.take()
     await scheduler.tick()  # a holder catches up: running again
