@@ -373,6 +373,8 @@ class Turn:
 
     async def _publish(self, event: Message) -> None:
         """Events to the person's Gateway go out in order, with the next write, not awaited one by one."""
+        if self.message.job and isinstance(event, (ChatDelta, ChatTool)):
+            return  # a job's turn has nobody watching it live: only its end is read (and recorded)
         self.deps.bus.send(self.message.reply_to, event)
 
     def _count(self, usage: dict[str, Any]) -> None:

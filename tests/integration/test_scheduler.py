@@ -72,7 +72,9 @@ async def test_two_brains_fire_each_instant_once_and_record_its_outcome(bus: Bus
     assert [round(b.due - a.due, 3) for a, b in itertools.pairwise(runs)] == [1.0] * (len(runs) - 1)
     sent = [m for m in await _inbox(bus) if m.session_id == "alice/cron-ping"]
     assert sorted(m.message_id for m in sent) == sorted(r.turn for r in fired)  # each sent once, as alice
-    assert {m.sender for m in sent} == {"alice"}
+    assert {m.sender for m in sent} == {"alice"} and {m.job for m in sent} == {job.id}
+    results = [decode(f).type for _, f in await bus.redis.xrange(bus.keys.jobs_results)]
+    assert set(results) == {"chat:reply"}  # only each turn's end: nobody watches a job's turn live
 
 
 async def test_paused_nothing_is_due_and_resumed_it_goes_on_from_now(bus: Bus, brains) -> None:
