@@ -302,9 +302,10 @@ class Turn:
     async def _execute(self, call_id: str, tool: str, args: dict[str, Any], prior: list[PriorResult]) -> ToolResult:
         deps, msg = self.deps, self.message
         deadline_s = deps.settings.tool_deadline_s
+        # A job's turn has nobody to ask: a command that needs a person's approval is refused at once.
         request = ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
                               agent_id=msg.agent_id, sender=msg.sender, reply_to=deps.inbox.stream,
-                              approvals_to=msg.reply_to, message_id=msg.message_id, prior=prior,
+                              approvals_to="" if msg.job else msg.reply_to, message_id=msg.message_id, prior=prior,
                               deadline=now_ms() + int(deadline_s * 1000))
         log.info("tool call sent %s", kv(session=msg.session_id, call=call_id, tool=tool))
 
