@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from brain.config import BrainSettings, SchedulerSettings
-from brain.llm import Completion
+from brain.llm import Completion, ToolCall
 from brain.scheduler import Scheduler
 from brain.testing import FunctionModel
 from brain.worker import BrainWorker
@@ -254,3 +254,32 @@ async def test_cron_across_a_daylight_saving_change_with_its_scheduler_replaced_
         "02:00+0200", "02:30+0200", "02:00+0100", "02:30+0100"]  # the repeated hour's instants, both times
     assert [r.due for r in runs] == expected and {r.status for r in runs} == {"fired"}
     assert len({r.turn for r in runs}) == len(runs)
+
+
+async def test_a_jobs_command_that_needs_approval_is_refused_at_once(bus: Bus, tmp_path: Path) -> None:
+    def model(messages: list[dict[str, Any]], _tools: Any) -> Completion:
+        if messages[-1]["role"] == "user":
+            return Completion(tool_calls=[ToolCall(id="c1", name="exec", arguments='{"command": "echo hi"}')])
+        return Completion(text=f"result: {messages[-1]['content']}")
+
+    settings = BrainSettings(model="fake/model", tools_list_timeout_s=2.0, scheduler=SchedulerSettings(enabled=False))
+    brain = BrainWorker(bus, settings, instance_id="brain-ask", heartbeat_s=0.5, llm=FunctionModel(model))
+    hands = HandsWorker(bus, HandsSettings.model_validate({
+        "workspace": tmp_path, "exec": {"mode": "ask", "approval_timeout_s": 600},
+        "sandbox": {"allow_degraded": True}}), worker_id="hands-ask", heartbeat_s=0.5)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(worker.run(stop)) for worker in (brain, hands)]
+    scheduler = Scheduler(bus, SchedulerSettings(), instance_id="brain-ask", meter=Meter())
+    results = asyncio.create_task(scheduler.results.run(stop))
+    store = JobStore(bus)
+    try:
+        job = every("nightly", 3600.0)
+        await store.add(job)
+        run = await store.run_now(job)
+        ended = await async_wait_until(lambda: _recorded(store, job.id, "fired", ended=True), timeout=30,
+                                       what="the job's turn ended (not waiting 600 s for a yes)")
+        assert ended.turn == run.turn and "APPROVAL_DENIED" in ended.answer
+        assert "no chat that could ask" in ended.answer
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, results)
