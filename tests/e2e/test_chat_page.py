@@ -285,6 +285,10 @@ def test_model_output_cannot_address_the_page(page_stack: dict, browser) -> None
                'srcset="http://evil.example/p.png"></picture><div popover id="app">hidden</div> said')
     reply = echoed(page, hostile)
     expect(reply).to_contain_text("said")
+    # While it streams the reply is plain text (the tags' own characters shown); the check is on what the
+    # page renders once the turn is over, from the transcript.
+    expect(page.locator(".msg.assistant").last).not_to_contain_text("<textarea")
+    reply = page.locator(".msg.assistant").last
     html = reply.inner_html()
     assert not re.search(r"<(textarea|select|input|label|form|button(?! class=\"copy)|video|source|picture)\b", html), (
         html
