@@ -198,10 +198,11 @@ class Scheduler:
                 log.info("heartbeat removed %s", kv(job=job.id))
         for job_id, job in wanted.items():
             found = await self.store.get(job_id)
-            same = found is not None and found.model_dump(exclude={"created_at", "schedule"}) == \
-                job.model_dump(exclude={"created_at", "schedule"}) and found.schedule.every_s == job.schedule.every_s
+            kept = {"created_at", "schedule", "paused"}  # a heartbeat paused by hand stays paused
+            same = found is not None and found.model_dump(exclude=kept) == job.model_dump(exclude=kept) \
+                and found.schedule.every_s == job.schedule.every_s
             if not same:
-                await self.store.replace(job, now=now)
+                await self.store.replace(job.model_copy(update={"paused": bool(found and found.paused)}), now=now)
                 log.info("heartbeat set %s", kv(job=job_id, every=job.schedule.describe()))
         self._synced = now
 

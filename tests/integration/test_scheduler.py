@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from brain.config import BrainSettings, SchedulerSettings
+from brain.config import BrainSettings, HeartbeatSettings, SchedulerSettings
 from brain.llm import Completion, ToolCall
 from brain.scheduler import Scheduler
 from brain.testing import FunctionModel
@@ -283,3 +283,23 @@ async def test_a_jobs_command_that_needs_approval_is_refused_at_once(bus: Bus, t
     finally:
         stop.set()
         await asyncio.gather(*tasks, results)
+
+
+async def test_heartbeats_follow_the_config_and_one_paused_by_hand_stays_paused(bus: Bus) -> None:
+    store = JobStore(bus)
+    scheduler = Scheduler(bus, SchedulerSettings(), instance_id="brain-hbsync", meter=Meter(),
+                          heartbeats={"main": HeartbeatSettings(every="30m")})
+    await scheduler.sync_heartbeats(time.time())
+    job = await store.get("owner/heartbeat-main")
+    assert job is not None and job.heartbeat and job.schedule.every_s == 1800
+    await store.set_paused(job, True)
+    await scheduler.sync_heartbeats(time.time())  # the config unchanged: the job left as it is
+    assert (await store.get(job.id)).paused and await store.next_due(job.id) is None  # type: ignore[union-attr]
+    scheduler.heartbeats = {"main": HeartbeatSettings(every="1h")}
+    await scheduler.sync_heartbeats(time.time())  # changed: remade, and still paused
+    changed = await store.get(job.id)
+    assert changed is not None and changed.schedule.every_s == 3600 and changed.paused
+    assert await store.next_due(job.id) is None
+    scheduler.heartbeats = {}
+    await scheduler.sync_heartbeats(time.time())  # no longer configured: gone
+    assert await store.get(job.id) is None
