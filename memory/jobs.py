@@ -37,7 +37,14 @@ SILENT = "HEARTBEAT_OK"  # a heartbeat's answer that means "nothing to report": 
 # who is not an owner): this many jobs, none more often than this.
 GUEST_MAX_JOBS = 20
 GUEST_MIN_EVERY_S = 60.0
-TURN_KEEP_S = 7 * 86_400  # how long a job's turn waits for its outcome to be recorded
+TURN_KEEP_S = 7 * 86_400
+# KEYS: jobs, due set. ARGV: job id, definition, first due (ms; '' when paused). The job and its first due
+# instant at once (0: a job of that id exists).
+ADD = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+if ARGV[3] ~= '' then redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1]) end
+return 1
+"""  # how long a job's turn waits for its outcome to be recorded
 CatchUp = Literal["run_once", "skip", "all"]
 Status = Literal["fired", "skipped", "missed", "failed"]
 
@@ -211,16 +218,16 @@ class JobStore:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.keys = bus.keys
+        self._add = bus.redis.register_script(ADD)
 
     async def add(self, job: Job, *, now: float | None = None) -> float | None:
         """Store a new job and its first due instant (None: an ``at`` already past, not stored)."""
         first = job.schedule.next_after((now or time.time()) - 0.001)
         if first is None:
             raise ValueError(f"{job.schedule.describe()} is in the past: nothing would ever run")
-        if not await self.bus.redis.hsetnx(self.keys.jobs, job.id, job.model_dump_json()):
+        due = "" if job.paused else round(first * 1000)
+        if not await self._add(keys=[self.keys.jobs, self.keys.jobs_due], args=[job.id, job.model_dump_json(), due]):
             raise JobExists(f"a job named {job.name!r} already exists; remove it first (pincer cron rm {job.name})")
-        if not job.paused:
-            await self.bus.redis.zadd(self.keys.jobs_due, {job.id: round(first * 1000)})
         return first
 
     async def replace(self, job: Job, *, now: float | None = None) -> None:
