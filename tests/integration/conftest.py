@@ -139,6 +139,27 @@ async def pool(bus: Bus, tmp_path: Path):
 
 
 @pytest.fixture
+async def brain_pool(bus: Bus, tmp_path: Path):
+    """Start a Hands worker and ``count`` Brains sharing these settings and one model; stopped at teardown."""
+    running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+
+    async def start(settings: BrainSettings, llm: Any, count: int = 1) -> list[BrainWorker]:
+        hands = HandsWorker(bus, HandsSettings(workspace=tmp_path), worker_id=f"hands-p{len(running)}",
+                            heartbeat_s=0.5)
+        made = [BrainWorker(bus, settings, instance_id=f"brain-p{len(running)}-{n}", llm=llm, heartbeat_s=0.5)
+                for n in range(count)]
+        for worker in [hands, *made]:
+            stop = asyncio.Event()
+            running.append((stop, asyncio.create_task(worker.run(stop))))
+        return made
+
+    yield start
+    for stop, _ in running:
+        stop.set()
+    await asyncio.gather(*(task for _, task in running))
+
+
+@pytest.fixture
 async def chat(bus: Bus):
     inbox = ReplyInbox(bus, "gateway-t", block_ms=100)
     await inbox.start()

@@ -34,25 +34,15 @@ def answer(messages: list[dict[str, Any]], _tools: Any) -> Completion:
 
 
 @pytest.fixture
-async def brains(bus: Bus, tmp_path: Path):
-    running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
-
+def brains(brain_pool):
+    """Start ``count`` Brains whose schedulers tick fast (and a Hands worker)."""
     async def start(count: int, **scheduler: Any) -> list[BrainWorker]:
         settings = BrainSettings(model="fake/model", tools_list_timeout_s=2.0,
                                  scheduler=SchedulerSettings(tick_s=0.2, lease_s=2.0, **scheduler))
-        workers: list[Any] = [HandsWorker(bus, HandsSettings(workspace=tmp_path), worker_id="hands-j",
-                                          heartbeat_s=0.5)]
-        made = [BrainWorker(bus, settings, instance_id=f"brain-j{n}", llm=FunctionModel(answer), heartbeat_s=0.5)
-                for n in range(count)]
-        for worker in [*workers, *made]:
-            stop = asyncio.Event()
-            running.append((stop, asyncio.create_task(worker.run(stop))))
+        made: list[BrainWorker] = await brain_pool(settings, FunctionModel(answer), count)
         return made
 
-    yield start
-    for stop, _ in running:
-        stop.set()
-    await asyncio.gather(*(task for _, task in running))
+    return start
 
 
 def every(name: str, seconds: float, **fields: Any) -> Job:

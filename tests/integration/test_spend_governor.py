@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,14 +15,11 @@ from brain.config import BrainSettings
 from brain.llm import Completion
 from brain.spend import MICRO, BudgetExceeded, Governor, report
 from brain.testing import FunctionModel
-from brain.worker import BrainWorker
 from bus.codec import decode
 from bus.metrics import Meter
 from bus.protocol import ChatError, ChatMessage, ChatReply, ErrorCode, ToolSpec
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from hands.config import HandsSettings
-from hands.worker import HandsWorker
 from memory.jobs import Job, JobStore, Schedule
 
 MODEL = "fake/priced"
@@ -48,24 +44,13 @@ class PricedProvider:
 
 
 @pytest.fixture
-async def brains(bus: Bus, tmp_path: Path):
-    """Start ``count`` Brains sharing one provider and these settings, and a Hands worker."""
-    running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
-
+def brains(brain_pool):
+    """Start ``count`` Brains on the priced provider with these settings (and a Hands worker)."""
     async def start(provider: PricedProvider, count: int, **settings: Any) -> None:
-        brain_settings = BrainSettings(model=MODEL, prices=PRICES, tools_list_timeout_s=2.0, **settings)
-        workers: list[Any] = [HandsWorker(bus, HandsSettings(workspace=tmp_path), worker_id="hands-spend",
-                                          heartbeat_s=0.5)]
-        workers += [BrainWorker(bus, brain_settings, instance_id=f"brain-{n}", llm=FunctionModel(provider),
-                                heartbeat_s=0.5) for n in range(count)]
-        for worker in workers:
-            stop = asyncio.Event()
-            running.append((stop, asyncio.create_task(worker.run(stop))))
+        await brain_pool(BrainSettings(model=MODEL, prices=PRICES, tools_list_timeout_s=2.0, **settings),
+                         FunctionModel(provider), count)
 
-    yield start
-    for stop, _ in running:
-        stop.set()
-    await asyncio.gather(*(task for _, task in running))
+    return start
 
 
 @pytest.fixture
