@@ -122,6 +122,15 @@ class HeartbeatSettings(Section):
         return value
 
 
+class DelegationSettings(Section):
+    """The delegate tool: a turn hands a task to a sub-agent, which runs as its own turn on any Brain."""
+
+    max_depth: int = Field(default=2, ge=0, le=5)  # sub-agents of sub-agents, at most this deep (0: none)
+    max_children: int = Field(default=8, ge=1, le=64)  # sub-agents one turn may start
+    # Other agents each agent may hand tasks to (an agent may always delegate to itself), e.g. {main: [researcher]}.
+    agents: dict[str, list[str]] = Field(default_factory=dict)
+
+
 class LocalModelSettings(Section):
     """The local model (``brain.model: local``), which `pincer up` runs as its own process."""
 
@@ -173,13 +182,19 @@ class BrainSettings(Section):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     # Heartbeats by agent id (docs/jobs.md), e.g. {main: {every: 30m, deliver: [telegram:123]}}; none by default.
     heartbeats: dict[str, HeartbeatSettings] = Field(default_factory=dict)
+    # Sub-agents (docs/delegation.md).
+    delegation: DelegationSettings = Field(default_factory=DelegationSettings)
 
     @model_validator(mode="after")
-    def _heartbeats_of_known_agents(self) -> BrainSettings:
-        unknown = sorted(set(self.heartbeats) - set(self.agent_ids()))
-        if unknown:
-            raise ValueError(f"heartbeats names agent {unknown[0]!r}, which is not configured; agents: "
-                             f"{', '.join(self.agent_ids())} (add it under brain.agents)")
+    def _of_known_agents(self) -> BrainSettings:
+        named = [(f"heartbeats names agent {a!r}", a) for a in self.heartbeats]
+        named += [(f"delegation.agents names agent {a!r}", a) for a in self.delegation.agents]
+        named += [(f"delegation.agents.{a} names agent {b!r}", b)
+                  for a, to in self.delegation.agents.items() for b in to]
+        for what, agent in named:
+            if agent not in self.agent_ids():
+                raise ValueError(f"{what}, which is not configured; agents: {', '.join(self.agent_ids())} "
+                                 "(add it under brain.agents)")
         return self
 
     def for_agent(self, agent_id: str) -> BrainSettings | None:

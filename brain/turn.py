@@ -6,12 +6,14 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from brain.catalog import NoHandsAvailable, ToolCatalog
 from brain.config import BrainSettings
 from brain.context import fit
+from brain.delegation import Delegations, Totals, child_session, is_delegate
 from brain.llm import LOCAL, NOT_CONFIGURED, LLMClient, LLMError, ToolCall, context_window, resolve_model
 from brain.loop_detector import LoopDetector
 from brain.plan import plan
@@ -57,6 +59,9 @@ class TurnDeps:
     llm: LLMClient | None  # None: no model configured
     meter: Meter = field(default_factory=Meter)  # what /metrics shows of this Brain (sent with its heartbeat)
     spend: Governor | None = None  # the pool's spend governor (None: nothing counted, only in unit tests)
+    # The consumer's slot: a turn waiting on its sub-agents lends it out (they may need it) and takes it back.
+    set_aside: Callable[[], bool] = lambda: False
+    take_back: Callable[[], Awaitable[None]] = field(default=lambda: _nothing())
 
 
 class Turn:
@@ -86,6 +91,9 @@ class Turn:
         self.model_name = resolve_model(settings.model) or ""
         # The models a call may be answered by, as priced: the configured name, then each fallback.
         self.models = [LOCAL if settings.model == LOCAL else self.model_name, *settings.fallbacks]
+        self.delegations = Delegations(bus=deps.bus, sessions=deps.sessions, inbox=deps.inbox, settings=settings,
+                                       message=message)
+        self.deadline_ms = 0  # when the turn's time runs out (a sub-agent's: its tree's, if sooner)
 
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
@@ -104,14 +112,25 @@ class Turn:
         messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, skills, notes,
                                                                    client=msg.instructions)}]
         messages += [entry.to_llm() for entry in [*before, *turn]]
+        limit_s = deps.settings.max_turn_s
+        if msg.delegation is not None:  # a sub-agent: its tree's time, if that ends sooner
+            limit_s = min(limit_s, (msg.delegation.deadline - now_ms()) / 1000)
+        self.deadline_ms = now_ms() + int(limit_s * 1000)
+        delegations = self.delegations
+        delegations.tool_name = next((t.name for t in tools if is_delegate(t)), None)
+        if msg.delegation is not None:
+            delegations.start_tree(self.deadline_ms)
         try:
-            async with asyncio.timeout(deps.settings.max_turn_s):
-                return await self._loop(messages, tools, len(before) + 1, turn)
+            async with asyncio.timeout(max(0.0, limit_s)):
+                final = await self._loop(messages, tools, len(before) + 1, turn)
         except TimeoutError:
-            return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
-                                   f"the turn ran out of time (brain.max_turn_s = {deps.settings.max_turn_s:g}s)")
+            whose = "" if limit_s == deps.settings.max_turn_s else ", shared with the turn that delegated"
+            final = await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the turn ran out of time (brain.max_turn_s = "
+                                    f"{deps.settings.max_turn_s:g}s{whose})")
         except LLMError as exc:
-            return self._error(exc.code, exc.message)
+            final = self._error(exc.code, exc.message)
+        await delegations.account(self._used())  # the tree sees this turn's last model call
+        return final
 
     async def _transcript(self) -> tuple[list[TranscriptEntry], list[TranscriptEntry]]:
         """The session before this message, and this message's turn so far (recorded now if it is new)."""
@@ -133,6 +152,8 @@ class Turn:
         deps, msg = self.deps, self.message
         budget = deps.settings
         specs = {spec.name: spec for spec in tools}
+        if not self.delegations.may_delegate:  # not offered past the depth limit (a call of it is refused, saying so)
+            tools = [spec for spec in tools if not is_delegate(spec)]
         iteration = self._restore(turn)
         if self.unanswered:  # a resumed turn: the calls its last response made that have no result yet
             stop = await self._act(messages, specs)
@@ -146,6 +167,8 @@ class Turn:
             if budget.max_cost_usd is not None and self.cost_usd >= budget.max_cost_usd:
                 return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
                                        f"the turn spent its money (brain.max_cost_usd = {budget.max_cost_usd:g})")
+            if over := await self._tree_exceeded():
+                return await self.stop(ErrorCode.BUDGET_EXHAUSTED, over)
             self.lease.check()
             shown = fit(messages, window_tokens=self.window_tokens, result_tokens=budget.tool_result_max_tokens,
                         keep_from=turn_starts)
@@ -176,6 +199,8 @@ class Turn:
             if self.tool_calls + len(completion.tool_calls) > budget.max_tool_calls:
                 return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model asked for more tool calls than the "
                                        f"turn allows (brain.max_tool_calls = {budget.max_tool_calls})")
+            if over := await self._tree_exceeded(asking=len(completion.tool_calls)):
+                return await self.stop(ErrorCode.BUDGET_EXHAUSTED, over)
             self.tool_calls += len(completion.tool_calls)
             self.tools_used.extend(call.name for call in completion.tool_calls)
             stop = await self._act(messages, specs)
@@ -207,6 +232,15 @@ class Turn:
             self.cost_usd += await spend.settle(hold, msg.agent_id, msg.sender, answered, completion.usage, job=msg.job)
         return completion
 
+    def _used(self) -> Totals:
+        return Totals(tokens=self.usage.get("total_tokens", 0), cost_usd=self.cost_usd, tool_calls=self.tool_calls)
+
+    async def _tree_exceeded(self, *, asking: int = 0) -> str | None:
+        """Why the delegation tree this turn is part of may not go on (None: it may, or there is none)."""
+        tree = self.delegations.tree
+        used = await self.delegations.account(self._used(), asking=asking)  # the calls kept for us, if they fit
+        return None if tree is None or used is None else tree.limits.exceeded(used)
+
     def _restore(self, turn: list[TranscriptEntry]) -> int:
         """Counters of a resumed turn, and the calls of its last response still without a result."""
         answered = {entry.tool_call_id for entry in turn if entry.role == "tool"}
@@ -229,6 +263,9 @@ class Turn:
         """Our ids for a response's calls: the same in every Brain that runs this turn."""
         self.call_ids = {call.id: _call_id(self.message.message_id, iteration, index, call.id)
                          for index, call in enumerate(calls)}
+        for call in calls:
+            if call.name == self.delegations.tool_name:
+                self.delegations.number(self.call_ids[call.id])
 
     async def _act(self, messages: list[dict[str, Any]], specs: dict[str, ToolSpec]) -> ChatError | None:
         """Run the unanswered calls of the last response: in parallel, or after the calls they depend on."""
@@ -262,7 +299,12 @@ class Turn:
             finished[index].set()
 
         messages_by_index: dict[int, dict[str, Any]] = {}
+        # Waiting on sub-agents, the turn lends its slot out: with every slot held by a waiting parent,
+        # the children could never start.
+        aside = any(is_delegate(specs.get(call.name)) for call in calls) and self.deps.set_aside()
         await asyncio.gather(*(run(index) for index in range(len(calls))))
+        if aside:
+            await self.deps.take_back()
         messages.extend(messages_by_index[index] for index in range(len(calls)))
         return await self.stop(ErrorCode.LOOP_DETECTED, stop) if stop else None
 
@@ -288,6 +330,9 @@ class Turn:
                     call_id, call.name, ErrorCode.TOOL_NOT_FOUND,
                     f"no tool named {call.name!r}; available tools: {', '.join(sorted(specs)) or '(none)'}",
                 )
+            elif is_delegate(specs[call.name]):
+                result = await self.delegations.run(call_id, args, specs[call.name], self._used(), self._publish,
+                                                    self.deadline_ms)
             else:
                 result = await self._execute(call_id, call.name, args, prior)
         error = result.error
@@ -330,6 +375,11 @@ class Turn:
         assert isinstance(reply, ToolResult)
         return reply
 
+    def cancelled(self, by: str) -> ChatError:
+        """A turn cancelled before it started: nothing to stop, nothing recorded."""
+        return ChatError(session_id=self.message.session_id, message_id=self.message.message_id,
+                         code=ErrorCode.CANCELLED, message=f"the turn was cancelled by {by} before it started")
+
     async def cancel(self, by: str) -> ChatError:
         """End a turn the person stopped."""
         return await self.stop(ErrorCode.CANCELLED, f"the turn was cancelled by {by or 'the person'}")
@@ -337,6 +387,7 @@ class Turn:
     async def stop(self, code: ErrorCode, reason: str) -> ChatError:
         """End the turn early: stop its tool calls in Hands, close them in the transcript, say what was done."""
         deps, msg = self.deps, self.message
+        await self.delegations.cancel(reason)
         for call_id in list(self.in_flight):
             await deps.bus.publish(deps.bus.keys.hands_control, ToolCancel(call_id=call_id, reason=reason))
         stopped = [self._entry(role="tool", tool_call_id=call.id, name=call.name, cancelled=True,
@@ -360,11 +411,14 @@ class Turn:
                                name=name, metadata={"message_id": self.message.message_id, **metadata})
 
     def _tool_entry(self, call: ToolCall, result: ToolResult) -> TranscriptEntry:
+        child: dict[str, Any] = {"child_session": child_session(self.message.session_id, result.call_id)} \
+            if result.metadata.worker_id.startswith("agent:") else {}  # a sub-agent ran: where to read it
         return self._entry(
             role="tool", tool_call_id=call.id, name=call.name, content=for_model(result),
             call_id=result.call_id, success=result.success, worker_id=result.metadata.worker_id,
             duration_ms=result.metadata.duration_ms, truncated=result.metadata.truncated,
             attempts=result.metadata.attempts, sandbox=result.metadata.sandbox,
+            **child,
             **({"error_code": result.error.code.value} if result.error else {}),  # type: ignore[arg-type]  # metadata
         )
 
@@ -376,6 +430,8 @@ class Turn:
         """Events to the person's Gateway go out in order, with the next write, not awaited one by one."""
         if self.message.job and isinstance(event, (ChatDelta, ChatTool)):
             return  # a job's turn has nobody watching it live: only its end is read (and recorded)
+        if self.message.delegation and isinstance(event, ChatDelta):
+            return  # a sub-agent's words go back as its answer; its parent shows its tool calls
         self.deps.bus.send(self.message.reply_to, event)
 
     def _count(self, usage: dict[str, Any]) -> None:
@@ -407,3 +463,7 @@ def _finished(message: ChatMessage, turn: list[TranscriptEntry]) -> ChatReply | 
 def _call_id(message_id: str, iteration: int, index: int, model_call_id: str) -> str:
     """The same call gets the same id in every Brain that runs its turn: Hands' record is found by it."""
     return hashlib.sha256(f"{message_id}:{iteration}:{index}:{model_call_id}".encode()).hexdigest()[:32]
+
+
+async def _nothing() -> None:
+    return None

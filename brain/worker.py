@@ -12,6 +12,7 @@ from typing import Any
 
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
+from brain.delegation import cancelled_before_start
 from brain.llm import LiteLLMClient, LLMClient, resolve_model, takes_litellm, warm_up
 from brain.scheduler import Scheduler
 from brain.session_order import SessionOrder
@@ -79,6 +80,7 @@ class BrainWorker:
                                       aside=settings.max_waiting)
         # A turn whose Brain died is taken over (and resumed from its transcript) by another Brain.
         self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
+        self.deps.set_aside, self.deps.take_back = self.consumer.set_aside, self.consumer.take_back
         self.scheduler = Scheduler(bus, settings.scheduler, instance_id=instance_id, meter=meter,
                                    heartbeats=settings.heartbeats) if settings.scheduler.enabled else None
 
@@ -106,7 +108,10 @@ class BrainWorker:
             self._running[message.session_id] = task
             started = time.monotonic()
             try:
-                final = await turn.run()
+                # A sub-agent whose parent stopped before it began: cancelled now (after it is findable
+                # above, so a cancel sent meanwhile is not missed either).
+                by = await cancelled_before_start(self.bus, message)
+                final = await turn.run() if by is None else turn.cancelled(by)
             except asyncio.CancelledError:
                 if message.session_id not in self._cancels:
                     raise  # the Brain itself is stopping

@@ -271,6 +271,14 @@ class Keys:
         """Stream the turns that jobs start answer on (read by the schedulers, a group)."""
         return f"{self.prefix}jobs:results"
 
+    def delegation_tree(self, root_message_id: str) -> str:
+        """Hash of what each turn of a delegation tree has used (by message id), against the root's limits."""
+        return f"{self.prefix}delegation:tree:{root_message_id}"
+
+    def delegation_cancelled(self, message_id: str) -> str:
+        """Set when a sub-agent's turn is cancelled, so one that has not started yet ends as it starts."""
+        return f"{self.prefix}delegation:cancelled:{message_id}"
+
     def identity_seen(self, identity: str) -> str:
         """When an identity last started a turn itself (not a job's): heartbeats skip an idle owner."""
         return f"{self.prefix}seen:{identity}"

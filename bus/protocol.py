@@ -226,6 +226,22 @@ class ToolProgress(BaseMessage):
 # --- chat -------------------------------------------------------------------
 
 
+class Delegation(BaseModel):
+    """What a sub-agent's turn knows of the turn that delegated to it (``ChatMessage.delegation``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    root: str  # the message id of the turn that started the tree: its budgets are shared by the whole tree
+    parent_session: str
+    parent_call: str  # the delegate call this turn answers
+    depth: int = Field(ge=1)
+    deadline: int  # ms since the epoch: the tree's turn ends then
+    # The root turn's limits, counted over every turn of the tree.
+    max_tokens: int = Field(ge=1)
+    max_tool_calls: int = Field(ge=1)
+    max_cost_usd: float | None = None
+
+
 class ChatMessage(BaseMessage):
     type: Literal["chat:message"] = "chat:message"
     session_id: str
@@ -242,6 +258,8 @@ class ChatMessage(BaseMessage):
     instructions: str | None = None
     # The scheduled job that started this turn (<owner>/<name>): its spend counts in the job's budget too.
     job: str | None = None
+    # Set when another turn handed this one a task (the delegate tool): a sub-agent's turn.
+    delegation: Delegation | None = None
 
 
 class ChatCancel(BaseMessage):
@@ -284,6 +302,8 @@ class ChatTool(_ChatEvent):
     error_code: str | None = None
     duration_ms: int | None = None
     sandbox: str | None = None
+    # A sub-agent's call: the delegate call (of this turn or of a sub-agent's) under which it ran.
+    parent_call_id: str | None = None
 
 
 class ChatReply(_ChatEvent):

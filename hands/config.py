@@ -106,11 +106,12 @@ class WebSettings(Section):
 
 # Each group is every tool of one category (hands.registry.Category's values).
 GROUP_CATEGORIES = {"group:fs": "file_operation", "group:runtime": "code_execution", "group:web": "network_request",
-                    "group:memory": "memory_operation", "group:skills": "skill"}
+                    "group:memory": "memory_operation", "group:skills": "skill",
+                    "group:agents": "agent_delegation"}
 GROUP_NAMES = tuple(GROUP_CATEGORIES)
 PROFILES = {
     "minimal": ["group:memory", "group:skills"],
-    "coding": ["group:fs", "group:runtime", "group:memory", "group:skills"],
+    "coding": ["group:fs", "group:runtime", "group:memory", "group:skills", "group:agents"],
     "full": ["*"],
 }
 

@@ -229,7 +229,7 @@ class Executor:
     def _timeout(self, tool: ToolDefinition, call: ToolExecute) -> float:
         wanted = self._wanted.get(tool.name)
         if wanted is None:  # settings are fixed for the worker's life
-            wanted = self._wanted[tool.name] = tool.timeout_s or getattr(self.settings.timeouts, tool.category.key)
+            wanted = self._wanted[tool.name] = tool.timeout_s or getattr(self.settings.timeouts, tool.category.key, 5.0)
         left = (call.deadline - now_ms()) / 1000
         return max(MIN_TIMEOUT_S, min(wanted, MAX_TIMEOUT_S, left))
 

@@ -54,7 +54,8 @@ class Limiter:
 
     def _make_gates(self, category: str, tool: str, tool_limit: int | None) -> tuple[tuple[str, int], ...]:
         short = Category(category).key  # file_operation -> file
-        gates = [("global", self.concurrency.global_), (f"category:{short}", getattr(self.concurrency, short))]
+        gates = [("global", self.concurrency.global_), (f"category:{short}",
+                                                          getattr(self.concurrency, short, self.concurrency.global_))]
         if tool_limit is not None:
             gates.append((f"tool:{tool}", tool_limit))
         return tuple(gates)

@@ -33,6 +33,7 @@ class Category(StrEnum):
     CODE = "code_execution"
     MEMORY = "memory_operation"
     SKILL = "skill"
+    AGENT = "agent_delegation"  # run by the Brain itself (a sub-agent's turn), never by a Hands worker
 
     @property
     def key(self) -> str:

@@ -76,10 +76,19 @@ return seq
 """
 
 
+# KEYS: the parent's owner, the child's owner. A sub-agent's session is its parent's owner's.
+ADOPT = """
+local owner = redis.call('get', KEYS[1])
+if owner then redis.call('set', KEYS[2], owner, 'NX') end
+return 1
+"""
+
+
 class SessionStore:
     def __init__(self, redis: RedisStore, keys: Keys) -> None:
         self.redis, self.keys = redis, keys
         self._claim = redis.register_script(CLAIM_AND_NUMBER)
+        self._adopt = redis.register_script(ADOPT)
 
     async def append(self, session_id: str, *entries: TranscriptEntry) -> None:
         if not entries:
@@ -105,6 +114,16 @@ class SessionStore:
         args = [owner or sender, sender, "1" if operator else "0", ttl_s * 1000]
         seq = int(await self._claim(keys=keys, args=args))
         return None if seq < 0 else seq
+
+    async def adopt(self, session_id: str, *, like: str) -> None:
+        """Give a session the owner of another (a sub-agent's, its parent's): the same people may read it."""
+        await self._adopt(keys=[self.keys.session_owner(like), self.keys.session_owner(session_id)])
+
+    async def follow_expiry(self, session_id: str, *, like: str) -> None:
+        """A session that lapses takes its sub-agents' sessions with it."""
+        left_ms = await self.redis.pttl(self.keys.transcript(like))
+        if left_ms > 0:
+            await self.expire(session_id, max(1, left_ms // 1000))
 
     async def owner(self, session_id: str) -> str | None:
         """Who owns the session: a token name, "" for one from before owners, None when there is none."""

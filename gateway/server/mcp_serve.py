@@ -92,7 +92,7 @@ class PoolTools:
         assert isinstance(reply, ToolsAvailable)
         return types.ListToolsResult(tools=[
             types.Tool(name=spec.name, description=spec.description, input_schema=spec.parameters)
-            for spec in reply.tools])
+            for spec in reply.tools if spec.meta.category != "agent_delegation"])  # those run in a Brain's turn
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams

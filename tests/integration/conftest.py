@@ -143,9 +143,9 @@ async def brain_pool(bus: Bus, tmp_path: Path):
     """Start a Hands worker and ``count`` Brains sharing these settings and one model; stopped at teardown."""
     running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
 
-    async def start(settings: BrainSettings, llm: Any, count: int = 1) -> list[BrainWorker]:
-        hands = HandsWorker(bus, HandsSettings(workspace=tmp_path), worker_id=f"hands-p{len(running)}",
-                            heartbeat_s=0.5)
+    async def start(settings: BrainSettings, llm: Any, count: int = 1, **hands_settings: Any) -> list[BrainWorker]:
+        hands = HandsWorker(bus, HandsSettings(**{"workspace": tmp_path, **hands_settings}),
+                            worker_id=f"hands-p{len(running)}", heartbeat_s=0.5)
         made = [BrainWorker(bus, settings, instance_id=f"brain-p{len(running)}-{n}", llm=llm, heartbeat_s=0.5)
                 for n in range(count)]
         for worker in [hands, *made]:

@@ -1,0 +1,212 @@
+"""Sub-agents on a real Redis, in real Brains and a real Hands worker (a fake model): a delegate call runs as
+its own turn and its answer comes back as the tool's result; children run at once, as the chosen agent with
+only that agent's tools, within the depth, fan-out and the root turn's limits; cancelling the parent stops its
+children's running commands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from brain.config import BrainSettings, DelegationSettings
+from brain.delegation import child_session
+from brain.llm import Completion
+from brain.testing import FunctionModel, tool_call
+from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ChatTool, Message, ToolSpec
+from bus.replies import ReplyInbox
+from bus.streams import Bus
+from memory.sessions import SessionStore
+from tests.conftest import async_wait_until
+
+SUB = "You are a sub-agent"
+
+
+def is_child(messages: list[dict[str, Any]]) -> bool:
+    return SUB in messages[0]["content"]
+
+
+def last_user(messages: list[dict[str, Any]]) -> str:
+    return next(m["content"] for m in reversed(messages) if m["role"] == "user")
+
+
+def results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tool results the model reads since the person's last message, parsed."""
+    start = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    return [json.loads(m["content"]) for m in messages[start:] if m["role"] == "tool"]
+
+
+def delegating(*tasks: dict[str, Any]):
+    """A parent that hands out ``tasks`` in one response, then answers with what came back;
+    its children answer ``did: <task>``."""
+    def model(messages: list[dict[str, Any]], _tools: list[ToolSpec]) -> Completion:
+        if is_child(messages):
+            return Completion(text=f"did: {last_user(messages)}")
+        if messages[-1]["role"] == "tool":
+            return Completion(text=" | ".join(r.get("answer") or f"{r['error']}: {r['message']}"
+                                              for r in results(messages)))
+        return Completion(tool_calls=[tool_call("delegate", task, f"d{n}") for n, task in enumerate(tasks)])
+    return model
+
+
+def settings(**delegation: Any) -> BrainSettings:
+    return BrainSettings(model="fake/model", tools_list_timeout_s=2.0, delegation=DelegationSettings(**delegation),
+                         agents={"researcher": {"instructions": "You research."}})
+
+
+async def test_one_child_answers_as_the_tool_result_in_a_session_of_its_own(bus: Bus, brain_pool, chat) -> None:
+    llm = FunctionModel(delegating({"task": "count to three", "context": "the person likes Roman numerals"}))
+    await brain_pool(settings(), llm)
+    events = await chat("count for me", session_id="alice/main", sender="alice")
+    final = events[-1]
+    assert isinstance(final, ChatReply), final
+    assert final.text == "did: count to three"
+    tools = [e for e in events if isinstance(e, ChatTool)]
+    assert [(t.tool, t.status) for t in tools] == [("delegate", "started"), ("delegate", "finished")]
+    assert tools[1].error_code is None and tools[0].parent_call_id is None
+    # The child: its own session under the parent's, the task verbatim as the person's words, as alice.
+    parent = await SessionStore(bus.redis, bus.keys).load("alice/main")
+    call_id = parent[-2].metadata["call_id"]
+    child_id = child_session("alice/main", call_id)
+    assert child_id.startswith("alice/main:sub-") and parent[-2].metadata["child_session"] == child_id
+    child = await SessionStore(bus.redis, bus.keys).load(child_id)
+    assert [(e.role, e.content) for e in child] == [("user", "count to three"), ("assistant", "did: count to three")]
+    assert child[0].metadata["sender"] == "alice"
+    seen = next(conversation for conversation in llm.seen if is_child(conversation))
+    assert "the person likes Roman numerals" in seen[0]["content"]
+    assert "count to three" not in seen[0]["content"]  # the task is the user's message, not in the instructions
+    assert await bus.redis.get(bus.keys.session_owner(child_id)) == await bus.redis.get(
+        bus.keys.session_owner("alice/main"))
+
+
+async def test_three_children_run_at_the_same_time_on_the_pool(bus: Bus, brain_pool, chat) -> None:
+    together = asyncio.Barrier(3)  # passed only when all three children are in their model call at once
+
+    async def model(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> Completion:
+        if is_child(messages):
+            async with asyncio.timeout(10):
+                await together.wait()
+        return delegating({"task": "a"}, {"task": "b"}, {"task": "c"})(messages, tools)
+
+    await brain_pool(settings(), FunctionModel(model), 2)
+    final = (await chat("split it", session_id="alice/split", sender="alice"))[-1]
+    assert isinstance(final, ChatReply), final
+    assert final.text == "did: a | did: b | did: c"
+
+
+async def test_a_child_of_another_agent_has_only_that_agents_tools(bus: Bus, brain_pool, chat) -> None:
+    offered: dict[str, list[str]] = {}
+
+    def model(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> Completion:
+        offered["child" if is_child(messages) else "parent"] = sorted(t.name for t in tools)
+        if is_child(messages):
+            assert "You research." in messages[0]["content"]
+        return delegating({"task": "look it up", "agent": "researcher"})(messages, tools)
+
+    await brain_pool(settings(agents={"main": ["researcher"]}), FunctionModel(model),
+                     tools={"agents": {"researcher": {"allow": ["read_file", "web_fetch"]}}})
+    final = (await chat("research", session_id="alice/r", sender="alice"))[-1]
+    assert isinstance(final, ChatReply) and final.text == "did: look it up", final
+    assert offered["child"] == ["read_file", "web_fetch"]
+    assert "delegate" in offered["parent"] and "exec" in offered["parent"]
+
+
+async def test_a_sub_agent_at_the_depth_limit_is_refused_saying_so(bus: Bus, brain_pool, chat) -> None:
+    def model(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> Completion:
+        if is_child(messages):
+            if messages[-1]["role"] == "tool":
+                return Completion(text=f"child got: {results(messages)[0]['message']}")
+            assert "delegate" not in [t.name for t in tools]  # not offered at the last level...
+            return Completion(tool_calls=[tool_call("delegate", {"task": "deeper"}, "x")])  # ...refused if called
+        return delegating({"task": "one"})(messages, tools)
+
+    await brain_pool(settings(max_depth=1), FunctionModel(model))
+    final = (await chat("go", session_id="alice/depth", sender="alice"))[-1]
+    assert isinstance(final, ChatReply), final
+    assert final.text.startswith("child got: sub-agents may not delegate further (brain.delegation.max_depth = 1")
+    assert final.text.endswith("do the task yourself")
+
+
+async def test_fan_out_agents_and_arguments_are_refused_with_what_to_do(bus: Bus, brain_pool, chat) -> None:
+    seen: list[list[dict[str, Any]]] = []
+
+    def model(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> Completion:
+        if not is_child(messages) and messages[-1]["role"] == "tool":
+            seen.append(results(messages))
+        return delegating({"task": "one"}, {"task": "x", "agent": "researcher"}, {"task": "y", "agent": "nobody"},
+                          {"task": ""}, {"task": "two"})(messages, tools)
+
+    await brain_pool(settings(max_children=4), FunctionModel(model))
+    final = (await chat("go", session_id="alice/refusals", sender="alice"))[-1]
+    assert isinstance(final, ChatReply), final
+    got = seen[0]
+    assert got[0]["answer"] == "did: one"
+    assert got[1]["error"] == "PERMISSION_DENIED" and "brain.delegation.agents.main" in got[1]["message"]
+    assert got[2]["error"] == "INVALID_ARGUMENTS" and "no agent named 'nobody'" in got[2]["message"]
+    assert got[3]["error"] == "INVALID_ARGUMENTS" and got[3]["message"].startswith("task:")
+    assert got[4]["error"] == "RESOURCE_EXHAUSTED" and "brain.delegation.max_children" in got[4]["message"]
+
+
+async def test_the_tree_shares_the_root_turns_tool_calls(bus: Bus, brain_pool, chat) -> None:
+    def model(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> Completion:
+        if is_child(messages):
+            if messages[-1]["role"] == "tool":
+                return Completion(text="read it")
+            return Completion(tool_calls=[tool_call("read_file", {"path": "a.txt"}, f"r{n}") for n in range(3)])
+        return delegating({"task": "a"}, {"task": "b"})(messages, tools)
+
+    await brain_pool(BrainSettings(model="fake/model", tools_list_timeout_s=2.0, max_tool_calls=5),
+                     FunctionModel(model))
+    final = (await chat("read", session_id="alice/tree", sender="alice"))[-1]
+    # 2 delegations + 3 reads fit in 5; the second child's 3 reads do not: it stops, saying why.
+    assert isinstance(final, ChatReply), final
+    first, second = final.text.split(" | ")
+    assert first == "read it"
+    assert second.startswith("BUDGET_EXHAUSTED: the sub-agent (main, session tree:sub-")
+    assert "across the turn and its sub-agents (brain.max_tool_calls = 5)" in second
+
+
+async def test_cancelling_the_parent_kills_the_childs_running_command(bus: Bus, brain_pool, ws: Path) -> None:
+    marker = "61.4271"
+
+    def model(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> Completion:
+        if is_child(messages):
+            return Completion(tool_calls=[tool_call("exec", {"command": f"sleep {marker}"}, "e")])
+        return delegating({"task": "wait a minute"})(messages, tools)
+
+    await brain_pool(settings(), FunctionModel(model), workspace=ws)
+    inbox = ReplyInbox(bus, "gateway-cancel", block_ms=100)
+    await inbox.start()
+    events: list[Message] = []
+    try:
+        message = ChatMessage(session_id="alice/cancel", sender="alice", text="go", reply_to=inbox.stream)
+        async with inbox.expect(message.message_id) as queue:
+            await bus.publish(bus.keys.brain_inbox, message)
+            await async_wait_until(lambda: _sleeping(marker), timeout=20, what="the child's command running")
+            await bus.publish(bus.keys.brain_control, ChatCancel(session_id="alice/cancel", by="alice"))
+            async with asyncio.timeout(20):
+                while not isinstance(event := await queue.get(), (ChatReply, ChatError)):
+                    events.append(event)
+    finally:
+        await inbox.close()
+    assert isinstance(event, ChatError) and event.code.value == "CANCELLED", event
+    await async_wait_until(lambda: not _sleeping(marker), timeout=20, what="the child's command killed")
+    nested = [e for e in events if isinstance(e, ChatTool) and e.parent_call_id]
+    assert nested and nested[0].tool == "exec" and nested[0].session_id == "alice/cancel"
+    delegate = next(e for e in events if isinstance(e, ChatTool) and e.tool == "delegate")
+    assert nested[0].parent_call_id == delegate.call_id
+    child = await SessionStore(bus.redis, bus.keys).load(child_session("alice/cancel", delegate.call_id))
+    assert child[-1].metadata.get("stopped") == "CANCELLED"
+
+
+def _sleeping(marker: str) -> bool:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if f"sleep\0{marker}" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    return True
+            except OSError:
+                continue
+    return False
