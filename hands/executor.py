@@ -229,7 +229,9 @@ class Executor:
     def _timeout(self, tool: ToolDefinition, call: ToolExecute) -> float:
         wanted = self._wanted.get(tool.name)
         if wanted is None:  # settings are fixed for the worker's life
-            wanted = self._wanted[tool.name] = tool.timeout_s or getattr(self.settings.timeouts, tool.category.key, 5.0)
+            # A category without a setting of its own (delegate's, run in the Brain) gets the shortest.
+            default: float = getattr(self.settings.timeouts, tool.category.key, MIN_TIMEOUT_S)
+            wanted = self._wanted[tool.name] = tool.timeout_s or default
         left = (call.deadline - now_ms()) / 1000
         return max(MIN_TIMEOUT_S, min(wanted, MAX_TIMEOUT_S, left))
 
