@@ -73,6 +73,9 @@ class BrainWorker:
         self.control = BroadcastReader(bus, bus.keys.brain_control, self._on_control)
         self._running: dict[str, asyncio.Task[Any]] = {}  # session id -> the task running its turn
         self._cancels: dict[str, str] = {}  # session id -> who cancelled its running turn
+        # Message id -> set when its turn here ends. A second copy (a resumed parent sends its sub-agent's
+        # message again) waits for the first: the session's lease, held per Brain, would let both in.
+        self._handling: dict[str, asyncio.Event] = {}
         # A message waiting for its session's earlier turn gives its turn slot away meanwhile (up to
         # max_waiting of them), so one busy session cannot keep other sessions' messages unread.
         self.consumer = GroupConsumer(bus, streams=[bus.keys.brain_inbox], group=BRAIN_GROUP,
@@ -91,6 +94,17 @@ class BrainWorker:
         if not isinstance(message, ChatMessage):
             log.warning("ignored %s: not supported by this Brain yet", message.type)
             return []
+        while (earlier := self._handling.get(message.message_id)) is not None:
+            self.consumer.set_aside()
+            await earlier.wait()
+        self._handling[message.message_id] = done = asyncio.Event()
+        try:
+            return await self._handle_turn(message)
+        finally:
+            del self._handling[message.message_id]
+            done.set()
+
+    async def _handle_turn(self, message: ChatMessage) -> Sequence[Reply]:
         async with self._sessions.turn(message, on_wait=self.consumer.set_aside) as lease:
             await self.consumer.take_back()  # a turn slot again, if it gave its own away while waiting
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))

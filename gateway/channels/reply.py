@@ -85,7 +85,8 @@ class StreamedReply:
 
     def tool(self, event: ChatTool) -> None:
         if event.status == "started":
-            self.tools[event.call_id] = f"⚙ {event.tool} {event.summary}".strip()
+            nested = "  ↳ " if event.parent_call_id else ""  # a sub-agent's call, under its delegate line
+            self.tools[event.call_id] = f"{nested}⚙ {event.tool} {event.summary}".rstrip()
         elif event.status == "finished":
             mark = "✓" if event.error_code is None else f"✗ {event.error_code}"
             self.tools[event.call_id] = f"{self.tools.get(event.call_id, '⚙ ' + event.tool)} {mark}"

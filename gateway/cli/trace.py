@@ -35,9 +35,9 @@ def turns_of(entries: list[TranscriptEntry]) -> list[list[TranscriptEntry]]:
     return turns
 
 
-def timeline(turn: list[TranscriptEntry]) -> list[dict[str, Any]]:
-    """One row per step of a turn: when (ms from its start), what, and how long."""
-    start = turn[0].timestamp
+def timeline(turn: list[TranscriptEntry], start: int | None = None) -> list[dict[str, Any]]:
+    """One row per step of a turn: when (ms from ``start``, its own by default), what, and how long."""
+    start = turn[0].timestamp if start is None else start
     rows: list[dict[str, Any]] = []
     previous = start
     asked: dict[str, int] = {}  # the model's call id -> when the model asked for it
@@ -65,8 +65,24 @@ def timeline(turn: list[TranscriptEntry]) -> list[dict[str, Any]]:
             where = ", ".join(str(x) for x in (meta.get("worker_id"), meta.get("sandbox")) if x)
             rows.append({"at_ms": at, "step": f"tool {entry.name}", "detail": f"{outcome} ({where})" if where else
                          outcome, "ms": ran, "waited_ms": max(0, waited) if ran is not None else None,
-                         "attempts": meta.get("attempts")})
+                         "attempts": meta.get("attempts"), "child_session": meta.get("child_session")})
         previous = entry.timestamp
+    return rows
+
+
+async def with_children(store: SessionStore, turn: list[TranscriptEntry], start: int | None = None,
+                        depth: int = 0) -> list[dict[str, Any]]:
+    """A turn's rows with each sub-agent's turn under its delegate call, indented, on the same clock."""
+    start = turn[0].timestamp if start is None else start
+    rows: list[dict[str, Any]] = []
+    for row in timeline(turn, start):
+        child = row.pop("child_session", None)
+        rows.append({**row, "depth": depth})
+        if child and depth < 10:
+            child_turns = turns_of(await store.load(child))
+            if child_turns:
+                rows[-1]["child_session"] = child
+                rows.extend(await with_children(store, child_turns[-1], start, depth + 1))
     return rows
 
 
@@ -76,20 +92,21 @@ async def show_trace(config: Config, session_id: str, *, turn: int | None, as_js
         session_id = f"{OWNER}{SEPARATOR}{session_id}"
     try:
         async with connected_bus(config) as bus:
-            entries = await SessionStore(bus.redis, bus.keys).load(session_id)
+            store = SessionStore(bus.redis, bus.keys)
+            turns = turns_of(await store.load(session_id))
+            if not turns:
+                print(f"pincer: error: no session {session_id!r} (or it has no turns)", file=sys.stderr)
+                return 1
+            if turn is not None and not 1 <= turn <= len(turns):
+                print(f"pincer: error: session {session_id!r} has turns 1 to {len(turns)}", file=sys.stderr)
+                return 2
+            chosen = [turn] if turn is not None else list(range(1, len(turns) + 1))
+            found: list[dict[str, Any]] = [
+                {"turn": n, "started": turns[n - 1][0].timestamp, "steps": await with_children(store, turns[n - 1])}
+                for n in chosen]
     except Exception as exc:  # redis-py's connection and auth errors
         print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
         return 1
-    turns = turns_of(entries)
-    if not turns:
-        print(f"pincer: error: no session {session_id!r} (or it has no turns)", file=sys.stderr)
-        return 1
-    if turn is not None and not 1 <= turn <= len(turns):
-        print(f"pincer: error: session {session_id!r} has turns 1 to {len(turns)}", file=sys.stderr)
-        return 2
-    chosen = [turn] if turn is not None else list(range(1, len(turns) + 1))
-    found: list[dict[str, Any]] = [{"turn": n, "started": turns[n - 1][0].timestamp, "steps": timeline(turns[n - 1])}
-                                   for n in chosen]
     if as_json:
         print(json.dumps(found, indent=2))
         return 0
@@ -101,7 +118,10 @@ async def show_trace(config: Config, session_id: str, *, turn: int | None, as_js
             waited = f"  waited {row['waited_ms']} ms" if row.get("waited_ms") else ""
             tries = f"  {row['attempts']} attempts" if (row.get("attempts") or 1) > 1 else ""
             trace = f"  trace {row['trace_id']}" if row.get("trace_id") else ""
-            print(f"  +{row['at_ms']:>7} ms  {took}  {row['step']:<28} {row['detail']}{waited}{tries}{trace}")
+            indent = "    " * row["depth"]
+            sub = f"  -> {row['child_session']}" if row.get("child_session") else ""
+            print(f"  +{row['at_ms']:>7} ms  {took}  {indent}{row['step']:<28} {row['detail']}{waited}{tries}"
+                  f"{trace}{sub}")
     return 0
 
 

@@ -166,7 +166,8 @@ class Gateway:
         tools: list[dict[str, Any]] = []
         async for event in turn.events():
             if isinstance(event, ChatTool) and event.status == "finished":
-                tools.append({"call_id": event.call_id, "tool": event.tool, "summary": event.summary})
+                tools.append({"call_id": event.call_id, "tool": event.tool, "summary": event.summary,
+                              **({"parent_call_id": event.parent_call_id} if event.parent_call_id else {})})
             elif isinstance(event, ChatReply):
                 return JSONResponse({**event.model_dump(mode="json", exclude={"type"}), "tool_calls": tools})
             elif isinstance(event, ChatError):

@@ -67,7 +67,8 @@ def describe(message: Message) -> tuple[str, dict[str, Any]] | None:
             return "delta", {"message_id": message.message_id, "text": message.text}
         case ChatTool():
             extra = {k: v for k, v in (("arguments", message.arguments), ("error_code", message.error_code),
-                                       ("duration_ms", message.duration_ms), ("sandbox", message.sandbox))
+                                       ("duration_ms", message.duration_ms), ("sandbox", message.sandbox),
+                                       ("parent_call_id", message.parent_call_id))
                      if v is not None}
             return "tool", {"message_id": message.message_id, "call_id": message.call_id, "tool": message.tool,
                             "status": message.status, "summary": message.summary, **extra}

@@ -249,14 +249,16 @@ class _Turn:
             return self._line(f"⏸ {event.tool} waits for approval: {_one_line(event.summary)} "
                               f"(POST /v1/approvals/{event.approval_id})"), extension
         extension = {"tool": {"call_id": event.call_id, "tool": event.tool, "status": event.status,
-                              "summary": event.summary}}
+                              "summary": event.summary,
+                              **({"parent_call_id": event.parent_call_id} if event.parent_call_id else {})}}
         if event.status == "started":
             self.started[event.call_id] = event.summary
         if event.status != "finished":
             return "", extension
         about = _one_line(self.started.pop(event.call_id, "")) or event.tool  # e.g. read_file({"path": "a.txt"})
         outcome = "ok" if event.summary == "ok" else f"failed: {_one_line(event.summary)}"
-        return self._line(f"🔧 {about} → {outcome}"), extension
+        nested = "↳ " if event.parent_call_id else ""  # a sub-agent's call, under its delegate line
+        return self._line(f"{nested}🔧 {about} → {outcome}"), extension
 
     def _line(self, text: str) -> str:
         if not self.inline:

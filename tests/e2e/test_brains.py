@@ -189,3 +189,47 @@ def _healthy(url: str) -> bool:
     except httpx.HTTPError:
         return False
     return health.get("brains") == 1 and health.get("hands") == 1
+
+
+async def test_a_brain_killed_mid_delegation_finishes_the_tree_without_repeating_anything(
+        bus: Bus, processes: Processes, brains_env: dict[str, str], client: Client, tmp_path: Path) -> None:
+    first = processes.start("brain", name="brain-a")
+    processes.start("hands", name="hands")
+    (brain_a,) = await wait_for(bus, "brain", 1)
+    await wait_for(bus, "hands", 1)
+    log = tmp_path / "runs.jsonl"
+    # Two sub-agents at once, each with a side effect that must not run twice (a quick one and a 3 s one).
+    tasks = [stamp("stamp_once", "quick", log), stamp("stamp_once", "slow", log, 3)]
+    text = "\n".join("CALL delegate " + json.dumps({"task": task}) for task in tasks)
+    message = ChatMessage(session_id="parent", seq=1, text=text, reply_to=client.inbox.stream)
+    answer = asyncio.create_task(client.collect([message], timeout=120))
+    sessions = SessionStore(bus.redis, bus.keys)
+
+    async def children() -> list[str]:
+        return [s for s in await sessions.list_sessions() if s.startswith("parent:sub-")]
+
+    async def slow_child_asked() -> bool:  # the slow sub-agent's model asked for its call: it runs in Hands now
+        for child in await children():
+            if any(e.role == "assistant" and '\\"slow\\"' in json.dumps(e.tool_calls or [])
+                   for e in await sessions.load(child)):
+                return True
+        return False
+
+    await async_wait_until(slow_child_asked, timeout=30, what="the slow sub-agent's call running")
+    processes.stop(first, signal.SIGKILL)  # the parent and both sub-agents ran on brain A
+    await bus.redis.zrem(bus.keys.alive("brain"), brain_a)
+    processes.start("brain", name="brain-b")
+    final = (await answer)[message.message_id]
+    assert isinstance(final, ChatReply), final
+    assert final.text.count("RESULT delegate") == 2 and "slow" in final.text and "quick" in final.text
+    assert sorted(r["tag"] for r in runs(log)) == ["quick", "slow"]  # each side effect exactly once
+    for child in await children():
+        transcript = await sessions.load(child)
+        assert [e.role for e in transcript] == ["user", "assistant", "tool", "assistant"], child  # ran once
+    transcript = await sessions.load("parent")
+    assert [e.role for e in transcript] == ["user", "assistant", "tool", "tool", "assistant"]
+
+    async def all_acknowledged() -> bool:  # the parent, both children and the copy the resumed parent sent
+        return (await bus.redis.xpending(bus.keys.brain_inbox, "brain"))["pending"] == 0
+
+    await async_wait_until(all_acknowledged, timeout=30, what="every Brain message acknowledged")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -80,6 +81,32 @@ def test_a_tool_turn_shows_its_call_and_quotes_the_file(stack: dict[str, str]) -
     assert [(t["tool"], t["status"]) for t in tools] == [("read_file", "started"), ("read_file", "finished")]
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed.index("🔧 read_file") < streamed.index("RESULT read_file")
+
+
+def test_a_delegation_shows_as_a_tool_with_its_sub_agents_calls_nested(stack: dict[str, str],
+                                                                        processes: Processes) -> None:
+    api = client(stack, default_headers={"X-OpenWebUI-Chat-Id": "owui-delegating"})
+    task = 'CALL read_file {"path": "notes.txt"}'
+    messages = [{"role": "user", "content": "CALL delegate " + json.dumps({"task": task})}]
+    chunks = list(api.chat.completions.create(model="pincer", messages=messages, stream=True))  # type: ignore[arg-type]
+    tools = [c.model_extra["pincer"]["tool"] for c in chunks if c.model_extra and "pincer" in c.model_extra]
+    assert [(t["tool"], t["status"]) for t in tools] == [("delegate", "started"), ("read_file", "started"),
+                                                         ("read_file", "finished"), ("delegate", "finished")]
+    assert tools[1]["parent_call_id"] == tools[0]["call_id"] and "parent_call_id" not in tools[0]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert '↳ 🔧 read_file({"path": "notes.txt"}) → ok' in streamed
+    assert streamed.index("↳ 🔧 read_file") < streamed.index("🔧 delegate(") < streamed.index("RESULT delegate")
+    assert "pincer-42" in streamed  # the sub-agent read the file; its answer came back as the tool's result
+    # `pincer trace` shows the sub-agent's turn under the delegate call, across the processes' records.
+    printed = processes.run("trace", "owui-delegating").stdout
+    lines = printed.splitlines()
+    delegate = next(i for i, line in enumerate(lines) if "tool delegate" in line)
+    assert "-> owner/owui-delegating:sub-" in lines[delegate]
+    assert any("    tool read_file" in line for line in lines[delegate + 1:])
+    child = lines[delegate].rpartition("-> owner/")[2]
+    read = httpx.get(f"{gateway_url(stack)}/v1/sessions/{child}", timeout=10,
+                     headers={"Authorization": f"Bearer {OWNER_TOKEN}"})
+    assert read.status_code == 200 and read.json()["entries"][0]["content"] == task
 
 
 def test_a_session_header_keeps_pincers_transcript_as_the_record(stack: dict[str, str],

@@ -84,7 +84,10 @@ function toolCard(entry, call) {
     el("summary", {}, `${ok ? "✓" : "✗"} ${entry.name || "tool"}${facts ? " — " + facts : ""}`),
     el("div", { class: "body" },
       el("div", { class: "note" }, "arguments"), el("pre", {}, call ? call.function.arguments : "(unknown)"),
-      el("div", { class: "note" }, ok ? "result" : "error"), el("pre", {}, entry.content || "")));
+      el("div", { class: "note" }, ok ? "result" : "error"), el("pre", {}, entry.content || ""),
+      meta.child_session ? el("button", { type: "button", class: "sub-session",
+        onclick: () => openSession(meta.child_session.split("/").slice(1).join("/")) },
+        "Open the sub-agent's session") : ""));
   return card;
 }
 
@@ -94,9 +97,14 @@ function liveToolCard(event) {
     card = el("details", { class: "tool" },
       el("summary", {}, `… ${event.tool}`), el("div", { class: "body" }, el("pre", { class: "args" },
         event.arguments || event.summary || "")),
-      el("pre", { class: "progress", hidden: "" }));
+      el("pre", { class: "progress", hidden: "" }), el("div", { class: "children" }));
     state.liveCards.set(event.call_id, card);
-    append(card);
+    // A sub-agent's call goes inside the card of the delegate call it ran under.
+    const parent = event.parent_call_id && state.liveCards.get(event.parent_call_id);
+    if (parent) {
+      parent.open = true;
+      parent.querySelector(":scope > .children").append(card);
+    } else append(card);
   }
   const summary = card.querySelector("summary");
   if (event.status === "progress") {
