@@ -14,10 +14,12 @@ from typing import Any
 from brain.config import BrainSettings, DelegationSettings
 from brain.delegation import child_session
 from brain.llm import Completion
+from brain.spend import report
 from brain.testing import FunctionModel, tool_call
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ChatTool, Message, ToolSpec
 from bus.replies import ReplyInbox
 from bus.streams import Bus
+from gateway.tokens import TokenStore
 from memory.sessions import SessionStore
 from tests.conftest import async_wait_until
 
@@ -210,3 +212,67 @@ def _sleeping(marker: str) -> bool:
             except OSError:
                 continue
     return False
+
+
+async def test_a_token_limited_to_one_agent_cannot_reach_another_through_a_sub_agent(bus: Bus, brain_pool,
+                                                                                      chat) -> None:
+    await TokenStore(bus.redis, bus.keys).create("kid", agents=["main"])
+    seen: list[list[dict[str, Any]]] = []
+
+    def model(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> Completion:
+        if not is_child(messages) and messages[-1]["role"] == "tool":
+            seen.append(results(messages))
+        return delegating({"task": "find it", "agent": "researcher"})(messages, tools)
+
+    await brain_pool(settings(agents={"main": ["researcher"]}), FunctionModel(model))
+    final = (await chat("go", session_id="kid/s", sender="kid"))[-1]
+    assert isinstance(final, ChatReply), final
+    assert seen[0][0]["error"] == "PERMISSION_DENIED"
+    assert seen[0][0]["message"] == "'kid' may not use agent 'researcher' (its token allows main)"
+    final = (await chat("go", session_id="alice/s", sender="alice"))[-1]  # an identity without that limit may
+    assert isinstance(final, ChatReply) and final.text == "did: find it", final
+
+
+async def test_a_sub_agent_cancelled_before_it_starts_never_runs(bus: Bus, brain_pool, chat) -> None:
+    llm = FunctionModel(delegating({"task": "never"}))
+    # One turn slot and none to lend: the child waits in the stream while its parent waits for it.
+    brains = await brain_pool(BrainSettings(model="fake/model", tools_list_timeout_s=2.0, max_turns=1,
+                                            max_waiting=0), llm)
+    answer = asyncio.create_task(chat("go", session_id="alice/queued", sender="alice"))
+    await async_wait_until(lambda: _child_sent(bus), timeout=20, what="the child's message sent")
+    await bus.publish(bus.keys.brain_control, ChatCancel(session_id="alice/queued", by="alice"))
+    final = (await answer)[-1]
+    assert isinstance(final, ChatError) and final.code.value == "CANCELLED", final
+    await async_wait_until(lambda: _pending(bus, 0), timeout=20, what="the child's message handled")
+    assert not any(is_child(conversation) for conversation in llm.seen)  # the child's model was never called
+    assert brains[0].consumer.in_flight == 0
+
+
+async def _child_sent(bus: Bus) -> bool:
+    return any(b"delegation" in b"".join(fields.values()) for _, fields in await bus.redis.xrange(bus.keys.brain_inbox))
+
+
+async def _pending(bus: Bus, n: int) -> bool:
+    return (await bus.redis.xpending(bus.keys.brain_inbox, "brain"))["pending"] == n
+
+
+async def test_sub_agents_spend_is_the_same_identitys_and_shares_the_turns_money(bus: Bus, brain_pool,
+                                                                                chat) -> None:
+    prices = {"fake/priced": {"input_per_mtok": 1000.0, "output_per_mtok": 3000.0}}
+
+    def model(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> Completion:
+        done = delegating({"task": "a"}, {"task": "b"})(messages, tools)
+        return Completion(text=done.text, tool_calls=done.tool_calls, model="fake/priced",
+                          usage={"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110})
+
+    # Each call costs 0.1 + 0.03 = $0.13; the turn may spend $0.35: the parent's first call and both children
+    # fit ($0.39 is only reached by the last of them), the parent's second call does not.
+    await brain_pool(BrainSettings(model="fake/priced", prices=prices, tools_list_timeout_s=2.0, max_cost_usd=0.35),
+                     FunctionModel(model))
+    final = (await chat("go", session_id="alice/money", sender="alice"))[-1]
+    assert isinstance(final, ChatError) and final.code.value == "BUDGET_EXHAUSTED", final
+    assert "across the turn and its sub-agents (brain.max_cost_usd = 0.35)" in final.message
+    shown = await report(bus, BrainSettings(model="fake/priced", prices=prices))
+    alice = next(row for row in shown["budgets"] if row["budget"] == "brain.budget.per_identity.daily_usd")
+    assert alice["scope"] == "identity:alice"
+    assert alice["calls"] == 3 and alice["spent_usd"] == 0.39  # the children's calls are alice's spend
