@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -357,4 +358,29 @@ def test_pincer_open_hands_the_code_to_the_browser_off_the_command_line(page_sta
     page.goto(forwarder.as_uri())
     expect(page.locator("#app")).to_be_visible()
     expect(page.locator("#whoami")).to_have_text("owner")
+    context.close()
+
+
+def test_a_sub_agents_calls_are_cards_inside_its_delegate_card(page_stack: dict, browser, tmp_path: Path) -> None:
+    """The sub-agent's exec asks the person (its approval reaches the page through its parent) and shows as a
+    card nested in the delegate card; the finished delegate card opens the sub-agent's session."""
+    from playwright.sync_api import expect
+
+    context, page = signed_in(browser, page_stack)
+    task = 'CALL exec {"command": "cat notes.txt"}'
+    page.locator("#text").fill("CALL delegate " + json.dumps({"task": task}))
+    page.keyboard.press("Enter")
+    approval = page.locator(".approval")
+    expect(approval).to_contain_text("cat notes.txt")
+    delegate = page.locator("details.tool").filter(has_text="delegate").first
+    expect(delegate.locator(".children details.tool")).to_contain_text("exec")  # nested, live
+    shoot(page, "delegation", tmp_path)
+    approval.get_by_role("button", name="Allow once").click()
+    expect(page.locator(".msg.assistant").last).to_contain_text("the page can read this")
+    finished = page.locator("details.tool:has(button.sub-session)")  # the card as the transcript has it
+    expect(finished).to_have_count(1)
+    finished.locator(":scope > summary").click()
+    finished.get_by_role("button", name="Open the sub-agent's session").click()
+    expect(page.locator(".msg.user").first).to_have_text(task)  # the sub-agent's own conversation
+    expect(page.locator("details.tool").filter(has_text="exec").last).to_contain_text("sandbox")
     context.close()
