@@ -147,7 +147,8 @@ async def main(args: argparse.Namespace) -> None:
             await inbox.close()
             llm.stop()
             redis.stop()
-    print(f"# {time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"# {time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}")
     for n, seq, rate in rows:
         if seq:
             print(f"sequential p50 ({args.rounds}x{args.per_round} each): plain {seq['plain']:.1f} ms, "

@@ -336,11 +336,13 @@ class Turn:
             else:
                 result = await self._execute(call_id, call.name, args, prior)
         error = result.error
+        answered = result.data.get("answer") if error is None and isinstance(result.data, dict) and \
+            is_delegate(specs.get(call.name)) else None
         await self._publish(ChatTool(
             session_id=msg.session_id, message_id=msg.message_id, call_id=call_id, tool=call.name,
             status="finished", summary="ok" if error is None else f"{error.code}: {error.message}"[:300],
             error_code=None if error is None else error.code.value, duration_ms=result.metadata.duration_ms,
-            sandbox=result.metadata.sandbox,
+            sandbox=result.metadata.sandbox, answer=str(answered)[:4000] if answered is not None else None,
         ))
         return result
 

@@ -304,6 +304,8 @@ class ChatTool(_ChatEvent):
     sandbox: str | None = None
     # A sub-agent's call: the delegate call (of this turn or of a sub-agent's) under which it ran.
     parent_call_id: str | None = None
+    # finished delegate call: the sub-agent's answer (cut at 4,000 characters).
+    answer: str | None = None
 
 
 class ChatReply(_ChatEvent):

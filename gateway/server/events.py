@@ -68,7 +68,7 @@ def describe(message: Message) -> tuple[str, dict[str, Any]] | None:
         case ChatTool():
             extra = {k: v for k, v in (("arguments", message.arguments), ("error_code", message.error_code),
                                        ("duration_ms", message.duration_ms), ("sandbox", message.sandbox),
-                                       ("parent_call_id", message.parent_call_id))
+                                       ("parent_call_id", message.parent_call_id), ("answer", message.answer))
                      if v is not None}
             return "tool", {"message_id": message.message_id, "call_id": message.call_id, "tool": message.tool,
                             "status": message.status, "summary": message.summary, **extra}

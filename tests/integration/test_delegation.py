@@ -68,6 +68,7 @@ async def test_one_child_answers_as_the_tool_result_in_a_session_of_its_own(bus:
     tools = [e for e in events if isinstance(e, ChatTool)]
     assert [(t.tool, t.status) for t in tools] == [("delegate", "started"), ("delegate", "finished")]
     assert tools[1].error_code is None and tools[0].parent_call_id is None
+    assert tools[1].answer == "did: count to three"  # the stream shows what the sub-agent answered
     # The child: its own session under the parent's, the task verbatim as the person's words, as alice.
     parent = await SessionStore(bus.redis, bus.keys).load("alice/main")
     call_id = parent[-2].metadata["call_id"]

@@ -117,6 +117,8 @@ function liveToolCard(event) {
       event.sandbox ? `sandbox ${event.sandbox}` : null].filter(Boolean).join(" · ");
     card.className = ok ? "tool" : "tool failed";
     summary.textContent = `${ok ? "✓" : "✗"} ${event.tool}${facts ? " — " + facts : ""}`;
+    if (event.answer) card.querySelector(".body").append(el("div", { class: "note" }, "answer"),
+      el("pre", { class: "answer" }, event.answer));
   }
 }
 
