@@ -220,7 +220,9 @@ def context_window(model: str) -> int:
     return DEFAULT_WINDOW_TOKENS
 
 
+@functools.cache  # parsing the file took 30 ms of CPU: per model call, it was most of a Brain's work
 def price_table() -> dict[str, Any]:
+    """litellm's bundled table of models' prices and windows (read once; never fetched)."""
     spec = importlib.util.find_spec("litellm")
     if spec is None or not spec.submodule_search_locations:
         return {}
