@@ -19,9 +19,11 @@ def system_prompt(instructions: str, skills: list[SkillInfo], memory: list[dict[
         parts.append(f"Skills you can use (read one with the read_skill tool before you follow it):\n{listed}")
     if memory:
         shown = sorted(memory, key=lambda note: -note["updated"])[:MEMORY_NOTES_SHOWN]
-        listed = "\n".join(f"- {note['key']}: {note['preview']}" for note in shown)
+        listed = "\n".join(f"- {note['key']}{' (shared)' if note.get('scope') == 'shared' else ''}: {note['preview']}"
+                           for note in shown)
         more = f"\n(and {len(memory) - len(shown)} older notes: find them with memory_search)" \
             if len(memory) > len(shown) else ""
-        parts.append("Your long-term memory (read a note in full with memory_read, add one with memory_write):\n"
+        parts.append("Your long-term memory of this person, and shared notes (read a note in full with memory_read, "
+                     "add one with memory_write):\n"
                      f"{listed}{more}")
     return "\n\n".join(parts)

@@ -108,7 +108,8 @@ class Turn:
             tools, skills = await deps.catalog.lookup(msg.agent_id, msg.sender)
         except NoHandsAvailable as exc:
             return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
-        notes = await deps.memory.list(msg.agent_id) if any(t.name == "memory_read" for t in tools) else []
+        notes = await deps.memory.list(msg.agent_id, owner=msg.sender) \
+            if any(t.name == "memory_read" for t in tools) else []
         messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, skills, notes,
                                                                    client=msg.instructions)}]
         messages += [entry.to_llm() for entry in [*before, *turn]]

@@ -100,9 +100,10 @@ class Keys:
         """A call to a tool that is not idempotent: who runs it, then its result (a redelivery reads it)."""
         return f"{self.prefix}call:{call_id}"
 
-    def memory(self, agent_id: str) -> str:
-        """Hash of an agent's long-term memory notes, by key."""
-        return f"{self.prefix}memory:{agent_id}"
+    def memory(self, agent_id: str, owner: str = "") -> str:
+        """Hash of long-term notes, by key: an identity's own with this agent, or (owner "") the agent's
+        shared ones. Agent ids never hold "/", so the two never meet."""
+        return f"{self.prefix}memory:{agent_id}/{owner}" if owner else f"{self.prefix}memory:{agent_id}"
 
     def job(self, job_id: str) -> str:
         """Hash describing a background job: owner worker, status, exit code, output tail."""

@@ -32,26 +32,31 @@ from hands.skills import SkillRefused, load_skill
 
 
 class MemoryNotes:
-    """Long-term notes in a dict, per agent: what ``ctx.memory`` is in a test (hands.seams.NoteKeeping)."""
+    """Long-term notes in a dict, per agent and owner: what ``ctx.memory`` is in a test (hands.seams.NoteKeeping).
+    Owner "" holds the agent's shared notes, which every owner also sees (its own first)."""
 
     def __init__(self) -> None:
-        self.notes: dict[tuple[str, str], str] = {}
+        self.notes: dict[tuple[str, str, str], str] = {}
 
-    async def write(self, agent_id: str, key: str, content: str, *, append: bool = False) -> str:
-        old = self.notes.get((agent_id, key), "") if append else ""
-        self.notes[agent_id, key] = old + content
-        return self.notes[agent_id, key]
+    async def write(self, agent_id: str, key: str, content: str, *, owner: str, append: bool = False) -> str:
+        old = self.notes.get((agent_id, owner, key), "") if append else ""
+        self.notes[agent_id, owner, key] = old + content
+        return self.notes[agent_id, owner, key]
 
-    async def read(self, agent_id: str, key: str) -> str | None:
-        return self.notes.get((agent_id, key))
+    async def read(self, agent_id: str, key: str, *, owner: str) -> tuple[str, str] | None:
+        for whose, scope in ((owner, "own"), ("", "shared")):
+            if (agent_id, whose, key) in self.notes:
+                return self.notes[agent_id, whose, key], scope
+        return None
 
-    async def list(self, agent_id: str) -> Notes:
-        return [{"key": key, "chars": len(text)} for (agent, key), text in sorted(self.notes.items())
-                if agent == agent_id]
+    async def list(self, agent_id: str, *, owner: str) -> Notes:
+        return [{"key": key, "chars": len(text), "scope": "own" if whose else "shared"}
+                for (agent, whose, key), text in sorted(self.notes.items())
+                if agent == agent_id and whose in (owner, "")]
 
-    async def search(self, agent_id: str, query: str, *, limit: int = 10) -> Notes:
-        return [{"key": key, "snippet": text[:80]} for (agent, key), text in sorted(self.notes.items())
-                if agent == agent_id and query.lower() in text.lower()][:limit]
+    async def search(self, agent_id: str, query: str, *, owner: str, limit: int = 10) -> Notes:
+        return [{"key": key, "snippet": text[:80]} for (agent, whose, key), text in sorted(self.notes.items())
+                if agent == agent_id and whose in (owner, "") and query.lower() in text.lower()][:limit]
 
 
 class SkillUnderTest:

@@ -1,8 +1,15 @@
-"""Long-term memory: an agent's named notes, shared by every worker through Redis."""
+"""Long-term memory: named notes, shared by every worker through Redis.
+
+Notes belong to the identity that wrote them (``owner``: a token's name, a
+chat user's ``telegram:123``), one set per agent; each agent also has shared
+notes (owner ``SHARED``), which owners of the pool write and every identity
+reads. A read, list or search sees the caller's own notes and the shared
+ones, its own first; nobody sees another identity's.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 
@@ -12,6 +19,9 @@ from bus.protocol import now_ms
 from bus.store import RedisStore
 
 Notes = list[dict[str, Any]]  # the method named list would shadow the builtin in annotations
+Scope = Literal["own", "shared"]
+Places = list[tuple[Scope, str]]
+SHARED = ""  # the owner of an agent's shared notes
 
 
 class NoteRefused(PincerError, ValueError):
@@ -23,46 +33,75 @@ class LongTermMemory:
         self.redis, self.keys = redis, keys
         self.max_chars, self.max_notes = max_chars, max_notes
 
-    async def write(self, agent_id: str, key: str, content: str, *, append: bool = False) -> str:
-        """Store a note (or add to it); returns the note's full content. Limits are checked before
-        anything is stored: a refused write leaves the note as it was."""
-        existing = await self.read(agent_id, key)
+    async def write(self, agent_id: str, key: str, content: str, *, owner: str, append: bool = False) -> str:
+        """Store a note of ``owner``'s (``SHARED``: the agent's shared notes), or add to it; returns its full
+        content. Limits are checked before anything is stored: a refused write leaves the note as it was."""
+        where = self.keys.memory(agent_id, owner)
+        raw = await self.redis.hget(where, key)
+        existing = None if raw is None else _content(raw)
         if append and existing:
             content = f"{existing}\n{content}"
         if len(content) > self.max_chars:
             raise NoteRefused(f"note {key!r} would be {len(content):,} characters; the limit is {self.max_chars:,}")
-        if existing is None and await self.redis.hlen(self.keys.memory(agent_id)) >= self.max_notes:
-            raise NoteRefused(f"the agent already keeps {self.max_notes:,} notes; update or replace one")
+        if existing is None and await self.redis.hlen(where) >= self.max_notes:
+            whose = "the shared notes hold" if owner == SHARED else "you already keep"
+            raise NoteRefused(f"{whose} {self.max_notes:,} notes; update or replace one")
         note = msgpack.packb({"content": content, "updated": now_ms()}, use_bin_type=True)
-        await self.redis.hset(self.keys.memory(agent_id), key, note)
+        await self.redis.hset(where, key, note)
         return content
 
-    async def read(self, agent_id: str, key: str) -> str | None:
-        raw = await self.redis.hget(self.keys.memory(agent_id), key)
-        return None if raw is None else msgpack.unpackb(raw, raw=False)["content"]
+    async def read(self, agent_id: str, key: str, *, owner: str) -> tuple[str, Scope] | None:
+        """The note ``owner`` means by ``key`` (its own, else the shared one of that name) and whose it is."""
+        for scope, where in self._scopes(agent_id, owner):
+            raw = await self.redis.hget(where, key)
+            if raw is not None:
+                return _content(raw), scope
+        return None
 
-    async def list(self, agent_id: str) -> Notes:
-        notes = await self.redis.hgetall(self.keys.memory(agent_id))
-        listed = []
-        for key, raw in sorted(notes.items()):
-            note = msgpack.unpackb(raw, raw=False)
-            first_line = note["content"].strip().split("\n", 1)[0]
-            preview = first_line[:120] + ("…" if len(first_line) > 120 or "\n" in note["content"].strip() else "")
-            listed.append({"key": key.decode(), "chars": len(note["content"]), "updated": note["updated"],
-                           "preview": preview})
+    async def list(self, agent_id: str, *, owner: str) -> Notes:
+        """``owner``'s notes and the shared ones (a shared note named like one of its own is hidden by it)."""
+        listed: Notes = []
+        seen: set[str] = set()
+        for scope, where in self._scopes(agent_id, owner):
+            for raw_key, raw in sorted((await self.redis.hgetall(where)).items()):
+                key = raw_key.decode()
+                if key in seen:
+                    continue
+                seen.add(key)
+                note = msgpack.unpackb(raw, raw=False)
+                first_line = note["content"].strip().split("\n", 1)[0]
+                preview = first_line[:120] + ("…" if len(first_line) > 120 or "\n" in note["content"].strip()
+                                              else "")
+                listed.append({"key": key, "scope": scope, "chars": len(note["content"]), "updated": note["updated"],
+                               "preview": preview})
         return listed
 
-    async def search(self, agent_id: str, query: str, *, limit: int = 10) -> Notes:
-        """Notes whose key or text contains every word of the query (case-insensitive), best first."""
+    async def search(self, agent_id: str, query: str, *, owner: str, limit: int = 10) -> Notes:
+        """``owner``'s and the shared notes whose key or text contains every word of the query, best first."""
         words = [w.lower() for w in query.split() if w]
         found = []
-        for key, raw in (await self.redis.hgetall(self.keys.memory(agent_id))).items():
-            content = msgpack.unpackb(raw, raw=False)["content"]
-            haystack = f"{key.decode()} {content}".lower()
-            if all(w in haystack for w in words):
-                score = sum(haystack.count(w) for w in words)
-                found.append({"key": key.decode(), "score": score, "excerpt": content[:300]})
+        seen: set[str] = set()
+        for scope, where in self._scopes(agent_id, owner):
+            for raw_key, raw in (await self.redis.hgetall(where)).items():
+                key = raw_key.decode()
+                if key in seen:
+                    continue
+                seen.add(key)
+                content = _content(raw)
+                haystack = f"{key} {content}".lower()
+                if all(w in haystack for w in words):
+                    score = sum(haystack.count(w) for w in words)
+                    found.append({"key": key, "scope": scope, "score": score, "excerpt": content[:300]})
         return sorted(found, key=lambda n: (-n["score"], n["key"]))[:limit]
 
-    async def delete(self, agent_id: str, key: str) -> bool:
-        return bool(await self.redis.hdel(self.keys.memory(agent_id), key))
+    async def delete(self, agent_id: str, key: str, *, owner: str) -> bool:
+        return bool(await self.redis.hdel(self.keys.memory(agent_id, owner), key))
+
+    def _scopes(self, agent_id: str, owner: str) -> Places:
+        own: Places = [] if owner == SHARED else [("own", self.keys.memory(agent_id, owner))]
+        return [*own, ("shared", self.keys.memory(agent_id))]
+
+
+def _content(raw: bytes) -> str:
+    content: str = msgpack.unpackb(raw, raw=False)["content"]
+    return content

@@ -320,3 +320,36 @@ def test_a_stream_left_before_its_first_chunk_holds_nothing_and_sends_its_messag
             # the left turn's message was sent: the session's next one is answered, not held back behind it
             same = client.post("/v1/sessions/left/messages", json={"text": f"and then {attempt}"})
             assert same.status_code == 200 and same.json()["text"] == f"echo: and then {attempt}", same.text
+
+
+def test_notes_belong_to_their_writer_through_every_door(secured: dict[str, str], processes: Processes) -> None:
+    """A chat token's notes are its own over HTTP, the OpenAI endpoint and a sub-agent; an owner writes shared
+    notes everyone reads; a chat token cannot."""
+    bob = gateway_client(secured, create_token(processes, "bob"))
+    carol = gateway_client(secured, create_token(processes, "carol"))
+
+    def native(client: httpx.Client, session: str, text: str) -> str:
+        answer = client.post(f"/v1/sessions/{session}/messages", json={"text": text}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["text"])
+
+    def openai(client: httpx.Client, text: str) -> str:
+        answer = client.post("/v1/chat/completions", timeout=60,
+                             json={"model": "pincer", "messages": [{"role": "user", "content": text}]})
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["choices"][0]["message"]["content"])
+
+    write = 'CALL memory_write {"key": "gift", "content": "Bob wants a red scarf"}'
+    assert '"scope": "own"' in native(bob, "notes", write)
+    search = 'CALL memory_search {"query": "scarf"}'
+    assert '"notes": []' in openai(carol, search)  # not Carol's, over another door
+    via_sub_agent = native(carol, "notes", "CALL delegate " + json.dumps({"task": search}))
+    assert '\\"notes\\": []' in via_sub_agent and "scarf\\" in via_sub_agent  # nor through a sub-agent
+    assert "Bob wants a red scarf" in openai(bob, search)
+    shared = 'CALL memory_write {"key": "house", "content": "dinner at seven", "shared": true}'
+    assert "PERMISSION_DENIED" in native(bob, "notes", shared)
+    owner = gateway_client(secured)
+    assert "PERMISSION_DENIED" in native(owner, "notes", shared)  # owner's token: not in this stack's owners
+    alice = gateway_client(secured, create_token(processes, "alice", "--scope", "operator"))
+    assert '"scope": "shared"' in native(alice, "notes", shared)
+    assert "dinner at seven" in openai(carol, 'CALL memory_read {"key": "house"}')

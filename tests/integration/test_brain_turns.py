@@ -243,7 +243,10 @@ async def test_a_turn_redelivered_after_its_brain_died_does_not_repeat_answered_
 
 
 async def test_the_model_reads_big_results_cut_and_its_memory_in_the_prompt(bus: Bus, pool, chat) -> None:
-    await LongTermMemory(bus.redis, bus.keys).write("main", "favourite-colour", "The user likes green.\nAnd more.")
+    memory = LongTermMemory(bus.redis, bus.keys)
+    await memory.write("main", "favourite-colour", "The user likes green.\nAnd more.", owner="user")
+    await memory.write("main", "house", "Dinner is at seven.", owner="")
+    await memory.write("main", "secret", "Someone else's note.", owner="stranger")
 
     async def big(_args: dict[str, Any], _ctx: Any) -> str:
         return "HEAD" + "x" * 40_000 + "TAIL"
@@ -256,6 +259,7 @@ async def test_the_model_reads_big_results_cut_and_its_memory_in_the_prompt(bus:
     assert isinstance((await chat("go"))[-1], ChatReply)
     system = llm.seen[0][0]["content"]
     assert "long-term memory" in system and "- favourite-colour: The user likes green.…" in system
+    assert "- house (shared): Dinner is at seven." in system and "Someone else" not in system
     shown = llm.seen[-1][-1]["content"]
     assert shown.startswith("HEAD") and shown.endswith("TAIL") and "characters cut from the middle" in shown
     assert len(shown) < 2_500

@@ -255,6 +255,21 @@ async def test_memory_is_shared_by_workers(engine, call) -> None:
     assert missing.error.code is ErrorCode.FILE_NOT_FOUND and "notes: cats, fav" in missing.error.message
 
 
+async def test_each_sender_has_notes_of_its_own_and_only_owners_write_shared_ones(engine, call) -> None:
+    await engine()
+    assert (await call("memory_write", {"key": "gift", "content": "a red scarf"}, sender="ben")).data["scope"] == "own"
+    assert (await call("memory_read", {"key": "gift"}, sender="ana")).error.code is ErrorCode.FILE_NOT_FOUND
+    assert (await call("memory_search", {"query": "scarf"}, sender="ana")).data["notes"] == []
+    assert (await call("memory_read", {"key": "gift"}, sender="ben")).data == {
+        "key": "gift", "content": "a red scarf", "scope": "own"}
+    refused = await call("memory_write", {"key": "rule", "content": "x", "shared": True}, sender="ben")
+    assert refused.error.code is ErrorCode.PERMISSION_DENIED and "hands.tools.owners" in refused.error.message
+    shared = await call("memory_write", {"key": "rule", "content": "dinner at 7", "shared": True}, sender="owner")
+    assert shared.data["scope"] == "shared"
+    for sender in ("ana", "ben", "telegram:42"):
+        assert (await call("memory_read", {"key": "rule"}, sender=sender)).data["scope"] == "shared"
+
+
 async def test_refused_memory_writes_store_nothing(engine, call, bus) -> None:
     await engine()
     big = "x" * 99_000
@@ -264,7 +279,7 @@ async def test_refused_memory_writes_store_nothing(engine, call, bus) -> None:
         assert refused.error.code is ErrorCode.RESOURCE_EXHAUSTED and "the limit is 100,000" in refused.error.message
     from memory.longterm import LongTermMemory
 
-    assert await LongTermMemory(bus.redis, bus.keys).read("main", "grows") == big
+    assert await LongTermMemory(bus.redis, bus.keys).read("main", "grows", owner="") == (big, "shared")
 
 
 # --- skills -------------------------------------------------------------------
