@@ -105,6 +105,12 @@ class Keys:
         shared ones. Agent ids never hold "/", so the two never meet."""
         return f"{self.prefix}memory:{agent_id}/{owner}" if owner else f"{self.prefix}memory:{agent_id}"
 
+    @property
+    def memory_log(self) -> str:
+        """Stream of what memory search finds (notes written or deleted, words said in sessions), in order:
+        each Hands worker indexes it (memory/recall.py)."""
+        return f"{self.prefix}memory:log"
+
     def job(self, job_id: str) -> str:
         """Hash describing a background job: owner worker, status, exit code, output tail."""
         return f"{self.prefix}job:{job_id}"

@@ -54,8 +54,9 @@ class MemoryNotes:
                 for (agent, whose, key), text in sorted(self.notes.items())
                 if agent == agent_id and whose in (owner, "")]
 
-    async def search(self, agent_id: str, query: str, *, owner: str, limit: int = 10) -> Notes:
-        return [{"key": key, "snippet": text[:80]} for (agent, whose, key), text in sorted(self.notes.items())
+    async def search(self, agent_id: str, query: str, *, owner: str, limit: int = 10, turn: str = "") -> Notes:
+        return [{"source": "note", "key": key, "excerpt": text[:80]}
+                for (agent, whose, key), text in sorted(self.notes.items())
                 if agent == agent_id and whose in (owner, "") and query.lower() in text.lower()][:limit]
 
 

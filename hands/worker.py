@@ -48,6 +48,7 @@ from hands.tools import builtin_tools
 from hands.workspace import Workspace
 from memory.jobs import JobStore
 from memory.longterm import LongTermMemory
+from memory.recall import Recall
 
 log = logging.getLogger("hands.worker")
 
@@ -83,9 +84,11 @@ class HandsWorker:
         # Python 3.11 makes a getpid call to find the running loop; current_task(loop) does not.
         self._loop: asyncio.AbstractEventLoop | None = None
         approvals = ApprovalGate(settings.exec, bus=bus, inbox=self.inbox)
+        self.recall = Recall(bus.redis, bus.keys)  # memory search's index, kept up to date in the background
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
-                                 approvals=approvals, memory=LongTermMemory(bus.redis, bus.keys), pool=self.pool,
+                                 approvals=approvals, pool=self.pool,
+                                 memory=LongTermMemory(bus.redis, bus.keys, recall=self.recall),
                                  progress=self._progress, meter=self.meter, schedules=JobStore(bus))
         self.mcp = McpServers(settings.mcp, self.registry, self.sandbox, bus=bus, worker_id=worker_id,
                               on_change=self._tools_changed)
@@ -277,6 +280,9 @@ class HandsWorker:
             await self.lanes.start()
             services.push_async_callback(self.lanes.close)
             await self.mcp.start()
+            recall_stop = asyncio.Event()
+            indexing = asyncio.create_task(self.recall.run(recall_stop), name="recall")
+            services.push_async_callback(_stopped, indexing, recall_stop)
             for refusal in self.skills.refused:
                 log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
             log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
@@ -284,3 +290,9 @@ class HandsWorker:
                      len(self.skills.tools), len(self.skills.instructions), self.executor.workspace.root,
                      self.sandbox.tier, self.settings.concurrency.global_)
             await self.consumer.run(stop)
+
+
+async def _stopped(task: asyncio.Task[Any], stop: asyncio.Event) -> None:
+    """A background task of the worker, told to stop and awaited."""
+    stop.set()
+    await task

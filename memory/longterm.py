@@ -17,6 +17,7 @@ from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import now_ms
 from bus.store import RedisStore
+from memory.recall import Recall, note_deleted, note_written
 
 Notes = list[dict[str, Any]]  # the method named list would shadow the builtin in annotations
 Scope = Literal["own", "shared"]
@@ -29,8 +30,9 @@ class NoteRefused(PincerError, ValueError):
 
 
 class LongTermMemory:
-    def __init__(self, redis: RedisStore, keys: Keys, *, max_chars: int = 100_000, max_notes: int = 1_000) -> None:
-        self.redis, self.keys = redis, keys
+    def __init__(self, redis: RedisStore, keys: Keys, *, max_chars: int = 100_000, max_notes: int = 1_000,
+                 recall: Recall | None = None) -> None:
+        self.redis, self.keys, self.recall = redis, keys, recall
         self.max_chars, self.max_notes = max_chars, max_notes
 
     async def write(self, agent_id: str, key: str, content: str, *, owner: str, append: bool = False) -> str:
@@ -47,7 +49,10 @@ class LongTermMemory:
             whose = "the shared notes hold" if owner == SHARED else "you already keep"
             raise NoteRefused(f"{whose} {self.max_notes:,} notes; update or replace one")
         note = msgpack.packb({"content": content, "updated": now_ms()}, use_bin_type=True)
-        await self.redis.hset(where, key, note)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(where, key, note)
+            pipe.xadd(self.keys.memory_log, note_written(agent_id, owner, key, content))  # type: ignore[arg-type]
+            await pipe.execute()
         return content
 
     async def read(self, agent_id: str, key: str, *, owner: str) -> tuple[str, Scope] | None:
@@ -76,8 +81,11 @@ class LongTermMemory:
                                "preview": preview})
         return listed
 
-    async def search(self, agent_id: str, query: str, *, owner: str, limit: int = 10) -> Notes:
-        """``owner``'s and the shared notes whose key or text contains every word of the query, best first."""
+    async def search(self, agent_id: str, query: str, *, owner: str, limit: int = 10, turn: str = "") -> Notes:
+        """What matches ``query`` among ``owner``'s notes and the shared ones, and (with a recall index) its past
+        conversations, best first. Without an index: the notes whose key or text holds every word."""
+        if self.recall is not None:
+            return await self.recall.search(agent_id, query, owner=owner, limit=limit, turn=turn)
         words = [w.lower() for w in query.split() if w]
         found = []
         seen: set[str] = set()
@@ -91,11 +99,16 @@ class LongTermMemory:
                 haystack = f"{key} {content}".lower()
                 if all(w in haystack for w in words):
                     score = sum(haystack.count(w) for w in words)
-                    found.append({"key": key, "scope": scope, "score": score, "excerpt": content[:300]})
+                    found.append({"source": "note", "key": key, "scope": scope, "score": score,
+                                  "excerpt": content[:300]})
         return sorted(found, key=lambda n: (-n["score"], n["key"]))[:limit]
 
     async def delete(self, agent_id: str, key: str, *, owner: str) -> bool:
-        return bool(await self.redis.hdel(self.keys.memory(agent_id, owner), key))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hdel(self.keys.memory(agent_id, owner), key)
+            pipe.xadd(self.keys.memory_log, note_deleted(agent_id, owner, key))  # type: ignore[arg-type]
+            deleted, _ = await pipe.execute()
+        return bool(deleted)
 
     def _scopes(self, agent_id: str, owner: str) -> Places:
         own: Places = [] if owner == SHARED else [("own", self.keys.memory(agent_id, owner))]

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bus.keys import Keys
 from bus.protocol import now_ms
 from bus.store import RedisStore
+from memory.recall import said, session_forgotten
 
 
 class Marks(BaseModel):
@@ -94,10 +95,15 @@ class SessionStore:
         if not entries:
             return
         packed = [msgpack.packb(e.model_dump(mode="json", exclude_none=True), use_bin_type=True) for e in entries]
+        findable = [f for n, e in enumerate(entries)
+                    if (f := said(session_id, e.role, e.content, e.timestamp, f"{e.timestamp}-{n}",
+                                  str(e.metadata.get("message_id") or ""))) is not None]
         # Not a transaction: the keys live in different cluster slots; the index is a hint.
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.rpush(self.keys.transcript(session_id), *packed)
             pipe.zadd(self.keys.sessions, {session_id: time.time()})
+            for fields in findable:  # memory search finds it (memory/recall.py), in the same round trip
+                pipe.xadd(self.keys.memory_log, fields)  # type: ignore[arg-type]  # str fields
             await pipe.execute()
 
     async def next_seq(self, session_id: str) -> int:
@@ -176,4 +182,5 @@ class SessionStore:
                         self.keys.session_done(session_id), self.keys.session_owner(session_id),
                         self.keys.session_events(session_id), self.keys.session_events_seq(session_id))
             pipe.zrem(self.keys.sessions, session_id)
+            pipe.xadd(self.keys.memory_log, session_forgotten(session_id))  # type: ignore[arg-type]  # str fields
             await pipe.execute()

@@ -62,8 +62,9 @@ async def memory_read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 
 async def memory_search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    return {"query": args["query"], "notes": await _store(ctx).search(ctx.agent_id, args["query"], owner=_owner(ctx),
-                                                                       limit=args.get("limit", 10))}
+    turn = ctx.call.message_id if ctx.call is not None else ""  # its own words are not memory yet
+    return {"query": args["query"], "hits": await _store(ctx).search(ctx.agent_id, args["query"], owner=_owner(ctx),
+                                                                      limit=args.get("limit", 10), turn=turn)}
 
 
 MEMORY_TOOLS = [
@@ -88,7 +89,8 @@ MEMORY_TOOLS = [
     ),
     ToolDefinition(
         name="memory_search",
-        description="Find notes (the person's own and the shared ones) that mention every word of a query.",
+        description=("Search long-term memory: the person's notes, the shared notes and your earlier conversations "
+                     "with this person, best match first; each hit says where it is from and when."),
         parameters={"type": "object", "properties": {
             "query": {"type": "string", "minLength": 1, "maxLength": 500},
             "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10},

@@ -342,9 +342,9 @@ def test_notes_belong_to_their_writer_through_every_door(secured: dict[str, str]
     write = 'CALL memory_write {"key": "gift", "content": "Bob wants a red scarf"}'
     assert '"scope": "own"' in native(bob, "notes", write)
     search = 'CALL memory_search {"query": "scarf"}'
-    assert '"notes": []' in openai(carol, search)  # not Carol's, over another door
+    assert '"hits": []' in openai(carol, search)  # not Carol's, over another door
     via_sub_agent = native(carol, "notes", "CALL delegate " + json.dumps({"task": search}))
-    assert '\\"notes\\": []' in via_sub_agent and "scarf\\" in via_sub_agent  # nor through a sub-agent
+    assert "RESULT memory_search" in via_sub_agent and "Bob wants" not in via_sub_agent  # nor through a sub-agent
     assert "Bob wants a red scarf" in openai(bob, search)
     shared = 'CALL memory_write {"key": "house", "content": "dinner at seven", "shared": true}'
     assert "PERMISSION_DENIED" in native(bob, "notes", shared)
@@ -353,3 +353,9 @@ def test_notes_belong_to_their_writer_through_every_door(secured: dict[str, str]
     alice = gateway_client(secured, create_token(processes, "alice", "--scope", "operator"))
     assert '"scope": "shared"' in native(alice, "notes", shared)
     assert "dinner at seven" in openai(carol, 'CALL memory_read {"key": "house"}')
+    # What Bob said in an earlier session is found from a later one (and from no one else's).
+    native(bob, "monday", "my gym locker is number 4312")
+    found = json.loads(native(bob, "friday", 'CALL memory_search {"query": "gym locker"}').partition(": ")[2])
+    assert found["hits"][0]["source"] == "conversation" and found["hits"][0]["session"] == "monday"
+    assert "4312" in found["hits"][0]["excerpt"]
+    assert "4312" not in native(carol, "friday", 'CALL memory_search {"query": "gym locker"}')

@@ -249,8 +249,8 @@ async def test_memory_is_shared_by_workers(engine, call) -> None:
     assert [n["key"] for n in listing.data["notes"]] == ["fav"]
     await call("memory_write", {"key": "cats", "content": "The cat is called Pincer."})
     found = await call("memory_search", {"query": "BLUE 2"})
-    assert [n["key"] for n in found.data["notes"]] == ["fav"]
-    assert [n["key"] for n in (await call("memory_search", {"query": "pincer"})).data["notes"]] == ["cats"]
+    assert [n["key"] for n in found.data["hits"]] == ["fav"]
+    assert [n["key"] for n in (await call("memory_search", {"query": "pincer"})).data["hits"]] == ["cats"]
     missing = await call("memory_read", {"key": "nope"})
     assert missing.error.code is ErrorCode.FILE_NOT_FOUND and "notes: cats, fav" in missing.error.message
 
@@ -259,7 +259,7 @@ async def test_each_sender_has_notes_of_its_own_and_only_owners_write_shared_one
     await engine()
     assert (await call("memory_write", {"key": "gift", "content": "a red scarf"}, sender="ben")).data["scope"] == "own"
     assert (await call("memory_read", {"key": "gift"}, sender="ana")).error.code is ErrorCode.FILE_NOT_FOUND
-    assert (await call("memory_search", {"query": "scarf"}, sender="ana")).data["notes"] == []
+    assert (await call("memory_search", {"query": "scarf"}, sender="ana")).data["hits"] == []
     assert (await call("memory_read", {"key": "gift"}, sender="ben")).data == {
         "key": "gift", "content": "a red scarf", "scope": "own"}
     refused = await call("memory_write", {"key": "rule", "content": "x", "shared": True}, sender="ben")

@@ -28,7 +28,7 @@ async def test_memory_tools_against_the_fake_notes(tmp_path: Path) -> None:
     assert (await run(hands, "memory_write", key="plan", content=" friday", append=True)).data["chars"] == 14
     assert notes.notes["a1", "", "plan"] == "ship it friday"  # no sender (a bus client): the shared notes
     found = await run(hands, "memory_search", query="FRIDAY")
-    assert [n["key"] for n in found.data["notes"]] == ["plan"]
+    assert [n["key"] for n in found.data["hits"]] == ["plan"]
     missing = await run(hands, "memory_read", key="nope")
     assert missing.error.code is ErrorCode.FILE_NOT_FOUND and "plan" in missing.error.message
 

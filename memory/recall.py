@@ -1,0 +1,207 @@
+"""Recall: search over an identity's notes and its past conversations, ranked by BM25.
+
+Whatever should be findable (a note written or deleted, a person's message, the
+agent's words in a turn) is also added to one Redis stream, ``memory:log``, in
+the same round trip as the write itself. Each Hands worker keeps a local index
+of that stream in SQLite's FTS5 (whose ``bm25()`` ranks, with the Porter
+stemmer): a background task adds entries as they are written, and a search
+first reads whatever arrived since, so it sees everything written before it.
+The index lives in memory; a new worker builds it from the stream.
+
+Scoping is in the query: an identity finds its own notes and the agent's shared
+ones, and its own conversations, never another identity's. A conversation hit
+whose session was deleted or lapsed is dropped (and forgotten) when found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import sqlite3
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from bus.keys import Keys
+from bus.log import kv
+from bus.store import RedisStore
+
+log = logging.getLogger("memory.recall")
+CHUNK_CHARS = 1_000  # a long message is indexed in pieces of about this size
+READ_BATCH = 2_000
+Fields = dict[str, str]
+
+SCHEMA = """
+CREATE VIRTUAL TABLE chunks USING fts5(text, kind UNINDEXED, owner UNINDEXED, agent UNINDEXED,
+                                       place UNINDEXED, role UNINDEXED, at UNINDEXED, ref UNINDEXED,
+                                       turn UNINDEXED, tokenize = 'porter unicode61');
+CREATE TABLE refs (ref TEXT NOT NULL, row INTEGER NOT NULL);
+CREATE INDEX refs_by_ref ON refs (ref);
+"""
+QUERY = """
+SELECT kind, place, role, at, owner, snippet(chunks, 0, '', '', ' … ', 24), bm25(chunks) FROM chunks
+WHERE chunks MATCH ? AND ((kind = 'note' AND agent = ? AND (owner = ? OR owner = ''))
+                          OR (kind = 'conversation' AND owner = ? AND ? != '' AND turn != ?))
+ORDER BY bm25(chunks) LIMIT ?
+"""
+
+
+def note_written(agent_id: str, owner: str, key: str, content: str) -> Fields:
+    """The log entry of a note's new content (it replaces the note's earlier one in the index)."""
+    return {"op": "put", "kind": "note", "ref": f"note:{agent_id}/{owner}/{key}", "owner": owner, "agent": agent_id,
+            "place": key, "at": str(int(time.time() * 1000)), "text": content}
+
+
+def note_deleted(agent_id: str, owner: str, key: str) -> Fields:
+    return {"op": "drop", "ref": f"note:{agent_id}/{owner}/{key}"}
+
+
+def said(session_id: str, role: str, content: str | None, at: int, index: str, turn: str = "") -> Fields | None:
+    """The log entry of words said in a session, in turn ``turn`` (a message id). None for what is not
+    findable: no text, or a session without an owner, which only raw bus clients make."""
+    owner, separator, _ = session_id.partition("/")
+    if not separator or not content or not content.strip() or role not in ("user", "assistant"):
+        return None
+    return {"op": "put", "kind": "conversation", "ref": f"turn:{session_id}:{index}", "owner": owner, "agent": "",
+            "place": session_id, "role": role, "at": str(at), "turn": turn, "text": content}
+
+
+def session_forgotten(session_id: str) -> Fields:
+    return {"op": "forget", "place": session_id}
+
+
+class _Index:
+    """The FTS5 index; used from one thread only (SQLite's connection is not shared)."""
+
+    def __init__(self) -> None:
+        self.db = sqlite3.connect(":memory:")
+        self.db.executescript(SCHEMA)
+
+    def apply(self, entries: Iterable[Fields]) -> None:
+        db = self.db
+        with db:
+            for entry in entries:
+                op = entry.get("op")
+                if op in ("put", "drop"):
+                    self._drop(entry.get("ref", ""))
+                if op == "put":
+                    text = entry.get("text", "")
+                    for start in range(0, max(len(text), 1), CHUNK_CHARS):
+                        cursor = db.execute(
+                            "INSERT INTO chunks (text, kind, owner, agent, place, role, at, ref, turn) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (text[start:start + CHUNK_CHARS], entry.get("kind", ""), entry.get("owner", ""),
+                             entry.get("agent", ""), entry.get("place", ""), entry.get("role", ""),
+                             int(entry.get("at") or 0), entry.get("ref", ""), entry.get("turn", "")))
+                        db.execute("INSERT INTO refs (ref, row) VALUES (?, ?)",
+                                   (entry.get("ref", ""), cursor.lastrowid))
+                elif op == "forget":
+                    place = entry.get("place", "")
+                    db.execute("DELETE FROM refs WHERE row IN (SELECT rowid FROM chunks WHERE place = ? AND "
+                               "kind = 'conversation')", (place,))
+                    db.execute("DELETE FROM chunks WHERE place = ? AND kind = 'conversation'", (place,))
+
+    def _drop(self, ref: str) -> None:
+        rows = [r for (r,) in self.db.execute("SELECT row FROM refs WHERE ref = ?", (ref,))]
+        if rows:
+            self.db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in rows])
+            self.db.execute("DELETE FROM refs WHERE ref = ?", (ref,))
+
+    def query(self, match: str, *, agent_id: str, owner: str, limit: int, turn: str) -> list[tuple[Any, ...]]:
+        return self.db.execute(QUERY, (match, agent_id, owner, owner, owner, turn, limit)).fetchall()
+
+    def size(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM chunks").fetchone()[0])
+
+
+class Recall:
+    """This worker's index of the memory log, kept up to date, and the search over it."""
+
+    def __init__(self, redis: RedisStore, keys: Keys) -> None:
+        self.redis, self.keys = redis, keys
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall")
+        self._index: _Index | None = None
+        self._last = "0-0"  # the last log entry indexed
+        self._lock = asyncio.Lock()
+
+    async def catch_up(self) -> int:
+        """Index every log entry written since the last one read; how many."""
+        async with self._lock:
+            done = 0
+            while True:
+                found = await self.redis.xrange(self.keys.memory_log, min=f"({self._last}", count=READ_BATCH)
+                if not found:
+                    return done
+                entries = [{k.decode(): v.decode(errors="replace") for k, v in fields.items()} for _, fields in found]
+                await self._run(lambda batch=entries: self._ready().apply(batch))
+                self._last = found[-1][0].decode()
+                done += len(found)
+                if len(found) < READ_BATCH:
+                    return done
+
+    async def run(self, stop: asyncio.Event, *, every_s: float = 0.5) -> None:
+        """Keep the index up to date until ``stop`` (a failed read is retried at the next tick)."""
+        while not stop.is_set():
+            try:
+                if await self.catch_up():
+                    continue
+            except Exception as exc:  # Redis away: searches catch up themselves when it is back
+                log.warning("memory log not read %s", kv(error=exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+        self._thread.shutdown(wait=False)
+
+    async def search(self, agent_id: str, query: str, *, owner: str, limit: int = 10,
+                     turn: str = "") -> list[dict[str, Any]]:
+        """``owner``'s notes (with the agent's shared ones) and conversations that match ``query``, best first;
+        the words of turn ``turn`` (the one searching: they are what it is reading) left out."""
+        words = re.findall(r"\w+", query.lower())[:64]
+        if not words:
+            return []
+        await self.catch_up()
+        match = " OR ".join(f'"{w}"' for w in words)
+        rows = await self._run(lambda: self._ready().query(match, agent_id=agent_id, owner=owner, limit=limit * 2,
+                                                           turn=turn or "-"))
+        gone = await self._lapsed({place for kind, place, *_ in rows if kind == "conversation"})
+        hits: list[dict[str, Any]] = []
+        for kind, place, role, at, whose, excerpt, score in rows:
+            if place in gone and kind == "conversation":
+                continue
+            when = datetime.fromtimestamp(int(at) / 1000, UTC).isoformat(timespec="seconds")
+            hit: dict[str, Any] = {"source": kind, "when": when, "score": round(-float(score), 3), "excerpt": excerpt}
+            if kind == "note":
+                hit.update(key=place, scope="own" if whose else "shared")
+            else:
+                hit.update(session=place.partition("/")[2], said_by="person" if role == "user" else "agent")
+            hits.append(hit)
+        return hits[:limit]
+
+    async def size(self) -> int:
+        count: int = await self._run(lambda: self._ready().size())
+        return count
+
+    async def _lapsed(self, sessions: set[str]) -> set[str]:
+        """The sessions among ``sessions`` whose transcript is gone; forgotten from the index."""
+        if not sessions:
+            return set()
+        ordered = sorted(sessions)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in ordered:
+                pipe.exists(self.keys.transcript(session_id))
+            exists = await pipe.execute()
+        gone = {s for s, there in zip(ordered, exists, strict=True) if not there}
+        if gone:
+            await self._run(lambda: self._ready().apply(session_forgotten(s) for s in gone))
+        return gone
+
+    def _ready(self) -> _Index:
+        if self._index is None:  # made in the index's own thread, where it is always used
+            self._index = _Index()
+        return self._index
+
+    async def _run(self, work: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, work)

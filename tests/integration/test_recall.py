@@ -1,0 +1,88 @@
+"""Memory search on a real Redis: an identity finds its notes, the shared notes and its earlier conversations,
+ranked by BM25, each hit saying where and when; never another identity's; deleted or lapsed things are gone;
+a worker started later builds its index from the log."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bus.streams import Bus
+from memory.longterm import SHARED, LongTermMemory
+from memory.recall import Recall
+from memory.sessions import SessionStore, TranscriptEntry
+from tests.conftest import async_wait_until
+
+
+async def said(bus: Bus, session_id: str, *lines: tuple[str, str]) -> None:
+    await SessionStore(bus.redis, bus.keys).append(session_id, *(TranscriptEntry(role=role, content=text)  # type: ignore[arg-type]
+                                                                  for role, text in lines))
+
+
+async def test_an_earlier_conversation_is_found_from_a_later_one_by_its_identity_only(bus: Bus) -> None:
+    recall = Recall(bus.redis, bus.keys)
+    await said(bus, "ana/monday", ("user", "My locker at the gym is number 4312, please remember it."),
+               ("assistant", "Noted: locker 4312."))
+    await said(bus, "ana/tuesday", ("user", "What should I cook tonight?"), ("assistant", "Try a lentil soup."))
+    await said(bus, "ben/monday", ("user", "My locker is 77 at the gym."))
+    hits = await recall.search("main", "which gym locker was mine", owner="ana")
+    assert [(h["source"], h["session"]) for h in hits][:2] == [("conversation", "monday")] * 2
+    assert "4312" in hits[0]["excerpt"] and hits[0]["when"].startswith("20")
+    assert {h["said_by"] for h in hits[:2]} == {"person", "agent"}
+    assert all("77" not in h["excerpt"] for h in hits)  # Ben's words are not Ana's to find
+    assert [h["session"] for h in await recall.search("main", "locker", owner="ben")] == ["monday"]
+    assert await recall.search("main", "locker", owner="carol") == []
+
+
+async def test_notes_rank_with_conversations_and_shared_notes_reach_everyone(bus: Bus) -> None:
+    recall = Recall(bus.redis, bus.keys)
+    memory = LongTermMemory(bus.redis, bus.keys, recall=recall)
+    await memory.write("main", "allergies", "Ana is allergic to peanuts and shellfish.", owner="ana")
+    await memory.write("main", "house-rules", "No peanuts in the house: a guest is allergic.", owner=SHARED)
+    await memory.write("other-agent", "peanuts", "Not this agent's note.", owner="ana")
+    await said(bus, "ana/dinner", ("user", "Plan a dinner without peanuts please."))
+    hits = await memory.search("main", "peanuts allergic", owner="ana")
+    assert [(h["source"], h.get("key") or h.get("session")) for h in hits] == [
+        ("note", "allergies"), ("note", "house-rules"), ("conversation", "dinner")]
+    assert [h["scope"] for h in hits if h["source"] == "note"] == ["own", "shared"]
+    ben = await memory.search("main", "peanuts", owner="ben")
+    assert [(h["source"], h["key"], h["scope"]) for h in ben] == [("note", "house-rules", "shared")]
+
+
+async def test_what_was_changed_deleted_or_lapsed_is_not_found(bus: Bus) -> None:
+    recall = Recall(bus.redis, bus.keys)
+    memory = LongTermMemory(bus.redis, bus.keys, recall=recall)
+    sessions = SessionStore(bus.redis, bus.keys)
+    await memory.write("main", "car", "The car is a blue Volvo.", owner="ana")
+    await memory.write("main", "car", "The car is a red Fiat now.", owner="ana")
+    assert [h["excerpt"] for h in await memory.search("main", "car", owner="ana")] == ["The car is a red Fiat now."]
+    assert await memory.search("main", "volvo", owner="ana") == []
+    await memory.delete("main", "car", owner="ana")
+    assert await memory.search("main", "fiat", owner="ana") == []
+    await said(bus, "ana/secret", ("user", "The safe's combination is zebra-9."))
+    await said(bus, "ana/fleeting", ("user", "The zebra crossing by the school is closed."))
+    assert len(await recall.search("main", "zebra", owner="ana")) == 2
+    await sessions.delete("ana/secret")
+    await bus.redis.delete(bus.keys.transcript("ana/fleeting"))  # as when an unnamed session lapses
+    assert await recall.search("main", "zebra", owner="ana") == []
+
+
+async def test_a_worker_started_later_builds_its_index_from_the_log_and_keeps_it_up(bus: Bus) -> None:
+    memory = LongTermMemory(bus.redis, bus.keys)  # a writer without an index, as the Brain and Gateway are
+    for n in range(30):
+        await memory.write("main", f"note-{n}", f"fact number {n} about the garden", owner="ana")
+    late = Recall(bus.redis, bus.keys)
+    stop = asyncio.Event()
+    running = asyncio.create_task(late.run(stop, every_s=0.05))
+    try:
+        await async_wait_until(lambda: _indexed(late, 30), timeout=20, what="the log indexed in the background")
+        await said(bus, "ana/plans", ("user", "Plant tulips in the garden in October."))
+        await async_wait_until(lambda: _indexed(late, 31), timeout=20, what="a new message indexed as it is written")
+        hits = await late.search("main", "tulips garden", owner="ana")
+        assert hits[0]["source"] == "conversation" and hits[0]["session"] == "plans"
+    finally:
+        stop.set()
+        await running
+
+
+async def _indexed(recall: Recall, n: int) -> bool:
+    return await recall.size() >= n
