@@ -131,6 +131,13 @@ class DelegationSettings(Section):
     agents: dict[str, list[str]] = Field(default_factory=dict)
 
 
+class CompactionSettings(Section):
+    """Earlier turns that no longer fit the model's window are summarised into a note (docs/brain.md)."""
+
+    enabled: bool = True  # false: they are left out instead, oldest first
+    summary_share: float = Field(default=0.15, ge=0.02, le=0.5)  # of the window, at most, for the note
+
+
 class LocalModelSettings(Section):
     """The local model (``brain.model: local``), which `pincer up` runs as its own process."""
 
@@ -168,6 +175,7 @@ class BrainSettings(Section):
     # and the most one tool result may take of it (head and tail kept, the middle cut).
     context_window_tokens: int | None = Field(default=None, ge=1000)
     tool_result_max_tokens: int = Field(default=8_000, ge=100)
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
     # Several Brains: a session's turn holds a lease in Redis, renewed while it runs; a Brain
     # that dies lets it expire. A message waits this long for its session's earlier ones.
     session_lease_s: float = Field(default=15.0, ge=1, le=600)

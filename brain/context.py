@@ -1,7 +1,8 @@
 """Fit a conversation to the model's context window.
 
-Sizes are estimated at four characters a token (no tokenizer download, no
-per-provider call); the window keeps a quarter free for the answer. Two steps:
+Sizes are counted with the tokenizer (brain/tokens.py); the window keeps a
+quarter free for the answer. Earlier turns that do not fit are summarised
+first (brain/compaction.py); what is still too long is shaped here, in two steps:
 1. every tool result longer than its own budget keeps its head and tail, with a
    note in the middle saying how much was cut;
 2. while the whole is still too long, the oldest tool results are compacted to a
@@ -14,17 +15,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from brain.tokens import count, message_tokens
+
 CHARS_PER_TOKEN = 4
 ANSWER_SHARE = 0.25  # of the window kept free for the model's reply
 
 
-def estimate_tokens(messages: list[dict[str, Any]]) -> int:
-    chars = 0
-    for message in messages:
-        chars += len(message.get("content") or "") + 16
-        for call in message.get("tool_calls") or ():
-            chars += len(call["function"]["name"]) + len(call["function"]["arguments"]) + 16
-    return chars // CHARS_PER_TOKEN
+def limit_of(window_tokens: int) -> int:
+    """What the conversation may take of the window: the rest is kept for the answer."""
+    return int(window_tokens * (1 - ANSWER_SHARE))
+
+
+def shaped(messages: list[dict[str, Any]], result_tokens: int) -> list[dict[str, Any]]:
+    """The messages with every tool result cut to its own budget (head and tail kept)."""
+    return [_cut(message, result_tokens * CHARS_PER_TOKEN) for message in messages]
 
 
 def cut_middle(text: str, max_chars: int) -> str:
@@ -41,27 +45,27 @@ def cut_middle(text: str, max_chars: int) -> str:
 def fit(messages: list[dict[str, Any]], *, window_tokens: int, result_tokens: int,
         keep_from: int) -> list[dict[str, Any]]:
     """What the model is sent; ``keep_from`` is the index where the current turn starts."""
-    limit = int(window_tokens * (1 - ANSWER_SHARE))
-    shaped = [_cut(message, result_tokens * CHARS_PER_TOKEN) for message in messages]
-    total = estimate_tokens(shaped)
+    limit = limit_of(window_tokens)
+    shaped_ = shaped(messages, result_tokens)
+    total = count(shaped_)
     if total <= limit:
-        return shaped
+        return shaped_
     # Compact tool results oldest first, but never the latest batch (what the model must act on now).
-    latest = max((i for i, m in enumerate(shaped) if m["role"] == "assistant"), default=len(shaped))
-    for index, message in enumerate(shaped[:latest]):
+    latest = max((i for i, m in enumerate(shaped_) if m["role"] == "assistant"), default=len(shaped_))
+    for index, message in enumerate(shaped_[:latest]):
         if total <= limit:
-            return shaped
+            return shaped_
         if message["role"] == "tool" and len(message.get("content") or "") > 200:
-            before = estimate_tokens([message])
-            shaped[index] = {**message, "content": f"[compacted: a {len(message['content']):,}-character result of "
-                             f"{message.get('name', 'a tool')} shown earlier; call the tool again if you need it]"}
-            total -= before - estimate_tokens([shaped[index]])
+            before = message_tokens(message)
+            shaped_[index] = {**message, "content": f"[compacted: a {len(message['content']):,}-character result of "
+                              f"{message.get('name', 'a tool')} shown earlier; call the tool again if you need it]"}
+            total -= before - message_tokens(shaped_[index])
     # Still too long: leave out the oldest earlier exchanges (whole user-led groups, never the current turn).
-    system, rest = shaped[0], shaped[1:]
+    system, rest = shaped_[0], shaped_[1:]
     keep_from, dropped = keep_from - 1, 0
     while total > limit and keep_from > 0:
         end = next((i for i in range(1, keep_from) if rest[i]["role"] == "user"), keep_from)
-        total -= estimate_tokens(rest[:end])
+        total -= count(rest[:end])
         rest, keep_from, dropped = rest[end:], keep_from - end, dropped + end
     if dropped:
         system = {**system, "content": f"{system.get('content') or ''}\n\n({dropped} earlier message(s) of this "

@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,9 +42,10 @@ LOCAL = "local"  # brain.model: the local model, which only `pincer up` serves (
 
 
 class LLMError(PincerError):
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, overflow: bool = False) -> None:
         super().__init__(message)
         self.code, self.message = code, message
+        self.overflow = overflow  # the provider said the conversation is longer than the model's window
 
 
 @dataclass
@@ -244,6 +246,11 @@ def _tool_param(spec: ToolSpec) -> dict[str, Any]:
                                              "parameters": spec.parameters}}
 
 
+# How providers that send no code say a request is too long for the model (OpenAI, Anthropic, vLLM, llama.cpp).
+OVERFLOW = re.compile(r"context[_ ]length|context window|maximum context|prompt is too long|too many tokens|"
+                      r"exceeds? the (?:available )?context", re.IGNORECASE)
+
+
 def translate_error(exc: Exception) -> LLMError:
     """litellm's errors, and the openai SDK's on the direct path (litellm's subclass them), as ``LLMError``."""
     import openai
@@ -264,6 +271,10 @@ def translate_error(exc: Exception) -> LLMError:
         return LLMError(ErrorCode.SERVICE_UNAVAILABLE, f"cannot reach the model provider: {detail}")
     if "Missing credentials" in detail or (type(exc) is openai.OpenAIError and "api_key" in detail):  # no key at all
         return LLMError(ErrorCode.MODEL_NOT_CONFIGURED, f"no API key for the model: {detail}. {NOT_CONFIGURED}")
+    if isinstance(exc, litellm.exceptions.ContextWindowExceededError) or getattr(exc, "code", None) == \
+            "context_length_exceeded" or OVERFLOW.search(detail):
+        return LLMError(ErrorCode.MODEL_ERROR, f"the conversation is longer than the model's context window: {detail}",
+                        overflow=True)
     if isinstance(exc, litellm.exceptions.BadRequestError) and "LLM Provider NOT provided" in detail:
         return LLMError(ErrorCode.MODEL_NOT_CONFIGURED, f"unknown model name: {detail}. {NOT_CONFIGURED}")
     return LLMError(ErrorCode.MODEL_ERROR, f"the model call failed ({type(exc).__name__}): {detail}")
@@ -274,4 +285,4 @@ class _NoLitellm:
 
     class exceptions:  # noqa: N801 - mirrors litellm.exceptions
         RateLimitError = AuthenticationError = Timeout = APIConnectionError = ServiceUnavailableError = \
-            BadRequestError = type("NeverRaised", (Exception,), {})
+            BadRequestError = ContextWindowExceededError = type("NeverRaised", (Exception,), {})

@@ -15,22 +15,19 @@ Amounts are integers of micro-dollars in Redis, so concurrent additions are exac
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
 import math
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from brain.config import BrainSettings, LimitSettings
 from brain.llm import LOCAL, price_table
+from brain.tokens import MESSAGE_OVERHEAD, tokens
 from bus.metrics import Meter
 from bus.protocol import ChannelSend, ToolSpec
 from bus.streams import Bus
@@ -42,7 +39,6 @@ MICRO = 1_000_000  # micro-dollars per dollar
 DAY_KEEP_S = 40 * 86_400
 MONTH_KEEP_S = 400 * 86_400
 PROMPT_MARGIN = 1.25  # the counted prompt tokens times this: tokenizers differ from cl100k by less
-MESSAGE_OVERHEAD = 8  # tokens a provider adds around each message
 THREAD_OVER_CHARS = 50_000  # a prompt longer than this is counted in a thread (it takes milliseconds)
 ALERTS_KEEP = 1000
 HELD_PAUSE_S = 0.05  # first wait for calls in flight to settle, doubling to 1 s
@@ -286,24 +282,8 @@ async def prompt_bound(messages: list[dict[str, Any]], tools: list[ToolSpec]) ->
     """The prompt's tokens, counted with cl100k over its JSON (quotes and keys included) and widened by
     PROMPT_MARGIN: above what any provider's tokenizer counts for it."""
     text = json.dumps(messages, ensure_ascii=False) + json.dumps([spec.model_dump() for spec in tools])
-    count = await asyncio.to_thread(_tokens, text) if len(text) > THREAD_OVER_CHARS else _tokens(text)
+    count = await asyncio.to_thread(tokens, text) if len(text) > THREAD_OVER_CHARS else tokens(text)
     return math.ceil(count * PROMPT_MARGIN) + MESSAGE_OVERHEAD * (len(messages) + len(tools)) + 16
-
-
-def _tokens(text: str) -> int:
-    return len(_encoding().encode(text, disallowed_special=()))
-
-
-@cache
-def _encoding() -> Any:
-    """tiktoken's cl100k, from the copy litellm ships (tiktoken would otherwise fetch it from the internet)."""
-    spec = importlib.util.find_spec("litellm")
-    if spec is not None and spec.submodule_search_locations:
-        bundled = Path(next(iter(spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"
-        os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(bundled))
-    import tiktoken
-
-    return tiktoken.get_encoding("cl100k_base")
 
 
 def table_price(model: str) -> Price | None:

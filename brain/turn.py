@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brain.catalog import NoHandsAvailable, ToolCatalog
+from brain.compaction import is_note, live, note_text, prompt, smaller, source_text, truncate, with_note
 from brain.config import BrainSettings
-from brain.context import fit
+from brain.context import fit, limit_of, shaped
 from brain.delegation import Delegations, Totals, child_session, is_delegate
 from brain.llm import LOCAL, NOT_CONFIGURED, LLMClient, LLMError, ToolCall, context_window, resolve_model
 from brain.loop_detector import LoopDetector
@@ -20,6 +21,7 @@ from brain.plan import plan
 from brain.prompt import system_prompt
 from brain.session_order import Lease
 from brain.spend import BudgetExceeded, Governor
+from brain.tokens import count, tokens
 from brain.tool_text import MAX_ARGS_DEPTH, depth, error_for_model, for_model, local_failure, summary
 from bus import otel, trace
 from bus.log import kv
@@ -94,6 +96,13 @@ class Turn:
         self.delegations = Delegations(bus=deps.bus, sessions=deps.sessions, inbox=deps.inbox, settings=settings,
                                        message=message)
         self.deadline_ms = 0  # when the turn's time runs out (a sub-agent's: its tree's, if sooner)
+        # Compaction (brain/compaction.py): the session's note, the earlier entries it does not cover yet, and
+        # whether this turn has compacted (once at most) or retried after the provider said it was too long.
+        self.system: dict[str, Any] = {}
+        self.note: str | None = None
+        self.live_before: list[TranscriptEntry] = []
+        self.history_start = 0
+        self.compacted = self.overflowed = False
 
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
@@ -110,9 +119,18 @@ class Turn:
             return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
         notes = await deps.memory.list(msg.agent_id, owner=msg.sender) \
             if any(t.name == "memory_read" for t in tools) else []
-        messages = [{"role": "system", "content": system_prompt(deps.settings.instructions, skills, notes,
-                                                                   client=msg.instructions)}]
-        messages += [entry.to_llm() for entry in [*before, *turn]]
+        self.system = {"role": "system", "content": system_prompt(deps.settings.instructions, skills, notes,
+                                                                   client=msg.instructions)}
+        state = live(before, turn)
+        self.note, self.live_before, self.compacted = state.note, state.entries, state.compacted_now
+        self.history_start = len(before)
+        messages = [with_note(self.system, state.note)]
+        messages += [entry.to_llm() for entry in [*state.entries, *turn] if not is_note(entry)]
+        alone = count(shaped([messages[0], turn[0].to_llm()], deps.settings.tool_result_max_tokens))
+        if alone > limit_of(self.window_tokens):  # no summary or cut can help: say so before any model call
+            return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the instructions and this message take {alone:,} "
+                                   f"tokens, more than the {limit_of(self.window_tokens):,} the model's window "
+                                   "leaves for them (brain.context_window_tokens, brain.instructions)")
         limit_s = deps.settings.max_turn_s
         if msg.delegation is not None:  # a sub-agent: its tree's time, if that ends sooner
             limit_s = min(limit_s, (msg.delegation.deadline - now_ms()) / 1000)
@@ -123,7 +141,7 @@ class Turn:
             delegations.start_tree(self.deadline_ms)
         try:
             async with asyncio.timeout(max(0.0, limit_s)):
-                final = await self._loop(messages, tools, len(before) + 1, turn)
+                final = await self._loop(messages, tools, len(state.entries) + 1, turn)
         except TimeoutError:
             whose = "" if limit_s == deps.settings.max_turn_s else ", shared with the turn that delegated"
             final = await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the turn ran out of time (brain.max_turn_s = "
@@ -171,19 +189,28 @@ class Turn:
             if over := await self._tree_exceeded():
                 return await self.stop(ErrorCode.BUDGET_EXHAUSTED, over)
             self.lease.check()
+            if not self.compacted and turn_starts > 1 and budget.compaction.enabled and \
+                    count(shaped(messages, budget.tool_result_max_tokens)) > limit_of(self.window_tokens):
+                turn_starts = await self._compact(messages, turn_starts)
             shown = fit(messages, window_tokens=self.window_tokens, result_tokens=budget.tool_result_max_tokens,
                         keep_from=turn_starts)
             try:
-                completion = await self._call_model(shown, tools)
+                try:
+                    completion = await self._call_model(shown, tools)
+                except LLMError as exc:
+                    if not exc.overflow or self.overflowed:
+                        raise
+                    # The provider counts more than we did: compact now (if not yet) and fit to half the window,
+                    # once; a second overflow ends the turn with the provider's words.
+                    self.overflowed = True
+                    log.info("the provider says the conversation is too long %s", kv(session=msg.session_id))
+                    if not self.compacted and turn_starts > 1 and budget.compaction.enabled:
+                        turn_starts = await self._compact(messages, turn_starts)
+                    shown = fit(messages, window_tokens=self.window_tokens // 2,
+                                result_tokens=budget.tool_result_max_tokens // 2, keep_from=turn_starts)
+                    completion = await self._call_model(shown, tools)
             except BudgetExceeded as exc:
                 return await self.stop(ErrorCode.BUDGET_EXCEEDED, str(exc))
-            self.model_calls += 1
-            self._count(completion.usage)
-            meter = deps.meter
-            meter.count("pincer_model_calls", completion.model)
-            for kind in ("prompt", "completion"):
-                meter.count("pincer_model_tokens", completion.model, kind,
-                            value=completion.usage.get(f"{kind}_tokens") or 0)
             final = not completion.tool_calls
             assistant = self._entry(role="assistant", content=completion.text or None,
                                     tool_calls=[call.to_openai() for call in completion.tool_calls] or None,
@@ -210,17 +237,20 @@ class Turn:
         return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model made {budget.max_iterations} calls "
                                "without a final answer (brain.max_iterations)")
 
-    async def _call_model(self, shown: list[dict[str, Any]], tools: list[ToolSpec]) -> Any:
+    async def _call_model(self, shown: list[dict[str, Any]], tools: list[ToolSpec], *, quiet: bool = False,
+                          max_output_tokens: int | None = None) -> Any:
         """One model call under the spend governor: its cost bound held before (BudgetExceeded: not made),
-        its real cost settled after, whatever happens to it."""
+        its real cost settled after, whatever happens to it; counted in the turn's usage. ``quiet``: its text
+        is not streamed to the person (a summary)."""
         deps, msg = self.deps, self.message
         spend = deps.spend
         hold = await spend.reserve(msg.agent_id, msg.sender, self.models, shown, tools, job=msg.job) if spend else None
-        bound = {"max_output_tokens": deps.settings.budget.max_output_tokens} if hold else {}
+        out = max_output_tokens or (deps.settings.budget.max_output_tokens if hold else None)
+        bound = {"max_output_tokens": out} if out else {}
         try:
             with otel.span(f"chat {self.model_name}", kind="client", gen_ai__operation__name="chat",
                            gen_ai__request__model=self.model_name, gen_ai__conversation__id=msg.session_id) as opened:
-                completion = await deps.llm.complete(shown, tools, self._stream_text, **bound)  # type: ignore[union-attr]  # checked: a model is configured
+                completion = await deps.llm.complete(shown, tools, _silent if quiet else self._stream_text, **bound)  # type: ignore[union-attr]  # checked: a model is configured
                 otel.set_attributes(opened, gen_ai__response__model=completion.model,
                                     gen_ai__usage__input_tokens=completion.usage.get("prompt_tokens"),
                                     gen_ai__usage__output_tokens=completion.usage.get("completion_tokens"))
@@ -231,7 +261,42 @@ class Turn:
         if spend is not None:
             answered = self.models[min(len(completion.tried), len(self.models) - 1)]
             self.cost_usd += await spend.settle(hold, msg.agent_id, msg.sender, answered, completion.usage, job=msg.job)
+        self.model_calls += 1
+        self._count(completion.usage)
+        deps.meter.count("pincer_model_calls", completion.model)
+        for kind in ("prompt", "completion"):
+            deps.meter.count("pincer_model_tokens", completion.model, kind,
+                             value=completion.usage.get(f"{kind}_tokens") or 0)
         return completion
+
+    async def _compact(self, messages: list[dict[str, Any]], turn_starts: int) -> int:
+        """Replace the earlier turns (``messages[1:turn_starts]``) by a note the session keeps; where the turn
+        starts now. Once per turn; a note no smaller than what it replaces is not kept (nothing changes)."""
+        self.compacted = True
+        msg, window = self.message, self.window_tokens
+        budget = max(64, int(window * self.deps.settings.compaction.summary_share))
+        source = source_text(self.note, self.live_before, int(limit_of(window) * 0.6))
+        try:
+            done = await self._call_model([{"role": "system", "content": prompt(budget)},
+                                           {"role": "user", "content": source}], [], quiet=True,
+                                          max_output_tokens=budget)
+            summary, size = done.text.strip(), tokens(done.text.strip())
+            method = "summarised by the model" if summary and size <= budget else \
+                f"truncated: the model's summary took {size:,} tokens, over the {budget:,} allowed"
+        except (LLMError, BudgetExceeded) as exc:
+            summary, method = "", f"truncated: the summary call failed ({exc})"[:300]
+        if method.startswith("truncated"):
+            summary = truncate(source, budget)
+        if not smaller(summary, self.live_before, self.note):
+            log.info("compaction not kept: no smaller %s", kv(session=msg.session_id, method=method))
+            return turn_starts
+        entry = self._entry(role="assistant", content=note_text(summary, method),
+                            **Marks(summary_until=self.history_start, compaction=method).metadata())
+        await self.deps.sessions.append(msg.session_id, entry)
+        self.note, self.live_before = entry.content, []
+        messages[:turn_starts] = [with_note(self.system, entry.content)]
+        log.info("earlier turns compacted %s", kv(session=msg.session_id, entries=self.history_start, method=method))
+        return 1
 
     def _used(self) -> Totals:
         return Totals(tokens=self.usage.get("total_tokens", 0), cost_usd=self.cost_usd, tool_calls=self.tool_calls)
@@ -247,7 +312,7 @@ class Turn:
         answered = {entry.tool_call_id for entry in turn if entry.role == "tool"}
         iteration = 0
         for entry in turn:
-            if entry.role != "assistant":
+            if entry.role != "assistant" or is_note(entry):
                 continue
             iteration = entry.marks.iteration if entry.marks.iteration is not None else iteration + 1
             calls = [ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
@@ -469,4 +534,8 @@ def _call_id(message_id: str, iteration: int, index: int, model_call_id: str) ->
 
 
 async def _nothing() -> None:
+    return None
+
+
+async def _silent(_text: str) -> None:
     return None

@@ -32,6 +32,7 @@ from bus.protocol import (
 from hands.config import HandsSettings
 from hands.errors import ToolFailure, to_tool_error
 from hands.limits import Limiter, check_memory
+from hands.notes import CallersNotes
 from hands.permissions import PermissionPolicy
 from hands.registry import (
     Category,
@@ -238,7 +239,10 @@ class Executor:
     def _context(self, call: ToolExecute) -> ToolContext:
         return ToolContext(call_id=call.call_id, session_id=call.session_id, agent_id=call.agent_id,
                            worker_id=self.worker_id, settings=self.settings, workspace=self.workspace,
-                           memory=self.memory, sandbox=self.sandbox, policy=self.policy, jobs=self.jobs,
+                           memory=None if self.memory is None else CallersNotes(
+                               self.memory, owner=call.sender, turn=call.message_id or "",
+                               may_share=call.sender in self.settings.tools.owners),
+                           sandbox=self.sandbox, policy=self.policy, jobs=self.jobs,
                            approvals=self.approvals, call=call, send_progress=self._progress_sender(call),
                            schedules=self.schedules)
 

@@ -23,8 +23,9 @@ from hands.workspace import Workspace
 
 if TYPE_CHECKING:  # the services a handler may use, as Protocols (hands/seams.py): real ones or fakes
     from bus.protocol import ToolExecute
+    from hands.notes import CallersNotes
     from hands.permissions import PermissionPolicy
-    from hands.seams import ApprovalAsking, JobKeeping, NoteKeeping, Sandboxing
+    from hands.seams import ApprovalAsking, JobKeeping, Sandboxing
     from memory.jobs import JobStore
 
 class Category(StrEnum):
@@ -66,7 +67,7 @@ class ToolContext:
     worker_id: str
     settings: HandsSettings
     workspace: Workspace
-    memory: NoteKeeping | None = None  # when the worker has Redis
+    memory: CallersNotes | None = None  # the sender's notes (and the shared ones), when the worker has them
     sandbox: Sandboxing | None = None  # for tools that run commands
     policy: PermissionPolicy | None = None  # for tools that check each target themselves
     jobs: JobKeeping | None = None  # for commands that outlive their call

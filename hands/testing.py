@@ -25,6 +25,7 @@ from bus.codec import decode, encode
 from bus.protocol import ToolExecute, ToolProgress, ToolResult, now_ms
 from hands.config import HandsSettings
 from hands.executor import Executor
+from hands.notes import CallersNotes
 from hands.permissions import PermissionPolicy
 from hands.registry import ToolRegistry
 from hands.seams import Notes
@@ -76,10 +77,11 @@ class SkillUnderTest:
             raise SkillRefused(f"skill {loaded.name!r} has instructions only (no parameters or handler.py): "
                                "there is no tool to call")
         self.name = loaded
-        self.notes = MemoryNotes()
+        self.notes = CallersNotes(MemoryNotes(), owner=sender)  # what the handler's ctx.memory sees
+
         self.progress: list[str] = []
         self.session_id, self.agent_id, self.sender = session_id, agent_id, sender
-        self._executor = Executor(registry, self.settings, worker_id="skill-test", memory=self.notes,
+        self._executor = Executor(registry, self.settings, worker_id="skill-test", memory=self.notes.store,
                                   progress=self._progress)
 
     async def call(self, *, timeout_s: float = 30.0, **args: Any) -> ToolResult:

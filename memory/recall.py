@@ -35,9 +35,13 @@ CHUNK_CHARS = 1_000  # a long message is indexed in pieces of about this size
 READ_BATCH = 2_000
 # Words a question is made of that say nothing of what it asks: left out of the query (BM25 would weigh them
 # little anyway, but each one makes SQLite walk a long list of every chunk that holds it).
-STOP_WORDS = frozenset("""a about an and are as at be been but by can could did do does for from had has have how
-i if in into is it its me my of on or our please should so some than that the their them then there these they this
-to us was we were what when where which who why will with would you your""".split())
+STOP_WORDS = frozenset([
+    "a", "about", "an", "and", "are", "as", "at", "be", "been", "but", "by", "can", "could", "did", "do",
+    "does", "for", "from", "had", "has", "have", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my",
+    "of", "on", "or", "our", "please", "should", "so", "some", "than", "that", "the", "their", "them", "then",
+    "there", "these", "they", "this", "to", "us", "was", "we", "were", "what", "when", "where", "which", "who",
+    "why", "will", "with", "would", "you", "your",
+])
 Fields = dict[str, str]
 
 SCHEMA = """

@@ -28,6 +28,8 @@ class Marks(BaseModel):
     stopped: str | None = None  # the turn ended early with this error code ...
     told: str | None = None  # ... and the person was told this
     cancelled: bool = False  # a tool call (or the note) closed by a stop
+    summary_until: int | None = None  # a compaction note: it stands for the session's entries before this index
+    compaction: str | None = None  # ... and how it was made (by the model, or truncated and why)
 
     def metadata(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_defaults=True)

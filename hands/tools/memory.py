@@ -6,52 +6,44 @@ from typing import Any
 
 from bus.protocol import ErrorCode
 from hands.errors import ToolFailure
+from hands.notes import CallersNotes, NotAnOwner
 from hands.registry import Category, ToolContext, ToolDefinition
-from memory.longterm import SHARED, NoteRefused
+from memory.longterm import NoteRefused
 
 MAX_NOTE_CHARS = 100_000
 _KEY = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$",
         "description": "Name of the note (letters, digits, _ . -)"}
 
 
-def _store(ctx: ToolContext) -> Any:
+def _store(ctx: ToolContext) -> CallersNotes:
     if ctx.memory is None:
         raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "long-term memory is not available on this worker",
                           retryable=False)
     return ctx.memory
 
 
-def _owner(ctx: ToolContext) -> str:
-    """Whose notes a call reads and writes: its sender's. A call without one (a client of the bus itself,
-    which holds Redis and so is an operator) uses the agent's shared notes."""
-    return ctx.call.sender if ctx.call is not None else SHARED
-
-
 async def memory_write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    owner = _owner(ctx)
-    if args.get("shared"):
-        if owner != SHARED and owner not in ctx.settings.tools.owners:
-            raise ToolFailure(ErrorCode.PERMISSION_DENIED, f"only the pool's owners write shared notes (hands.tools."
-                              f"owners), and {owner!r} is not one", suggestions=["write it as your own note"])
-        owner = SHARED
+    shared = bool(args.get("shared"))
     try:
-        content = await _store(ctx).write(ctx.agent_id, args["key"], args["content"], owner=owner,
-                                          append=args.get("append", False))
+        content = await _store(ctx).write(ctx.agent_id, args["key"], args["content"], append=args.get("append", False),
+                                          shared=shared)
+    except NotAnOwner as exc:
+        raise ToolFailure(ErrorCode.PERMISSION_DENIED, str(exc), suggestions=["write it as your own note"]) from None
     except NoteRefused as exc:
         raise ToolFailure(ErrorCode.RESOURCE_EXHAUSTED, str(exc),
                           suggestions=["write a shorter note, split it, or replace an old one"]) from None
     return {"key": args["key"], "chars": len(content), "appended": bool(args.get("append")),
-            "scope": "shared" if owner == SHARED else "own"}
+            "scope": "shared" if shared else "own"}
 
 
 async def memory_read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    store, owner = _store(ctx), _owner(ctx)
+    store = _store(ctx)
     key = args.get("key")
     if key is None:
-        return {"notes": await store.list(ctx.agent_id, owner=owner)}
-    found = await store.read(ctx.agent_id, key, owner=owner)
+        return {"notes": await store.list(ctx.agent_id)}
+    found = await store.find(ctx.agent_id, key)
     if found is None:
-        known = [note["key"] for note in await store.list(ctx.agent_id, owner=owner)]
+        known = [note["key"] for note in await store.list(ctx.agent_id)]
         raise ToolFailure(
             ErrorCode.FILE_NOT_FOUND,
             f"no memory note named {key!r}; notes: {', '.join(known) or '(none)'}",
@@ -62,9 +54,8 @@ async def memory_read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 
 async def memory_search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    turn = ctx.call.message_id if ctx.call is not None else ""  # its own words are not memory yet
-    return {"query": args["query"], "hits": await _store(ctx).search(ctx.agent_id, args["query"], owner=_owner(ctx),
-                                                                      limit=args.get("limit", 10), turn=turn)}
+    return {"query": args["query"], "hits": await _store(ctx).search(ctx.agent_id, args["query"],
+                                                                      limit=args.get("limit", 10))}
 
 
 MEMORY_TOOLS = [

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from brain.context import estimate_tokens, fit
+from brain.context import fit
 from brain.llm import ToolCall
 from brain.plan import plan
 from brain.prompt import system_prompt
+from brain.tokens import count as estimate_tokens
 from bus.protocol import SkillInfo, ToolSpec
 
 
@@ -84,17 +85,23 @@ def test_small_conversations_are_sent_as_they_are() -> None:
     assert fit(messages, window_tokens=32_000, result_tokens=1_000, keep_from=1) == messages
 
 
+def words(tag: str, n: int) -> str:
+    """About ``n`` tokens of text (each numbered word is a token or two)."""
+    return " ".join(f"{tag}{i}" for i in range(n // 2))
+
+
 def test_older_results_are_compacted_first_and_the_latest_kept() -> None:
-    messages = conversation(["a" * 3_000, "b" * 3_000, "c" * 3_000], 1)
+    results = [words("a", 800), words("b", 800), words("c", 800)]
+    messages = conversation(results, 1)
     shown = fit(messages, window_tokens=3_000, result_tokens=1_000, keep_from=7)
     tools = [m["content"] for m in shown if m["role"] == "tool"]
-    assert tools[0].startswith("[compacted") and tools[-1] == "c" * 3_000
+    assert tools[0].startswith("[compacted") and tools[-1] == results[2]
     assert estimate_tokens(shown) <= 3_000 * 0.75
-    assert messages[3]["content"] == "a" * 3_000  # the caller's list (the transcript) is untouched
+    assert messages[3]["content"] == results[0]  # the caller's list (the transcript) is untouched
 
 
 def test_earlier_exchanges_are_left_out_when_compacting_is_not_enough() -> None:
-    messages = conversation(["x" * 100] * 40, 1)
+    messages = conversation([words("x", 30)] * 40, 1)
     messages[-3]["content"] = "the question now"
     keep_from = len(messages) - 3
     shown = fit(messages, window_tokens=1_000, result_tokens=1_000, keep_from=keep_from)

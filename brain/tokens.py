@@ -1,0 +1,55 @@
+"""Counting tokens: tiktoken's cl100k, from the copy litellm ships (tiktoken would otherwise fetch it from the
+internet; litellm's own counter falls back to the same encoding for models it has no tokenizer for, and
+fetches others from a model hub, which a pool may not reach). One home for the spend governor's bound and
+the context window's fit.
+
+A message's count is kept by its text, so a long conversation is counted once and then only its new
+messages (the fit runs before every model call).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections import OrderedDict
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+MESSAGE_OVERHEAD = 8  # tokens a provider adds around each message
+_CACHED = 20_000  # messages' counts kept (a few MB of keys)
+_counts: OrderedDict[tuple[str, str, str], int] = OrderedDict()
+
+
+@cache
+def encoding() -> Any:
+    spec = importlib.util.find_spec("litellm")
+    if spec is not None and spec.submodule_search_locations:
+        bundled = Path(next(iter(spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"
+        os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(bundled))
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base")
+
+
+def tokens(text: str) -> int:
+    return len(encoding().encode(text, disallowed_special=()))
+
+
+def message_tokens(message: dict[str, Any]) -> int:
+    """One chat message's tokens, with the provider's overhead around it."""
+    calls = message.get("tool_calls")
+    key = (message.get("role", ""), message.get("content") or "", json.dumps(calls) if calls else "")
+    found = _counts.get(key)
+    if found is None:
+        found = _counts[key] = tokens(key[1]) + tokens(key[2]) + MESSAGE_OVERHEAD
+        if len(_counts) > _CACHED:
+            _counts.popitem(last=False)
+    else:
+        _counts.move_to_end(key)
+    return found
+
+
+def count(messages: list[dict[str, Any]]) -> int:
+    return sum(message_tokens(message) for message in messages)
