@@ -53,6 +53,8 @@ def timeline(turn: list[TranscriptEntry], start: int | None = None) -> list[dict
             what = f"asks for {', '.join(calls)}" if calls else ("answers" if meta.get("final") else "stops")
             if meta.get("stopped"):
                 what = f"turn stopped: {meta['stopped']}"
+            if meta.get("summary_until") is not None:
+                what = f"compacts the earlier conversation ({meta.get('compaction')})"
             rows.append({"at_ms": at, "step": f"model {meta.get('model', '')}".strip(), "detail": what,
                          "ms": entry.timestamp - previous, "tokens_so_far": usage.get("total_tokens")})
             for call in entry.tool_calls or ():
