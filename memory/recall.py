@@ -29,10 +29,13 @@ from typing import Any
 from bus.keys import Keys
 from bus.log import kv
 from bus.store import RedisStore
+from memory.embedding import DenseIndex
+from memory.embedding import load as load_embedder
 
 log = logging.getLogger("memory.recall")
 CHUNK_CHARS = 1_000  # a long message is indexed in pieces of about this size
 READ_BATCH = 2_000
+RRF_K = 60  # reciprocal rank fusion's constant: how little a rank's position counts against being found at all
 # Words a question is made of that say nothing of what it asks: left out of the query (BM25 would weigh them
 # little anyway, but each one makes SQLite walk a long list of every chunk that holds it).
 STOP_WORDS = frozenset([
@@ -52,7 +55,7 @@ CREATE TABLE refs (ref TEXT NOT NULL, row INTEGER NOT NULL);
 CREATE INDEX refs_by_ref ON refs (ref);
 """
 QUERY = """
-SELECT kind, place, role, at, owner, snippet(chunks, 0, '', '', ' … ', 24), bm25(chunks) FROM chunks
+SELECT rowid, kind, place, role, at, owner, snippet(chunks, 0, '', '', ' … ', 24), -bm25(chunks) FROM chunks
 WHERE chunks MATCH ? AND ((kind = 'note' AND agent = ? AND (owner = ? OR owner = ''))
                           OR (kind = 'conversation' AND owner = ? AND ? != '' AND turn != ?))
 ORDER BY bm25(chunks) LIMIT ?
@@ -83,15 +86,26 @@ def session_forgotten(session_id: str) -> Fields:
     return {"op": "forget", "place": session_id}
 
 
-class _Index:
-    """The FTS5 index; used from one thread only (SQLite's connection is not shared)."""
+def _scope(kind: str, agent: str, owner: str) -> str:
+    """Which vectors a chunk is among: an identity's conversations, or one agent's notes of one owner."""
+    return f"c:{owner}" if kind == "conversation" else f"n:{agent}/{owner}"
 
-    def __init__(self) -> None:
+
+class _Index:
+    """The FTS5 index, and the chunks' vectors when the embedding model is installed; used from one thread
+    only (SQLite's connection is not shared)."""
+
+    def __init__(self, embeddings: bool) -> None:
         self.db = sqlite3.connect(":memory:")
         self.db.executescript(SCHEMA)
+        embedder = load_embedder() if embeddings else None
+        self.dense = DenseIndex(embedder) if embedder is not None else None
+        self._new: list[tuple[int, str, str, str]] = []  # chunks added in this batch, for their vectors
+        self._rows = 0
 
     def apply(self, entries: Iterable[Fields]) -> None:
         db = self.db
+        self._new = []
         with db:
             for entry in entries:
                 op = entry.get("op")
@@ -100,28 +114,65 @@ class _Index:
                 if op == "put":
                     text = entry.get("text", "")
                     for start in range(0, max(len(text), 1), CHUNK_CHARS):
+                        self._rows += 1  # ids never reused (SQLite would reuse a deleted last one): vectors key on them
                         cursor = db.execute(
-                            "INSERT INTO chunks (text, kind, owner, agent, place, role, at, ref, turn) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            (text[start:start + CHUNK_CHARS], entry.get("kind", ""), entry.get("owner", ""),
+                            "INSERT INTO chunks (rowid, text, kind, owner, agent, place, role, at, ref, turn) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (self._rows, text[start:start + CHUNK_CHARS], entry.get("kind", ""), entry.get("owner", ""),
                              entry.get("agent", ""), entry.get("place", ""), entry.get("role", ""),
                              int(entry.get("at") or 0), entry.get("ref", ""), entry.get("turn", "")))
                         db.execute("INSERT INTO refs (ref, row) VALUES (?, ?)",
                                    (entry.get("ref", ""), cursor.lastrowid))
+                        self._new.append((int(cursor.lastrowid or 0), _scope(entry.get("kind", ""),
+                                          entry.get("agent", ""), entry.get("owner", "")), entry.get("turn", ""),
+                                          text[start:start + CHUNK_CHARS]))
                 elif op == "forget":
                     place = entry.get("place", "")
-                    db.execute("DELETE FROM refs WHERE row IN (SELECT rowid FROM chunks WHERE place = ? AND "
-                               "kind = 'conversation')", (place,))
-                    db.execute("DELETE FROM chunks WHERE place = ? AND kind = 'conversation'", (place,))
+                    gone = [r for (r,) in db.execute("SELECT rowid FROM chunks WHERE place = ? AND "
+                                                     "kind = 'conversation'", (place,))]
+                    db.executemany("DELETE FROM refs WHERE row = ?", [(r,) for r in gone])
+                    db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in gone])
+                    self._forget_vectors(gone)
+        if self.dense is not None:
+            self.dense.add(self._new)
 
     def _drop(self, ref: str) -> None:
         rows = [r for (r,) in self.db.execute("SELECT row FROM refs WHERE ref = ?", (ref,))]
         if rows:
             self.db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in rows])
             self.db.execute("DELETE FROM refs WHERE ref = ?", (ref,))
+            self._forget_vectors(rows)
 
-    def query(self, match: str, *, agent_id: str, owner: str, limit: int, turn: str) -> list[tuple[Any, ...]]:
-        return self.db.execute(QUERY, (match, agent_id, owner, owner, owner, turn, limit)).fetchall()
+    def _forget_vectors(self, rows: list[int]) -> None:
+        """Chunks gone: their vectors too, and those not made yet (added earlier in this batch) never made."""
+        gone = set(rows)
+        self._new = [new for new in self._new if new[0] not in gone]
+        if self.dense is not None:
+            self.dense.remove(rows)
+
+    def query(self, match: str, text: str, *, agent_id: str, owner: str, limit: int,
+              turn: str) -> list[tuple[Any, ...]]:
+        """Rows ``(kind, place, role, at, owner, excerpt, score)``, best first: BM25's, or (with the embedding
+        model) BM25's and the nearest vectors' fused by reciprocal rank."""
+        lexical = self.db.execute(QUERY, (match, agent_id, owner, owner, owner, turn, limit)).fetchall()
+        if self.dense is None:
+            return [row[1:] for row in lexical]
+        scopes = list(dict.fromkeys([_scope("note", agent_id, owner), _scope("note", agent_id, ""),
+                                     *([_scope("conversation", "", owner)] if owner else [])]))
+        near = self.dense.nearest(text, scopes, limit, turn=turn)
+        fused: dict[int, float] = {}
+        for ranked in ([row[0] for row in lexical], near):
+            for rank, rowid in enumerate(ranked):
+                fused[rowid] = fused.get(rowid, 0.0) + 1 / (RRF_K + rank)
+        rows = {row[0]: row for row in lexical}
+        missing = [rowid for rowid in near if rowid not in rows]
+        if missing:
+            marks = ",".join("?" * len(missing))
+            rows.update((row[0], row) for row in self.db.execute(
+                f"SELECT rowid, kind, place, role, at, owner, substr(text, 1, 300), 0 FROM chunks "
+                f"WHERE rowid IN ({marks})", missing))
+        ordered = sorted((rowid for rowid in fused if rowid in rows), key=lambda r: -fused[r])
+        return [(*rows[r][1:7], fused[r] * 100) for r in ordered[:limit]]
 
     def size(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM chunks").fetchone()[0])
@@ -130,8 +181,8 @@ class _Index:
 class Recall:
     """This worker's index of the memory log, kept up to date, and the search over it."""
 
-    def __init__(self, redis: RedisStore, keys: Keys) -> None:
-        self.redis, self.keys = redis, keys
+    def __init__(self, redis: RedisStore, keys: Keys, *, embeddings: bool = True) -> None:
+        self.redis, self.keys, self.embeddings = redis, keys, embeddings
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall")
         self._index: _Index | None = None
         self._last = "0-0"  # the last log entry indexed
@@ -174,15 +225,15 @@ class Recall:
             return []
         await self.catch_up()
         match = " OR ".join(f'"{w}"' for w in words)
-        rows = await self._run(lambda: self._ready().query(match, agent_id=agent_id, owner=owner, limit=limit * 2,
-                                                           turn=turn or "-"))
+        rows = await self._run(lambda: self._ready().query(match, query, agent_id=agent_id, owner=owner,
+                                                           limit=limit * 2, turn=turn or "-"))
         gone = await self._lapsed({place for kind, place, *_ in rows if kind == "conversation"})
         hits: list[dict[str, Any]] = []
         for kind, place, role, at, whose, excerpt, score in rows:
             if place in gone and kind == "conversation":
                 continue
             when = datetime.fromtimestamp(int(at) / 1000, UTC).isoformat(timespec="seconds")
-            hit: dict[str, Any] = {"source": kind, "when": when, "score": round(-float(score), 3), "excerpt": excerpt}
+            hit: dict[str, Any] = {"source": kind, "when": when, "score": round(float(score), 3), "excerpt": excerpt}
             if kind == "note":
                 hit.update(key=place, scope="own" if whose else "shared")
             else:
@@ -210,7 +261,7 @@ class Recall:
 
     def _ready(self) -> _Index:
         if self._index is None:  # made in the index's own thread, where it is always used
-            self._index = _Index()
+            self._index = _Index(self.embeddings)
         return self._index
 
     async def _run(self, work: Any) -> Any:
