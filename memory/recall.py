@@ -35,6 +35,7 @@ from memory.embedding import load as load_embedder
 log = logging.getLogger("memory.recall")
 CHUNK_CHARS = 1_000  # a long message is indexed in pieces of about this size
 READ_BATCH = 2_000
+SEARCH_BATCHES = 2  # a search indexes at most this many batches first (a tool call has seconds, not minutes)
 RRF_K = 60  # reciprocal rank fusion's constant: how little a rank's position counts against being found at all
 # Words a question is made of that say nothing of what it asks: left out of the query (BM25 would weigh them
 # little anyway, but each one makes SQLite walk a long list of every chunk that holds it).
@@ -188,20 +189,23 @@ class Recall:
         self._last = "0-0"  # the last log entry indexed
         self._lock = asyncio.Lock()
 
-    async def catch_up(self) -> int:
-        """Index every log entry written since the last one read; how many."""
-        async with self._lock:
-            done = 0
-            while True:
+    async def catch_up(self, *, batches: int | None = None) -> int:
+        """Index the log entries written since the last one read (at most ``batches`` reads of READ_BATCH);
+        how many. The lock is held per batch, so a search is not kept waiting by a long first build."""
+        done, read = 0, 0
+        while batches is None or read < batches:
+            read += 1
+            async with self._lock:
                 found = await self.redis.xrange(self.keys.memory_log, min=f"({self._last}", count=READ_BATCH)
                 if not found:
                     return done
                 entries = [{k.decode(): v.decode(errors="replace") for k, v in fields.items()} for _, fields in found]
                 await self._run(lambda batch=entries: self._ready().apply(batch))
                 self._last = found[-1][0].decode()
-                done += len(found)
-                if len(found) < READ_BATCH:
-                    return done
+            done += len(found)
+            if len(found) < READ_BATCH:
+                return done
+        return done
 
     async def run(self, stop: asyncio.Event, *, every_s: float = 0.5) -> None:
         """Keep the index up to date until ``stop`` (a failed read is retried at the next tick)."""
@@ -223,7 +227,10 @@ class Recall:
         words = [w for w in dict.fromkeys(found) if w not in STOP_WORDS][:64] or found[:64]
         if not words:
             return []
-        await self.catch_up()
+        # What was written before this search is indexed first, unless the worker is still building its index
+        # (a new worker reading a long log): then the search answers from what is indexed so far.
+        if await self.catch_up(batches=SEARCH_BATCHES) >= SEARCH_BATCHES * READ_BATCH:
+            log.info("memory search answered while the index is still being built %s", kv(owner=owner))
         match = " OR ".join(f'"{w}"' for w in words)
         rows = await self._run(lambda: self._ready().query(match, query, agent_id=agent_id, owner=owner,
                                                            limit=limit * 2, turn=turn or "-"))
