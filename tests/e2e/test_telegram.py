@@ -69,6 +69,22 @@ def test_a_plain_turn_and_a_tool_turn_stream_into_one_message_each(
     assert telegram.calls_of("sendChatAction")  # typing while the agent worked
 
 
+def test_each_chat_user_has_notes_and_conversations_of_their_own(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram) -> None:
+    """The channel door sets the sender: Alice's note and words are hers; Bob finds none of them."""
+    start_channel(processes, telegram)
+    telegram.say(ALICE, 'CALL memory_write {"key": "gift", "content": "a kite for Sam"}')
+    assert '"scope": "own"' in answer(telegram, ALICE, "RESULT memory_write").text
+    telegram.say(ALICE, "my bike lock code is 5521")
+    answer(telegram, ALICE, "echo: my bike lock code")
+    telegram.say(BOB, 'CALL memory_search {"query": "kite bike lock code"}', username="bob_b")
+    bob = answer(telegram, BOB, "RESULT memory_search").text
+    assert "kite" not in bob.replace("kite bike lock code", "") and "5521" not in bob
+    telegram.say(ALICE, 'CALL memory_search {"query": "kite bike lock code"}')
+    alice = answer(telegram, ALICE, "RESULT memory_search").text
+    assert "a kite for Sam" in alice and "5521" in alice
+
+
 def test_a_stranger_gets_a_code_once_and_no_model_call_until_paired(
         processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram,
         scripted_llm: ScriptedLLM) -> None:
