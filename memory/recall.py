@@ -87,6 +87,14 @@ def session_forgotten(session_id: str) -> Fields:
     return {"op": "forget", "place": session_id}
 
 
+def _int(value: str | None) -> int:
+    """A number from the log, which anyone with Redis may write: a malformed one reads as 0, never stops indexing."""
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
 def _scope(kind: str, agent: str, owner: str) -> str:
     """Which vectors a chunk is among: an identity's conversations, or one agent's notes of one owner."""
     return f"c:{owner}" if kind == "conversation" else f"n:{agent}/{owner}"
@@ -121,7 +129,7 @@ class _Index:
                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             (self._rows, text[start:start + CHUNK_CHARS], entry.get("kind", ""), entry.get("owner", ""),
                              entry.get("agent", ""), entry.get("place", ""), entry.get("role", ""),
-                             int(entry.get("at") or 0), entry.get("ref", ""), entry.get("turn", "")))
+                             _int(entry.get("at")), entry.get("ref", ""), entry.get("turn", "")))
                         db.execute("INSERT INTO refs (ref, row) VALUES (?, ?)",
                                    (entry.get("ref", ""), cursor.lastrowid))
                         self._new.append((int(cursor.lastrowid or 0), _scope(entry.get("kind", ""),

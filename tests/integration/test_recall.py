@@ -88,15 +88,18 @@ async def test_what_was_changed_deleted_or_lapsed_is_not_found(bus: Bus) -> None
 
 async def test_a_worker_started_later_builds_its_index_from_the_log_and_keeps_it_up(bus: Bus) -> None:
     memory = LongTermMemory(bus.redis, bus.keys)  # a writer without an index, as the Brain and Gateway are
+    await bus.redis.xadd(bus.keys.memory_log, {"op": "put", "kind": "conversation", "at": "not a number",
+                                               "text": "a malformed entry", "owner": "ana", "place": "ana/x"})
+    await bus.redis.xadd(bus.keys.memory_log, {"nonsense": "entirely"})
     for n in range(30):
         await memory.write("main", f"note-{n}", f"fact number {n} about the garden", owner="ana")
     late = Recall(bus.redis, bus.keys)
     stop = asyncio.Event()
     running = asyncio.create_task(late.run(stop, every_s=0.05))
     try:
-        await async_wait_until(lambda: _indexed(late, 30), timeout=20, what="the log indexed in the background")
+        await async_wait_until(lambda: _indexed(late, 31), timeout=20, what="the log indexed in the background")
         await said(bus, "ana/plans", ("user", "Plant tulips in the garden in October."))
-        await async_wait_until(lambda: _indexed(late, 31), timeout=20, what="a new message indexed as it is written")
+        await async_wait_until(lambda: _indexed(late, 32), timeout=20, what="a new message indexed as it is written")
         hits = await late.search("main", "tulips garden", owner="ana")
         assert hits[0]["source"] == "conversation" and hits[0]["session"] == "plans"
     finally:
