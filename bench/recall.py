@@ -202,6 +202,16 @@ async def bulk(bus: Bus, rng: random.Random, chunks: int) -> None:
             await pipe.execute()
 
 
+async def timed(recall: Recall, questions: list[tuple[str, str, int, str]]) -> list[float]:
+    """Each question's search time, in ms."""
+    times = []
+    for who, _, _, question in questions:
+        started = time.perf_counter()
+        await recall.search("main", question, owner=who, limit=5)
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
 async def main(args: argparse.Namespace) -> None:
     rng = random.Random(7)
     with tempfile.TemporaryDirectory(prefix="pincer-bench-recall-") as tmp:
@@ -222,21 +232,13 @@ async def main(args: argparse.Namespace) -> None:
             await bulk(bus, rng, args.chunks - small)
             await recall.catch_up()
             indexed = time.perf_counter() - started
-            times = []
-            for who, _, _, question in rng.sample(questions, 200):
-                t = time.perf_counter()
-                await recall.search("main", question, owner=who, limit=5)
-                times.append((time.perf_counter() - t) * 1000)
+            times = await timed(recall, rng.sample(questions, 200))
             size = await recall.size()
             lexical = Recall(bus.redis, bus.keys, embeddings=False)
             lexical_indexed = time.perf_counter()
             await lexical.catch_up()
             lexical_indexed = time.perf_counter() - lexical_indexed
-            lexical_times = []
-            for who, _, _, question in rng.sample(questions, 200):
-                t = time.perf_counter()
-                await lexical.search("main", question, owner=who, limit=5)
-                lexical_times.append((time.perf_counter() - t) * 1000)
+            lexical_times = await timed(lexical, rng.sample(questions, 200))
         finally:
             redis.stop()
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, "

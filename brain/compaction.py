@@ -20,12 +20,18 @@ note and what came after it. The guarantees:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from brain.context import cut_middle
+from brain.context import cut_middle, limit_of
+from brain.llm import LLMError
+from brain.spend import BudgetExceeded
 from brain.tokens import count, tokens
 from memory.sessions import TranscriptEntry
+
+# Asks the model (not streamed, priced like any call): the messages and the most it may write -> its text.
+Ask = Callable[[list[dict[str, Any]], int], Awaitable[str]]
 
 HEAD = "[Summary of the earlier conversation, made to fit the context window"
 PROMPT = ("Summarise the conversation below for your own later use: you will continue it without seeing it. "
@@ -94,6 +100,23 @@ def prompt(max_tokens: int) -> str:
 
 def note_text(summary: str, method: str) -> str:
     return f"{HEAD} ({method})]\n{summary}"
+
+
+async def summarise(ask: Ask, note: str | None, entries: list[TranscriptEntry], *, window: int,
+                    share: float) -> tuple[str, str]:
+    """The new note's text from the previous note and the entries since, and how it was made: by the model, or
+    (a summary over the budget, empty, or a failed call) cut deterministically, saying why."""
+    budget = max(64, int(window * share))
+    source = source_text(note, entries, int(limit_of(window) * 0.6))
+    try:
+        summary = (await ask([{"role": "system", "content": prompt(budget)},
+                              {"role": "user", "content": source}], budget)).strip()
+        size = tokens(summary)
+        method = "summarised by the model" if summary and size <= budget else \
+            f"truncated: the model's summary took {size:,} tokens, over the {budget:,} allowed"
+    except (LLMError, BudgetExceeded) as exc:
+        summary, method = "", f"truncated: the summary call failed ({exc})"[:300]
+    return (summary if method.startswith("summarised") else truncate(source, budget)), method
 
 
 def smaller(summary: str, entries: list[TranscriptEntry], note: str | None) -> bool:

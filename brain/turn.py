@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -11,17 +10,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brain.catalog import NoHandsAvailable, ToolCatalog
-from brain.compaction import is_note, live, note_text, prompt, smaller, source_text, truncate, with_note
+from brain.compaction import is_note, live, note_text, smaller, summarise, with_note
 from brain.config import BrainSettings
 from brain.context import fit, limit_of, shaped
 from brain.delegation import Delegations, Totals, child_session, is_delegate
+from brain.hands_calls import HandsCalls
 from brain.llm import LOCAL, NOT_CONFIGURED, LLMClient, LLMError, ToolCall, context_window, resolve_model
 from brain.loop_detector import LoopDetector
 from brain.plan import plan
 from brain.prompt import system_prompt
+from brain.resume import call_id_of, finished_answer
 from brain.session_order import Lease
 from brain.spend import BudgetExceeded, Governor
-from brain.tokens import count, tokens
+from brain.tokens import count
 from brain.tool_text import MAX_ARGS_DEPTH, depth, error_for_model, for_model, local_failure, summary
 from bus import otel, trace
 from bus.log import kv
@@ -35,9 +36,6 @@ from bus.protocol import (
     ErrorCode,
     Message,
     PriorResult,
-    ToolCancel,
-    ToolExecute,
-    ToolProgress,
     ToolResult,
     ToolSpec,
     now_ms,
@@ -79,7 +77,6 @@ class Turn:
         self.deps, self.message = deps, message
         self.lease = lease or Lease(message.session_id)
         self.usage: dict[str, int] = {}
-        self.in_flight: set[str] = set()  # our call ids Hands is working on
         self.model_calls = self.tool_calls = 0
         settings = deps.settings
         big = 10**9  # a threshold of 0 is off
@@ -93,6 +90,7 @@ class Turn:
         self.model_name = resolve_model(settings.model) or ""
         # The models a call may be answered by, as priced: the configured name, then each fallback.
         self.models = [LOCAL if settings.model == LOCAL else self.model_name, *settings.fallbacks]
+        self.hands = HandsCalls(deps.bus, deps.inbox, message, settings.tool_deadline_s, self._publish)
         self.delegations = Delegations(bus=deps.bus, sessions=deps.sessions, inbox=deps.inbox, settings=settings,
                                        message=message)
         self.deadline_ms = 0  # when the turn's time runs out (a sub-agent's: its tree's, if sooner)
@@ -108,7 +106,7 @@ class Turn:
         """The final event; deltas and tool events are published as they happen."""
         msg, deps = self.message, self.deps
         before, turn = await self._transcript()
-        finished = _finished(msg, turn)
+        finished = finished_answer(msg, turn)
         if finished is not None:  # the Brain that ran it died before answering: answer from the record
             return finished
         if deps.llm is None:
@@ -273,20 +271,14 @@ class Turn:
         """Replace the earlier turns (``messages[1:turn_starts]``) by a note the session keeps; where the turn
         starts now. Once per turn; a note no smaller than what it replaces is not kept (nothing changes)."""
         self.compacted = True
-        msg, window = self.message, self.window_tokens
-        budget = max(64, int(window * self.deps.settings.compaction.summary_share))
-        source = source_text(self.note, self.live_before, int(limit_of(window) * 0.6))
-        try:
-            done = await self._call_model([{"role": "system", "content": prompt(budget)},
-                                           {"role": "user", "content": source}], [], quiet=True,
-                                          max_output_tokens=budget)
-            summary, size = done.text.strip(), tokens(done.text.strip())
-            method = "summarised by the model" if summary and size <= budget else \
-                f"truncated: the model's summary took {size:,} tokens, over the {budget:,} allowed"
-        except (LLMError, BudgetExceeded) as exc:
-            summary, method = "", f"truncated: the summary call failed ({exc})"[:300]
-        if method.startswith("truncated"):
-            summary = truncate(source, budget)
+        msg = self.message
+
+        async def ask(shown: list[dict[str, Any]], budget: int) -> str:
+            done = await self._call_model(shown, [], quiet=True, max_output_tokens=budget)
+            return str(done.text)
+
+        summary, method = await summarise(ask, self.note, self.live_before, window=self.window_tokens,
+                                          share=self.deps.settings.compaction.summary_share)
         if not smaller(summary, self.live_before, self.note):
             log.info("compaction not kept: no smaller %s", kv(session=msg.session_id, method=method))
             return turn_starts
@@ -327,7 +319,7 @@ class Turn:
 
     def _number(self, calls: list[ToolCall], iteration: int) -> None:
         """Our ids for a response's calls: the same in every Brain that runs this turn."""
-        self.call_ids = {call.id: _call_id(self.message.message_id, iteration, index, call.id)
+        self.call_ids = {call.id: call_id_of(self.message.message_id, iteration, index, call.id)
                          for index, call in enumerate(calls)}
         for call in calls:
             if call.name == self.delegations.tool_name:
@@ -400,7 +392,7 @@ class Turn:
                 result = await self.delegations.run(call_id, args, specs[call.name], self._used(), self._publish,
                                                     self.deadline_ms)
             else:
-                result = await self._execute(call_id, call.name, args, prior)
+                result = await self.hands.execute(call_id, call.name, args, prior)
         error = result.error
         answered = result.data.get("answer") if error is None and isinstance(result.data, dict) and \
             is_delegate(specs.get(call.name)) else None
@@ -411,37 +403,6 @@ class Turn:
             sandbox=result.metadata.sandbox, answer=str(answered)[:4000] if answered is not None else None,
         ))
         return result
-
-    async def _execute(self, call_id: str, tool: str, args: dict[str, Any], prior: list[PriorResult]) -> ToolResult:
-        deps, msg = self.deps, self.message
-        deadline_s = deps.settings.tool_deadline_s
-        # A job's turn has nobody to ask: a command that needs a person's approval is refused at once.
-        request = ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
-                              agent_id=msg.agent_id, sender=msg.sender, reply_to=deps.inbox.stream,
-                              approvals_to="" if msg.job else msg.reply_to, message_id=msg.message_id, prior=prior,
-                              deadline=now_ms() + int(deadline_s * 1000))
-        log.info("tool call sent %s", kv(session=msg.session_id, call=call_id, tool=tool))
-
-        async def relay(event: Message) -> None:
-            if isinstance(event, ToolProgress):
-                await self._publish(ChatTool(session_id=msg.session_id, message_id=msg.message_id, call_id=call_id,
-                                             tool=tool, status="progress", summary=event.message[:300]))
-
-        self.in_flight.add(call_id)  # left in place if we are cancelled: cancel() stops it in Hands
-        try:
-            reply: Message = await deps.inbox.request(deps.bus.keys.hands_requests, request, call_id,
-                                                      timeout=deadline_s + 1, final=(ToolResult,), on_event=relay)
-        except TimeoutError:
-            self.in_flight.discard(call_id)
-            return local_failure(
-                call_id, tool, ErrorCode.TIMEOUT,
-                f"no Hands worker answered within {deadline_s:g}s; the tool may not have run. "
-                "Is a Hands worker running (`pincer hands`)?",
-                recoverable=True,
-            )
-        self.in_flight.discard(call_id)
-        assert isinstance(reply, ToolResult)
-        return reply
 
     def cancelled(self, by: str) -> ChatError:
         """A turn cancelled before it started: nothing to stop, nothing recorded."""
@@ -456,8 +417,7 @@ class Turn:
         """End the turn early: stop its tool calls in Hands, close them in the transcript, say what was done."""
         deps, msg = self.deps, self.message
         await self.delegations.cancel(reason)
-        for call_id in list(self.in_flight):
-            await deps.bus.publish(deps.bus.keys.hands_control, ToolCancel(call_id=call_id, reason=reason))
+        await self.hands.stop(reason)
         stopped = [self._entry(role="tool", tool_call_id=call.id, name=call.name, cancelled=True,
                                content=error_for_model(ErrorCode.CANCELLED, reason))
                    for call in self.unanswered]
@@ -511,26 +471,6 @@ class Turn:
         log.warning("turn failed %s: %s", kv(session=self.message.session_id, code=code), message)
         return ChatError(session_id=self.message.session_id, message_id=self.message.message_id, code=code,
                          message=message)
-
-
-def _finished(message: ChatMessage, turn: list[TranscriptEntry]) -> ChatReply | ChatError | None:
-    """The answer of a turn the transcript shows ended (its Brain died before sending it), else None."""
-    last = turn[-1]
-    if last.role != "assistant":
-        return None
-    marks = last.marks
-    if marks.final:
-        return ChatReply(session_id=message.session_id, message_id=message.message_id, text=last.content or "",
-                         model=marks.model, usage=marks.usage)
-    if marks.stopped:
-        return ChatError(session_id=message.session_id, message_id=message.message_id, code=ErrorCode(marks.stopped),
-                         message=marks.told or last.content or marks.stopped)
-    return None
-
-
-def _call_id(message_id: str, iteration: int, index: int, model_call_id: str) -> str:
-    """The same call gets the same id in every Brain that runs its turn: Hands' record is found by it."""
-    return hashlib.sha256(f"{message_id}:{iteration}:{index}:{model_call_id}".encode()).hexdigest()[:32]
 
 
 async def _nothing() -> None:
