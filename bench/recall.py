@@ -232,13 +232,13 @@ async def main(args: argparse.Namespace) -> None:
             await bulk(bus, rng, args.chunks - small)
             await recall.catch_up()
             indexed = time.perf_counter() - started
-            times = await timed(recall, rng.sample(questions, 200))
+            times = await timed(recall, rng.sample(questions, min(200, len(questions))))
             size = await recall.size()
             lexical = Recall(bus.redis, bus.keys, embeddings=False)
             lexical_indexed = time.perf_counter()
             await lexical.catch_up()
             lexical_indexed = time.perf_counter() - lexical_indexed
-            lexical_times = await timed(lexical, rng.sample(questions, 200))
+            lexical_times = await timed(lexical, rng.sample(questions, min(200, len(questions))))
         finally:
             redis.stop()
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, "
