@@ -111,6 +111,17 @@ class Keys:
         each Hands worker indexes it (memory/recall.py)."""
         return f"{self.prefix}memory:log"
 
+    @property
+    def memory_log_notes(self) -> str:
+        """Hash of each note's live entry in ``memory_log`` (its ref -> entry id): a new version or a delete
+        removes the old one from the log. Its hash tag is the log's own name, so it shares the log's slot."""
+        return f"{self.prefix}{{{self.memory_log}}}:notes"
+
+    def memory_log_session(self, session_id: str) -> str:
+        """List of the ``memory_log`` entries of a session's words: deleting the session removes them from the
+        log (the log's slot, as ``memory_log_notes``)."""
+        return f"{self.prefix}{{{self.memory_log}}}:session:{session_id}"
+
     def job(self, job_id: str) -> str:
         """Hash describing a background job: owner worker, status, exit code, output tail."""
         return f"{self.prefix}job:{job_id}"
@@ -224,6 +235,11 @@ class Keys:
     def channel_generation(self, channel: str, user: str, chat: str) -> str:
         """How many times /new was said in a chat by a user: the session's name carries it."""
         return f"{self.prefix}channel:{channel}:generation:{user}:{chat}"
+
+    def upload_quota(self, identity: str, day: int) -> str:
+        """Files an identity has sent the agent on day ``day`` (days since the epoch, UTC), over every channel:
+        counted and capped in one step before any is fetched (``channels.<name>.max_files_per_day``)."""
+        return f"{self.prefix}uploads:{{{identity}}}:{day}"
 
     def channel_thread(self, channel: str, chat: str) -> str:
         """Where a conversation's answers go, for a platform whose chat id does not say (an email thread)."""

@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from bus.config import ConfigError, Section
+from bus.config import Config, ConfigError, Section
+from bus.workspaces import Workspaces
 
 # The skills shipped with Pincer (package data); `{shipped}` in skill_dirs. `{project}/skills`, from
 # configs written when they were found beside a checkout only, names the same folder.
@@ -242,6 +243,9 @@ class McpSettings(Section):
 
 class HandsSettings(Section):
     workspace: Path = Field(default_factory=default_workspace)
+    # Each identity that is not an owner (a token, a chat user, a hook) works in a tree of its own here
+    # (bus/workspaces.py); unset: "<workspace>-identities" beside the workspace.
+    identity_workspaces: Path | None = None
     concurrency: ConcurrencySettings = Field(default_factory=ConcurrencySettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
@@ -284,15 +288,46 @@ class HandsSettings(Section):
         return value
 
 
+def identity_root(settings: HandsSettings) -> Path:
+    """Where identities' own workspaces are made: ``hands.identity_workspaces``, else
+    ``<workspace>-identities`` beside ``hands.workspace``."""
+    if settings.identity_workspaces is not None:
+        return settings.identity_workspaces.expanduser().resolve()
+    workspace = settings.workspace.expanduser().resolve()
+    return workspace.with_name(workspace.name + "-identities")
+
+
+def sandbox_owner(settings: HandsSettings) -> tuple[int, int] | None:
+    """Who must own workspace files for sandboxed commands to change them: the sandbox's uid, as root."""
+    return (settings.sandbox.uid, settings.sandbox.gid) if os.geteuid() == 0 else None
+
+
+def workspaces(settings: HandsSettings, *, owner: tuple[int, int] | None = None) -> Workspaces:
+    """Whose tree each call sees, as these settings lay them out (bus/workspaces.py)."""
+    return Workspaces(settings.workspace, identity_root(settings), owners=settings.tools.owners, owner=owner)
+
+
+def configured_workspaces(config: Config) -> Workspaces:
+    """The workspaces of ``config`` as a role outside the sandbox sees them (a channel saving uploads)."""
+    settings = config.section("hands", HandsSettings)
+    return workspaces(settings, owner=sandbox_owner(settings))
+
+
 def check_workspace(settings: HandsSettings, *, data_dir: Path) -> None:
     """Refuse a workspace that holds Pincer's own code or data: the model writes there, so a skill dir
     or the data dir inside it (``workspace: ~`` holds ``~/.pincer``) would let it plant a handler that
     Hands imports at its next start, or rewrite the Redis data and tokens."""
     workspace = settings.workspace.expanduser().resolve()
+    people = identity_root(settings)
     protected = {f"the data directory {data_dir} (runtime.data_dir)": data_dir}
     protected.update({f"the skill directory {d}": d for d in settings.skill_dirs})
     for what, path in protected.items():
         resolved = path.expanduser().resolve()
-        if resolved == workspace or workspace in resolved.parents:
-            raise ConfigError(f"hands.workspace {workspace} contains {what}: the agent could change Pincer's own "
-                              "code or data. Give the agent a directory of its own (PINCER_WORKSPACE), outside both")
+        for key, tree in (("hands.workspace", workspace), ("hands.identity_workspaces", people)):
+            if resolved == tree or tree in resolved.parents:
+                raise ConfigError(f"{key} {tree} contains {what}: the agent could change Pincer's own code or "
+                                  "data. Give the agent a directory of its own (PINCER_WORKSPACE), outside both")
+    if people == workspace or workspace in people.parents or people in workspace.parents:
+        raise ConfigError(f"hands.identity_workspaces {people} and hands.workspace {workspace} overlap: the owner's "
+                          "turns would see every identity's files, or every identity the owner's. Give each its own "
+                          "directory, neither inside the other")

@@ -7,6 +7,7 @@ from typing import Any
 
 from bus.errors import PincerError
 from bus.protocol import RETRYABLE, ErrorCode, ToolError
+from bus.workspace import PathRefused
 
 # Whether the model can usefully try again (as is, later, or with changed arguments).
 RECOVERABLE = RETRYABLE | {
@@ -67,6 +68,9 @@ def to_tool_error(exc: BaseException) -> ToolError:
     """Any exception a tool raised, as the wire's error; unknown ones are ``UNHANDLED``."""
     if isinstance(exc, ToolFailure):
         return exc.to_error()
+    if isinstance(exc, PathRefused):  # the workspace boundary's refusal
+        recoverable = exc.code in RECOVERABLE if exc.recoverable is None else exc.recoverable
+        return ToolError(code=exc.code, message=exc.message, recoverable=recoverable, suggestions=exc.suggestions)
     if isinstance(exc, OSError) and exc.errno in _OS_ERRORS:
         code, what = _OS_ERRORS[exc.errno]
         where = f": {exc.filename}" if exc.filename else ""

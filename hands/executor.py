@@ -29,7 +29,7 @@ from bus.protocol import (
     ToolResult,
     now_ms,
 )
-from hands.config import HandsSettings
+from hands.config import HandsSettings, workspaces
 from hands.errors import ToolFailure, to_tool_error
 from hands.limits import Limiter, check_memory
 from hands.notes import CallersNotes
@@ -43,7 +43,6 @@ from hands.registry import (
 from hands.shaping import Batch, shape
 from hands.timeouts import time_limit
 from hands.toolpolicy import ToolPolicy
-from hands.workspace import Workspace
 
 if TYPE_CHECKING:  # the worker's services, passed in (they import nothing of the executor)
     from hands.seams import ApprovalAsking, JobKeeping, NoteKeeping, PoolGates, Sandboxing
@@ -79,7 +78,8 @@ class Executor:
                  schedules: JobStore | None = None) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
         # Resolved once, not per call; files it creates belong to the sandbox's uid.
-        self.workspace = Workspace(settings.workspace, owner=sandbox.owner if sandbox else None)
+        self.workspaces = workspaces(settings, owner=sandbox.owner if sandbox else None)
+        self.workspace = self.workspaces.main
         self.policy = PermissionPolicy(settings.policy, self.workspace.root)
         self.limiter = Limiter(settings.concurrency, settings.queue)
         self._retry_policy = settings.retry
@@ -238,7 +238,8 @@ class Executor:
 
     def _context(self, call: ToolExecute) -> ToolContext:
         return ToolContext(call_id=call.call_id, session_id=call.session_id, agent_id=call.agent_id,
-                           worker_id=self.worker_id, settings=self.settings, workspace=self.workspace,
+                           worker_id=self.worker_id, settings=self.settings,
+                           workspace=self.workspaces.of(call.sender),
                            memory=None if self.memory is None else CallersNotes(
                                self.memory, owner=call.sender, turn=call.message_id or "",
                                may_share=call.sender in self.settings.tools.owners),

@@ -17,9 +17,9 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field
 
 from bus.protocol import ErrorCode, SkillInfo, ToolMeta, ToolSpec
+from bus.workspace import Workspace
 from hands.config import HandsSettings, RetryPolicy
 from hands.errors import ToolFailure
-from hands.workspace import Workspace
 
 if TYPE_CHECKING:  # the services a handler may use, as Protocols (hands/seams.py): real ones or fakes
     from bus.protocol import ToolExecute

@@ -7,6 +7,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from bus.protocol import ToolExecute
     from hands.jobs import Job
     from hands.sandbox.runner import Extras, Running, RunResult
@@ -41,10 +43,10 @@ class Sandboxing(Protocol):
         """Who must own workspace files for commands to write them (the sandbox uid, as root)."""
 
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
-                    capture_stdout: bool = True, session: str = "") -> Running: ...
+                    capture_stdout: bool = True, session: str = "", root: Path | None = None) -> Running: ...
 
     async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
-                  stdin: bytes | None = None, session: str = "") -> RunResult: ...
+                  stdin: bytes | None = None, session: str = "", root: Path | None = None) -> RunResult: ...
 
 
 class PoolGates(Protocol):

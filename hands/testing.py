@@ -69,8 +69,10 @@ class SkillUnderTest:
         folder = Path(folder).resolve()
         workspace = Path(workspace)
         workspace.mkdir(parents=True, exist_ok=True)
+        # ``workspace`` is the calls' own: the sender is an owner, whose tree is hands.workspace itself.
+        tools = {"owners": [sender], **settings.pop("tools", {})}
         self.settings = HandsSettings.model_validate({"workspace": workspace, "skill_dirs": [folder.parent],
-                                                      **settings})
+                                                      "tools": tools, **settings})
         registry = ToolRegistry()
         loaded = load_skill(folder, registry, PermissionPolicy(self.settings.policy, workspace.resolve()))
         if not isinstance(loaded, str):

@@ -31,6 +31,7 @@ from bus.protocol import (
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
 from bus.streams import CONNECTION_ERRORS, Bus
+from bus.workspace import Workspace
 from hands.approvals import ApprovalGate
 from hands.call_records import CallRecords
 from hands.config import HandsSettings
@@ -45,7 +46,6 @@ from hands.registry import ToolRegistry
 from hands.sandbox.runner import Sandbox
 from hands.skills import SkillReport, load_skills, skill_reader
 from hands.tools import builtin_tools
-from hands.workspace import Workspace
 from memory.jobs import JobStore
 from memory.longterm import LongTermMemory
 from memory.recall import Recall

@@ -253,6 +253,14 @@ def ws() -> Iterator[Path]:
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(identity_tree(path, ""), ignore_errors=True)
+
+
+def identity_tree(workspace: Path, identity: str) -> Path:
+    """Where an identity that is not an owner works, beside the workspace ``workspace`` (the default layout:
+    bus/workspaces.py); ``identity`` "" is the folder of every such tree."""
+    people = workspace.with_name(workspace.name + "-identities")
+    return people / identity.replace(":", "~") if identity else people
 
 
 @pytest.fixture(scope="session")

@@ -60,16 +60,16 @@ class FakeSandbox:
         self.started: list[list[str]] = []
 
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
-                    capture_stdout: bool = True, session: str = "") -> Running:
+                    capture_stdout: bool = True, session: str = "", root: Path | None = None) -> Running:
         self.started.append(argv)
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=self.workspace / workdir, env={"PATH": "/usr/bin:/bin", **env}, start_new_session=True)
+            cwd=(root or self.workspace) / workdir, env={"PATH": "/usr/bin:/bin", **env}, start_new_session=True)
         return Running(process, self.tier, 200_000, capture_stdout=capture_stdout)
 
     async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
-                  stdin: bytes | None = None, session: str = "") -> RunResult:
-        return await run_to_end(await self.start(argv, workdir=workdir, env=env, session=session),
+                  stdin: bytes | None = None, session: str = "", root: Path | None = None) -> RunResult:
+        return await run_to_end(await self.start(argv, workdir=workdir, env=env, session=session, root=root),
                                 timeout_s=timeout_s, stdin=stdin)
 
 

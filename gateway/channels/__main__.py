@@ -5,11 +5,11 @@ import sys
 from bus.config import Config
 from bus.service import start_role
 from gateway.channels.main import main
-from hands.config import HandsSettings
+from hands.config import configured_workspaces
 
 
 def run(config: Config) -> int:
-    return main(config, name, workspace=config.section("hands", HandsSettings).workspace)
+    return main(config, name, workspaces=configured_workspaces(config))
 
 
 name = sys.argv[1] if len(sys.argv) > 1 else ""

@@ -50,8 +50,10 @@ class ChannelCommon(Section):
     poll_grace_s: float = Field(default=15.0, ge=1, le=120)
     # The answer is streamed by editing one message at most this often (platforms rate-limit edits).
     edit_interval_s: float = Field(default=1.0, ge=0.05, le=30)
-    # Files people send are saved in the workspace up to this size.
+    # Files people send are saved in their own workspace up to this size, and at most this many a day
+    # per person (over every channel; a file past either is not fetched, and the agent is told).
     max_file_bytes: int = Field(default=20 << 20, ge=1024)
+    max_files_per_day: int = Field(default=100, ge=0)
     # No successful poll for this long: the poller is restarted and the channel reported unhealthy.
     stall_s: float = Field(default=90.0, ge=5)
     # How long a stranger's pairing code stays valid.

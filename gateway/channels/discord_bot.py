@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -289,9 +289,9 @@ class Discord:
             raise PlatformRefused(f"{file.name or 'the file'} is over the {limit} bytes allowed")
         return data
 
-    async def send_file(self, chat: str, path: Path) -> None:
+    async def send_file(self, chat: str, name: str, data: bytes) -> None:
         async with translated("send a file"):
-            await self._channel(chat).send(file=discord.File(path, filename=path.name))
+            await self._channel(chat).send(file=discord.File(io.BytesIO(data), filename=name))
 
 
 def markdown(text: str) -> str:

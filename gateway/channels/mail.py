@@ -23,7 +23,6 @@ import re
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import aioimaplib
@@ -316,14 +315,13 @@ class Email:
         """A choice made by reply is confirmed by a short mail in the same thread."""
         await self.send(press, text)
 
-    async def send_file(self, chat: str, path: Path) -> None:
+    async def send_file(self, chat: str, name: str, data: bytes) -> None:
         thread = await self.book.thread(chat)
         message = mailtext.answer(own=self.settings.address, to=thread.to, subject=thread.subject,
-                                  references=thread.references, body=f"(attached: {path.name})")
-        kind, _ = mimetypes.guess_type(path.name)
+                                  references=thread.references, body=f"(attached: {name})")
+        kind, _ = mimetypes.guess_type(name)
         main, _, sub = (kind or "application/octet-stream").partition("/")
-        message.add_attachment(await asyncio.to_thread(path.read_bytes), maintype=main, subtype=sub,
-                               filename=path.name)
+        message.add_attachment(data, maintype=main, subtype=sub, filename=name)
         await self._send(message, "send a file")
 
     async def _send(self, message: Any, what: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from bus.config import Config, ConfigError
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
+from bus.workspaces import Workspaces
 from gateway.channels.config import (
     KNOWN,
     ChannelCommon,
@@ -31,9 +32,9 @@ HINTS = {"telegram": "@BotFather gives a bot its token", "email": "see docs/chan
          "discord": "see docs/channels/discord.md"}
 
 
-def main(config: Config, name: str, *, workspace: Path) -> int:
-    """Run channel ``name``; files people send are saved in ``workspace`` (Hands' own, read by whoever
-    starts this: the channel imports nothing of Hands)."""
+def main(config: Config, name: str, *, workspaces: Workspaces) -> int:
+    """Run channel ``name``; files people send are saved in each person's own workspace (Hands' layout,
+    through the same race-free boundary: bus/workspaces.py)."""
     if name not in KNOWN:
         raise ConfigError(f"no channel named {name!r}; channels: {', '.join(KNOWN)}")
     settings = config.section("channels", ChannelSettings).of(name)
@@ -45,7 +46,7 @@ def main(config: Config, name: str, *, workspace: Path) -> int:
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         platform = platform_for(settings, bus, data_dir=Path(config.runtime.data_dir), instance_id=instance_id)
-        worker = ChannelWorker(bus, platform, settings, gateway, workspace=workspace,
+        worker = ChannelWorker(bus, platform, settings, gateway, workspaces=workspaces,
                                instance_id=instance_id, heartbeat_s=config.runtime.heartbeat_s)
         try:
             await worker.run(stop)

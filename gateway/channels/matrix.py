@@ -413,16 +413,15 @@ class Matrix:
                 raise PlatformRefused(f"{file.name or 'the file'} could not be decrypted ({exc})") from None
         return data
 
-    async def send_file(self, chat: str, path: Path) -> None:
-        data = await asyncio.to_thread(path.read_bytes)
+    async def send_file(self, chat: str, name: str, data: bytes) -> None:
         room = self.client.rooms.get(chat)
         seal = self.client.olm is not None and room is not None and room.encrypted
         async with translated("upload"):
             uploaded, keys = await self.client.upload(lambda *_: data, content_type="application/octet-stream",
-                                                      filename=path.name, filesize=len(data), encrypt=seal)
+                                                      filename=name, filesize=len(data), encrypt=seal)
         checked(uploaded, "upload")
         where = {"file": {"url": uploaded.content_uri, **(keys or {})}} if seal else {"url": uploaded.content_uri}
-        await self._send(chat, {"msgtype": "m.file", "body": path.name, "filename": path.name, **where,
+        await self._send(chat, {"msgtype": "m.file", "body": name, "filename": name, **where,
                                 "info": {"size": len(data)}})
 
 

@@ -7,7 +7,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from bus.protocol import ChannelFile, ChannelUpdate
@@ -33,7 +32,7 @@ class Platform(Surface, Protocol):
     async def close(self) -> None: ...
     async def answer_press(self, press: str, text: str) -> None: ...
     async def fetch_file(self, file: ChannelFile, limit: int) -> bytes: ...
-    async def send_file(self, chat: str, path: Path) -> None: ...
+    async def send_file(self, chat: str, name: str, data: bytes) -> None: ...
 
 
 @runtime_checkable

@@ -19,7 +19,6 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -276,11 +275,11 @@ class Slack:
                     raise PlatformRefused(f"{file.name or 'the file'} is over the {limit} bytes allowed")
         return bytes(data)
 
-    async def send_file(self, chat: str, path: Path) -> None:
+    async def send_file(self, chat: str, name: str, data: bytes) -> None:
         channel, _, thread = chat.partition(":")
         async with translated("files.upload"):
-            await self.web.files_upload_v2(channel=channel, thread_ts=thread or None, file=str(path),
-                                           filename=path.name, title=path.name)
+            await self.web.files_upload_v2(channel=channel, thread_ts=thread or None, content=data,
+                                           filename=name, title=name)
 
 
 def _blocks(rendered: str, buttons: Buttons) -> list[dict[str, Any]]:

@@ -14,7 +14,6 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
-from pathlib import Path
 
 from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, Message, Update
 from telegram import error as tg
@@ -205,10 +204,9 @@ class Telegram:
             raise PlatformRefused(f"{file.name or 'the file'} is over the {limit} bytes allowed")
         return data
 
-    async def send_file(self, chat: str, path: Path) -> None:
+    async def send_file(self, chat: str, name: str, data: bytes) -> None:
         async with translated("sendDocument"):
-            with path.open("rb") as handle:
-                await self.bot.send_document(int(chat), document=handle, filename=path.name)
+            await self.bot.send_document(int(chat), document=data, filename=name)
 
 
 def _keyboard(buttons: Buttons) -> InlineKeyboardMarkup | None:

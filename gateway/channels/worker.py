@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import time
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from bus.consumer import GroupConsumer, HandedOver
@@ -39,11 +40,14 @@ from bus.protocol import (
     ChatError,
     ChatReply,
     ChatTool,
+    ErrorCode,
     Message,
 )
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
 from bus.streams import Bus
+from bus.workspace import PathRefused, Workspace
+from bus.workspaces import Workspaces
 from gateway.channels.access import Access
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
@@ -68,7 +72,15 @@ SESSION_UNSAFE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9_.:-]+")
 
 INSTRUCTIONS = ("You are talking with a person through {platform}. Keep answers short enough to read on a "
                 "phone. To send them a file from the workspace, write a line `[attach: PATH]` (PATH relative "
-                "to the workspace); files they send you are saved under inbox/ in the workspace.")
+                "to the workspace); files they send you are saved under inbox/{channel}/ in the workspace.")
+# Count a person's file for today and refuse it past the cap, in one step (parallel updates cannot pass it).
+# KEYS: the identity's counter for today. ARGV: the cap, the key's lifetime in seconds.
+TAKE_UPLOAD = """
+local n = redis.call('incr', KEYS[1])
+if n == 1 then redis.call('expire', KEYS[1], ARGV[2]) end
+if n > tonumber(ARGV[1]) then redis.call('decr', KEYS[1]) return 0 end
+return 1
+"""
 HELP = ("Talk to me as you would to a person. /new starts a fresh conversation, /stop stops what I am doing.")
 
 
@@ -81,9 +93,10 @@ class PlatformDown(HandedOver):
 
 class ChannelWorker:
     def __init__(self, bus: Bus, platform: Platform, settings: ChannelCommon, gateway: GatewaySettings, *,
-                 workspace: Path, instance_id: str, heartbeat_s: float = 3.0) -> None:
+                 workspaces: Workspaces, instance_id: str, heartbeat_s: float = 3.0) -> None:
         self.bus, self.platform, self.settings = bus, platform, settings
-        self.workspace, self.instance_id, self.heartbeat_s = workspace, instance_id, heartbeat_s
+        self.workspaces, self.instance_id, self.heartbeat_s = workspaces, instance_id, heartbeat_s
+        self._take_upload = bus.redis.register_script(TAKE_UPLOAD)
         self.name = platform.name
         self.inbox = ReplyInbox(bus, instance_id)
         self.sessions = SessionStore(bus.redis, bus.keys)
@@ -198,12 +211,9 @@ class ChannelWorker:
         if command in ("/start", "/help"):
             await self._say(update.chat, HELP)
             return
-        text = update.text
-        if update.files:
-            text = (text + "\n\n" + await self._save_files(update)).strip()
-        if not text:
+        if not update.text.strip() and not update.files:
             return
-        await self._turn(identity, session, update, text)
+        await self._turn(identity, session, update, update.text)
 
     async def _invited(self, identity: Identity | None, update: ChannelUpdate) -> None:
         """An invitation into a conversation: taken from someone who may talk to the agent, declined (and the
@@ -261,16 +271,19 @@ class ChannelWorker:
         answer, files = _attachments(answer)
         await reply.finish(answer)
         for path in files:
-            await self._send_file(update.chat, path)
+            await self._send_file(identity, update.chat, path)
         await delivery.note(done="1")
         self.counts["out"] += 1
 
     async def _run_turn(self, identity: Identity, session: str, update: ChannelUpdate, text: str,
                         reply: StreamedReply, delivery: Delivery) -> str | None:
+        # A person's files are fetched only once their turn is admitted (a sender past a limit costs nothing).
+        files = partial(self._save_files, identity, update) if update.files else None
         try:
             turn = await self.turns.start(identity, session, agent_id=self.settings.agent, text=text,
-                                          instructions=INSTRUCTIONS.format(platform=self.name.title()),
-                                          cancel_if_abandoned=False)
+                                          instructions=INSTRUCTIONS.format(platform=self.name.title(),
+                                                                           channel=self.name),
+                                          cancel_if_abandoned=False, add_to_text=files)
         except Refused as exc:
             await self._say(update.chat, f"⚠ {exc.message}")
             await delivery.note(done="1")
@@ -338,38 +351,54 @@ class ChannelWorker:
                 await self.surface.edit(update.chat, update.platform_message,
                                         self.surface.render(f"{said} ({who})")[0])
 
-    async def _save_files(self, update: ChannelUpdate) -> str:
-        """The person's files, in the workspace under inbox/<channel>/<user>/; what to tell the agent of them."""
-        folder = self.workspace / "inbox" / self.name / update.user
-        notes = []
+    async def _save_files(self, identity: Identity, update: ChannelUpdate) -> str:
+        """The person's files, in their own workspace under inbox/<channel>/; what to tell the agent of them.
+
+        Written through the workspace boundary (a new file each, 0600, never through a link planted at its
+        name by a sandboxed command), after the per-person daily cap is taken for each."""
+        workspace = self.workspaces.of(identity.name)
+        folder, notes = f"inbox/{self.name}", []
         for file in update.files:
+            shown = file.name or "a file"
+            if not await self._may_upload(identity):
+                notes.append(f"[The person sent {shown}, but it was not saved: they have sent "
+                             f"{self.settings.max_files_per_day} files today (channels.{self.name}.max_files_per_day)]")
+                continue
             try:
                 data = await patiently(partial(self.platform.fetch_file, file, self.settings.max_file_bytes),
                                        what="fetch a file")
             except (PlatformRefused, PlatformAway) as exc:
-                notes.append(f"[The person sent {file.name or 'a file'}, but it was not saved: {exc}]")
+                notes.append(f"[The person sent {shown}, but it was not saved: {exc}]")
                 continue
-            folder.mkdir(parents=True, exist_ok=True)
-            path = _free_name(folder, SAFE_NAME.sub("_", Path(file.name).name).strip("._") or "file")
-            path.write_bytes(data)
-            notes.append(f"[The person sent a file, saved in the workspace at {path.relative_to(self.workspace)} "
-                         f"({len(data)} bytes)]")
+            name = SAFE_NAME.sub("_", Path(file.name).name).strip("._") or "file"
+            try:
+                path = await asyncio.to_thread(_write_new, workspace, folder, name, data)
+            except (PathRefused, OSError) as exc:
+                log.warning("%s: a file was not saved %s", self.name, kv(user=update.user, error=str(exc)))
+                notes.append(f"[The person sent {shown}, but it was not saved: {getattr(exc, 'message', exc)}]")
+                continue
+            notes.append(f"[The person sent a file, saved in the workspace at {path} ({len(data)} bytes)]")
         return "\n".join(notes)
 
-    async def _send_file(self, chat: str, relative: str) -> None:
-        root = self.workspace.resolve()
-        path = (root / relative.strip()).resolve()
-        problem = None
-        if not path.is_relative_to(root):
-            problem = "it is outside the workspace"
-        elif not path.is_file():
-            problem = "there is no such file in the workspace"
-        elif path.stat().st_size > self.settings.max_file_bytes:
-            problem = f"it is over {self.settings.max_file_bytes} bytes (channels.{self.name}.max_file_bytes)"
-        if problem is not None:
+    async def _may_upload(self, identity: Identity) -> bool:
+        day = int(time.time() // 86_400)
+        taken = await self._take_upload(keys=[self.bus.keys.upload_quota(identity.name, day)],
+                                        args=[self.settings.max_files_per_day, 2 * 86_400])
+        return bool(int(taken))
+
+    async def _send_file(self, identity: Identity, chat: str, relative: str) -> None:
+        """A file of the person's own workspace, read from the descriptor that was checked (no link followed)."""
+        workspace = self.workspaces.of(identity.name)
+        try:
+            data = await asyncio.to_thread(workspace.read_bytes, relative.strip(), limit=self.settings.max_file_bytes)
+        except PathRefused as exc:
+            problem = exc.message
+            if exc.code is ErrorCode.RESOURCE_EXHAUSTED:
+                problem += f" (channels.{self.name}.max_file_bytes)"
             await self._say(chat, f"(could not send {relative}: {problem})")
             return
-        await patiently(lambda: self.platform.send_file(chat, path), what="send a file")
+        name = PurePosixPath(relative.strip()).name
+        await patiently(lambda: self.platform.send_file(chat, name, data), what="send a file")
 
 
 def _attachments(answer: str) -> tuple[str, list[str]]:
@@ -377,12 +406,11 @@ def _attachments(answer: str) -> tuple[str, list[str]]:
     return (ATTACH.sub("", answer).strip() if files else answer), files
 
 
-def _free_name(folder: Path, name: str) -> Path:
-    path = folder / name
-    stem, suffix, n = path.stem, path.suffix, 1
-    while path.exists():
-        path = folder / f"{stem}-{n}{suffix}"
-        n += 1
+def _write_new(workspace: Workspace, folder: str, name: str, data: bytes) -> str:
+    with workspace.create_new(folder, name) as (path, fd):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
     return path
 
 

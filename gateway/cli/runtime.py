@@ -104,10 +104,10 @@ def gateway(args: argparse.Namespace, config: Config) -> int:
 
 def channel(args: argparse.Namespace, config: Config) -> int:
     from gateway.channels.main import main as channel_main
-    from hands.config import HandsSettings
+    from hands.config import configured_workspaces
 
     validate_all(config)
-    return channel_main(config, args.name, workspace=config.section("hands", HandsSettings).workspace)
+    return channel_main(config, args.name, workspaces=configured_workspaces(config))
 
 
 def mcp(args: argparse.Namespace, config: Config) -> int:

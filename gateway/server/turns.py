@@ -157,15 +157,19 @@ class TurnRunner:
     async def start(self, identity: Identity, session_id: str, *, agent_id: str, text: str, stream: bool = False,
                     instructions: str | None = None, ttl_s: int = 0, traceparent: str | None = None,
                     cancel_if_abandoned: bool = True,
-                    prepare: Callable[[ChatMessage], Awaitable[None]] | None = None) -> Turn:
+                    prepare: Callable[[ChatMessage], Awaitable[None]] | None = None,
+                    add_to_text: Callable[[], Awaitable[str]] | None = None) -> Turn:
         """A turn admitted and sent (``Refused`` if it may not run): the caller must ``close()`` it.
 
         ``prepare`` runs after admission and before the message is sent (a client's earlier messages
-        written as the new session's history)."""
+        written as the new session's history); ``add_to_text`` too, and what it returns is added to the
+        message (a chat user's files: fetched only for a sender who was admitted)."""
         hold = self.limits.hold_turn(identity.name, stream=stream)
         try:
             message = await self.admit(identity, session_id, agent_id=agent_id, text=text,
                                        instructions=instructions, ttl_s=ttl_s, traceparent=traceparent)
+            if add_to_text is not None:
+                message = message.model_copy(update={"text": (text + "\n\n" + await add_to_text()).strip()})
             if prepare is not None:
                 await prepare(message)
         except BaseException:

@@ -194,12 +194,13 @@ class Sandbox:
         """Who must own workspace files for sandboxed commands to write them (when we are root)."""
         return (self.settings.uid, self.settings.gid) if self.as_root else None
 
-    def check_allowed(self) -> None:
-        blocked = self._unreachable_dir()
+    def check_allowed(self, root: Path | None = None) -> None:
+        blocked = self._unreachable_dir(root or self.workspace)
         if blocked is not None:
             raise SandboxUnavailable(
                 f"commands run as uid {self.settings.uid}, which cannot enter {blocked} on the way to the workspace "
-                f"{self.workspace}; move the workspace somewhere it can reach (hands.workspace / PINCER_WORKSPACE)"
+                f"{root or self.workspace}; move the workspace somewhere it can reach (hands.workspace / "
+                "PINCER_WORKSPACE, hands.identity_workspaces)"
             )
         if self.tier is Tier.RLIMITS and not self.settings.allow_degraded:
             raise SandboxUnavailable(
@@ -218,16 +219,18 @@ class Sandbox:
             )
 
     async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
-                  stdin: bytes | None = None, session: str = "") -> RunResult:
+                  stdin: bytes | None = None, session: str = "", root: Path | None = None) -> RunResult:
         """Run to the end (or the timeout, which kills the whole tree)."""
-        return await run_to_end(await self.start(argv, workdir=workdir, env=env, session=session),
+        return await run_to_end(await self.start(argv, workdir=workdir, env=env, session=session, root=root),
                                 timeout_s=timeout_s, stdin=stdin)
 
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
-                    capture_stdout: bool = True, session: str = "") -> Running:
-        """Start a command of ``session`` and return its handle; the caller must ``stop()`` it (it may be long
-        gone). The session's commands together hold at most ``session_processes``."""
-        self.check_allowed()
+                    capture_stdout: bool = True, session: str = "", root: Path | None = None) -> Running:
+        """Start a command of ``session`` in the workspace ``root`` (the call's identity's; default the
+        worker's) and return its handle; the caller must ``stop()`` it (it may be long gone). The session's
+        commands together hold at most ``session_processes``."""
+        root = root or self.workspace
+        self.check_allowed(root)
         extra = extra or Extras()
         if extra.network and self.tier is Tier.LANDLOCK:
             raise SandboxUnavailable("the landlock tier cannot give a command the network (it has no network "
@@ -239,7 +242,7 @@ class Sandbox:
         seccomp = seccomp_fd(self.tier, network=extra.network) if self.tier is not Tier.RLIMITS else None
         cgroup = RunCgroup.create(session=session, memory_mb=limits.memory_mb, pids_max=limits.processes,
                                   session_pids_max=self.settings.session_processes, delegated=self.settings.cgroup_dir)
-        command = self._command(argv, workdir=workdir, env=env, seccomp_fd=seccomp, extra=extra,
+        command = self._command(argv, root=root, workdir=workdir, env=env, seccomp_fd=seccomp, extra=extra,
                                 tree_capped=cgroup is not None and cgroup.caps_processes)
         if cgroup is not None:
             command = cgroup.wrap(command)
@@ -249,7 +252,7 @@ class Sandbox:
                 *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, pass_fds=(seccomp,) if seccomp is not None else (), limit=extra.line_bytes,
                 env={"PATH": "/usr/bin:/bin"} if self.tier is Tier.BWRAP else env,
-                cwd=self.workspace / workdir if self.tier is Tier.RLIMITS else None,
+                cwd=root / workdir if self.tier is Tier.RLIMITS else None,
             )
         finally:
             if seccomp is not None:
@@ -257,19 +260,19 @@ class Sandbox:
         self.meter.observe("pincer_sandbox_spawn_seconds", time.monotonic() - spawning, self.tier)
         return Running(process, self.tier, limits.output_bytes, cgroup=cgroup, capture_stdout=capture_stdout)
 
-    def _unreachable_dir(self) -> Path | None:
+    def _unreachable_dir(self, root: Path) -> Path | None:
         """The first directory on the workspace's path the sandbox uid may not pass through, if any."""
         if not self.as_root:
             return None  # commands run as we do
         uid, gid = self.settings.uid, self.settings.gid
-        for directory in [self.workspace, *self.workspace.parents]:
+        for directory in [root, *root.parents]:
             info = directory.stat()
             bit = 0o100 if info.st_uid == uid else 0o010 if info.st_gid == gid else 0o001
             if not info.st_mode & bit:
                 return directory
         return None
 
-    def _command(self, argv: list[str], *, workdir: str, env: dict[str, str], seccomp_fd: int | None,
+    def _command(self, argv: list[str], *, root: Path, workdir: str, env: dict[str, str], seccomp_fd: int | None,
                  extra: Extras, tree_capped: bool = False) -> list[str]:
         s = extra.limits or self.settings
         # RLIMIT_NPROC counts every process of the sandbox uid on the machine: alone it lets one command's
@@ -284,11 +287,11 @@ class Sandbox:
             return [*limits, *drop, *argv]
         if self.tier is Tier.LANDLOCK:
             readable = [str(p) for p in extra.read_only]
-            return [*limits, *drop, *shim(), str(self.workspace), workdir or ".", str(seccomp_fd), *readable, "--",
+            return [*limits, *drop, *shim(), str(root), workdir or ".", str(seccomp_fd), *readable, "--",
                     *argv]
-        return [*limits, *drop, *self._bwrap(workdir, env, seccomp_fd, extra), "--", *argv]
+        return [*limits, *drop, *self._bwrap(root, workdir, env, seccomp_fd, extra), "--", *argv]
 
-    def _bwrap(self, workdir: str, env: dict[str, str], seccomp_fd: int | None, extra: Extras) -> list[str]:
+    def _bwrap(self, root: Path, workdir: str, env: dict[str, str], seccomp_fd: int | None, extra: Extras) -> list[str]:
         args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--hostname", "sandbox",
                 "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
         if extra.network:  # the host's network and its resolver (no other tool gets either)
@@ -303,7 +306,7 @@ class Sandbox:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         args += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * 1024 * 1024), "--tmpfs", "/tmp"]
         if extra.workspace != "none":
-            args += ["--bind" if extra.workspace == "rw" else "--ro-bind", str(self.workspace), "/workspace"]
+            args += ["--bind" if extra.workspace == "rw" else "--ro-bind", str(root), "/workspace"]
         for path in extra.read_only:  # at the same path, so a program's own absolute paths still hold
             args += ["--ro-bind", str(path), str(path)]
         args += ["--remount-ro", "/",

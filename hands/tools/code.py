@@ -56,7 +56,8 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
                           suggestions=["kill a job you no longer need (process list, process kill)",
                                        "or run the command in the foreground"])
     try:
-        running: Running = await ctx.sandbox.start(argv, workdir=relative, env=env, session=ctx.session_id)
+        running: Running = await ctx.sandbox.start(argv, workdir=relative, env=env, session=ctx.session_id,
+                                                    root=ctx.workspace.root)
     except SandboxUnavailable as exc:
         raise ToolFailure(ErrorCode.PERMISSION_DENIED, str(exc),
                           suggestions=["ask the operator to install bubblewrap"]) from None

@@ -11,6 +11,7 @@ from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, ToolExecu
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from hands.approvals import remembered
+from tests.conftest import identity_tree
 
 
 @pytest.fixture
@@ -67,14 +68,14 @@ async def test_allowlist_mode(engine, call, ws: Path) -> None:
 async def test_ask_mode_runs_only_after_a_yes(engine, call, person: ReplyInbox, bus: Bus, ws: Path) -> None:
     await engine(workspace=ws, sandbox={"allow_degraded": True}, exec={"mode": "ask"})
     result, asked = await ask_and_answer(bus, call, person, "echo yes > approved.txt", "allow-once",
-                                         check_before=ws / "approved.txt")
+                                         check_before=identity_tree(ws, "alice") / "approved.txt")
     assert "echo yes > approved.txt" in asked.summary and asked.tool == "exec"
-    assert result.success and (ws / "approved.txt").read_text() == "yes\n"
+    assert result.success and (identity_tree(ws, "alice") / "approved.txt").read_text() == "yes\n"
     assert not await bus.redis.exists(bus.keys.approval(asked.approval_id))  # answered: gone
 
     denied, _ = await ask_and_answer(bus, call, person, "echo no > denied.txt", "deny")
     assert denied.error.code is ErrorCode.APPROVAL_DENIED and "tester denied" in denied.error.message
-    assert not (ws / "denied.txt").exists()
+    assert not (identity_tree(ws, "alice") / "denied.txt").exists()
 
 
 async def test_allow_always_remembers_and_silence_is_a_no(engine, call, person: ReplyInbox, bus: Bus,
@@ -86,7 +87,7 @@ async def test_allow_always_remembers_and_silence_is_a_no(engine, call, person: 
     assert again.success
     silent, _ = await ask_and_answer(bus, call, person, "touch silent.txt", None)
     assert silent.error.code is ErrorCode.APPROVAL_DENIED and "within 0.5s" in silent.error.message
-    assert not (ws / "silent.txt").exists()
+    assert not (identity_tree(ws, "alice") / "silent.txt").exists()
     nobody = await call("exec", {"command": "touch nobody.txt"})  # not from a chat: no one to ask
     assert nobody.error.code is ErrorCode.APPROVAL_DENIED and "no chat" in nobody.error.message
 

@@ -250,7 +250,7 @@ async def test_an_alias_runs_its_tool_and_is_listed_nowhere(executor: Executor) 
 def test_openat2_is_used_and_refuses_what_the_walk_refuses(workspace: Path, tmp_path: Path) -> None:
     import errno
 
-    from hands.openat2 import openat2
+    from bus.openat2 import openat2
 
     root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -7,6 +7,11 @@ opened relative to its directory with ``O_NOFOLLOW``. So a symlink swapped in
 mid-call cannot lead outside (a ``realpath`` check followed by ``open`` can
 be raced). ``..``, absolute paths
 outside the root, symlinks and multiply-linked files are refused.
+
+This is the one boundary for every role that touches workspace files: Hands'
+tools, and the channels (uploads saved, ``[attach: PATH]`` read) outside the
+sandbox. Files are made 0600 and directories 0700: a workspace is its
+identity's alone (``Workspaces``: whose tree a call sees).
 """
 
 from __future__ import annotations
@@ -18,11 +23,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
+from bus.errors import PincerError
+from bus.openat2 import openat2
 from bus.protocol import ErrorCode
-from hands.errors import ToolFailure
-from hands.openat2 import openat2
+
+
+class PathRefused(PincerError):
+    """A workspace path refused, and why: a tool's call reports it as its error (``hands.errors``), a channel
+    tells the person."""
+
+    def __init__(self, code: ErrorCode, message: str, *, suggestions: list[str] | None = None,
+                 recoverable: bool | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.suggestions, self.recoverable = code, message, suggestions or [], recoverable
+
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+FILE_MODE, DIR_MODE = 0o600, 0o700  # a workspace is one identity's: nobody else on the machine reads it
+NAME_LIMIT = 10_000  # "name-1.txt" ... tried before a new file's name is given up on
 
 
 class Workspace:
@@ -33,14 +53,63 @@ class Workspace:
         self.owner = owner
 
     def ensure(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
         if self.owner:
             os.chown(self.root, *self.owner)
+
+    @contextmanager
+    def create_new(self, folder: str, name: str) -> Iterator[tuple[str, int]]:
+        """A new file in ``folder`` (made if missing), never one that existed: ``name``, else ``stem-1.ext``
+        and so on; its path relative to the root and a descriptor open for writing.
+
+        ``O_EXCL | O_NOFOLLOW`` beneath a directory walked without links: whatever was planted at a name
+        (a link to ``~/.ssh``, a FIFO), the bytes go only into a file this call made."""
+        pure = PurePosixPath(name)
+        if name in ("", ".", "..") or pure.name != name:
+            raise PathRefused(ErrorCode.INVALID_ARGUMENTS, f"{name!r} is not a file name")
+        parent = self._walk(self.parts(folder), create=True)
+        try:
+            for n in range(NAME_LIMIT):
+                candidate = name if n == 0 else f"{pure.stem}-{n}{pure.suffix}"
+                try:
+                    fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 FILE_MODE, dir_fd=parent)
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    raise self._os_failure(exc, f"{folder}/{candidate}") from None
+                break
+            else:
+                raise PathRefused(ErrorCode.RESOURCE_EXHAUSTED, f"{folder!r} holds {NAME_LIMIT} files named "
+                                  f"like {name!r}; remove some")
+        finally:
+            os.close(parent)
+        try:
+            if self.owner:
+                os.fchown(fd, *self.owner)
+            yield "/".join([*self.parts(folder), candidate]), fd
+        finally:
+            os.close(fd)
+
+    def read_bytes(self, path: str, *, limit: int) -> bytes:
+        """The regular file at ``path`` whole, read from the descriptor that was checked (no link followed at
+        any component); ``RESOURCE_EXHAUSTED`` past ``limit`` bytes."""
+        with self.open_file(path, os.O_RDONLY) as fd:
+            size = os.fstat(fd).st_size
+            if size > limit:
+                raise PathRefused(ErrorCode.RESOURCE_EXHAUSTED, f"{path!r} is {size} bytes, over the {limit}")
+            chunks, total = [], 0
+            while chunk := os.read(fd, 1 << 20):
+                total += len(chunk)
+                if total > limit:  # grew since the fstat
+                    raise PathRefused(ErrorCode.RESOURCE_EXHAUSTED, f"{path!r} is over {limit} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
 
     def parts(self, path: str) -> list[str]:
         """The path's components relative to the root, or ``PERMISSION_DENIED``."""
         if "\x00" in path:
-            raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, "the path contains a NUL byte")
+            raise PathRefused(ErrorCode.INVALID_ARGUMENTS, "the path contains a NUL byte")
         pure = PurePosixPath(path)
         if pure.is_absolute():
             try:
@@ -71,14 +140,14 @@ class Workspace:
         """
         parts = self.parts(path)
         if not parts:
-            raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is the workspace directory, not a file")
+            raise PathRefused(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is the workspace directory, not a file")
         parent = self._walk(parts[:-1], create=create_dirs)
         created = False
         try:
             open_flags = (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
             if flags & os.O_CREAT:
                 try:  # did this call make the file? Only then is it ours to give away
-                    fd = os.open(parts[-1], open_flags | os.O_EXCL, 0o644, dir_fd=parent)
+                    fd = os.open(parts[-1], open_flags | os.O_EXCL, FILE_MODE, dir_fd=parent)
                     created = True
                 except FileExistsError:
                     fd = os.open(parts[-1], open_flags & ~os.O_CREAT, dir_fd=parent)
@@ -91,13 +160,13 @@ class Workspace:
         try:
             info = os.fstat(fd)
             if stat.S_ISDIR(info.st_mode):
-                raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is a directory, not a file",
+                raise PathRefused(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is a directory, not a file",
                                   suggestions=["list_directory lists it"], recoverable=True)
             if not stat.S_ISREG(info.st_mode):
-                raise ToolFailure(ErrorCode.PERMISSION_DENIED, f"{path!r} is not a regular file ({_kind(info)}); "
+                raise PathRefused(ErrorCode.PERMISSION_DENIED, f"{path!r} is not a regular file ({_kind(info)}); "
                                   "file tools read and write regular files only")
             if info.st_nlink > 1:
-                raise ToolFailure(
+                raise PathRefused(
                     ErrorCode.PERMISSION_DENIED,
                     f"{path!r} is a hard link shared with another path; tools only use files with one link",
                     suggestions=["copy the file into the workspace instead of linking it"],
@@ -121,7 +190,7 @@ class Workspace:
             for i, part in enumerate(parts):
                 if create:
                     try:
-                        os.mkdir(part, 0o755, dir_fd=fd)
+                        os.mkdir(part, DIR_MODE, dir_fd=fd)
                         if self.owner:
                             os.chown(part, *self.owner, dir_fd=fd, follow_symlinks=False)
                     except FileExistsError:
@@ -151,30 +220,30 @@ class Workspace:
         finally:
             os.close(root)
 
-    def _outside(self, path: str) -> ToolFailure:
-        return ToolFailure(
+    def _outside(self, path: str) -> PathRefused:
+        return PathRefused(
             ErrorCode.PERMISSION_DENIED,
             f"{path!r} is outside the workspace; tools only reach files beneath {self.root}",
             suggestions=["use a path relative to the workspace, without '..'"],
         )
 
-    def _os_failure(self, exc: OSError, path: str) -> ToolFailure | OSError:
+    def _os_failure(self, exc: OSError, path: str) -> PathRefused | OSError:
         if exc.errno in (errno.ENXIO, errno.ENODEV):  # a FIFO with no reader, a device with no driver
-            return ToolFailure(ErrorCode.PERMISSION_DENIED, f"{path!r} is not a regular file; file tools read and "
+            return PathRefused(ErrorCode.PERMISSION_DENIED, f"{path!r} is not a regular file; file tools read and "
                                "write regular files only")
         if exc.errno == errno.ELOOP:
-            return ToolFailure(
+            return PathRefused(
                 ErrorCode.PERMISSION_DENIED,
                 f"{path!r} is a symbolic link; tools do not follow links",
                 suggestions=["use the real path of the file inside the workspace"],
             )
         if isinstance(exc, FileNotFoundError):
-            return ToolFailure(
+            return PathRefused(
                 ErrorCode.FILE_NOT_FOUND, f"{path!r} does not exist in the workspace",
                 suggestions=["list_directory shows what exists"], recoverable=True,
             )
         if isinstance(exc, NotADirectoryError):
-            return ToolFailure(
+            return PathRefused(
                 ErrorCode.FILE_NOT_FOUND, f"{path!r}: a part of the path is not a directory", recoverable=True,
             )
         exc.filename = exc.filename or path
