@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Processes, wait_until
+from tests.conftest import Processes, identity_tree, wait_until
 from tests.e2e.conftest import start_stack
 from tests.fake_discord import GENERAL, THREAD, TOKEN, FakeDiscord, Sent
 from tests.scripted_llm import ScriptedLLM
@@ -20,6 +20,11 @@ from tests.scripted_llm import ScriptedLLM
 pytestmark = pytest.mark.e2e
 
 ALICE, BOB, STRANGER = "2000000000000000001", "2000000000000000002", "2000000000000000999"
+
+
+def alices(ws: Path) -> Path:
+    """Alice's own workspace: her turns see only it."""
+    return identity_tree(ws, f"discord:{ALICE}")
 
 
 @pytest.fixture
@@ -32,6 +37,9 @@ def discord() -> Iterator[FakeDiscord]:
 @pytest.fixture
 def discord_env(processes: Processes, pincer_env: dict[str, str], ws: Path, discord: FakeDiscord) -> dict[str, str]:
     (ws / "notes.txt").write_text("the secret word is pincer-42\n")
+    mine = alices(ws)
+    mine.mkdir(parents=True, exist_ok=True)
+    (mine / "notes.txt").write_text("the secret word is pincer-42\n")
     processes.env = {**pincer_env, "PINCER_WORKSPACE": str(ws), "PINCER_HANDS__EXEC__MODE": "ask",
                      "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
                      "PINCER_REDIS__CLAIM_IDLE_S": "2", "PINCER_REDIS__REAP_INTERVAL_S": "0.5",
@@ -100,10 +108,10 @@ def test_an_approval_is_pressed_by_its_own_person_only(
     discord.press(BOB, ask, once)
     wait_until(lambda: discord.followups, timeout=30, what="Bob's press answered to him alone")
     assert discord.followups[0]["flags"] == 64 and "not yours" in discord.followups[0]["content"]
-    assert not (ws / "out.txt").exists()
+    assert not (alices(ws) / "out.txt").exists()
     discord.press(ALICE, ask, once)
     done = answer(discord, dm, "RESULT exec")
-    assert "approved" in done.content and (ws / "out.txt").read_text() == "approved\n"
+    assert "approved" in done.content and (alices(ws) / "out.txt").read_text() == "approved\n"
     assert discord.followups[1]["content"] == "Allowed once." and len(discord.callbacks) == 2
     assert ask.content.startswith("Allowed once.") and not ask.buttons
 
@@ -129,7 +137,7 @@ def test_files_land_in_the_workspace_and_go_back_out(
         processes: Processes, discord_env: dict[str, str], discord: FakeDiscord, ws: Path) -> None:
     start_channel(processes, discord)
     dm = discord.dm(ALICE)
-    discord.say(ALICE, f'CALL read_file {{"path": "inbox/discord/{ALICE}/data.txt"}}',
+    discord.say(ALICE, 'CALL read_file {"path": "inbox/discord/data.txt"}',
                 file=("../../data.txt", b"hello from a file"))
     assert "hello from a file" in answer(discord, dm, "RESULT read_file").content
     discord.say(ALICE, "here you are\n[attach: notes.txt]")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Processes, wait_until
+from tests.conftest import Processes, identity_tree, wait_until
 from tests.e2e.conftest import start_stack
 from tests.mailservers import AGENT, PASSWORD, Dovecot, Sent, SmtpSink, mail
 from tests.scripted_llm import ScriptedLLM
@@ -21,11 +21,19 @@ pytestmark = pytest.mark.e2e
 ALICE, BOB, STRANGER = "alice@example.com", "bob@example.org", "mallory@elsewhere.test"
 
 
+def alices(ws: Path) -> Path:
+    """Alice's own workspace: her turns see only it."""
+    return identity_tree(ws, f"email:{ALICE}")
+
+
 @pytest.fixture
 def mail_env(processes: Processes, pincer_env: dict[str, str], ws: Path, dovecot: Dovecot,
              smtp: SmtpSink) -> dict[str, str]:
     """Brain, Hands (exec asks a person) and a Gateway; the channel's settings, the password from ${MAIL_PW}."""
     (ws / "notes.txt").write_text("the secret word is pincer-42\n")
+    mine = alices(ws)
+    mine.mkdir(parents=True, exist_ok=True)
+    (mine / "notes.txt").write_text("the secret word is pincer-42\n")
     processes.env = {**pincer_env, "PINCER_WORKSPACE": str(ws), "PINCER_HANDS__EXEC__MODE": "ask",
                      "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
                      "PINCER_REDIS__CLAIM_IDLE_S": "2", "PINCER_REDIS__REAP_INTERVAL_S": "0.5",
@@ -105,27 +113,27 @@ def test_an_approval_is_answered_by_reply_from_its_own_person_only(
     assert "Reply to this mail with one of: ALLOW ONCE, ALWAYS, DENY" in question.text
     dovecot.deliver(mail(BOB, "Allow once", reply_to=question.message))  # Bob may write, but this is not his
     refused = answer(smtp, BOB, "not yours")
-    assert refused.recipients == [BOB] and not (ws / "out.txt").exists()
+    assert refused.recipients == [BOB] and not (alices(ws) / "out.txt").exists()
     dovecot.deliver(mail(ALICE, "allow once.\n\nOn Tuesday, the agent wrote:\n> Allow exec?",
                          reply_to=question.message))
     answer(smtp, ALICE, "Allowed once.")
     done = answer(smtp, ALICE, "RESULT exec")
-    assert "approved" in done.text and (ws / "out.txt").read_text() == "approved\n"
+    assert "approved" in done.text and (alices(ws) / "out.txt").read_text() == "approved\n"
 
 
 def test_attachments_land_in_the_workspace_and_go_back_out(
         processes: Processes, mail_env: dict[str, str], dovecot: Dovecot, smtp: SmtpSink, ws: Path) -> None:
     start_channel(processes, dovecot)
-    dovecot.deliver(mail(ALICE, f'CALL read_file {{"path": "inbox/email/{ALICE}/data.txt"}}',
+    dovecot.deliver(mail(ALICE, 'CALL read_file {"path": "inbox/email/data.txt"}',
                          attachment=("../../data.txt", b"hello from a file")))
     result = answer(smtp, ALICE, "RESULT read_file")
     assert "hello from a file" in result.text
-    assert (ws / "inbox" / "email" / ALICE / "data.txt").read_bytes() == b"hello from a file"
+    assert (alices(ws) / "inbox" / "email" / "data.txt").read_bytes() == b"hello from a file"
     dovecot.deliver(mail(ALICE, "here you are\n[attach: notes.txt]\n[attach: ../../etc/passwd]"))
     sent = wait_until(lambda: next((m for m in smtp.to(ALICE) if m.attachments()), None), timeout=60,
                       what="the file sent back")
     assert sent.attachments() == [("notes.txt", b"the secret word is pincer-42\n")]
-    answer(smtp, ALICE, "could not send ../../etc/passwd: it is outside the workspace")
+    answer(smtp, ALICE, "could not send ../../etc/passwd: '../../etc/passwd' is outside the workspace")
 
 
 def test_killed_mid_turn_and_servers_away_every_mail_is_answered_once(

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from bus.redis_server import EmbeddedRedis, free_port
-from tests.conftest import Processes, gateway_client, wait_until
+from tests.conftest import Processes, gateway_client, identity_tree, wait_until
 from tests.e2e.conftest import start_stack
 from tests.fake_slack import APP_TOKEN, BOT_TOKEN, BOT_USER, FakeSlack, Posted
 from tests.scripted_llm import ScriptedLLM
@@ -24,6 +24,11 @@ from tests.scripted_llm import ScriptedLLM
 pytestmark = pytest.mark.e2e
 
 ALICE, BOB, STRANGER = "UALICE001", "UBOB00001", "UMALLORY1"
+
+
+def alices(ws: Path) -> Path:
+    """Alice's own workspace: her turns see only it."""
+    return identity_tree(ws, f"slack:{ALICE}")
 DM = f"D{ALICE}"
 
 
@@ -49,6 +54,9 @@ def slack_settings(slack: FakeSlack) -> dict[str, str]:
 def slack_env(processes: Processes, pincer_env: dict[str, str], ws: Path, slack: FakeSlack) -> dict[str, str]:
     """Brain, Hands (exec asks a person) and a Gateway; the channel's settings, the bot token from ${SLACK_BOT}."""
     (ws / "notes.txt").write_text("the secret word is pincer-42\n")
+    mine = alices(ws)
+    mine.mkdir(parents=True, exist_ok=True)
+    (mine / "notes.txt").write_text("the secret word is pincer-42\n")
     processes.env = {**pincer_env, "PINCER_WORKSPACE": str(ws), "PINCER_HANDS__EXEC__MODE": "ask",
                      "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
                      "PINCER_REDIS__CLAIM_IDLE_S": "2", "PINCER_REDIS__REAP_INTERVAL_S": "0.5",
@@ -110,10 +118,10 @@ def test_an_approval_is_pressed_by_its_own_person_only(
     slack.press(BOB, ask, once)  # Bob may talk to the agent, but this is Alice's turn
     wait_until(lambda: slack.ephemeral, timeout=30, what="Bob's press answered to him alone")
     assert slack.ephemeral[0]["user"] == BOB and "not yours" in slack.ephemeral[0]["text"]
-    assert not (ws / "out.txt").exists()
+    assert not (alices(ws) / "out.txt").exists()
     slack.press(ALICE, ask, once)
     done = answer(slack, DM, "RESULT exec")
-    assert "approved" in done.text and (ws / "out.txt").read_text() == "approved\n"
+    assert "approved" in done.text and (alices(ws) / "out.txt").read_text() == "approved\n"
     assert slack.ephemeral[1] == {**slack.ephemeral[1], "user": ALICE, "text": "Allowed once."}
     assert ask.text.startswith("Allowed once.") and not ask.buttons  # the question shows its answer
 
@@ -137,7 +145,7 @@ def test_in_a_channel_a_mention_opens_a_thread_that_is_its_own_session(
 def test_files_land_in_the_workspace_and_go_back_out(
         processes: Processes, slack_env: dict[str, str], slack: FakeSlack, ws: Path) -> None:
     start_channel(processes, slack)
-    slack.say(ALICE, f'CALL read_file {{"path": "inbox/slack/{ALICE}/data.txt"}}',
+    slack.say(ALICE, 'CALL read_file {"path": "inbox/slack/data.txt"}',
               file=("../../data.txt", b"hello from a file"))
     result = answer(slack, DM, "RESULT read_file")
     assert "hello from a file" in result.text
@@ -238,7 +246,7 @@ def test_events_api_over_http_checks_signatures_and_answers_a_retry_once(
     slack.say(ALICE, 'CALL exec {"command": "echo approved > out.txt; cat out.txt"}')
     ask = answer(slack, DM, "Allow exec?")
     slack.press(ALICE, ask, ask.buttons[0]["value"])  # interactivity: a form with a payload, signed the same way
-    assert "approved" in answer(slack, DM, "RESULT exec").text and (ws / "out.txt").exists()
+    assert "approved" in answer(slack, DM, "RESULT exec").text and (alices(ws) / "out.txt").exists()
     first = slack.pushes[0][0]
     envelope = slack.sent_envelope(first)
     assert envelope is not None

@@ -14,7 +14,7 @@ import pytest
 
 from bus.redis_server import EmbeddedRedis, free_port
 from bus.streams import Bus
-from tests.conftest import Processes, gateway_client, wait_until
+from tests.conftest import Processes, gateway_client, identity_tree, wait_until
 from tests.e2e.conftest import start_stack
 from tests.fake_telegram import TOKEN, FakeTelegram, Sent
 from tests.scripted_llm import ScriptedLLM
@@ -24,11 +24,19 @@ pytestmark = pytest.mark.e2e
 ALICE, BOB, STRANGER = 111, 222, 999
 
 
+def alices(ws: Path) -> Path:
+    """Alice's own workspace: her turns see only it."""
+    return identity_tree(ws, f"telegram:{ALICE}")
+
+
 @pytest.fixture
 def channel_env(processes: Processes, pincer_env: dict[str, str], ws: Path,
                 telegram: FakeTelegram) -> dict[str, str]:
     """Brain, Hands (exec asks a person) and a Gateway; the channel's settings, the token from ${TG_TOKEN}."""
     (ws / "notes.txt").write_text("the secret word is pincer-42\n")
+    mine = alices(ws)
+    mine.mkdir(parents=True, exist_ok=True)
+    (mine / "notes.txt").write_text("the secret word is pincer-42\n")
     processes.env = {**pincer_env, "PINCER_WORKSPACE": str(ws), "PINCER_HANDS__EXEC__MODE": "ask",
                      "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
                      "TG_TOKEN": TOKEN,
@@ -118,13 +126,13 @@ def test_an_approval_is_answered_by_its_own_person_only(
     once = ask.buttons[0][0]["callback_data"]
     telegram.press(BOB, ask, once, username="bob_b")  # Bob is allowed to talk, but this is Alice's turn
     wait_until(lambda: telegram.answers, timeout=30, what="Bob's press answered")
-    assert "not yours" in telegram.answers[0]["text"] and not (ws / "out.txt").exists()
+    assert "not yours" in telegram.answers[0]["text"] and not (alices(ws) / "out.txt").exists()
     telegram.press(STRANGER, ask, once)
     wait_until(lambda: len(telegram.answers) == 2, timeout=30, what="the stranger's press answered")
     assert "not yours" in telegram.answers[1]["text"]
     telegram.press(ALICE, ask, once)
     done = answer(telegram, ALICE, "RESULT exec")
-    assert "approved" in done.text and (ws / "out.txt").read_text() == "approved\n"
+    assert "approved" in done.text and (alices(ws) / "out.txt").read_text() == "approved\n"
     assert telegram.answers[2]["text"] == "Allowed once."
     assert ask.text.startswith("Allowed once.") and not ask.buttons  # the question shows its answer
 
@@ -145,16 +153,16 @@ def test_in_a_group_only_a_mention_or_a_reply_is_answered(
 def test_files_land_in_the_workspace_and_go_back_out(
         processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram, ws: Path) -> None:
     start_channel(processes, telegram)
-    telegram.say(ALICE, 'CALL read_file {"path": "inbox/telegram/111/data.txt"}',
+    telegram.say(ALICE, 'CALL read_file {"path": "inbox/telegram/data.txt"}',
                  document=("../../data.txt", b"hello from a file"))
     result = answer(telegram, ALICE, "RESULT read_file")
     assert "hello from a file" in result.text
-    assert (ws / "inbox" / "telegram" / str(ALICE) / "data.txt").read_bytes() == b"hello from a file"
+    assert (alices(ws) / "inbox" / "telegram" / "data.txt").read_bytes() == b"hello from a file"
     telegram.say(ALICE, "here you are\n[attach: notes.txt]\n[attach: ../../etc/passwd]")
     wait_until(lambda: any(s.document for s in telegram.to(ALICE)), timeout=60, what="the file sent back")
     document = next(s.document for s in telegram.to(ALICE) if s.document)
     assert document == ("notes.txt", b"the secret word is pincer-42\n")
-    answer(telegram, ALICE, "could not send ../../etc/passwd: it is outside the workspace")
+    answer(telegram, ALICE, "could not send ../../etc/passwd: '../../etc/passwd' is outside the workspace")
     assert not any("[attach:" in s.text for s in telegram.to(ALICE))
 
 
@@ -275,11 +283,11 @@ def test_a_photo_is_saved_and_a_file_over_the_cap_is_refused_by_name(
     processes.env = {**channel_env, "PINCER_CHANNELS__TELEGRAM__MAX_FILE_BYTES": "2048"}
     start_channel(processes, telegram)
     telegram.say(ALICE, "a picture", photo=b"\xff\xd8\xff" + b"p" * 100)
-    shown = answer(telegram, ALICE, "saved in the workspace at inbox/telegram/111/photo-")
+    shown = answer(telegram, ALICE, "saved in the workspace at inbox/telegram/photo-")
     assert "103 bytes" in shown.text
     telegram.say(ALICE, "a big one", document=("big.bin", b"x" * 4096))
     refused = answer(telegram, ALICE, "big.bin, but it was not saved")
-    assert "over the 2048" in refused.text and not (ws / "inbox" / "telegram" / str(ALICE) / "big.bin").exists()
+    assert "over the 2048" in refused.text and not (alices(ws) / "inbox" / "telegram" / "big.bin").exists()
 
 
 def test_webhook_mode_checks_the_secret_and_answers_a_redelivered_update_once(
