@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.conftest import Processes, wait_until
+from tests.conftest import Processes, identity_tree, wait_until
 from tests.e2e.conftest import start_stack
 from tests.matrix_server import EncryptedPerson, Person, Synapse
 from tests.scripted_llm import ScriptedLLM
@@ -147,9 +147,12 @@ def test_files_both_ways_and_an_encrypted_room_is_declined_plainly(
     room = direct_room(alice, bot)
     alice.send_file(room, "../../data.txt", b"hello from a file")
     answer(alice, room, "The person sent a file, saved in the workspace at inbox/matrix/")
-    alice.say(room, f'CALL read_file {{"path": "inbox/matrix/{alice.user_id[1:].replace(":", "@")}/data.txt"}}')
+    alice.say(room, 'CALL read_file {"path": "inbox/matrix/data.txt"}')  # her own workspace's inbox
     result = answer(alice, room, "RESULT read_file")
     assert "hello from a file" in result["content"]["body"]
+    mine = identity_tree(ws, "matrix:" + alice.user_id[1:].replace(":", "@"))
+    assert (mine / "inbox" / "matrix" / "data.txt").read_bytes() == b"hello from a file"
+    (mine / "notes.txt").write_text("the secret word is pincer-42\n")
     alice.say(room, "here you are\n[attach: notes.txt]")
     sent = wait_until(lambda: next((m for m in alice.messages(room) if m["content"].get("msgtype") == "m.file"),
                                    None), timeout=60, what="the file sent back")
@@ -193,7 +196,8 @@ def test_killed_mid_turn_and_the_homeserver_restarted_each_message_is_answered_o
 
 
 def test_with_encryption_on_an_encrypted_room_is_talked_to_in_kind_and_its_keys_outlive_a_kill(
-        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person], tmp_path: Path) -> None:
+        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person], tmp_path: Path,
+        ws: Path) -> None:
     bot = people["bot"]
     processes.env = {**processes.env, "PINCER_CHANNELS__MATRIX__ENCRYPTION": "true",
                      "PINCER_CHANNELS__MATRIX__STORE_DIR": str(tmp_path / "bot-keys")}
@@ -211,8 +215,9 @@ def test_with_encryption_on_an_encrypted_room_is_talked_to_in_kind_and_its_keys_
         alice.send_file(room, "data.txt", b"hello from a sealed file")
         wait_until(lambda: any("saved in the workspace at inbox/matrix/" in text for text in alice.answers(room)),
                    timeout=60, what="the sealed file taken")
-        inbox = f"inbox/matrix/{alice.person.user_id[1:].replace(':', '@')}"
-        alice.say(room, f'CALL read_file {{"path": "{inbox}/data.txt"}}')
+        alice.say(room, 'CALL read_file {"path": "inbox/matrix/data.txt"}')
+        mine = identity_tree(ws, "matrix:" + alice.person.user_id[1:].replace(":", "@"))
+        (mine / "notes.txt").write_text("the secret word is pincer-42\n")
         wait_until(lambda: any("hello from a sealed file" in text for text in alice.answers(room)), timeout=60,
                    what="the file read by a tool, decrypted")
         alice.say(room, "here you are\n[attach: notes.txt]")
