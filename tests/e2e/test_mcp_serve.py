@@ -15,7 +15,7 @@ from mcp.client.stdio import stdio_client
 
 from bus.presence import alive
 from bus.streams import Bus
-from tests.conftest import ROOT, Processes, async_wait_until, processes_matching
+from tests.conftest import ROOT, Processes, async_wait_until, identity_tree, processes_matching
 
 pytestmark = pytest.mark.e2e
 
@@ -30,6 +30,9 @@ async def test_an_mcp_client_lists_calls_and_cancels_pool_tools(bus: Bus, proces
     workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-mcp-"))  # one the sandbox uid may enter
     workspace.chmod(0o755)
     (workspace / "notes.txt").write_text("served over MCP\n")
+    served = identity_tree(workspace, "mcp")  # `pincer mcp serve`'s default sender is no owner: its own tree
+    served.mkdir(parents=True)
+    (served / "notes.txt").write_text("served over MCP\n")
     processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace), "PINCER_HANDS__PROGRESS_INTERVAL_S": "0.2",
                      "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
                      "PINCER_HANDS__TOOLS__AGENTS": "{narrow: {profile: minimal}}"}
@@ -38,6 +41,7 @@ async def test_an_mcp_client_lists_calls_and_cancels_pool_tools(bus: Bus, proces
         await _exercise(bus, processes)
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
+        shutil.rmtree(identity_tree(workspace, ""), ignore_errors=True)
 
 
 async def _exercise(bus: Bus, processes: Processes) -> None:
@@ -95,6 +99,9 @@ async def test_over_http_a_token_is_needed_and_names_the_sender(bus: Bus, proces
     workspace = Path(tempfile.mkdtemp(prefix="pincer-e2e-mcp-"))
     workspace.chmod(0o755)
     (workspace / "notes.txt").write_text("served over HTTP\n")
+    bobs = identity_tree(workspace, "bob")  # bob is no owner: his calls see his own tree
+    bobs.mkdir(parents=True)
+    (bobs / "notes.txt").write_text("served over HTTP\n")
     port = free_port()
     processes.env = {**pincer_env, "PINCER_WORKSPACE": str(workspace),
                      "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
@@ -164,3 +171,4 @@ async def test_over_http_a_token_is_needed_and_names_the_sender(bus: Bus, proces
             assert outcomes == ["ok", "ok", "RATE_LIMITED"], outcomes
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
+        shutil.rmtree(identity_tree(workspace, ""), ignore_errors=True)
