@@ -77,7 +77,8 @@ class Answers:
             return {(stream, entry_id): outcome for stream, entry_id, *_ in self.entries}, {}
         results, refused = iter(outcome), {}
         for stream, entry_id, _fields, replies, _aside in self.entries:
-            error = next((r for r in [next(results) for _ in replies] if isinstance(r, Exception)), None)
+            written = [next(results) for target, _ in replies for _ in range(self.bus.writes(target))]
+            error = next((r for r in written if isinstance(r, Exception)), None)
             if error is not None:
                 refused[stream, entry_id] = error
         pending: dict[Key, Exception] = {}

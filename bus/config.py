@@ -100,6 +100,9 @@ class RedisSettings(Section):
     # Request streams are never capped by length (an undelivered request must not be dropped):
     # the reaper trims them below what every group still needs (MINID). These cap the others.
     reply_maxlen: int = Field(default=10_000, ge=100)
+    # A reply stream (reply:<instance>, what a turn's events and a tool's results travel on) keeps nothing
+    # older than this: entries past it go at the next write, and a stream with no write for this long lapses.
+    reply_max_age_s: float = Field(default=3600.0, ge=1)
     dead_maxlen: int = Field(default=10_000, ge=100)
     # Taking over work from consumers that died (see bus/reaper.py).
     claim_idle_s: float = Field(default=30.0, gt=0)

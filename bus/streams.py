@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +67,7 @@ class Bus:
 
     async def publish(self, stream: str, message: Message) -> str:
         traceparent = trace.current.get()  # now, in the caller's task: the flush runs in the batcher's
-        (entry_id,) = await self.batcher.run(lambda pipe: self.add(pipe, stream, message, traceparent))
+        entry_id = (await self.batcher.run(lambda pipe: self.add(pipe, stream, message, traceparent)))[0]
         return str(entry_id.decode())
 
     async def publish_until_sent(self, stream: str, message: Message, *, within_s: float = 20.0) -> str:
@@ -93,10 +94,20 @@ class Bus:
         self.batcher.send(lambda pipe: self.add(pipe, stream, message, traceparent))
 
     def add(self, pipe: Pipeline, stream: str, message: Message, traceparent: str | None = None) -> None:
-        """Queue an XADD of ``message`` on a pipeline, capped as its stream's kind wants."""
-        maxlen = self._maxlen(stream)
+        """Queue an XADD of ``message`` on a pipeline, capped as its stream's kind wants: a reply stream by age
+        (what a turn said must not outlive ``redis.reply_max_age_s`` there, read or not), the others by length."""
         fields: dict[Any, Any] = encode(message, traceparent=traceparent)  # redis-py's field type is invariant
+        if stream.startswith(self.keys.reply("")):
+            age_ms = int(self.settings.reply_max_age_s * 1000)
+            pipe.xadd(stream, fields, minid=f"{int(time.time() * 1000) - age_ms}-0", approximate=False)
+            pipe.pexpire(stream, age_ms)  # and a stream no one writes to any more (its reader gone) lapses whole
+            return
+        maxlen = self._maxlen(stream)
         pipe.xadd(stream, fields, maxlen=maxlen, approximate=maxlen is not None)
+
+    def writes(self, stream: str) -> int:
+        """How many commands (and results) ``add`` queues for a message to ``stream``."""
+        return 2 if stream.startswith(self.keys.reply("")) else 1
 
     def reader(self) -> HeldConnection:
         """One connection of the bus's pool, for one loop of blocking reads (``aclose`` gives it back)."""

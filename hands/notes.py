@@ -29,6 +29,13 @@ class CallersNotes:
                              "is not one")
         return await self.store.write(agent_id, key, content, owner=SHARED if shared else self.owner, append=append)
 
+    async def delete(self, agent_id: str, key: str, *, shared: bool = False) -> bool:
+        """Delete the sender's note (or, for an owner of the pool, a shared one), every copy of it too."""
+        if shared and not self.may_share:
+            raise NotAnOwner(f"only the pool's owners delete shared notes (hands.tools.owners), and {self.owner!r} "
+                             "is not one")
+        return await self.store.delete(agent_id, key, owner=SHARED if shared else self.owner)
+
     async def read(self, agent_id: str, key: str) -> str | None:
         found = await self.store.read(agent_id, key, owner=self.owner)
         return None if found is None else found[0]

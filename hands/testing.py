@@ -60,6 +60,9 @@ class MemoryNotes:
                 for (agent, whose, key), text in sorted(self.notes.items())
                 if agent == agent_id and whose in (owner, "") and query.lower() in text.lower()][:limit]
 
+    async def delete(self, agent_id: str, key: str, *, owner: str) -> bool:
+        return self.notes.pop((agent_id, owner, key), None) is not None
+
 
 class SkillUnderTest:
     """One skill folder (with SKILL.md and handler.py), ready to be called."""

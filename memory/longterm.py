@@ -17,7 +17,8 @@ from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import now_ms
 from bus.store import RedisStore
-from memory.recall import Recall, note_deleted, note_written
+from memory.log import MemoryLog
+from memory.recall import Recall
 
 Notes = list[dict[str, Any]]  # the method named list would shadow the builtin in annotations
 Scope = Literal["own", "shared"]
@@ -33,6 +34,7 @@ class LongTermMemory:
     def __init__(self, redis: RedisStore, keys: Keys, *, max_chars: int = 100_000, max_notes: int = 1_000,
                  recall: Recall | None = None) -> None:
         self.redis, self.keys, self.recall = redis, keys, recall
+        self.log = MemoryLog(redis, keys)
         self.max_chars, self.max_notes = max_chars, max_notes
 
     async def write(self, agent_id: str, key: str, content: str, *, owner: str, append: bool = False) -> str:
@@ -51,7 +53,7 @@ class LongTermMemory:
         note = msgpack.packb({"content": content, "updated": now_ms()}, use_bin_type=True)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(where, key, note)
-            pipe.xadd(self.keys.memory_log, note_written(agent_id, owner, key, content))  # type: ignore[arg-type]
+            await self.log.note_written(pipe, agent_id, owner, key, content)  # its earlier version leaves the log
             await pipe.execute()
         return content
 
@@ -104,9 +106,11 @@ class LongTermMemory:
         return sorted(found, key=lambda n: (-n["score"], n["key"]))[:limit]
 
     async def delete(self, agent_id: str, key: str, *, owner: str) -> bool:
+        """Delete ``owner``'s note (``SHARED``: the shared one) and every copy of it in the memory log; whether
+        there was one."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hdel(self.keys.memory(agent_id, owner), key)
-            pipe.xadd(self.keys.memory_log, note_deleted(agent_id, owner, key))  # type: ignore[arg-type]
+            await self.log.note_deleted(pipe, agent_id, owner, key)
             deleted, _ = await pipe.execute()
         return bool(deleted)
 

@@ -2,7 +2,8 @@
 
 Whatever should be findable (a note written or deleted, a person's message, the
 agent's words in a turn) is also added to one Redis stream, ``memory:log``, in
-the same round trip as the write itself. Each Hands worker keeps a local index
+the same round trip as the write itself (``memory/log.py``, which also removes
+the copies a new version or a deletion makes stale). Each Hands worker keeps a local index
 of that stream in SQLite's FTS5 (whose ``bm25()`` ranks, with the Porter
 stemmer): a background task adds entries as they are written, and a search
 first reads whatever arrived since, so it sees everything written before it.
@@ -10,7 +11,7 @@ The index lives in memory; a new worker builds it from the stream.
 
 Scoping is in the query: an identity finds its own notes and the agent's shared
 ones, and its own conversations, never another identity's. A conversation hit
-whose session was deleted or lapsed is dropped (and forgotten) when found.
+whose session was deleted or lapsed is dropped (and forgotten, from the log too) when found.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import contextlib
 import logging
 import re
 import sqlite3
-import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -31,6 +31,10 @@ from bus.log import kv
 from bus.store import RedisStore
 from memory.embedding import DenseIndex
 from memory.embedding import load as load_embedder
+from memory.log import MemoryLog, session_forgotten
+from memory.log import note_deleted as note_deleted  # the log's entries, named where the index reads them
+from memory.log import note_written as note_written
+from memory.log import said as said
 
 log = logging.getLogger("memory.recall")
 CHUNK_CHARS = 1_000  # a long message is indexed in pieces of about this size
@@ -52,7 +56,7 @@ SCHEMA = """
 CREATE VIRTUAL TABLE chunks USING fts5(text, kind UNINDEXED, owner UNINDEXED, agent UNINDEXED,
                                        place UNINDEXED, role UNINDEXED, at UNINDEXED, ref UNINDEXED,
                                        turn UNINDEXED, tokenize = 'porter unicode61');
-CREATE TABLE refs (ref TEXT NOT NULL, row INTEGER NOT NULL);
+CREATE TABLE refs (ref TEXT NOT NULL, row INTEGER NOT NULL, entry TEXT NOT NULL DEFAULT '');
 CREATE INDEX refs_by_ref ON refs (ref);
 """
 QUERY = """
@@ -61,30 +65,6 @@ WHERE chunks MATCH ? AND ((kind = 'note' AND agent = ? AND (owner = ? OR owner =
                           OR (kind = 'conversation' AND owner = ? AND ? != '' AND turn != ?))
 ORDER BY bm25(chunks) LIMIT ?
 """
-
-
-def note_written(agent_id: str, owner: str, key: str, content: str) -> Fields:
-    """The log entry of a note's new content (it replaces the note's earlier one in the index)."""
-    return {"op": "put", "kind": "note", "ref": f"note:{agent_id}/{owner}/{key}", "owner": owner, "agent": agent_id,
-            "place": key, "at": str(int(time.time() * 1000)), "text": content}
-
-
-def note_deleted(agent_id: str, owner: str, key: str) -> Fields:
-    return {"op": "drop", "ref": f"note:{agent_id}/{owner}/{key}"}
-
-
-def said(session_id: str, role: str, content: str | None, at: int, index: str, turn: str = "") -> Fields | None:
-    """The log entry of words said in a session, in turn ``turn`` (a message id). None for what is not
-    findable: no text, or a session without an owner, which only raw bus clients make."""
-    owner, separator, _ = session_id.partition("/")
-    if not separator or not content or not content.strip() or role not in ("user", "assistant"):
-        return None
-    return {"op": "put", "kind": "conversation", "ref": f"turn:{session_id}:{index}", "owner": owner, "agent": "",
-            "place": session_id, "role": role, "at": str(at), "turn": turn, "text": content}
-
-
-def session_forgotten(session_id: str) -> Fields:
-    return {"op": "forget", "place": session_id}
 
 
 def _int(value: str | None) -> int:
@@ -112,14 +92,17 @@ class _Index:
         self._new: list[tuple[int, str, str, str]] = []  # chunks added in this batch, for their vectors
         self._rows = 0
 
-    def apply(self, entries: Iterable[Fields]) -> None:
+    def apply(self, entries: Iterable[tuple[str, Fields]]) -> list[str]:
+        """Index ``(entry id, fields)`` in order; the ids of the log entries they made stale (an earlier version
+        of a note, a forgotten session's words), for the log to lose too."""
         db = self.db
         self._new = []
+        stale: list[str] = []
         with db:
-            for entry in entries:
+            for entry_id, entry in entries:
                 op = entry.get("op")
                 if op in ("put", "drop"):
-                    self._drop(entry.get("ref", ""))
+                    stale += self._drop(entry.get("ref", ""))
                 if op == "put":
                     text = entry.get("text", "")
                     for start in range(0, max(len(text), 1), CHUNK_CHARS):
@@ -130,8 +113,8 @@ class _Index:
                             (self._rows, text[start:start + CHUNK_CHARS], entry.get("kind", ""), entry.get("owner", ""),
                              entry.get("agent", ""), entry.get("place", ""), entry.get("role", ""),
                              _int(entry.get("at")), entry.get("ref", ""), entry.get("turn", "")))
-                        db.execute("INSERT INTO refs (ref, row) VALUES (?, ?)",
-                                   (entry.get("ref", ""), cursor.lastrowid))
+                        db.execute("INSERT INTO refs (ref, row, entry) VALUES (?, ?, ?)",
+                                   (entry.get("ref", ""), cursor.lastrowid, entry_id))
                         self._new.append((int(cursor.lastrowid or 0), _scope(entry.get("kind", ""),
                                           entry.get("agent", ""), entry.get("owner", "")), entry.get("turn", ""),
                                           text[start:start + CHUNK_CHARS]))
@@ -139,18 +122,32 @@ class _Index:
                     place = entry.get("place", "")
                     gone = [r for (r,) in db.execute("SELECT rowid FROM chunks WHERE place = ? AND "
                                                      "kind = 'conversation'", (place,))]
+                    stale += self._entries(gone)
                     db.executemany("DELETE FROM refs WHERE row = ?", [(r,) for r in gone])
                     db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in gone])
                     self._forget_vectors(gone)
         if self.dense is not None:
             self.dense.add(self._new)
+        return list(dict.fromkeys(e for e in stale if e))
 
-    def _drop(self, ref: str) -> None:
+    def _drop(self, ref: str) -> list[str]:
         rows = [r for (r,) in self.db.execute("SELECT row FROM refs WHERE ref = ?", (ref,))]
-        if rows:
-            self.db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in rows])
-            self.db.execute("DELETE FROM refs WHERE ref = ?", (ref,))
-            self._forget_vectors(rows)
+        if not rows:
+            return []
+        stale = self._entries(rows)
+        self.db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in rows])
+        self.db.execute("DELETE FROM refs WHERE ref = ?", (ref,))
+        self._forget_vectors(rows)
+        return stale
+
+    def _entries(self, rows: list[int]) -> list[str]:
+        """The log entries these chunks were indexed from."""
+        found: list[str] = []
+        for start in range(0, len(rows), 500):
+            part = rows[start:start + 500]
+            found += [e for (e,) in self.db.execute(
+                f"SELECT DISTINCT entry FROM refs WHERE row IN ({','.join('?' * len(part))})", part)]
+        return found
 
     def _forget_vectors(self, rows: list[int]) -> None:
         """Chunks gone: their vectors too, and those not made yet (added earlier in this batch) never made."""
@@ -192,6 +189,7 @@ class Recall:
 
     def __init__(self, redis: RedisStore, keys: Keys, *, embeddings: bool = True) -> None:
         self.redis, self.keys, self.embeddings = redis, keys, embeddings
+        self.log = MemoryLog(redis, keys)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall")
         self._index: _Index | None = None
         self._last = "0-0"  # the last log entry indexed
@@ -207,9 +205,12 @@ class Recall:
                 found = await self.redis.xrange(self.keys.memory_log, min=f"({self._last}", count=READ_BATCH)
                 if not found:
                     return done
-                entries = [{k.decode(): v.decode(errors="replace") for k, v in fields.items()} for _, fields in found]
-                await self._run(lambda batch=entries: self._ready().apply(batch))
+                entries = [(entry_id.decode(), {k.decode(): v.decode(errors="replace") for k, v in fields.items()})
+                           for entry_id, fields in found]
+                stale = await self._run(lambda batch=entries: self._ready().apply(batch))
                 self._last = found[-1][0].decode()
+                if stale:  # what a writer left in the log (an entry from before the log purged itself)
+                    await self.redis.xdel(self.keys.memory_log, *stale)
             done += len(found)
             if len(found) < READ_BATCH:
                 return done
@@ -271,7 +272,10 @@ class Recall:
             exists = await pipe.execute()
         gone = {s for s, there in zip(ordered, exists, strict=True) if not there}
         if gone:
-            await self._run(lambda: self._ready().apply(session_forgotten(s) for s in gone))
+            stale = await self._run(lambda: self._ready().apply(("", session_forgotten(s)) for s in gone))
+            await self.log.forget(*sorted(gone))  # the lapsed session's words leave the log, and every index
+            if stale:
+                await self.redis.xdel(self.keys.memory_log, *stale)
         return gone
 
     def _ready(self) -> _Index:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bus.keys import Keys
 from bus.protocol import now_ms
 from bus.store import RedisStore
-from memory.recall import said, session_forgotten
+from memory.log import MemoryLog, said
 
 
 class Marks(BaseModel):
@@ -92,6 +92,7 @@ class SessionStore:
         self.redis, self.keys = redis, keys
         self._claim = redis.register_script(CLAIM_AND_NUMBER)
         self._adopt = redis.register_script(ADOPT)
+        self.log = MemoryLog(redis, keys)
 
     async def append(self, session_id: str, *entries: TranscriptEntry) -> None:
         if not entries:
@@ -105,7 +106,7 @@ class SessionStore:
             pipe.rpush(self.keys.transcript(session_id), *packed)
             pipe.zadd(self.keys.sessions, {session_id: time.time()})
             for fields in findable:  # memory search finds it (memory/recall.py), in the same round trip
-                pipe.xadd(self.keys.memory_log, fields)  # type: ignore[arg-type]  # str fields
+                await self.log.said(pipe, session_id, fields)
             await pipe.execute()
 
     async def next_seq(self, session_id: str) -> int:
@@ -179,10 +180,11 @@ class SessionStore:
                 and (owner is None or (found[2 * n + 1] or b"").decode() == owner)]
 
     async def delete(self, session_id: str) -> None:
+        """The session's transcript, events and state, and its words in the memory log."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.delete(self.keys.transcript(session_id), self.keys.session_seq(session_id),
                         self.keys.session_done(session_id), self.keys.session_owner(session_id),
                         self.keys.session_events(session_id), self.keys.session_events_seq(session_id))
             pipe.zrem(self.keys.sessions, session_id)
-            pipe.xadd(self.keys.memory_log, session_forgotten(session_id))  # type: ignore[arg-type]  # str fields
+            await self.log.forgotten(pipe, session_id)  # its words leave the memory log and every worker's index
             await pipe.execute()

@@ -173,6 +173,17 @@ def _parser() -> argparse.ArgumentParser:
     cron.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
     cron.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")
 
+    memory = sub.add_parser("memory", help="long-term notes: list | rm KEY (as the token's identity, through the "
+                            "Gateway; a deleted note leaves no copy)")
+    memory.add_argument("action", nargs="?", default="list", choices=["list", "rm"])
+    memory.add_argument("key", nargs="?", metavar="KEY", help="rm: the note's name")
+    memory.add_argument("--agent", default="main", help="the agent whose notes (default main)")
+    memory.add_argument("--owner", metavar="NAME", help="another identity's notes (an operator token)")
+    memory.add_argument("--shared", action="store_true", help="the agent's shared notes (rm: an operator token)")
+    memory.add_argument("--json", action="store_true", help="print JSON")
+    memory.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
+    memory.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")
+
     budget = sub.add_parser("budget", help="spend today and this month per pool, agent and identity, "
                             "against brain.budget's limits")
     budget.add_argument("--json", action="store_true", help="print JSON")
@@ -211,7 +222,7 @@ COMMANDS = {
     "status": "ops:status", "dead": "ops:dead", "policy": "policy:command",
     "tools": "catalog:tools", "skills": "catalog:skills",
     "channel": "runtime:channel", "channels": "channels:command", "hooks": "hooks:command",
-    "budget": "budget:command", "cron": "cron:command",
+    "budget": "budget:command", "cron": "cron:command", "memory": "memory:command",
 }
 
 

@@ -51,6 +51,7 @@ from gateway.server.hooks import Hooks, HookStore
 from gateway.server.jobs_api import JobRoutes
 from gateway.server.limits import CallerLimits, Hold
 from gateway.server.live import LiveSocket
+from gateway.server.memory_api import MemoryRoutes
 from gateway.server.observe import metrics_text, readiness
 from gateway.server.openai_api import OpenAIRoutes
 from gateway.server.page import page_routes
@@ -58,6 +59,7 @@ from gateway.server.session_names import ALL_OWNERS, path_of, shown_to
 from gateway.server.turns import SendMessage, Turn, TurnRunner
 from gateway.tokens import TokenStore, WebSessions
 from memory.jobs import JobStore
+from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
 
 log = logging.getLogger("gateway.http")
@@ -126,6 +128,7 @@ class Gateway:
                 Route("/v1/hooks/{name}", self.hook, methods=["POST"]),
                 *OpenAIRoutes(self.settings.openai, self.turns, self.connections).routes(),
                 *JobRoutes(JobStore(self.bus), self.turns.agents_for).routes(),
+                *MemoryRoutes(LongTermMemory(self.bus.redis, self.bus.keys)).routes(),
                 WebSocketRoute("/v1/ws", self.live),
                 Route("/v1/me", self.me, methods=["GET"]),
                 Route("/v1/status", self.pool_status, methods=["GET"]),

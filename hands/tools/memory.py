@@ -36,6 +36,23 @@ async def memory_write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]
             "scope": "shared" if shared else "own"}
 
 
+async def memory_delete(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    shared = bool(args.get("shared"))
+    store = _store(ctx)
+    try:
+        deleted = await store.delete(ctx.agent_id, args["key"], shared=shared)
+    except NotAnOwner as exc:
+        raise ToolFailure(ErrorCode.PERMISSION_DENIED, str(exc), suggestions=["delete your own note"]) from None
+    if not deleted:
+        known = [note["key"] for note in await store.list(ctx.agent_id)
+                 if note["scope"] == ("shared" if shared else "own")]
+        raise ToolFailure(ErrorCode.FILE_NOT_FOUND,
+                          f"no {'shared' if shared else 'own'} memory note named {args['key']!r}; those notes: "
+                          f"{', '.join(known) or '(none)'}",
+                          suggestions=["call memory_read without a key to list the notes"])
+    return {"key": args["key"], "deleted": True, "scope": "shared" if shared else "own"}
+
+
 async def memory_read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     store = _store(ctx)
     key = args.get("key")
@@ -70,6 +87,16 @@ MEMORY_TOOLS = [
             "shared": {"type": "boolean", "default": False},
         }, "required": ["key", "content"], "additionalProperties": False},
         handler=memory_write, category=Category.MEMORY, idempotent=False,
+    ),
+    ToolDefinition(
+        name="memory_delete",
+        description=("Delete a note from long-term memory for good (the person's own; shared: true deletes a shared "
+                     "note, owners only). Search no longer finds it."),
+        parameters={"type": "object", "properties": {
+            "key": _KEY,
+            "shared": {"type": "boolean", "default": False},
+        }, "required": ["key"], "additionalProperties": False},
+        handler=memory_delete, category=Category.MEMORY, idempotent=False,
     ),
     ToolDefinition(
         name="memory_read",

@@ -256,6 +256,27 @@ async def test_memory_is_shared_by_workers(engine, call) -> None:
     assert missing.error.code is ErrorCode.FILE_NOT_FOUND and "notes: cats, fav" in missing.error.message
 
 
+async def test_memory_delete_removes_a_note_for_good_and_only_its_owners(engine, call) -> None:
+    await engine()
+    await call("memory_write", {"key": "pin", "content": "my bank pin is 4321"}, sender="ana")
+    await call("memory_write", {"key": "pin", "content": "ben's own pin 1234"}, sender="ben")
+    await call("memory_write", {"key": "rule", "content": "dinner at 7", "shared": True}, sender="owner")
+    deleted = await call("memory_delete", {"key": "pin"}, sender="ana")
+    assert deleted.data == {"key": "pin", "deleted": True, "scope": "own"}
+    assert (await call("memory_read", {"key": "pin"}, sender="ana")).error.code is ErrorCode.FILE_NOT_FOUND
+    hits = (await call("memory_search", {"query": "bank pin 4321"}, sender="ana")).data["hits"]
+    assert not any("4321" in h["excerpt"] for h in hits)  # (a hybrid search fills its limit with what is left)
+    assert (await call("memory_read", {"key": "pin"}, sender="ben")).data["content"] == "ben's own pin 1234"
+    again = await call("memory_delete", {"key": "pin"}, sender="ana")
+    assert again.error.code is ErrorCode.FILE_NOT_FOUND and "no own memory note named 'pin'" in again.error.message
+    refused = await call("memory_delete", {"key": "rule", "shared": True}, sender="ben")
+    assert refused.error.code is ErrorCode.PERMISSION_DENIED
+    assert (await call("memory_read", {"key": "rule"}, sender="ben")).data["content"] == "dinner at 7"
+    assert (await call("memory_delete", {"key": "rule"}, sender="ben")).error.code is ErrorCode.FILE_NOT_FOUND
+    assert (await call("memory_delete", {"key": "rule", "shared": True}, sender="owner")).data["scope"] == "shared"
+    assert (await call("memory_read", {"key": "rule"}, sender="ben")).error.code is ErrorCode.FILE_NOT_FOUND
+
+
 async def test_each_sender_has_notes_of_its_own_and_only_owners_write_shared_ones(engine, call) -> None:
     await engine()
     assert (await call("memory_write", {"key": "gift", "content": "a red scarf"}, sender="ben")).data["scope"] == "own"

@@ -1,19 +1,17 @@
-"""The stores on the shared Redis fake (``tests.fakes.fake_redis``): what they keep, read back and refuse."""
+"""The stores on a real Redis (their log writes are Lua scripts, which the fake does not run): what they keep,
+read back and refuse."""
 
 from __future__ import annotations
 
 import pytest
 
-from bus.keys import Keys
+from bus.streams import Bus
 from memory.longterm import SHARED, LongTermMemory, NoteRefused
 from memory.sessions import SessionStore, TranscriptEntry
-from tests.fakes import fake_redis
-
-KEYS = Keys("u:")
 
 
-async def test_long_term_notes_round_trip_search_and_limits() -> None:
-    memory = LongTermMemory(fake_redis(), KEYS, max_chars=40, max_notes=2)
+async def test_long_term_notes_round_trip_search_and_limits(bus: Bus) -> None:
+    memory = LongTermMemory(bus.redis, bus.keys, max_chars=40, max_notes=2)
     assert await memory.write("main", "todo", "buy milk", owner="ana") == "buy milk"
     assert await memory.write("main", "todo", "call Ana", owner="ana", append=True) == "buy milk\ncall Ana"
     await memory.write("main", "trip", "Lisbon in May", owner="ana")
@@ -28,8 +26,8 @@ async def test_long_term_notes_round_trip_search_and_limits() -> None:
     assert await memory.delete("main", "todo", owner="ana") and not await memory.delete("main", "todo", owner="ana")
 
 
-async def test_notes_are_their_writers_and_shared_notes_everyones() -> None:
-    memory = LongTermMemory(fake_redis(), KEYS)
+async def test_notes_are_their_writers_and_shared_notes_everyones(bus: Bus) -> None:
+    memory = LongTermMemory(bus.redis, bus.keys)
     await memory.write("main", "gift", "Ana wants a red scarf", owner="ben")
     await memory.write("main", "wifi", "the password is on the fridge", owner=SHARED)
     await memory.write("main", "wifi", "my hotspot is ana-phone", owner="ana")
@@ -44,8 +42,8 @@ async def test_notes_are_their_writers_and_shared_notes_everyones() -> None:
     assert [n["key"] for n in await memory.list("main", owner=SHARED)] == ["wifi"]
 
 
-async def test_transcripts_append_load_list_and_delete() -> None:
-    store = SessionStore(fake_redis(), KEYS)
+async def test_transcripts_append_load_list_and_delete(bus: Bus) -> None:
+    store = SessionStore(bus.redis, bus.keys)
     await store.append("s1", TranscriptEntry(role="user", content="hi"),
                        TranscriptEntry(role="assistant", content="hello", metadata={"final": True}))
     await store.append("s2", TranscriptEntry(role="user", content="yo"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from redis import exceptions as redis_errors
@@ -225,10 +226,22 @@ async def test_request_reply_matches_by_correlation_id_and_times_out(fake_bus: B
 
 async def test_streams_are_capped(fake_bus: Bus) -> None:
     fake_bus.settings = RedisSettings(prefix="u:", reply_maxlen=100)
-    stream = fake_bus.keys.reply("x")
+    stream = fake_bus.keys.hands_control
     for n in range(400):
         await fake_bus.publish(stream, ChatCancel(session_id=str(n)))
     assert await fake_bus.redis.xlen(stream) <= 200  # MAXLEN ~ 100: trimmed in whole nodes, never unbounded
+
+
+async def test_a_reply_stream_keeps_nothing_older_than_its_age_and_lapses_unwritten(fake_bus: Bus) -> None:
+    fake_bus.settings = RedisSettings(prefix="u:", reply_max_age_s=60)
+    stream = fake_bus.keys.reply("x")
+    old_ms = int(time.time() * 1000) - 61_000
+    for n in range(3):  # what a turn said there a minute ago and more: read or not, it goes
+        await fake_bus.redis.xadd(stream, {"text": f"my pin is 432{n}"}, id=f"{old_ms + n}-0")
+    await fake_bus.publish(stream, ChatCancel(session_id="now"))
+    kept = await fake_bus.redis.xrange(stream)
+    assert [decode(fields) for _, fields in kept] == [ChatCancel(session_id="now")]
+    assert 0 < await fake_bus.redis.pttl(stream) <= 60_000  # no write for the age: the whole stream lapses
 
 
 async def test_entries_set_aside_free_their_slot_up_to_the_limit_and_always_return_it(fake_bus: Bus) -> None:
@@ -293,7 +306,7 @@ async def test_a_reply_written_while_redis_is_away_is_retried_and_its_entry_held
     await async_wait_until(lambda: len(attempts) >= 3, what="two retries after failures")
     await nothing_pending(fake_bus, stream, "g")  # acked with its reply, once Redis was back
     await async_wait_until(lambda: consumer.in_flight == 0, what="the entry released")
-    assert attempts == [["XADD", "XACK"]] * 3  # the reply and its ack together (one transaction), every time
+    assert attempts == [["XADD", "PEXPIRE", "XACK"]] * 3  # the reply and its ack together (one transaction), every time
     stop.set()
     await task
     replies = await fake_bus.redis.xrange("u:reply:b")
@@ -320,7 +333,7 @@ async def test_drain_waits_for_replies_still_on_their_way(fake_bus: Bus) -> None
     await async_wait_until(lambda: len(attempts) == 1, what="the first, failed write")
     stop.set()  # the handler is done; its reply is not in Redis yet
     await task
-    assert consumer.in_flight == 0 and attempts == [["XADD", "XACK"]] * 2
+    assert consumer.in_flight == 0 and attempts == [["XADD", "PEXPIRE", "XACK"]] * 2
     assert await _all_acked(fake_bus, stream)
 
 
@@ -372,7 +385,7 @@ async def test_a_rounds_replies_and_acks_go_out_in_one_transaction(fake_bus: Bus
     stacks = _watched_writes(fake_bus)
     await _consume_all(fake_bus, stream, lambda m, _s: _answer(m))
     assert len(stacks) >= 1
-    assert stacks[0] == [*["XADD"] * 10, "XACK"], stacks  # read together, answered together
+    assert stacks[0] == [*["XADD", "PEXPIRE"] * 10, "XACK"], stacks  # read together, answered together
     assert len(await fake_bus.redis.xrange("u:reply:b")) == 10
 
 

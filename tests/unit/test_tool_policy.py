@@ -21,14 +21,14 @@ def allowed(settings: dict, *, agent: str = "main", sender: str = "") -> list[st
 def test_profiles() -> None:
     assert allowed({}, sender="owner") == ALL  # full by default
     assert allowed({}) == [n for n in ALL if n != "schedule"]  # owner-only by default: jobs run unattended
-    assert allowed({"profile": "minimal"}) == ["memory_read", "memory_search", "memory_write"]
+    assert allowed({"profile": "minimal"}) == ["memory_delete", "memory_read", "memory_search", "memory_write"]
     coding = allowed({"profile": "coding"})
     assert "exec" in coding and "read_file" in coding and "web_fetch" not in coding
 
 
 def test_allow_deny_globs_and_groups() -> None:
     assert allowed({"allow": ["group:fs", "memory_*"], "deny": ["write_file"]}) == [
-        "list_directory", "memory_read", "memory_search", "memory_write", "read_file", "read_files"]
+        "list_directory", "memory_delete", "memory_read", "memory_search", "memory_write", "read_file", "read_files"]
     assert allowed({"allow": ["exec"], "deny": ["group:runtime"]}) == []  # deny wins
 
 

@@ -1,0 +1,117 @@
+"""The memory log's writes: what memory search finds, added to ``memory:log``, and its earlier copies removed.
+
+Every findable thing (a note's content, a person's message, the agent's words) is an
+entry of one stream that each Hands worker indexes (``memory/recall.py``). A note's
+new version or its deletion, and a session's deletion, remove the entries they make
+stale from the stream in the same script that writes the new entry: the log keeps
+one copy of a note (its latest) and none of a deleted note or session, so a worker
+started later never indexes them again. Workers already running read the ``drop`` or
+``forget`` entry and forget the text from their index.
+
+Which entries to remove is kept beside the log, in its cluster slot: a note's live
+entry id (``memory_log_notes``) and a session's entry ids (``memory_log_session``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from redis.asyncio.client import Pipeline
+
+from bus.keys import Keys
+from bus.store import RedisStore
+
+Fields = dict[str, str]
+
+# KEYS: the log, the notes' live entries. ARGV: the note's ref, "put" or "drop", then the entry's fields.
+# The note's earlier entry leaves the log as its new one (or its drop) arrives.
+NOTE = """
+local old = redis.call('hget', KEYS[2], ARGV[1])
+local id = redis.call('xadd', KEYS[1], '*', unpack(ARGV, 3))
+if old then redis.call('xdel', KEYS[1], old) end
+if ARGV[2] == 'put' then redis.call('hset', KEYS[2], ARGV[1], id) else redis.call('hdel', KEYS[2], ARGV[1]) end
+return id
+"""
+
+# KEYS: the log, the session's entries. ARGV: the entry's fields.
+SAID = """
+local id = redis.call('xadd', KEYS[1], '*', unpack(ARGV))
+redis.call('rpush', KEYS[2], id)
+return id
+"""
+
+# KEYS: the log, the session's entries. ARGV: the forget entry's fields. Every entry of the session leaves
+# the log (in slices: Lua's unpack has a limit), then the forget entry tells running workers.
+FORGET = """
+local ids = redis.call('lrange', KEYS[2], 0, -1)
+for i = 1, #ids, 1000 do redis.call('xdel', KEYS[1], unpack(ids, i, math.min(i + 999, #ids))) end
+redis.call('del', KEYS[2])
+return redis.call('xadd', KEYS[1], '*', unpack(ARGV))
+"""
+
+
+def note_ref(agent_id: str, owner: str, key: str) -> str:
+    return f"note:{agent_id}/{owner}/{key}"
+
+
+def note_written(agent_id: str, owner: str, key: str, content: str) -> Fields:
+    """The log entry of a note's new content (it replaces the note's earlier one in the index)."""
+    return {"op": "put", "kind": "note", "ref": note_ref(agent_id, owner, key), "owner": owner, "agent": agent_id,
+            "place": key, "at": str(int(time.time() * 1000)), "text": content}
+
+
+def note_deleted(agent_id: str, owner: str, key: str) -> Fields:
+    return {"op": "drop", "ref": note_ref(agent_id, owner, key)}
+
+
+def said(session_id: str, role: str, content: str | None, at: int, index: str, turn: str = "") -> Fields | None:
+    """The log entry of words said in a session, in turn ``turn`` (a message id). None for what is not
+    findable: no text, or a session without an owner, which only raw bus clients make."""
+    owner, separator, _ = session_id.partition("/")
+    if not separator or not content or not content.strip() or role not in ("user", "assistant"):
+        return None
+    return {"op": "put", "kind": "conversation", "ref": f"turn:{session_id}:{index}", "owner": owner, "agent": "",
+            "place": session_id, "role": role, "at": str(at), "turn": turn, "text": content}
+
+
+def session_forgotten(session_id: str) -> Fields:
+    return {"op": "forget", "place": session_id}
+
+
+def _flat(fields: Fields) -> list[str]:
+    return [part for pair in fields.items() for part in pair]
+
+
+class MemoryLog:
+    """Queues the log's writes on a caller's pipeline (they ride with the write they index), or runs one."""
+
+    def __init__(self, redis: RedisStore, keys: Keys) -> None:
+        self.redis, self.keys = redis, keys
+        self._note = redis.register_script(NOTE)
+        self._said = redis.register_script(SAID)
+        self._forget = redis.register_script(FORGET)
+
+    async def note_written(self, pipe: Pipeline, agent_id: str, owner: str, key: str, content: str) -> None:
+        await self._note_entry(pipe, note_written(agent_id, owner, key, content), "put")
+
+    async def note_deleted(self, pipe: Pipeline, agent_id: str, owner: str, key: str) -> None:
+        await self._note_entry(pipe, note_deleted(agent_id, owner, key), "drop")
+
+    async def said(self, pipe: Pipeline, session_id: str, fields: Fields) -> None:
+        await self._said(keys=[self.keys.memory_log, self.keys.memory_log_session(session_id)], args=_flat(fields),
+                         client=pipe)
+
+    async def forgotten(self, pipe: Pipeline, session_id: str) -> None:
+        await self._forget(keys=[self.keys.memory_log, self.keys.memory_log_session(session_id)],
+                           args=_flat(session_forgotten(session_id)), client=pipe)
+
+    async def forget(self, *sessions: str) -> None:
+        """Remove these sessions' words from the log (sessions found lapsed)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in sessions:
+                await self.forgotten(pipe, session_id)
+            await pipe.execute()
+
+    async def _note_entry(self, pipe: Pipeline, fields: Fields, op: str) -> None:
+        await self._note(keys=[self.keys.memory_log, self.keys.memory_log_notes],
+                         args=[fields["ref"], op, *_flat(fields)], client=pipe)
