@@ -2,7 +2,8 @@
 mailbox the agent reads) and aiosmtpd for SMTP (where its answers go). No internet, no fakes.
 
 The test side plays the people: ``Dovecot.deliver`` puts a mail in the agent's mailbox as a mail
-server's delivery does (IMAP APPEND, which wakes an IDLE), ``SmtpSink.sent`` reads what the agent
+server's delivery does (IMAP APPEND, which wakes an IDLE), its receiving server RECEIVER's verdict on
+the sender prepended (``Authentication-Results``, DMARC passed unless told), ``SmtpSink.sent`` reads what the agent
 sent, and ``SmtpSink.fail`` makes the next messages answer a temporary error (a 451).
 """
 
@@ -36,6 +37,7 @@ from bus.redis_server import free_port
 
 AGENT = "agent@pincer.test"
 PASSWORD = "mail-secret-1"
+RECEIVER = "mx.pincer.test"  # the authserv-id of the server that received the agent's mail
 
 
 class Dovecot:
@@ -139,8 +141,14 @@ mail_location = maildir:~/Maildir
             with contextlib.suppress(Exception):
                 imap.logout()
 
-    def deliver(self, message: email.message.EmailMessage | bytes) -> None:
+    def deliver(self, message: email.message.EmailMessage | bytes, *, verdict: str | None = "") -> None:
+        """``verdict``: what RECEIVER's Authentication-Results says above the sender's headers ("": DMARC
+        passed for the From domain; None: no header of its own, as from a server that checks nothing)."""
         raw = message if isinstance(message, bytes) else message.as_bytes(policy=policy.SMTP)
+        if verdict is not None:
+            sender = BytesParser(policy=policy.default).parsebytes(raw, headersonly=True).get("From", "")
+            verdict = verdict or f"dmarc=pass header.from={str(sender).rpartition('@')[2].strip('> ').lower()}"
+            raw = f"Authentication-Results: {RECEIVER}; {verdict}\r\n".encode() + raw
         with self.client() as imap:
             result, said = imap.append("INBOX", None, None, raw)
             assert result == "OK", said

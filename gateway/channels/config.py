@@ -8,7 +8,7 @@ import re
 from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from bus.config import Section
 
@@ -143,7 +143,7 @@ class EmailSettings(ChannelCommon):
 
     NAME = "email"
     ALLOW = re.compile(r"^([^@\s]+@|@)[A-Za-z0-9.-]+\.[A-Za-z0-9-]+$")
-    ALLOW_FORM = "email addresses (alice@example.com) or whole domains (@example.com)"
+    ALLOW_FORM = "email addresses (alice@example.com), or a whole domain written @example.com"
     SECRETS = ("password",)
 
     imap_host: str = ""
@@ -161,16 +161,34 @@ class EmailSettings(ChannelCommon):
     max_message_bytes: int = Field(default=25 << 20, ge=1024)
     # A PEM bundle of certificate authorities to trust besides the system's (a server with a private CA).
     ca_file: str = ""
-    # A From line is easily forged. When set, mail is read only if the receiving server of this name
-    # (the first word of its Authentication-Results header, e.g. mx.example.com) vouched for the
-    # sender's domain: DMARC passed, or a DKIM signature of that domain did.
-    authserv_id: str = ""
+    # A From line is easily forged, so an enabled channel needs one of these two. authserv_id: mail is read
+    # only if the receiving server of this name (the first word of its Authentication-Results header, e.g.
+    # mx.example.com), in the topmost header it wrote, proved the From domain: DMARC passed with
+    # header.from that domain, or a DKIM signature of that domain verified. trust_from_header: true takes
+    # From as written (anyone who knows an allowed address can write as them): only for a mailbox no
+    # stranger's mail reaches.
+    trust_from_header: bool = False
+    authserv_id: str = Field(default="", validate_default=True)
 
     @field_validator("address")
     @classmethod
     def _address(cls, value: str) -> str:
         if value and not re.match(r"^[^@\s<>]+@[^@\s<>]+$", value):
             raise ValueError(f"address must be the agent's own address, such as agent@example.com, got {value!r}")
+        return value
+
+    @field_validator("authserv_id")
+    @classmethod
+    def _from_proven(cls, value: str, info: ValidationInfo) -> str:
+        value = value.strip()
+        # Pairing admits an address as allow_from does: without a proof either lets a forger in.
+        if info.data.get("enabled") and not value and not info.data.get("trust_from_header"):
+            raise ValueError("an enabled email channel believes a From line only if a server proved it: set "
+                             "authserv_id to the name your receiving server writes first in its "
+                             "Authentication-Results header (e.g. mx.example.com), or set trust_from_header: true "
+                             "to accept that anyone may write as an allowed address (docs/channels/email.md)")
+        if value and not re.match(r"^[^\s;()\"]{1,255}$", value):
+            raise ValueError(f"authserv_id is one word, the server's name (mx.example.com), got {value!r}")
         return value
 
     @model_validator(mode="after")

@@ -237,10 +237,13 @@ class Email:
         if mail.automated:
             log.info("email: UID %s not answered: %s", uid, mail.automated)
             return None
-        if self.settings.authserv_id and not mailtext.authenticated(raw, mail.sender, self.settings.authserv_id):
-            log.warning("email: UID %s claims to be from %s, but %s did not vouch for it (DMARC/DKIM); ignored",
-                        uid, mail.sender, self.settings.authserv_id)
-            return None
+        if self.settings.authserv_id:
+            try:
+                proven = mailtext.proof(raw, mail.sender, authserv_id=self.settings.authserv_id)
+            except mailtext.Unproven as exc:
+                log.warning("email: UID %s claims to be from %s, unproven (%s); ignored", uid, mail.sender, exc)
+                return None
+            log.debug("email: UID %s from %s proven by %s (%s)", uid, mail.sender, self.settings.authserv_id, proven)
         chat = mailtext.chat_of(mail.root, mail.sender)
         event_id = f"{self._validity}:{uid}"
         base = ChannelUpdate(channel=NAME, event_id=event_id, user=mail.sender, username=mail.sender, chat=chat,

@@ -15,6 +15,8 @@ from email.message import EmailMessage
 from email.parser import BytesParser
 from email.utils import formatdate, getaddresses, make_msgid, parseaddr
 
+import authres
+import authres.core
 from bs4 import BeautifulSoup
 
 MESSAGE_ID = re.compile(r"<[^<>\s]{1,250}>")
@@ -203,21 +205,60 @@ def _automated(message: EmailMessage, sender: str, own_address: str) -> str:
     return ""
 
 
-def authenticated(raw: bytes, sender: str, authserv_id: str) -> bool:
-    """Whether the receiving server ``authserv_id`` vouched for the sender's domain (DMARC, or DKIM
-    signed by that domain) in its Authentication-Results header; a From line alone is easily forged."""
-    message = BytesParser(policy=policy.default).parsebytes(raw)
-    domain = sender.rpartition("@")[2]
-    for header in message.get_all("Authentication-Results", []):
-        value = re.sub(r"\s+", " ", str(header)).lower()
-        server, _, results = value.partition(";")
-        if server.strip().split(" ")[0] != authserv_id.lower():
+class Unproven(Exception):
+    """The receiving server did not prove the From domain: why, in words for the operator's log."""
+
+
+def proof(raw: bytes, sender: str, *, authserv_id: str) -> str:
+    """How the receiving server ``authserv_id`` proved the From domain (``dmarc=pass header.from=...`` or
+    ``dkim=pass header.d=...``); raises ``Unproven`` saying why not.
+
+    Each hop prepends its header, so only the topmost one bearing ``authserv_id`` is that server's: any
+    below it, and any other server's, are the sender's to write. The value is parsed as RFC 8601 says
+    (authres: comments, quoted strings), and a result counts only for the From domain itself."""
+    domain = sender.rpartition("@")[2].lower()
+    if not domain:
+        raise Unproven("the mail has no single From address")
+    results = _own_results(raw, authserv_id)
+    dkim_signed = False
+    for result in results:
+        method, said = str(result.method).lower(), str(result.result).lower()
+        if method == "dmarc":
+            froms = _values(result, "header", "from")
+            if said != "pass":
+                raise Unproven(f"{authserv_id} said dmarc={one_line(said, 40)}")
+            if froms and froms != {domain}:
+                raise Unproven(f"{authserv_id} passed DMARC for header.from={one_line(','.join(sorted(froms)), 200)},"
+                               f" not the From domain {domain}")
+            if froms:
+                return f"dmarc=pass header.from={domain}"
+        elif method == "dkim" and said == "pass" and _values(result, "header", "d") == {domain}:
+            dkim_signed = True
+    if dkim_signed:
+        return f"dkim=pass header.d={domain}"
+    raise Unproven(f"{authserv_id} passed neither DMARC with header.from={domain} nor a DKIM signature of {domain}")
+
+
+def _own_results(raw: bytes, authserv_id: str) -> list[authres.core.AuthenticationResult]:
+    """The results in the topmost Authentication-Results header ``authserv_id`` wrote."""
+    wanted = authserv_id.strip().lower()
+    message = BytesParser(policy=policy.default).parsebytes(raw, headersonly=True)
+    for name, value in message.raw_items():
+        if name.strip().lower() != "authentication-results":
             continue
-        for method in results.split(";"):
-            said = method.strip().split(" ")
-            props = dict(p.partition("=")[::2] for p in said[1:])
-            if said[0] == "dmarc=pass" and props.get("header.from", domain) == domain:
-                return True
-            if said[0] == "dkim=pass" and props.get("header.d") == domain:
-                return True
-    return False
+        text = re.sub(r"\r?\n(?=[ \t])", "", str(value)).strip()
+        try:
+            header = authres.parse_value(text)
+        except authres.AuthResError:
+            # Skipping an unreadable header that may be the server's would promote the sender's below it.
+            if wanted in text.lower():
+                raise Unproven(f"the topmost Authentication-Results naming {authserv_id} is not RFC 8601") from None
+            continue
+        if str(header.authserv_id).lower() == wanted:
+            return list(header.results)
+    raise Unproven(f"no Authentication-Results header from {authserv_id}")
+
+
+def _values(result: authres.core.AuthenticationResult, kind: str, name: str) -> set[str]:
+    return {str(p.value).lower().rstrip(".") for p in result.properties
+            if str(p.type).lower() == kind and str(p.name).lower() == name}

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import Processes, identity_tree, wait_until
 from tests.e2e.conftest import start_stack
-from tests.mailservers import AGENT, PASSWORD, Dovecot, Sent, SmtpSink, mail
+from tests.mailservers import AGENT, PASSWORD, RECEIVER, Dovecot, Sent, SmtpSink, mail
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
@@ -48,6 +48,7 @@ def mail_env(processes: Processes, pincer_env: dict[str, str], ws: Path, dovecot
                      "PINCER_CHANNELS__EMAIL__PASSWORD": "${MAIL_PW}",
                      "PINCER_CHANNELS__EMAIL__ADDRESS": AGENT,
                      "PINCER_CHANNELS__EMAIL__ALLOW_FROM": f'["{ALICE}", "@example.org"]',
+                     "PINCER_CHANNELS__EMAIL__AUTHSERV_ID": RECEIVER,  # Dovecot.deliver writes its verdict
                      "PINCER_CHANNELS__EMAIL__POLL_TIMEOUT_S": "2",
                      "PINCER_CHANNELS__EMAIL__POLL_GRACE_S": "2"}
     start_stack(processes, hands=1)
@@ -166,4 +167,47 @@ def test_killed_mid_turn_and_servers_away_every_mail_is_answered_once(
 
     rows = wait_until(counted, timeout=30, what="the channel connected, its mail counted")
     assert rows[0]["channel"] == "email" and rows[0]["errors"] >= 1 and rows[0]["bot"] == AGENT
+
+
+# Mail from Alice (allowed) that her domain never vouched for: the receiver's verdict, and what the
+# sender wrote below it to look vouched for.
+FORGED = [
+    ("dmarc=fail header.from=example.com",
+     {"Authentication-Results": f"{RECEIVER}; dmarc=pass header.from=example.com"}),
+    ("none", {"Authentication-Results": "relay.evil.test; dmarc=pass header.from=example.com"}),
+    ('spf=pass smtp.mailfrom="x;dmarc=pass header.from=example.com"@evil.test', {}),
+    ("spf=pass (dmarc=pass header.from=example.com) smtp.mailfrom=evil.test", {}),
+    ("dmarc=pass", {}),
+    ("dmarc=pass header.from=evil.test", {}),
+    ("dmarc=pass header.from=mail.example.com", {}),
+]
+
+
+def test_forged_senders_start_no_turn_and_the_proven_one_is_answered(
+        processes: Processes, mail_env: dict[str, str], dovecot: Dovecot, smtp: SmtpSink,
+        scripted_llm: ScriptedLLM) -> None:
+    start_channel(processes, dovecot)
+    asked = len(scripted_llm.requests)
+    for n, (verdict, headers) in enumerate(FORGED):
+        dovecot.deliver(mail(ALICE, f"forged {n}", headers=headers), verdict=verdict)
+    dovecot.deliver(mail(ALICE, "proven"))
+    answer(smtp, ALICE, "echo: Subject: Hello\n\nproven")
+    wait_until(lambda: processes.logs().count(f"claims to be from {ALICE}, unproven") == len(FORGED), timeout=30,
+               what="every forged mail refused")
+    assert len(scripted_llm.requests) == asked + 1 and "forged" not in json.dumps(scripted_llm.requests)
+    assert [m.text.split("\n")[0] for m in smtp.to(ALICE)] == ["echo: Subject: Hello"]
+
+
+def test_allow_from_without_a_proof_refuses_to_start_and_reads_no_mail(
+        processes: Processes, mail_env: dict[str, str], dovecot: Dovecot, smtp: SmtpSink,
+        scripted_llm: ScriptedLLM) -> None:
+    dovecot.deliver(mail(ALICE, "before"))
+    logins = dovecot.log().count("Login: user=<")
+    refused = processes.run("channel", "email", extra_env={"PINCER_CHANNELS__EMAIL__AUTHSERV_ID": ""})
+    assert refused.returncode == 78, refused.stderr
+    assert "channels.email.authserv_id" in refused.stderr and "trust_from_header: true" in refused.stderr
+    assert dovecot.log().count("Login: user=<") == logins  # the mailbox was never opened
+    assert scripted_llm.requests == [] and smtp.to(ALICE) == []
+    rows = json.loads(processes.run("channels", "--json").stdout)
+    assert all(row["channel"] != "email" or row["in"] == 0 for row in rows)
 

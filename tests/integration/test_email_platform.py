@@ -12,7 +12,7 @@ from gateway.channels.config import EmailSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.mail import Email
 from tests.conftest import wait_until
-from tests.mailservers import AGENT, PASSWORD, Dovecot, SmtpSink, mail
+from tests.mailservers import AGENT, PASSWORD, RECEIVER, Dovecot, SmtpSink, mail
 
 ALICE = "alice@example.com"
 
@@ -21,7 +21,7 @@ def settings(dovecot: Dovecot, smtp: SmtpSink, **changes: object) -> EmailSettin
     return EmailSettings.model_validate({
         "enabled": True, "imap_host": "127.0.0.1", "imap_port": dovecot.port, "smtp_host": "127.0.0.1",
         "smtp_port": smtp.port, "username": AGENT, "password": PASSWORD, "tls": "none", "address": AGENT,
-        "allow_from": [ALICE], "poll_timeout_s": 2, **changes})
+        "allow_from": [ALICE], "poll_timeout_s": 2, "authserv_id": RECEIVER, **changes})
 
 
 async def test_new_mail_becomes_an_update_and_the_answer_goes_back_in_its_thread(
@@ -56,26 +56,43 @@ async def test_new_mail_becomes_an_update_and_the_answer_goes_back_in_its_thread
 
 
 async def test_robots_loops_and_forged_senders_are_never_answered(dovecot: Dovecot, smtp: SmtpSink, bus: Bus) -> None:
-    email = Email(settings(dovecot, smtp, authserv_id="mx.pincer.test"), bus)
+    email = Email(settings(dovecot, smtp), bus)
     await email.start()
     try:
         offset, _ = await email.poll("")
-        vouched = "mx.pincer.test; dkim=pass header.d=example.com; spf=pass"
         for headers, sender in (({"Auto-Submitted": "auto-replied"}, ALICE),
                                 ({"Precedence": "bulk"}, ALICE),
                                 ({"List-Id": "<news.example.com>"}, ALICE),
                                 ({}, "mailer-daemon@example.com"),
-                                ({}, AGENT),  # its own answer, seen again: a loop
-                                ({}, ALICE),  # no Authentication-Results from our server: forged, maybe
-                                ({"Authentication-Results": "evil.test; dmarc=pass"}, ALICE),  # another server's
-                                ({"Authentication-Results": "mx.pincer.test; dkim=pass header.d=evil.test"}, ALICE)):
+                                ({}, AGENT)):  # its own answer, seen again: a loop
             dovecot.deliver(mail(sender, "hi", headers={**headers}))
-        dovecot.deliver(mail(ALICE, "a real one", headers={"Authentication-Results": vouched}))
+        for verdict, headers in FORGERIES:
+            dovecot.deliver(mail(ALICE, "forged", headers=headers), verdict=verdict)
+        dovecot.deliver(mail(ALICE, "a real one"))
         offset, updates = await email.poll(offset)
-        assert offset.endswith(":9")  # every one passed over, counted in the offset
+        assert offset.endswith(f":{5 + len(FORGERIES) + 1}")  # every one passed over, counted in the offset
         assert [u.text for u in updates] == ["Subject: Hello\n\na real one"]
     finally:
         await email.close()
+
+
+# Mail claiming to be Alice's that her domain never vouched for: the receiver's verdict (None: it wrote
+# none), and what the sender wrote below it. The parse is RFC 8601's, so quoting and comments hide nothing.
+# (A receiver that writes no header of its own cannot be told from the sender writing one in its name:
+# authserv_id must name a server that writes its verdict on every mail, as docs/channels/email.md says.)
+FORGERIES: list[tuple[str | None, dict[str, str]]] = [
+    (None, {}),  # no Authentication-Results at all
+    ("dmarc=fail header.from=example.com",  # the receiver's fail above the sender's pass
+     {"Authentication-Results": f"{RECEIVER}; dmarc=pass header.from=example.com"}),
+    ("spf=pass smtp.mailfrom=evil.test", {"Authentication-Results": "evil.test; dmarc=pass header.from=example.com"}),
+    ('spf=pass smtp.mailfrom="a;dmarc=pass header.from=example.com"@evil.test; dmarc=fail header.from=example.com',
+     {}),
+    ("spf=pass (dmarc=pass header.from=example.com) smtp.mailfrom=evil.test", {}),  # a comment
+    ("dmarc=pass", {}),  # no header.from: DMARC passed for some domain, not shown to be Alice's
+    ("dmarc=pass header.from=evil.test", {}),
+    ("dmarc=pass header.from=mail.example.com", {}),  # a subdomain is not the From domain
+    ("dkim=pass header.d=example.com.evil.test", {}),
+]
 
 
 async def test_html_attachments_and_an_approval_answered_by_reply(dovecot: Dovecot, smtp: SmtpSink, bus: Bus) -> None:

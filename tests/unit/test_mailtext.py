@@ -84,15 +84,67 @@ def test_attachments_are_listed_and_read_back_by_their_place() -> None:
     assert attachment.size == 10 and mailtext.attachment_bytes(message.as_bytes(), attachment.index) == b"root:x:0:0"
 
 
-def test_only_the_named_server_vouching_for_the_domain_counts() -> None:
-    def vouched(results: str, sender: str = ALICE) -> bool:
-        return mailtext.authenticated(raw(f"Authentication-Results: {results}\nFrom: {sender}\n\nx\n"), sender,
-                                      "mx.pincer.test")
+OURS = "mx.pincer.test"
 
-    assert vouched("mx.pincer.test; dmarc=pass header.from=example.com")
-    assert vouched("mx.pincer.test;\n dkim=pass header.d=example.com header.s=s1; spf=fail")
-    assert not vouched("mx.pincer.test; dkim=pass header.d=example.com.evil.test")
-    assert not vouched("mx.pincer.test; dkim=fail header.d=example.com; dmarc=fail")
-    assert not vouched("mx.pincer.test.evil; dmarc=pass")
-    assert not vouched("other.test; dmarc=pass")
-    assert not vouched("mx.pincer.test; dmarc=pass header.from=evil.test")
+
+def proven(*headers: str, sender: str = ALICE) -> str:
+    """The proof for a mail with these Authentication-Results, topmost first (as each hop prepends its own)."""
+    above = "".join(f"Authentication-Results: {h}\n" for h in headers)
+    message = raw(f"Received: from mx by {OURS}\n{above}From: <{sender}>\nSubject: s\n\nx\n")
+    return mailtext.proof(message, sender, authserv_id=OURS)
+
+
+def test_the_receivers_topmost_header_proves_the_from_domain() -> None:
+    assert proven(f"{OURS}; dmarc=pass (p=reject) header.from=example.com") == "dmarc=pass header.from=example.com"
+    assert proven("MX.Pincer.Test 1;\n dkim=pass header.d=Example.com header.s=s1; spf=fail smtp.mailfrom=x.test") \
+        == "dkim=pass header.d=example.com"  # folded, versioned, any case: RFC 8601 read whole
+    # another hop's header above the receiver's (an internal relay) is passed over, not a reason to refuse
+    assert proven("relay.internal; none", f"{OURS}; dmarc=pass header.from=example.com")
+    # the receiver's policy record and reason are properties like any other
+    assert proven(f"{OURS}; dmarc=pass policy.dmarc=reject header.from=example.com reason=\"ok\"")
+
+
+FORGED = {
+    "the sender's header below the receiver's fail": [
+        f"{OURS}; dmarc=fail header.from=example.com", f"{OURS}; dmarc=pass header.from=example.com"],
+    "the sender's header below the receiver's none": [f"{OURS}; none", f"{OURS}; dkim=pass header.d=example.com"],
+    "another server's pass, the receiver's silence": [
+        "mx.evil.test; dmarc=pass header.from=example.com", f"{OURS}; spf=pass smtp.mailfrom=example.com"],
+    "another server's pass alone": ["evil.test; dmarc=pass header.from=example.com"],
+    "a name that starts like the receiver's": [f"{OURS}.evil.test; dmarc=pass header.from=example.com"],
+    "the receiver's name in a comment": ["(mx.pincer.test) evil.test; dmarc=pass header.from=example.com"],
+    "a quoted local part carrying ;dmarc=pass": [
+        f'{OURS}; spf=pass smtp.mailfrom="a;dmarc=pass header.from=example.com"@evil.test; '
+        "dmarc=fail header.from=example.com"],
+    "a quoted local part and no dmarc at all": [
+        f'{OURS}; spf=pass smtp.mailfrom="x; dmarc=pass header.from=example.com; dkim=pass header.d=example.com"'
+        "@evil.test"],
+    "a comment carrying dmarc=pass": [
+        f"{OURS} (dmarc=pass header.from=example.com); spf=pass (dkim=pass header.d=example.com) "
+        "smtp.mailfrom=evil.test"],
+    "dmarc=pass without header.from": [f"{OURS}; dmarc=pass"],
+    "dmarc=pass for another domain": [f"{OURS}; dmarc=pass header.from=evil.test"],
+    "dmarc=pass for a subdomain of the From domain": [f"{OURS}; dmarc=pass header.from=pincer.example.com"],
+    "dmarc=pass naming two domains": [f"{OURS}; dmarc=pass header.from=example.com header.from=evil.test"],
+    "dkim=pass of a look-alike domain": [f"{OURS}; dkim=pass header.d=example.com.evil.test"],
+    "dkim=pass of a subdomain": [f"{OURS}; dkim=pass header.d=mail.example.com"],
+    "dkim=pass under dmarc=fail": [f"{OURS}; dkim=pass header.d=example.com; dmarc=fail header.from=example.com"],
+    "the receiver's header unreadable, a readable one below": [
+        f"{OURS}; dmarc=pass header.from=\u00e9xample.com", f"{OURS}; dmarc=pass header.from=example.com"],
+    "no header at all": [],
+}
+
+
+@pytest.mark.parametrize("headers", FORGED.values(), ids=FORGED.keys())
+def test_forged_proofs_are_refused(headers: list[str]) -> None:
+    with pytest.raises(mailtext.Unproven):
+        proven(*headers)
+
+
+def test_a_subdomain_sender_is_not_proven_by_its_parent_and_says_why() -> None:
+    with pytest.raises(mailtext.Unproven, match=r"not the From domain mail\.example\.com"):
+        proven(f"{OURS}; dmarc=pass header.from=example.com", sender="bob@mail.example.com")
+    with pytest.raises(mailtext.Unproven, match=r"said dmarc=fail$"):
+        proven(f"{OURS}; dmarc=fail header.from=example.com", f"{OURS}; dmarc=pass header.from=example.com")
+    with pytest.raises(mailtext.Unproven, match=r"no Authentication-Results header from mx\.pincer\.test"):
+        proven("mx.evil.test; dmarc=pass header.from=example.com")

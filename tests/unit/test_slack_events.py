@@ -91,7 +91,7 @@ def test_each_platform_checks_its_own_settings() -> None:
     with pytest.raises(ValidationError, match="only for a server on this machine"):
         EmailSettings.model_validate({"tls": "none", "smtp_host": "smtp.example.com"})
     settings = ChannelSettings.model_validate({"slack": {"enabled": True, "bot_token": "xoxb-1"},
-                                               "email": {"enabled": True}})
+                                               "email": {"enabled": True, "trust_from_header": True}})
     assert settings.enabled() == ["slack", "email"]
     assert settings.of("slack").missing() == ["app_token"]
     assert settings.of("email").missing() == ["imap_host", "smtp_host", "username", "address", "password"]
