@@ -224,6 +224,11 @@ class Keys:
         """Hash of the platform users let in by `pincer channels pair` (user id -> who let them in, when)."""
         return f"{self.prefix}channel:{channel}:paired"
 
+    def channel_handles(self, channel: str) -> str:
+        """Hash of allow_from's ``@handle`` entries, each bound to the platform user id first seen with that
+        handle (handle -> user id): that id is let in whatever it is named later, and nobody else by the handle."""
+        return f"{self.prefix}channel:{channel}:handles"
+
     def channel_pairing(self, channel: str, code: str) -> str:
         """A stranger's pending one-time pairing code (expires)."""
         return f"{self.prefix}channel:{channel}:pairing:{code}"

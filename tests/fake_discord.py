@@ -100,11 +100,12 @@ class FakeDiscord:
         return str(int(user) + 7)
 
     def say(self, user: str, text: str, *, channel: str = "", mention: bool = False,
-            file: tuple[str, bytes] | None = None) -> str:
-        """A message by ``user``: in their DM with the bot unless ``channel`` (GENERAL, THREAD) is given."""
+            file: tuple[str, bytes] | None = None, username: str = "", display_name: str | None = None) -> str:
+        """A message by ``user`` (named ``username``, shown as ``display_name``): in their DM with the bot unless
+        ``channel`` (GENERAL, THREAD) is given."""
         where = channel or self.dm(user)
-        message = self._message(where, {"id": user, "username": f"user{user[-4:]}", "discriminator": "0",
-                                        "global_name": None, "avatar": None},
+        message = self._message(where, {"id": user, "username": username or f"user{user[-4:]}", "discriminator": "0",
+                                        "global_name": display_name, "avatar": None},
                                 (f"<@{BOT_ID}> " if mention else "") + text, guild=bool(channel))
         if mention:
             message["mentions"] = [BOT]

@@ -25,20 +25,33 @@ def identity_name(channel: str, user: str) -> str:
 class Access:
     def __init__(self, bus: Bus, channel: str, *, allow_from: list[str], agent: str, pairing_ttl_s: int) -> None:
         self.bus, self.channel, self.agent = bus, channel, agent
-        self.allowed_ids = {a.lower() for a in allow_from if not a.startswith("@")}
+        # Ids match ids, as the platform names users (a Matrix id, an email address); "@name" entries match
+        # handles only, and only their first holder (a handle can be changed and taken; an id cannot).
+        self.allowed_ids = {a.lower() for a in allow_from}
         self.allowed_names = {a[1:].lower() for a in allow_from if a.startswith("@")}
         self.pairing_ttl_s = pairing_ttl_s
 
     async def identity(self, user: str, username: str = "") -> Identity | None:
         """The identity of a platform user who may talk to the agent; None for a stranger."""
-        handle = username.lower()
-        # "@bob" names a Telegram username; "@example.com" an email domain; "alice@example.com" an address.
-        domain = handle.rpartition("@")[2]
-        allowed = user.lower() in self.allowed_ids or (handle and (
-            handle in self.allowed_names or handle in self.allowed_ids or domain in self.allowed_names))
+        allowed = user.lower() in self.allowed_ids or await self._named(user, username.lower())
         if not allowed and not await self.bus.redis.hexists(self.bus.keys.channel_paired(self.channel), user):
             return None
         return Identity(name=identity_name(self.channel, user), scope="chat", agents=(self.agent,))
+
+    async def _named(self, user: str, handle: str) -> bool:
+        """Whether an ``@`` entry lets the user in: an email domain its address is at, or a handle bound to
+        this user id (the first one seen with the handle is bound to it for good)."""
+        if not self.allowed_names:
+            return False
+        if "@" in handle:  # an address (no platform's handle holds "@"): "@example.com" names its domain
+            return handle.rpartition("@")[2] in self.allowed_names
+        key = self.bus.keys.channel_handles(self.channel)
+        async with self.bus.redis.pipeline(transaction=True) as pipe:
+            if handle in self.allowed_names:
+                pipe.hsetnx(key, handle, user)
+            pipe.hmget(key, sorted(self.allowed_names))
+            bound = (await pipe.execute())[-1]
+        return user.encode() in bound  # its own handle now, or one it held when first seen
 
     async def code_for(self, user: str, username: str) -> tuple[str, bool]:
         """The stranger's pairing code, and whether it is new (a stranger is told their code once)."""
@@ -79,4 +92,13 @@ async def paired(bus: Bus, channel: str) -> dict[str, str]:
 
 
 async def unpair(bus: Bus, channel: str, user: str) -> bool:
-    return bool(await bus.redis.hdel(bus.keys.channel_paired(channel), user))
+    """Let the user out (a paired one, or one an ``@handle`` entry was bound to); ``@handle``: free the handle
+    for whoever shows it next."""
+    handles = bus.keys.channel_handles(channel)
+    if user.startswith("@"):
+        return bool(await bus.redis.hdel(handles, user[1:].lower()))
+    bound: dict[bytes, bytes] = await bus.redis.hgetall(handles)  # type: ignore[assignment]
+    held = [name for name, holder in bound.items() if holder == user.encode()]
+    if held:
+        await bus.redis.hdel(handles, *held)
+    return bool(await bus.redis.hdel(bus.keys.channel_paired(channel), user)) or bool(held)

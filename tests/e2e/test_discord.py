@@ -183,3 +183,22 @@ def test_killed_mid_turn_and_cut_off_every_message_is_answered_once(
 
     rows = wait_until(counted, timeout=30, what="the channel connected, its messages counted")
     assert rows[0]["channel"] == "discord" and rows[0]["bot"] == "pincer"
+
+
+def test_a_name_that_spells_an_allowed_id_or_a_taken_handle_gets_a_code_not_a_turn(
+        processes: Processes, discord_env: dict[str, str], discord: FakeDiscord, scripted_llm: ScriptedLLM) -> None:
+    processes.env = {**processes.env, "PINCER_CHANNELS__DISCORD__ALLOW_FROM": f'["{ALICE}", "@carol"]'}
+    start_channel(processes, discord)
+    carol, mallory, eve = "2000000000000000101", "2000000000000000102", "2000000000000000103"
+    asked = len(scripted_llm.requests)
+    discord.say(mallory, "let me in", username=ALICE, display_name=ALICE)  # the allowed id's digits as names
+    answer(discord, discord.dm(mallory), "I don't know you yet")
+    discord.say(carol, "hi, carol here", username="carol")
+    answer(discord, discord.dm(carol), "echo: hi, carol here")
+    discord.say(carol, "renamed", username="carol.new", display_name="Carol")  # the id stays hers
+    answer(discord, discord.dm(carol), "echo: renamed")
+    discord.say(eve, "i am carol now", username="carol")  # the freed name taken by someone else
+    answer(discord, discord.dm(eve), "I don't know you yet")
+    assert len(scripted_llm.requests) == asked + 2  # no model call for either impostor
+    assert not any("echo" in s.content for s in discord.in_channel(discord.dm(mallory)) +
+                   discord.in_channel(discord.dm(eve)))
