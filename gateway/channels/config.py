@@ -271,7 +271,8 @@ class MatrixSettings(ChannelCommon):
     # Where the device's keys are kept (default: <runtime.data_dir>/matrix). Back it up: losing it
     # loses the history of encrypted rooms, and people see a new device.
     store_dir: str = ""
-    # Encrypts the keys at rest in store_dir (`${NAME}` from the environment); empty: a fixed key.
+    # Encrypts the keys at rest in store_dir (`${NAME}` from the environment); empty: a random key of this
+    # install's, made once and kept in <store_dir>.key (0600), beside the store, not in it.
     store_key: SecretStr = SecretStr("")
 
     @field_validator("homeserver")

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import html
 import json
 import logging
+import os
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,6 +40,7 @@ from nio.crypto.attachments import decrypt_attachment
 
 from bus.lease import Lease
 from bus.presence import alive
+from bus.private_file import open_private
 from bus.protocol import ChannelFile, ChannelUpdate
 from bus.streams import CONNECTION_ERRORS, Bus
 from gateway.channels.config import MatrixSettings
@@ -104,6 +108,31 @@ def user_key(matrix_id: str) -> str:
     return key if IDENTITY_SAFE.match(key) else "h" + hashlib.sha256(matrix_id.encode()).hexdigest()[:24]
 
 
+LEGACY_STORE_KEY = "pincer-matrix"  # the fixed key stores made before a key of their own was
+
+
+def store_key(settings: MatrixSettings, store_dir: Path) -> str:
+    """The key the device's store is encrypted with at rest: ``store_key`` when set, else one made at random for
+    this install and kept beside the store, ``<store_dir>.key`` (``<data_dir>/matrix.key``), 0600: a copy of the
+    store alone does not open it. A store made with the old fixed key keeps it (written to the file, warned)."""
+    configured = settings.store_key.get_secret_value()
+    if configured:
+        return configured
+    store_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = open_private(store_dir.with_name(f"{store_dir.name}.key"), os.O_RDWR)
+    with os.fdopen(fd, "r+", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # two processes starting at once make one key, not two
+        key = handle.read().strip()
+        if not key:
+            legacy = store_dir.is_dir() and any(store_dir.glob("*.db"))
+            key = LEGACY_STORE_KEY if legacy else secrets.token_urlsafe(32)
+            handle.write(key)
+            if legacy:
+                log.warning("Matrix: the device's store in %s is encrypted with the old fixed key; set store_key "
+                            "(or move the store aside for a new device) to have a key of its own", store_dir)
+    return key
+
+
 class Matrix:
     """One Matrix account's calls. ``limit``, ``edits`` and ``render`` make it a ``reply.Surface``."""
 
@@ -116,7 +145,7 @@ class Matrix:
         self.limit = settings.max_message_chars
         self.store_dir, self.instance_id = store_dir, instance_id
         config = nio.AsyncClientConfig(store_sync_tokens=False, encryption_enabled=settings.encryption,
-                                       pickle_key=settings.store_key.get_secret_value() or "pincer-matrix",
+                                       pickle_key=store_key(settings, store_dir) if settings.encryption else "",
                                        max_limit_exceeded=0, max_timeouts=0, request_timeout=30)
         self.client = nio.AsyncClient(settings.homeserver, user=settings.user_id, config=config,
                                       store_path=str(store_dir) if settings.encryption else "")
