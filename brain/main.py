@@ -9,15 +9,17 @@ from brain.worker import BrainWorker
 from bus.config import Config
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
+from gateway.config import GatewaySettings
 
 
 def main(config: Config) -> int:
     settings = config.section("brain", BrainSettings)
     instance_id = new_instance_id("brain")
+    rate = config.section("gateway", GatewaySettings).limits.rate()  # a job's fires count as its owner's turns
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         worker = BrainWorker(bus, settings, instance_id=instance_id, llm=None,
-                             heartbeat_s=config.runtime.heartbeat_s)
+                             heartbeat_s=config.runtime.heartbeat_s, rate=rate)
         await worker.run(stop)
 
     return run_service("brain", config, body, instance_id=instance_id)

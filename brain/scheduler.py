@@ -6,6 +6,11 @@ the job's owner) and moves the job to its next instant, all at once. So an insta
 twice (a holder paused past its lease cannot write after the next holder has), and never dropped
 silently: one the scheduler was away for is decided by the job's catch-up policy and recorded as
 fired, skipped (why) or missed (why). The turn's outcome is added to its record when the turn ends.
+
+A fire is a turn its owner starts, so it passes the owner's limits as the Gateway's doors do (bus/admission.py:
+the identity's message rate, the Brains' backlog), and a job whose owner is gone (a token revoked, a hook
+removed, a user unpaired) is not fired at all and leaves the due set; each refused instant is recorded
+skipped with the reason.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brain.config import HeartbeatSettings, SchedulerSettings
+from bus.admission import Admission, RateLimits
 from bus.codec import encode
 from bus.consumer import GroupConsumer
 from bus.lease import HOLDS, Lease
@@ -97,6 +103,12 @@ def plan(job: Job, due: float, now: float, *, grace_s: float) -> Plan:
     return result
 
 
+def _refuse(job: Job, decided: Plan, instants: list[float], reason: str) -> None:
+    """These instants of the plan are not fired: each is recorded skipped, saying why."""
+    decided.records += [Run(job=job.id, due=t, status="skipped", reason=reason) for t in instants]
+    decided.fire = [t for t in decided.fire if t not in instants]
+
+
 def _ago(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f}s"
@@ -123,8 +135,10 @@ def heartbeat_jobs(heartbeats: dict[str, HeartbeatSettings], *, now: float) -> l
 
 class Scheduler:
     def __init__(self, bus: Bus, settings: SchedulerSettings, *, instance_id: str, meter: Meter,
-                 clock: Any = time.time, heartbeats: dict[str, HeartbeatSettings] | None = None) -> None:
+                 clock: Any = time.time, heartbeats: dict[str, HeartbeatSettings] | None = None,
+                 rate: RateLimits | None = None) -> None:
         self.bus, self.settings, self.instance_id, self.meter, self.clock = bus, settings, instance_id, meter, clock
+        self.admission = Admission(bus, rate or RateLimits())
         self.heartbeats = heartbeats or {}
         self._synced = 0.0
         self._claims = 0
@@ -173,6 +187,7 @@ class Scheduler:
         if now - self._synced > SYNC_EVERY_S:
             await self.sync_heartbeats(now)
         due_now = await self.store.due(now)
+        backlog: int | None = None  # read once a tick, when a job is about to fire
         for (job_id, due), job in zip(due_now, await self.store.many([j for j, _ in due_now]), strict=True):
             if not self.lease.held:
                 break
@@ -180,9 +195,15 @@ class Scheduler:
                 await self.bus.redis.zrem(self.bus.keys.jobs_due, job_id)
                 continue
             decided = plan(job, due, now, grace_s=self.settings.grace_s)
+            if decided.fire and (gone := await self.store.owner_gone(job)):
+                log.warning("job not fired: its owner is gone %s", kv(job=job.id, owner=job.owner))
+                _refuse(job, decided, decided.fire, gone)
+                decided.next_due = None  # out of the due set; its record says why
             if decided.fire and (idle := await self._idle_owner(job, now)):
-                decided.records += [Run(job=job.id, due=t, status="skipped", reason=idle) for t in decided.fire]
-                decided.fire = []
+                _refuse(job, decided, decided.fire, idle)
+            if decided.fire:
+                backlog = await self.admission.waiting() if backlog is None else backlog
+                await self._admit(job, decided, backlog)
             await self._claim(job, due, decided, now)
         upcoming = await self.bus.redis.zrange(self.bus.keys.jobs_due, 0, 0, withscores=True)
         until = float(upcoming[0][1]) / 1000 - self.clock() if upcoming else self.settings.tick_s
@@ -205,6 +226,18 @@ class Scheduler:
                 await self.store.replace(job.model_copy(update={"paused": bool(found and found.paused)}), now=now)
                 log.info("heartbeat set %s", kv(job=job_id, every=job.schedule.describe()))
         self._synced = now
+
+    async def _admit(self, job: Job, decided: Plan, backlog: int) -> None:
+        """The owner's limits, charged for each instant about to fire; those refused are recorded skipped."""
+        limits = self.admission.limits
+        if backlog >= limits.max_inbox_backlog:
+            _refuse(job, decided, decided.fire, f"{backlog} messages were waiting for a Brain (gateway.limits."
+                    "max_inbox_backlog): a job's run is not queued behind them")
+            return
+        refused = [t for t in decided.fire if await self.admission.take_message(job.owner) > 0]
+        if refused:
+            _refuse(job, decided, refused, f"its owner {job.owner} sent more than {limits.messages_per_minute} "
+                    "messages a minute (gateway.limits.messages_per_minute): a job's runs count in its owner's rate")
 
     async def _idle_owner(self, job: Job, now: float) -> str:
         """Why a heartbeat does not run now: its owner has not talked to the agent for idle_after_s ("": it runs)."""

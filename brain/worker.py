@@ -18,6 +18,7 @@ from brain.scheduler import Scheduler
 from brain.session_order import SessionOrder
 from brain.spend import Governor
 from brain.turn import Turn, TurnDeps
+from bus.admission import RateLimits
 from bus.broadcast import BroadcastReader
 from bus.consumer import GroupConsumer, HandedOver, Reply, delivery
 from bus.keys import BRAIN_GROUP
@@ -52,7 +53,7 @@ def default_llm(settings: BrainSettings) -> LLMClient | None:
 
 class BrainWorker:
     def __init__(self, bus: Bus, settings: BrainSettings, *, instance_id: str, llm: LLMClient | None,
-                 heartbeat_s: float = 3.0) -> None:
+                 heartbeat_s: float = 3.0, rate: RateLimits | None = None) -> None:
         self.bus, self.settings, self.instance_id = bus, settings, instance_id
         self.inbox = ReplyInbox(bus, instance_id)
         meter = Meter()
@@ -85,7 +86,7 @@ class BrainWorker:
         self.reaper = Reaper(bus, self.consumer, bus.settings, on_poison=self._poisoned)
         self.deps.set_aside, self.deps.take_back = self.consumer.set_aside, self.consumer.take_back
         self.scheduler = Scheduler(bus, settings.scheduler, instance_id=instance_id, meter=meter,
-                                   heartbeats=settings.heartbeats) if settings.scheduler.enabled else None
+                                   heartbeats=settings.heartbeats, rate=rate) if settings.scheduler.enabled else None
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         if isinstance(message, ChatCancel):  # sent to the group: pass it to every Brain

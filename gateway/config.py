@@ -7,7 +7,9 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
+from bus.admission import RateLimits
 from bus.config import Section
+from memory.jobs import JobLimits
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 ANY_ADDRESS = ("0.0.0.0", "::", "")
@@ -33,6 +35,13 @@ class LimitSettings(Section):
     max_inbox_backlog: int = Field(default=1000, ge=1)
     # A WebSocket or SSE stream is closed after this long (a revoked token ends it at once, whatever this is).
     max_connection_s: float = Field(default=86_400.0, ge=1)
+    # Jobs an identity may keep through /v1/cron (`pincer cron`), and how often a chat token's may run.
+    jobs: JobLimits = Field(default_factory=JobLimits)
+
+    def rate(self) -> RateLimits:
+        """The part every door charges an identity, the scheduler's fires of its jobs included."""
+        return RateLimits(messages_per_minute=self.messages_per_minute, burst=self.burst,
+                          max_inbox_backlog=self.max_inbox_backlog)
 
 
 class OpenAISettings(Section):

@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from bus.config import Config, ConfigError, Section
 from bus.workspaces import Workspaces
+from memory.jobs import ModelJobLimits
 
 # The skills shipped with Pincer (package data); `{shipped}` in skill_dirs. `{project}/skills`, from
 # configs written when they were found beside a checkout only, names the same folder.
@@ -141,6 +142,9 @@ class ToolPolicySettings(ToolRules):
     # Sender ids that count as owners: the configured token's identity ("owner"), by default.
     owners: list[str] = Field(default_factory=lambda: ["owner"])
     agents: dict[str, ToolRules] = Field(default_factory=dict)  # per-agent layers, narrowing the global one
+    # The jobs the schedule tool makes: caps per identity, the shortest period (for every sender), and where
+    # the owner is told of each (docs/jobs.md).
+    schedule: ModelJobLimits = Field(default_factory=ModelJobLimits)
 
 
 def default_workspace() -> Path:

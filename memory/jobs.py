@@ -20,9 +20,8 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from bus.codec import encode
 from bus.config import time_zone
 from bus.protocol import ChatMessage
 from bus.streams import Bus
@@ -33,20 +32,43 @@ UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 MIN_EVERY_S = 1.0
 RUNS_KEPT = 500  # records kept per job (the oldest dropped)
 SILENT = "HEARTBEAT_OK"  # a heartbeat's answer that means "nothing to report": recorded, not delivered
-# What a non-operator identity may schedule (through /v1/cron, or the agent's schedule tool for a sender
-# who is not an owner): this many jobs, none more often than this.
-GUEST_MAX_JOBS = 20
-GUEST_MIN_EVERY_S = 60.0
-TURN_KEEP_S = 7 * 86_400
-# KEYS: jobs, due set. ARGV: job id, definition, first due (ms; '' when paused). The job and its first due
-# instant at once (0: a job of that id exists).
+TURN_KEEP_S = 7 * 86_400  # how long a job's turn waits for its outcome to be recorded
+# An identity's jobs are the ids that begin "<owner>/" (an owner's name never holds a "/"): counted and
+# removed by the scripts below in one step each, so parallel requests cannot pass a cap or outlive a purge.
+# KEYS: jobs, due set. ARGV: job id, definition, first due (ms; '' when paused), cap ('' for none), "<owner>/".
+# 1: stored; 0: a job of that id exists; -1: the owner has cap jobs already.
 ADD = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+if ARGV[4] ~= '' then
+  local n, prefix = 0, ARGV[5]
+  for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(id, 1, #prefix) == prefix then n = n + 1 end
+  end
+  if n >= tonumber(ARGV[4]) then return -1 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 if ARGV[3] ~= '' then redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1]) end
 return 1
-"""  # how long a job's turn waits for its outcome to be recorded
+"""
+# KEYS: jobs, due set, then the records of each job the caller saw was the owner's. ARGV: "<owner>/".
+# The ids removed (one made since the caller looked has its records deleted after).
+PURGE = """
+local removed = {}
+for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(id, 1, #ARGV[1]) == ARGV[1] then
+    redis.call('HDEL', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+    removed[#removed + 1] = id
+  end
+end
+for k = 3, #KEYS do redis.call('DEL', KEYS[k]) end
+return removed
+"""
 CatchUp = Literal["run_once", "skip", "all"]
 Status = Literal["fired", "skipped", "missed", "failed"]
+# Where the owner's identity lives, so the scheduler can tell it is gone: a token (`pincer token revoke`),
+# a hook (`pincer hooks rm`), a pairing (`pincer channels unpair`); "": the config (the owner, allow_from).
+OwnerKind = Literal["", "token", "hook", "paired"]
 
 
 def parse_duration(text: str) -> float:
@@ -152,6 +174,8 @@ class Job(BaseModel):
     # answer is HEARTBEAT_OK, and skipped while its owner has not talked to the agent for idle_after_s.
     heartbeat: bool = False
     idle_after_s: float | None = None
+    made_by: Literal["person", "model"] = "person"  # "model": the agent's schedule tool, announced to the owner
+    owner_kind: OwnerKind = ""
 
     @field_validator("name")
     @classmethod
@@ -201,14 +225,54 @@ class JobExists(Exception):
     pass
 
 
-def guest_refusal(job: Job, existing: int) -> str | None:
-    """Why an identity that is not an operator may not keep this job (None: it may)."""
-    if existing >= GUEST_MAX_JOBS:
-        return f"this identity already has {GUEST_MAX_JOBS} jobs, the most it may keep; remove one first"
-    if job.schedule.period_s(time.time()) < GUEST_MIN_EVERY_S:
-        return f"a job may run every {GUEST_MIN_EVERY_S:g}s at most often for this identity (an operator may go below)"
+class JobCapReached(Exception):
+    pass
+
+
+class JobLimits(BaseModel):
+    """How many jobs an identity may keep, and how often a chat-scoped identity's may run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_jobs: int = Field(default=20, ge=0)  # a chat-scoped identity's: a chat token, a channel user, a hook
+    operator_max_jobs: int = Field(default=100, ge=0)  # an operator's (the owner's)
+    min_every: str = "60s"  # the shortest period of a chat-scoped identity's job
+
+    @field_validator("min_every")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    def cap(self, *, operator: bool) -> int:
+        return self.operator_max_jobs if operator else self.max_jobs
+
+
+class ModelJobLimits(JobLimits):
+    """The schedule tool's limits: the same caps (an owner's is ``operator_max_jobs``), a floor that binds every
+    sender, the owner too (a prompt-injected turn must not plant "every 1s"), and the chats the owner is told
+    in of every job the agent makes (besides the maker's own chat, where their id is one)."""
+
+    announce: list[str] = Field(default_factory=list)
+
+    @field_validator("announce")
+    @classmethod
+    def _targets(cls, value: list[str]) -> list[str]:
+        for target in value:
+            if not all(target.partition(":")[::2]):
+                raise ValueError(f"announce entries are CHANNEL:CHAT, such as telegram:123456789, got {target!r}")
+        return value
+
+
+def refusal(job: Job, *, operator: bool, min_every: str) -> str | None:
+    """Why this identity may not keep this job (None: it may). ``min_every`` binds everyone but an operator
+    making a job by hand; only an operator may deliver to chats other than the owner's own."""
+    floor = parse_duration(min_every)
+    if job.schedule.period_s(time.time()) < floor and not (operator and job.made_by == "person"):
+        who = "a job the agent makes" if job.made_by == "model" else "this identity's job"
+        return f"{who} may run every {min_every} at most often; pick a longer period"
     foreign = [target for target in job.deliver if target != job.owner]
-    if foreign:
+    if foreign and not operator:
         return (f"only an operator may deliver to {foreign[0]}: an identity may deliver only to its own chat "
                 f"({job.owner})")
     return None
@@ -219,15 +283,21 @@ class JobStore:
         self.bus = bus
         self.keys = bus.keys
         self._add = bus.redis.register_script(ADD)
+        self._purge = bus.redis.register_script(PURGE)
 
-    async def add(self, job: Job, *, now: float | None = None) -> float | None:
-        """Store a new job and its first due instant (None: an ``at`` already past, not stored)."""
+    async def add(self, job: Job, *, now: float | None = None, cap: int | None = None) -> float | None:
+        """Store a new job and its first due instant; ``JobCapReached`` when its owner has ``cap`` jobs already
+        (counted and stored in one step)."""
         first = job.schedule.next_after((now or time.time()) - 0.001)
         if first is None:
             raise ValueError(f"{job.schedule.describe()} is in the past: nothing would ever run")
         due = "" if job.paused else round(first * 1000)
-        if not await self._add(keys=[self.keys.jobs, self.keys.jobs_due], args=[job.id, job.model_dump_json(), due]):
+        done = await self._add(keys=[self.keys.jobs, self.keys.jobs_due],
+                               args=[job.id, job.model_dump_json(), due, "" if cap is None else cap, f"{job.owner}/"])
+        if done == 0:
             raise JobExists(f"a job named {job.name!r} already exists; remove it first (pincer cron rm {job.name})")
+        if done == -1:
+            raise JobCapReached(f"{job.owner} already has {cap} jobs, the most it may keep; remove one first")
         return first
 
     async def replace(self, job: Job, *, now: float | None = None) -> None:
@@ -279,6 +349,19 @@ class JobStore:
             removed, _, _ = await pipe.execute()
         return bool(removed)
 
+    async def remove_owner(self, owner: str) -> list[str]:
+        """Every job of ``owner`` gone with its records, in one step (its identity was revoked or removed);
+        the names of those removed."""
+        prefix = f"{owner}/"
+        names: list[bytes] = await self.bus.redis.hkeys(self.keys.jobs)  # type: ignore[assignment]  # bytes
+        seen = [n.decode() for n in names if n.decode().startswith(prefix)]
+        raw: list[bytes] = await self._purge(keys=[self.keys.jobs, self.keys.jobs_due,
+                                                   *(self.keys.job_runs(j) for j in seen)], args=[prefix])
+        removed = sorted(r.decode() for r in raw)
+        if late := [self.keys.job_runs(j) for j in removed if j not in seen]:
+            await self.bus.redis.delete(*late)
+        return [job_id.removeprefix(prefix) for job_id in removed]
+
     async def due(self, now: float, *, limit: int = 100) -> list[tuple[str, float]]:
         found: list[tuple[bytes, float]] = await self.bus.redis.zrangebyscore(  # type: ignore[assignment]  # bytes
             self.keys.jobs_due, "-inf", round(now * 1000), start=0, num=limit, withscores=True)
@@ -302,17 +385,28 @@ class JobStore:
         await self.bus.redis.hset(key, field_name, run.model_dump_json())
         return run
 
-    async def run_now(self, job: Job, *, now: float | None = None) -> Run:
-        """Fire the job once, now, by hand (its schedule unchanged): recorded like a due instant."""
+    async def record_hand_run(self, job: Job, message: ChatMessage, *, now: float | None = None) -> Run:
+        """A run by hand (its schedule unchanged) about to send ``message``: recorded like a due instant, and
+        its turn known, so its outcome is added to the record when it ends."""
         now = now or time.time()
-        message = job.turn(reply_to=self.keys.jobs_results)
         run = Run(job=job.id, due=now, status="fired", reason="run by hand", fired_at=now, turn=message.message_id)
         async with self.bus.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self.keys.job_runs(job.id), due_field(now), run.model_dump_json())
             pipe.set(self.keys.job_turn(message.message_id), f"{job.id}|{due_field(now)}", ex=TURN_KEEP_S)
-            pipe.xadd(self.keys.brain_inbox, encode(message))  # type: ignore[arg-type]  # bytes fields
             await pipe.execute()
         return run
+
+    async def owner_gone(self, job: Job) -> str:
+        """Why the job's owner no longer exists ("": it does, or its identity lives in the config)."""
+        redis, keys = self.bus.redis, self.keys
+        if job.owner_kind == "token" and not await redis.hexists(keys.token_names, job.owner):
+            return f"its owner {job.owner} no longer exists (the token was revoked): a job runs only as its owner"
+        if job.owner_kind == "hook" and not await redis.hexists(keys.hooks, job.owner.removeprefix("hook:")):
+            return f"its owner {job.owner} no longer exists (the hook was removed): a job runs only as its owner"
+        channel, _, user = job.owner.partition(":")
+        if job.owner_kind == "paired" and not await redis.hexists(keys.channel_paired(channel), user):
+            return f"its owner {job.owner} no longer exists (unpaired): a job runs only as its owner"
+        return ""
 
     async def trim(self, job_id: str) -> None:
         key = self.keys.job_runs(job_id)

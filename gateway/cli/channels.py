@@ -18,6 +18,7 @@ from bus.streams import CONNECTION_ERRORS
 from gateway.channels import access
 from gateway.channels.config import ChannelSettings
 from gateway.cli.ops import connected_bus
+from memory.jobs import JobStore
 
 
 def command(args: argparse.Namespace, config: Config) -> int:
@@ -48,7 +49,10 @@ async def _channels(config: Config, action: str, arg: str | None, *, channel: st
                 if not await access.unpair(bus, channel, arg):
                     print(f"pincer: error: {channel} user {arg} was not paired", file=sys.stderr)
                     return 1
-                print(f"{channel} user {arg} is a stranger again (allow_from still lets in whoever it names)")
+                # Their jobs run as them: they go too (the scheduler refuses a paired owner's left over).
+                stopped = await JobStore(bus).remove_owner(access.identity_name(channel, arg))
+                print(f"{channel} user {arg} is a stranger again (allow_from still lets in whoever it names)"
+                      + (f"; their jobs removed: {', '.join(stopped)}" if stopped else ""))
                 return 0
             if action == "paired":
                 found = await access.paired(bus, channel)

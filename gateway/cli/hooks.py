@@ -15,6 +15,7 @@ from bus.config import Config
 from bus.streams import CONNECTION_ERRORS
 from gateway.cli.ops import connected_bus
 from gateway.server.hooks import HookStore
+from memory.jobs import JobStore
 
 
 def command(args: argparse.Namespace, config: Config) -> int:
@@ -48,7 +49,9 @@ async def _hooks(config: Config, args: argparse.Namespace) -> int:
                 if not await store.remove(args.name):
                     print(f"pincer: error: no hook named {args.name!r}", file=sys.stderr)
                     return 1
-                print(f"hook {args.name!r} removed: its requests are refused from now on", file=sys.stderr)
+                stopped = await JobStore(bus).remove_owner(f"hook:{args.name}")
+                print(f"hook {args.name!r} removed: its requests are refused from now on"
+                      + (f"; its jobs removed: {', '.join(stopped)}" if stopped else ""), file=sys.stderr)
                 return 0
             hooks = await store.list()
     except (ValueError, ValidationError) as exc:

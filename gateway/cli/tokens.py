@@ -40,10 +40,8 @@ async def manage_tokens(config: Config, action: str, name: str | None, *, scope:
                 if not await store.revoke(name):
                     print(f"pincer: error: no token named {name!r} (`pincer token list` shows them)", file=sys.stderr)
                     return 1
-                jobs = JobStore(bus)
-                stopped = [job.name for job in await jobs.all(owner=name)]
-                for job_name in stopped:  # a job runs as its identity: it goes with the token
-                    await jobs.remove(f"{name}/{job_name}")
+                # A job runs as its identity: it goes with the token (the scheduler refuses any left over).
+                stopped = await JobStore(bus).remove_owner(name)
                 print(f"token {name!r} revoked (Gateways stop accepting it within seconds)"
                       + (f"; its jobs removed: {', '.join(stopped)}" if stopped else ""), file=sys.stderr)
                 return 0

@@ -127,7 +127,7 @@ class Gateway:
                 Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
                 Route("/v1/hooks/{name}", self.hook, methods=["POST"]),
                 *OpenAIRoutes(self.settings.openai, self.turns, self.connections).routes(),
-                *JobRoutes(JobStore(self.bus), self.turns.agents_for).routes(),
+                *JobRoutes(JobStore(self.bus), self.turns, self.settings.limits.jobs).routes(),
                 *MemoryRoutes(LongTermMemory(self.bus.redis, self.bus.keys)).routes(),
                 WebSocketRoute("/v1/ws", self.live),
                 Route("/v1/me", self.me, methods=["GET"]),

@@ -1,13 +1,16 @@
 """``/v1/cron``: an identity's scheduled jobs, made, listed, paused, run and read back (what `pincer cron`
 calls). A job belongs to the caller's identity and runs as it; only an operator may deliver answers to
-chats other than the caller's own."""
+chats other than the caller's own.
+
+Running a job by hand is a turn like any other door's: ``TurnRunner.start`` charges it to the caller (an
+open-turn place while it runs, the message rate, the Brains' backlog), and its end is passed on to the
+jobs' results stream, where the scheduler records and delivers it as it does a scheduled run's."""
 
 from __future__ import annotations
 
 import re
 import time
 from datetime import datetime
-from typing import Any
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -15,11 +18,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bus.protocol import ErrorCode
+from bus.protocol import ChatError, ChatMessage, ChatReply, ErrorCode, Message
 from gateway.server.errors import Refused, not_found
 from gateway.server.handling import caller, read_json
-from gateway.tokens import Identity
-from memory.jobs import CatchUp, Job, JobExists, JobStore, Schedule, as_json, guest_refusal, parse_duration
+from gateway.server.turns import TurnRunner
+from gateway.tokens import OWNER, Identity
+from memory.jobs import (
+    CatchUp,
+    Job,
+    JobCapReached,
+    JobExists,
+    JobLimits,
+    JobStore,
+    Run,
+    Schedule,
+    as_json,
+    parse_duration,
+    refusal,
+)
 
 SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 EXAMPLE = '{"name": "morning", "cron": "0 8 * * 1-5", "tz": "Europe/Berlin", "message": "What is on today?"}'
@@ -43,8 +59,8 @@ class NewJob(BaseModel):
 
 
 class JobRoutes:
-    def __init__(self, store: JobStore, agents_for: Any) -> None:
-        self.store, self.agents_for = store, agents_for
+    def __init__(self, store: JobStore, turns: TurnRunner, limits: JobLimits) -> None:
+        self.store, self.turns, self.limits = store, turns, limits
 
     def routes(self) -> list[Route]:
         return [Route("/v1/cron", self.list_jobs, methods=["GET"]),
@@ -63,14 +79,16 @@ class JobRoutes:
         identity = caller(request)
         body = await read_json(request, NewJob, example=EXAMPLE)
         job = self._job(identity, body)
-        if body.agent not in await self.agents_for(identity):
+        if body.agent not in await self.turns.agents_for(identity):
             raise Refused(403, ErrorCode.FORBIDDEN, f"this token may not use agent {body.agent!r}")
-        if not identity.operator and (why := guest_refusal(job, len(await self.store.all(owner=identity.name)))):
+        if why := refusal(job, operator=identity.operator, min_every=self.limits.min_every):
             raise Refused(403, ErrorCode.FORBIDDEN, why)
         try:
-            first = await self.store.add(job)
+            first = await self.store.add(job, cap=self.limits.cap(operator=identity.operator))
         except JobExists as exc:
             raise Refused(409, ErrorCode.BAD_REQUEST, str(exc)) from None
+        except JobCapReached as exc:
+            raise Refused(403, ErrorCode.FORBIDDEN, f"{exc} (gateway.limits.jobs)") from None
         except ValueError as exc:
             raise Refused(400, ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
         return JSONResponse(as_json(job, next_due=first), status_code=201)
@@ -87,6 +105,7 @@ class JobRoutes:
                                 every_s=parse_duration(body.every) if body.every else None,
                                 at=_instant(body.at, body.tz) if body.at else None)
             return Job(name=body.name, owner=identity.name, agent=body.agent, schedule=schedule,
+                       owner_kind="" if identity.name == OWNER else "token",
                        message=body.message, session=body.session, deliver=body.deliver, catch_up=body.catch_up,
                        window_s=parse_duration(body.window), daily_usd=body.daily_usd)
         except ValidationError as exc:
@@ -126,10 +145,27 @@ class JobRoutes:
             raise not_found(f"no action {action!r} on a job: pause, resume or run")
         job = await self._own(request)
         if action == "run":
-            run = await self.store.run_now(job)
+            run = await self.run(caller(request), job)
             return JSONResponse(run.model_dump(), status_code=202)
         changed = await self.store.set_paused(job, action == "pause")
         return JSONResponse(as_json(changed, next_due=await self.store.next_due(job.id)))
+
+    async def run(self, identity: Identity, job: Job) -> Run:
+        """Start one run of the job now, admitted as any turn of the caller's is (``Refused`` if not)."""
+        recorded: list[Run] = []
+
+        async def record(message: ChatMessage) -> None:
+            recorded.append(await self.store.record_hand_run(job, message))
+
+        turn = await self.turns.start(identity, job.session_id, agent_id=job.agent, text=job.message,
+                                      cancel_if_abandoned=False, job=job.id, prepare=record)
+        self.turns.follow(turn, ended=self._pass_on)
+        return recorded[0]
+
+    async def _pass_on(self, end: Message) -> None:
+        """A run's end, to the stream the scheduler records (and delivers) every job's outcome from."""
+        if isinstance(end, (ChatReply, ChatError)):
+            await self.turns.bus.publish(self.turns.bus.keys.jobs_results, end)
 
 
 def _instant(text: str, tz: str) -> float:

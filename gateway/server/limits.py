@@ -11,35 +11,19 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from bus.keys import BRAIN_GROUP
-from bus.pool import unread
+from bus.admission import Admission
 from bus.protocol import ErrorCode
 from bus.streams import Bus
 from gateway.config import LimitSettings
 from gateway.server.errors import Refused
 
-# Refill from Redis' own clock (TIME), so Gateways whose clocks disagree share one bucket.
-TAKE = """
-local capacity, per_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local state = redis.call('hmget', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1]) or capacity
-local at = tonumber(state[2]) or now
-tokens = math.min(capacity, tokens + math.max(0, now - at) * per_ms)
-local wait_ms = 0
-if tokens >= 1 then tokens = tokens - 1 else wait_ms = math.ceil((1 - tokens) / per_ms) end
-redis.call('hset', KEYS[1], 'tokens', tostring(tokens), 'at', now)
-redis.call('pexpire', KEYS[1], math.ceil(capacity / per_ms) + 1000)
-return wait_ms
-"""
 BACKLOG_CHECK_S = 0.5  # the inbox backlog is read at most this often
 
 
 class CallerLimits:
     def __init__(self, bus: Bus, settings: LimitSettings) -> None:
         self.bus, self.settings = bus, settings
-        self._take = bus.redis.register_script(TAKE)
+        self.admission = Admission(bus, settings.rate())
         self._turns: Counter[str] = Counter()
         self._streams: Counter[str] = Counter()
         self._backlog = (0.0, 0)  # (checked at, messages waiting)
@@ -67,8 +51,7 @@ class CallerLimits:
 
     async def take_message(self, name: str) -> None:
         """Count one message against the token's rate; refuse it when the bucket is empty."""
-        per_ms = self.settings.messages_per_minute / 60_000
-        wait_ms = int(await self._take(keys=[self.bus.keys.message_rate(name)], args=[self.settings.burst, per_ms]))
+        wait_ms = await self.admission.take_message(name)
         if wait_ms > 0:
             raise Refused(429, ErrorCode.RATE_LIMITED, f"this token sent more than "
                           f"{self.settings.messages_per_minute} messages a minute "
@@ -87,7 +70,7 @@ class CallerLimits:
 
     async def _waiting(self) -> int:
         """Messages in the Brain inbox that no Brain has read yet."""
-        return await unread(self.bus, self.bus.keys.brain_inbox, BRAIN_GROUP, cap=self.settings.max_inbox_backlog)
+        return await self.admission.waiting()
 
 
 class Hold:

@@ -129,7 +129,8 @@ class TurnRunner:
             raise not_found(f"no session {shown_to(identity, session_id)!r}")
 
     async def admit(self, identity: Identity, session_id: str, *, agent_id: str, text: str,
-                    instructions: str | None = None, ttl_s: int = 0, traceparent: str | None = None) -> ChatMessage:
+                    instructions: str | None = None, ttl_s: int = 0, traceparent: str | None = None,
+                    job: str | None = None) -> ChatMessage:
         """The message to publish, or ``Refused`` saying why it will not run.
 
         The request's trace starts here (a child of the client's ``traceparent`` header, if valid)."""
@@ -150,24 +151,25 @@ class TurnRunner:
         if seq is None:  # someone else's: as if it did not exist
             raise not_found(f"no session {shown_to(identity, session_id)!r}")
         message = ChatMessage(session_id=session_id, agent_id=agent_id, sender=identity.name, text=text,
-                              reply_to=self.inbox.stream, seq=seq, instructions=instructions or None)
+                              reply_to=self.inbox.stream, seq=seq, instructions=instructions or None, job=job)
         log.info("message in %s", kv(session=session_id, message=message.message_id, sender=identity.name))
         return message
 
     async def start(self, identity: Identity, session_id: str, *, agent_id: str, text: str, stream: bool = False,
                     instructions: str | None = None, ttl_s: int = 0, traceparent: str | None = None,
-                    cancel_if_abandoned: bool = True,
+                    cancel_if_abandoned: bool = True, job: str | None = None,
                     prepare: Callable[[ChatMessage], Awaitable[None]] | None = None,
                     add_to_text: Callable[[], Awaitable[str]] | None = None) -> Turn:
         """A turn admitted and sent (``Refused`` if it may not run): the caller must ``close()`` it.
 
         ``prepare`` runs after admission and before the message is sent (a client's earlier messages
         written as the new session's history); ``add_to_text`` too, and what it returns is added to the
-        message (a chat user's files: fetched only for a sender who was admitted)."""
+        message (a chat user's files: fetched only for a sender who was admitted). ``job``: the scheduled
+        job this turn is a run of (`cron run`)."""
         hold = self.limits.hold_turn(identity.name, stream=stream)
         try:
             message = await self.admit(identity, session_id, agent_id=agent_id, text=text,
-                                       instructions=instructions, ttl_s=ttl_s, traceparent=traceparent)
+                                       instructions=instructions, ttl_s=ttl_s, traceparent=traceparent, job=job)
             if add_to_text is not None:
                 message = message.model_copy(update={"text": (text + "\n\n" + await add_to_text()).strip()})
             if prepare is not None:
@@ -192,13 +194,17 @@ class TurnRunner:
         finally:
             await turn.close()
 
-    def follow(self, turn: Turn) -> None:
+    def follow(self, turn: Turn, *, ended: Callable[[Message], Awaitable[None]] | None = None) -> None:
         """Run the turn to its end in the background (its events go to the session's log only):
-        for clients that read the log, so a dropped connection does not cancel the turn."""
+        for clients that read the log, so a dropped connection does not cancel the turn. ``ended`` is
+        given the turn's last event."""
         async def run() -> None:
             try:
-                async for _ in turn.events():
-                    pass
+                last: Message | None = None
+                async for event in turn.events():
+                    last = event
+                if ended is not None and last is not None:
+                    await ended(last)
             except Exception:
                 log.exception("following a turn failed %s", kv(session=turn.message.session_id))
             finally:

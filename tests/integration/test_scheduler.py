@@ -265,7 +265,9 @@ async def test_a_jobs_command_that_needs_approval_is_refused_at_once(bus: Bus, t
     try:
         job = every("nightly", 3600.0)
         await store.add(job)
-        run = await store.run_now(job)
+        message = job.turn(reply_to=bus.keys.jobs_results)  # a run by hand, as `cron run` records one
+        run = await store.record_hand_run(job, message)
+        await bus.publish(bus.keys.brain_inbox, message)
         ended = await async_wait_until(lambda: _recorded(store, job.id, "fired", ended=True), timeout=30,
                                        what="the job's turn ended (not waiting 600 s for a yes)")
         assert ended.turn == run.turn and "APPROVAL_DENIED" in ended.answer
