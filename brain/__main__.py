@@ -3,6 +3,13 @@
 import sys
 
 from brain.main import main
+from bus.config import Config
 from bus.service import start_role
+from gateway.config import GatewaySettings
 
-sys.exit(start_role("brain", main))
+
+def run(config: Config) -> int:
+    return main(config, rate=config.section("gateway", GatewaySettings).limits.rate())
+
+
+sys.exit(start_role("brain", run))

@@ -6,16 +6,17 @@ import asyncio
 
 from brain.config import BrainSettings
 from brain.worker import BrainWorker
+from bus.admission import RateLimits
 from bus.config import Config
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
-from gateway.config import GatewaySettings
 
 
-def main(config: Config) -> int:
+def main(config: Config, *, rate: RateLimits) -> int:
+    """``rate``: the Gateway's per-identity limits (gateway.limits), which a job's fires are charged as its
+    owner's turns; read by the entry point, as the Brain imports nothing of the Gateway."""
     settings = config.section("brain", BrainSettings)
     instance_id = new_instance_id("brain")
-    rate = config.section("gateway", GatewaySettings).limits.rate()  # a job's fires count as its owner's turns
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         worker = BrainWorker(bus, settings, instance_id=instance_id, llm=None,

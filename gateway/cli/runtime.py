@@ -90,9 +90,10 @@ def hands(args: argparse.Namespace, config: Config) -> int:
 
 def brain(args: argparse.Namespace, config: Config) -> int:
     from brain.main import main as brain_main
+    from gateway.config import GatewaySettings
 
     validate_all(config)
-    return brain_main(config)
+    return brain_main(config, rate=config.section("gateway", GatewaySettings).limits.rate())
 
 
 def gateway(args: argparse.Namespace, config: Config) -> int:
