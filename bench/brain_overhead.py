@@ -46,7 +46,7 @@ class InstantLLM:
     def __init__(self, calls: int) -> None:
         self.calls = calls
 
-    async def complete(self, messages: list[dict[str, Any]], tools: Any, on_text: Any) -> Completion:
+    async def complete(self, messages: list[dict[str, Any]], tools: Any, on_text: Any, **_options: Any) -> Completion:
         done = sum(1 for m in messages[-2 * self.calls:] if m["role"] == "tool")
         if messages[-1]["role"] == "user" or done < self.calls:
             return Completion(tool_calls=[ToolCall(id=f"c{len(messages)}", name="noop", arguments="{}")],

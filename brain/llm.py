@@ -1,11 +1,14 @@
 """The LLM seam: stream one completion with tools; litellm is the real implementation.
 
 litellm errors are translated here, at the edge, into ``LLMError`` with a code
-from the wire's enum and a message a person can act on.
+from the wire's enum and a message a person can act on. Each request sent is an
+``Attempt`` the caller is told of as it streams (retries are made here, never
+inside litellm or the SDK, so that each one is counted and priced).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.util
 import json
@@ -59,6 +62,21 @@ class ToolCall:
 
 
 @dataclass
+class Attempt:
+    """One request of a call to a provider (a retry or a fallback is another), kept up to date as it streams:
+    what settles its cost when the provider's own usage never comes (a cancel, a deadline, a broken stream)."""
+
+    model: str
+    usage: dict[str, Any] = field(default_factory=dict)  # the provider's counts, once they came
+    streamed: list[str] = field(default_factory=list)  # the text, tool names and arguments received so far
+    unsent: bool = False  # provably never reached the provider: no connection to it was ever made
+
+    def received(self, piece: str | None) -> None:
+        if piece:
+            self.streamed.append(piece)
+
+
+@dataclass
 class Completion:
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
@@ -72,8 +90,9 @@ OnText = Callable[[str], Awaitable[None]]
 
 class LLMClient(Protocol):
     async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText, *,
-                       max_output_tokens: int | None = None) -> Completion:
-        """One completion; ``max_output_tokens`` (sent as max_tokens) bounds what it may write."""
+                       max_output_tokens: int | None = None, attempts: list[Attempt] | None = None) -> Completion:
+        """One completion; ``max_output_tokens`` (sent as max_tokens) bounds what it may write. Each request
+        it sends is appended to ``attempts`` before it is sent, and kept up to date, whatever happens next."""
         ...
 
 
@@ -86,6 +105,12 @@ def resolve_model(configured: str, env: dict[str, str] | os._Environ[str] = os.e
 
 
 FALLBACK_ON = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.SERVICE_UNAVAILABLE, ErrorCode.TIMEOUT})
+RETRY_PAUSE_S, RETRY_PAUSE_MAX_S = 0.5, 8.0  # before a model's next try: doubling, as the openai SDK waits
+
+
+def retry_pause(tried: int) -> float:
+    """The pause before a model's try number ``tried + 1`` (the first retry waits RETRY_PAUSE_S)."""
+    return float(min(RETRY_PAUSE_S * 2**tried, RETRY_PAUSE_MAX_S))
 
 
 class LiteLLMClient:
@@ -101,34 +126,37 @@ class LiteLLMClient:
         self._openai: Any = None  # one openai.AsyncOpenAI for every direct call (its connection pool)
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText, *,
-                       max_output_tokens: int | None = None) -> Completion:
-        """The first model (then each fallback) that answers; a provider outage moves on, other errors do not."""
+                       max_output_tokens: int | None = None, attempts: list[Attempt] | None = None) -> Completion:
+        """The first model (then each fallback) that answers, each tried ``retries`` more times after an outage;
+        other errors do not move on."""
+        attempts = [] if attempts is None else attempts
         failures: list[str] = []
         for model in [self.model, *self.fallbacks]:
-            streamed = False
-
-            async def relay(text: str) -> None:
-                nonlocal streamed
-                streamed = True
-                await on_text(text)
-
-            try:
-                done = await self._complete(model, messages, tools, relay, max_output_tokens)
-            except LLMError as exc:
-                if exc.code not in FALLBACK_ON or streamed:
-                    raise  # a bad request or key is not fixed by another model; half an answer cannot be redone
-                failures.append(f"{model}: {exc.message}")
-                continue
-            done.model = done.model or model
-            done.tried = failures
-            return done
+            failure = ""
+            for tried in range(self.retries + 1):
+                if tried:
+                    await asyncio.sleep(retry_pause(tried - 1))
+                attempt = Attempt(model=model)
+                attempts.append(attempt)
+                try:
+                    done = await self._complete(model, messages, tools, on_text, max_output_tokens, attempt)
+                except LLMError as exc:
+                    if exc.code not in FALLBACK_ON or attempt.streamed:
+                        raise  # a bad request or key is not fixed by another try; half an answer cannot be redone
+                    failure = f"{model}: {exc.message}"
+                    continue
+                done.model = done.model or model
+                done.tried = failures
+                return done
+            failures.append(failure)
         raise LLMError(ErrorCode.SERVICE_UNAVAILABLE, "every model failed: " + " | ".join(failures))
 
     async def _complete(self, model: str, messages: list[dict[str, Any]], tools: list[ToolSpec],
-                        on_text: OnText, max_output_tokens: int | None) -> Completion:
+                        on_text: OnText, max_output_tokens: int | None, attempt: Attempt) -> Completion:
+        # No retries inside litellm (num_retries, and max_retries for the SDK under it): each is made above.
         kwargs: dict[str, Any] = {
             "model": model, "messages": messages, "stream": True, "timeout": self.timeout_s,
-            "num_retries": self.retries, "stream_options": {"include_usage": True},
+            "num_retries": 0, "max_retries": 0, "stream_options": {"include_usage": True},
         }
         if max_output_tokens is not None:
             kwargs["max_tokens"] = max_output_tokens
@@ -145,10 +173,11 @@ class LiteLLMClient:
                 stream = await litellm.acompletion(**kwargs)
             else:
                 stream = await self._direct(model, kwargs)
-            return await _assemble(stream, on_text)
+            return await _assemble(stream, on_text, attempt)
         except LLMError:
             raise
         except Exception as exc:
+            attempt.unsent = not attempt.streamed and never_connected(exc)
             raise translate_error(exc) from exc
 
 
@@ -159,30 +188,34 @@ class LiteLLMClient:
         if self._openai is None:
             self._openai = openai.AsyncOpenAI(api_key=self.api_key or os.environ.get("OPENAI_API_KEY"),
                                               base_url=self.api_base or os.environ.get("OPENAI_API_BASE"),
-                                              max_retries=self.retries, timeout=self.timeout_s)
+                                              max_retries=0, timeout=self.timeout_s)
         options = {k: kwargs[k] for k in ("messages", "stream", "stream_options", "tools", "max_tokens") if k in kwargs}
         return await self._openai.chat.completions.create(model=model.removeprefix("openai/"), **options)
 
 
-async def _assemble(stream: Any, on_text: OnText) -> Completion:
-    """One completion from streamed chunks: text as it comes, tool calls pieced together by index."""
+async def _assemble(stream: Any, on_text: OnText, attempt: Attempt) -> Completion:
+    """One completion from streamed chunks: text as it comes, tool calls pieced together by index (and all of
+    it told to ``attempt`` as it comes, the provider's usage too)."""
     done = Completion()
     parts: dict[int, dict[str, str]] = {}
     async for chunk in stream:
         done.model = getattr(chunk, "model", None) or done.model
         usage = getattr(chunk, "usage", None)
         if usage:
-            done.usage = _usage(usage)
+            done.usage = attempt.usage = _usage(usage)
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
         if getattr(delta, "content", None):
+            attempt.received(delta.content)
             done.text += delta.content
             await on_text(delta.content)
         for piece in getattr(delta, "tool_calls", None) or []:
             slot = parts.setdefault(piece.index or 0, {"id": "", "name": "", "arguments": ""})
             slot["id"] = piece.id or slot["id"]
             if piece.function is not None:
+                attempt.received(piece.function.name)
+                attempt.received(piece.function.arguments)
                 slot["name"] += piece.function.name or ""
                 slot["arguments"] += piece.function.arguments or ""
     done.tool_calls = [
@@ -251,6 +284,29 @@ OVERFLOW = re.compile(r"context[_ ]length|context window|maximum context|prompt 
                       r"exceeds? the (?:available )?context", re.IGNORECASE)
 
 
+# The errors that mean a connection to the provider was never made: httpx's (and the copy the openai SDK
+# vendors, httpx2), httpcore's under them, aiohttp's (litellm's transport), and the OS's own refusal.
+NOT_CONNECTED = frozenset({("httpx", "ConnectError"), ("httpx", "ConnectTimeout"), ("httpcore", "ConnectError"),
+                           ("httpcore", "ConnectTimeout"), ("aiohttp", "ClientConnectorError"),
+                           ("builtins", "ConnectionRefusedError"), ("socket", "gaierror")})
+
+
+def never_connected(exc: BaseException) -> bool:
+    """Whether a failed request provably never reached the provider: no connection to it was made (refused,
+    unresolvable, or the connect or TLS handshake failed or timed out), so no byte of the request was sent.
+    Anything later (a reset, a read timeout, an error status) may have been read, and billed."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:  # litellm and the SDK wrap the transport's error, chained
+        for kind in type(cause).__mro__:
+            package = kind.__module__.partition(".")[0].removesuffix("2")  # httpx2, httpcore2: vendored copies
+            if (package, kind.__name__) in NOT_CONNECTED:
+                return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def translate_error(exc: Exception) -> LLMError:
     """litellm's errors, and the openai SDK's on the direct path (litellm's subclass them), as ``LLMError``."""
     import openai
@@ -259,6 +315,8 @@ def translate_error(exc: Exception) -> LLMError:
 
     status = getattr(exc, "status_code", None)
     detail = str(getattr(exc, "message", None) or exc)[:500]
+    if never_connected(exc):  # litellm calls a refused connection an InternalServerError
+        return LLMError(ErrorCode.SERVICE_UNAVAILABLE, f"cannot reach the model provider: {detail}")
     if isinstance(exc, (litellm.exceptions.RateLimitError, openai.RateLimitError)) or status == 429:
         return LLMError(ErrorCode.RATE_LIMITED, f"the model provider is rate-limiting requests: {detail}")
     if isinstance(exc, (litellm.exceptions.AuthenticationError, openai.AuthenticationError)) or status in (401, 403):

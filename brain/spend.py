@@ -6,8 +6,12 @@ it may write at the output price) is reserved in Redis, in one script, against e
 counts in: the pool's, its agent's and its identity's, each over a day and a month. A budget already
 reached (what was spent plus what calls in flight hold) refuses the call, which is then never made; so
 a budget is passed by at most the bound of the last call it admitted. After the call the provider's own
-token counts settle it: the bound is released and the real cost added. A Brain killed mid-call leaves
-its hold behind; holds lapse after a deadline and are swept by the next reservation.
+token counts settle it: the bound is released and the real cost added. Money fails closed: a call that
+ended without those counts (cancelled, past the turn's deadline, broken off, failed after it was sent) is
+settled at what it may have cost, its prompt and what it streamed at least, and each retry or fallback
+inside it is settled so too; only a request that provably never reached the provider is free. A Brain
+killed mid-call leaves its hold behind; holds lapse after a deadline and are swept by the next
+reservation, which charges each its prompt.
 
 Amounts are integers of micro-dollars in Redis, so concurrent additions are exact.
 """
@@ -26,7 +30,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from brain.config import BrainSettings, LimitSettings
-from brain.llm import LOCAL, price_table
+from brain.llm import LOCAL, Attempt, price_table, retry_pause
 from brain.tokens import MESSAGE_OVERHEAD, tokens
 from bus.metrics import Meter
 from bus.protocol import ChannelSend, ToolSpec
@@ -43,23 +47,28 @@ THREAD_OVER_CHARS = 50_000  # a prompt longer than this is counted in a thread (
 ALERTS_KEEP = 1000
 HELD_PAUSE_S = 0.05  # first wait for calls in flight to settle, doubling to 1 s
 
-# KEYS: holds, this hold, then the budgets. ARGV: now, deadline, bound, hold id, hold key prefix, then each
-# budget's limit (-1: none) and keep s. {0}: reserved; {i, spent, held}: budget i (1-based) is reached.
+# KEYS: holds, this hold, then the budgets. ARGV: now, deadline, bound, hold id, hold key prefix, floor (what
+# the call costs if its Brain dies: its prompt), then each budget's limit (-1: none) and keep s.
+# {0}: reserved; {i, spent, held}: budget i (1-based) is reached. A lapsed hold is swept and charged its floor.
 RESERVE = """
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 50)
 for _, id in ipairs(expired) do
   local hold = ARGV[5] .. id
   local bound = tonumber(redis.call('HGET', hold, 'bound') or '0')
+  local floor = tonumber(redis.call('HGET', hold, 'floor') or '0')
   local held_in = redis.call('HGET', hold, 'keys')
   if held_in then
-    for key in string.gmatch(held_in, '[^\\n]+') do redis.call('HINCRBY', key, 'held', -bound) end
+    for key in string.gmatch(held_in, '[^\\n]+') do
+      redis.call('HINCRBY', key, 'held', -bound)
+      redis.call('HINCRBY', key, 'spent', floor)
+    end
   end
   redis.call('DEL', hold)
   redis.call('ZREM', KEYS[1], id)
 end
 local n = #KEYS - 2
 for i = 1, n do
-  local limit = tonumber(ARGV[4 + 2 * i])
+  local limit = tonumber(ARGV[5 + 2 * i])
   if limit >= 0 then
     local spent = tonumber(redis.call('HGET', KEYS[2 + i], 'spent') or '0')
     local held = tonumber(redis.call('HGET', KEYS[2 + i], 'held') or '0')
@@ -68,9 +77,9 @@ for i = 1, n do
 end
 for i = 1, n do
   redis.call('HINCRBY', KEYS[2 + i], 'held', ARGV[3])
-  redis.call('EXPIRE', KEYS[2 + i], ARGV[5 + 2 * i])
+  redis.call('EXPIRE', KEYS[2 + i], ARGV[6 + 2 * i])
 end
-redis.call('HSET', KEYS[2], 'bound', ARGV[3], 'keys', table.concat(KEYS, '\\n', 3))
+redis.call('HSET', KEYS[2], 'bound', ARGV[3], 'floor', ARGV[6], 'keys', table.concat(KEYS, '\\n', 3))
 redis.call('EXPIRE', KEYS[2], math.ceil(tonumber(ARGV[2]) - tonumber(ARGV[1])) + 60)
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
 return {0}
@@ -140,6 +149,7 @@ class Hold:
     hold_id: str
     budgets: list[Budget] = field(default_factory=list)
     bound: int = 0
+    prompt: int = 0  # the prompt's tokens, as counted for the bound (what a call without usage is charged)
 
 
 class Governor:
@@ -209,12 +219,15 @@ class Governor:
                                  f"set brain.prices.{unpriced[0]} (input_per_mtok and output_per_mtok, USD)")
         prompt = await prompt_bound(messages, tools)
         bound = max(price.micro(prompt, self.budget.max_output_tokens) for _, price in prices if price)
-        hold = Hold(hold_id=uuid.uuid4().hex, budgets=self.budgets(agent, identity, scheduled), bound=bound)
+        floor = max(price.micro(prompt, 0) for _, price in prices if price)
+        hold = Hold(hold_id=uuid.uuid4().hex, budgets=self.budgets(agent, identity, scheduled), bound=bound,
+                    prompt=prompt)
         keys = [self.bus.keys.spend_holds, self.bus.keys.spend_hold(hold.hold_id), *(b.key for b in hold.budgets)]
         give_up, pause = time.monotonic() + self._longest_call_s(), HELD_PAUSE_S
         while True:
             now = self.clock()
-            args: list[Any] = [now, now + self._longest_call_s(), bound, hold.hold_id, self.bus.keys.spend_hold("")]
+            args: list[Any] = [now, now + self._longest_call_s(), bound, hold.hold_id, self.bus.keys.spend_hold(""),
+                               floor]
             for budget in hold.budgets:
                 args.extend((budget.limit, budget.keep_s))
             said = await self._reserve(keys=keys, args=args)
@@ -236,11 +249,56 @@ class Governor:
                      job: str | None = None) -> float:
         """The call's real cost (the provider's token counts at the model's price) recorded, its hold released,
         and each alert share newly reached told once; the cost in USD."""
+        budgets = hold.budgets if hold else await self._budgets_of(agent, identity, job)
+        return await self._record(budgets, hold.hold_id if hold else "", agent, identity, model, usage)
+
+    async def settle_call(self, hold: Hold | None, agent: str, identity: str, attempts: list[Attempt],
+                          messages: list[dict[str, Any]], tools: list[ToolSpec], *, job: str | None = None,
+                          max_output_tokens: int | None = None) -> float:
+        """Every request of one call recorded at what it may have cost, its hold released; the cost in USD.
+
+        A request the provider counted costs its counts. One it did not (cancelled, past a deadline, broken off
+        mid-stream, failed after it was sent) costs at least its prompt, counted as for the bound, and what it
+        streamed, widened as the prompt is (at most ``max_output_tokens``): Pincer cannot tell what the provider
+        read, and a budget fails closed. Only a request that provably never reached it (``Attempt.unsent``) is
+        free; a call none of whose requests did gives its hold back.
+        """
+        budgets = hold.budgets if hold else await self._budgets_of(agent, identity, job)
+        prompt = hold.prompt if hold and hold.prompt else None
+        hold_id, cost = hold.hold_id if hold else "", 0.0
+        for attempt in attempts:
+            if attempt.unsent and not attempt.usage:
+                continue
+            usage = dict(attempt.usage)
+            if not usage.get("prompt_tokens") or usage.get("completion_tokens") is None:
+                prompt = await prompt_bound(messages, tools) if prompt is None else prompt
+                streamed = await streamed_bound(attempt.streamed, max_output_tokens or self.budget.max_output_tokens)
+                usage = {"prompt_tokens": usage.get("prompt_tokens") or prompt,
+                         "completion_tokens": usage.get("completion_tokens", streamed)}
+                self.meter.count("pincer_model_calls_estimated", attempt.model)
+                log.info("model call settled without the provider's usage: %s tokens in, %s out (%s, %s)",
+                         usage["prompt_tokens"], usage["completion_tokens"], attempt.model, identity or "-")
+            cost += await self._record(budgets, hold_id, agent, identity, attempt.model, usage)
+            hold_id = ""  # the hold is released with the first; the others only add
+        if hold_id:
+            await self._record(budgets, hold_id, agent, identity, "", {})
+        return cost
+
+    async def release(self, hold: Hold | None) -> None:
+        """A call that was never made (or provably never reached the provider): its hold given back."""
+        if hold is not None:
+            await self.settle(hold, "", "", "", {})
+
+    async def _budgets_of(self, agent: str, identity: str, job: str | None) -> list[Budget]:
+        return self.budgets(agent, identity, await self.jobs.get(job) if job else None)
+
+    async def _record(self, budgets: list[Budget], hold_id: str, agent: str, identity: str, model: str,
+                      usage: dict[str, Any]) -> float:
+        """One request's cost added to ``budgets`` (and hold ``hold_id`` released, '': none), in one script."""
         prompt, output = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
         price = self.price(model)
         cost = price.micro(prompt, output) if price else 0
-        budgets = hold.budgets if hold else self.budgets(agent, identity, await self.jobs.get(job) if job else None)
-        hold_id = hold.hold_id if hold else uuid.uuid4().hex
+        hold_id = hold_id or uuid.uuid4().hex  # no hold: the script finds none to release
         args: list[Any] = [cost, hold_id, model, prompt, output]
         for budget in budgets:
             args.extend((budget.limit, budget.keep_s))
@@ -252,11 +310,6 @@ class Governor:
         for index, share, spent in reached:
             await self._alert(budgets[int(index) - 1], int(share) / 1000, int(spent))
         return cost / MICRO
-
-    async def release(self, hold: Hold | None) -> None:
-        """A call that was never made (or failed before the provider counted anything): its hold given back."""
-        if hold is not None:
-            await self.settle(hold, "", "", "", {})
 
     async def _alert(self, budget: Budget, share: float, spent: int) -> None:
         text = (f"{budget.what} budget is {share:.0%} spent: ${spent / MICRO:.2f} of ${budget.limit / MICRO:.2f} "
@@ -274,8 +327,9 @@ class Governor:
 
     def _longest_call_s(self) -> float:
         """How long a call may take with its retries and fallbacks: past this its hold has lapsed."""
-        tries = (self.settings.llm_retries + 1) * (len(self.settings.fallbacks) + 1)
-        return self.settings.llm_timeout_s * tries + 60.0
+        retries = self.settings.llm_retries
+        per_model = self.settings.llm_timeout_s * (retries + 1) + sum(retry_pause(n) for n in range(retries))
+        return per_model * (len(self.settings.fallbacks) + 1) + 60.0
 
 
 async def prompt_bound(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> int:
@@ -284,6 +338,16 @@ async def prompt_bound(messages: list[dict[str, Any]], tools: list[ToolSpec]) ->
     text = json.dumps(messages, ensure_ascii=False) + json.dumps([spec.model_dump() for spec in tools])
     count = await asyncio.to_thread(tokens, text) if len(text) > THREAD_OVER_CHARS else tokens(text)
     return math.ceil(count * PROMPT_MARGIN) + MESSAGE_OVERHEAD * (len(messages) + len(tools)) + 16
+
+
+async def streamed_bound(pieces: list[str], most: int) -> int:
+    """The output tokens a request may have cost by what it streamed (text, tool names and arguments), counted
+    and widened as a prompt is, but no more than the ``most`` it was allowed to write."""
+    text = "".join(pieces)
+    if not text:
+        return 0
+    count = await asyncio.to_thread(tokens, text) if len(text) > THREAD_OVER_CHARS else tokens(text)
+    return min(most, math.ceil(count * PROMPT_MARGIN) + MESSAGE_OVERHEAD)
 
 
 def table_price(model: str) -> Price | None:

@@ -23,7 +23,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from brain.llm import Completion, LLMClient, OnText, ToolCall
+from brain.llm import Attempt, Completion, LLMClient, OnText, ToolCall
 from bus.protocol import ToolSpec
 
 ModelFunction = Callable[[list[dict[str, Any]], list[ToolSpec]], Completion | Awaitable[Completion]]
@@ -45,11 +45,18 @@ class FunctionModel:
         self.seen: list[list[dict[str, Any]]] = []
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText, *,
-                       max_output_tokens: int | None = None) -> Completion:
+                       max_output_tokens: int | None = None, attempts: list[Attempt] | None = None) -> Completion:
         self.seen.append([dict(m) for m in messages])
+        attempt = Attempt(model="")  # the configured model: the function answers for it
+        if attempts is not None:
+            attempts.append(attempt)
         answer = self.function(messages, tools)
         done = await answer if inspect.isawaitable(answer) else answer
+        attempt.usage = done.usage
+        for call in done.tool_calls:
+            attempt.received(call.name + call.arguments)
         if done.text:
+            attempt.received(done.text)
             await on_text(done.text)
         return done
 

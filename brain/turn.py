@@ -15,7 +15,7 @@ from brain.config import BrainSettings
 from brain.context import fit, limit_of, shaped
 from brain.delegation import Delegations, Totals, child_session, is_delegate
 from brain.hands_calls import HandsCalls
-from brain.llm import LOCAL, NOT_CONFIGURED, LLMClient, LLMError, ToolCall, context_window, resolve_model
+from brain.llm import LOCAL, NOT_CONFIGURED, Attempt, LLMClient, LLMError, ToolCall, context_window, resolve_model
 from brain.loop_detector import LoopDetector
 from brain.plan import plan
 from brain.prompt import system_prompt
@@ -238,27 +238,41 @@ class Turn:
     async def _call_model(self, shown: list[dict[str, Any]], tools: list[ToolSpec], *, quiet: bool = False,
                           max_output_tokens: int | None = None) -> Any:
         """One model call under the spend governor: its cost bound held before (BudgetExceeded: not made),
-        its real cost settled after, whatever happens to it; counted in the turn's usage. ``quiet``: its text
-        is not streamed to the person (a summary)."""
+        each of its requests settled after at what it may have cost, whatever happens to it (a cancel, the
+        deadline, a broken stream: its prompt and what streamed at least); counted in the turn's usage.
+        ``quiet``: its text is not streamed to the person (a summary)."""
         deps, msg = self.deps, self.message
         spend = deps.spend
         hold = await spend.reserve(msg.agent_id, msg.sender, self.models, shown, tools, job=msg.job) if spend else None
         out = max_output_tokens or (deps.settings.budget.max_output_tokens if hold else None)
         bound = {"max_output_tokens": out} if out else {}
+        attempts: list[Attempt] = []  # the client adds each request it sends, as it sends it
+
+        async def settle(answered: str | None) -> float:
+            if not attempts:  # a client that tells nothing of its requests: one, of the first model, never free
+                attempts.append(Attempt(model=answered or self.models[0]))
+            for attempt in attempts:  # priced by the names the hold was priced by
+                attempt.model = attempt.model if attempt.model in self.models else answered or self.models[0]
+            return await spend.settle_call(hold, msg.agent_id, msg.sender, attempts, shown, tools, job=msg.job,  # type: ignore[union-attr]  # only called with a governor
+                                           max_output_tokens=out)
+
         try:
             with otel.span(f"chat {self.model_name}", kind="client", gen_ai__operation__name="chat",
                            gen_ai__request__model=self.model_name, gen_ai__conversation__id=msg.session_id) as opened:
-                completion = await deps.llm.complete(shown, tools, _silent if quiet else self._stream_text, **bound)  # type: ignore[union-attr]  # checked: a model is configured
+                completion = await deps.llm.complete(shown, tools, _silent if quiet else self._stream_text,  # type: ignore[union-attr]  # checked: a model is configured
+                                                     attempts=attempts, **bound)
                 otel.set_attributes(opened, gen_ai__response__model=completion.model,
                                     gen_ai__usage__input_tokens=completion.usage.get("prompt_tokens"),
                                     gen_ai__usage__output_tokens=completion.usage.get("completion_tokens"))
         except BaseException:
-            if spend is not None:  # nothing the provider counted came back: the hold is given back
-                await asyncio.shield(spend.release(hold))
+            if spend is not None:  # no answer, yet the provider may have read the prompt and streamed some
+                self.cost_usd += await asyncio.shield(settle(None))
             raise
         if spend is not None:
             answered = self.models[min(len(completion.tried), len(self.models) - 1)]
-            self.cost_usd += await spend.settle(hold, msg.agent_id, msg.sender, answered, completion.usage, job=msg.job)
+            if not attempts:
+                attempts.append(Attempt(model=answered, usage=completion.usage, streamed=[completion.text]))
+            self.cost_usd += await settle(answered)
         self.model_calls += 1
         self._count(completion.usage)
         deps.meter.count("pincer_model_calls", completion.model)

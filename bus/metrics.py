@@ -36,6 +36,8 @@ METRICS = {m.name: m for m in (
            ("agent", "outcome")),
     Metric("pincer_chat_turn_seconds", "histogram", "Chat turn duration", ("agent",)),
     Metric("pincer_model_calls", "counter", "Model calls, by model", ("model",)),
+    Metric("pincer_model_calls_estimated", "counter", "Model requests settled without the provider's usage "
+           "(cancelled, timed out, broken off: at their prompt and what streamed), by model", ("model",)),
     Metric("pincer_model_tokens", "counter", "Tokens used, by model and kind (prompt, completion)", ("model", "kind")),
     Metric("pincer_model_cost_usd", "counter", "Model cost in USD (brain.prices, else litellm's table), by model, "
            "agent and identity", ("model", "agent", "identity")),

@@ -8,14 +8,20 @@ path runs. The script is written in the user's message, one directive a line:
 - ``LOOP <tool> <json args>``: call the tool again after every result (never answers).
 - ``STATUS <code>``: answer with that HTTP error (so does any model named ``fail<code>``).
 - ``SLEEP <seconds>``: wait that long before answering (a turn that is still running).
+- ``DRIP <seconds>``: stream ``drip `` every that many seconds, for as long as the client reads (up to 1,000).
+- ``BREAK <chunks>``: stream that many pieces of the echo, then reset the connection (no usage, no end).
+- ``FLAKY <n>``: the first n requests of this conversation answer 503, the next ones as usual.
 - anything else: answer ``echo: <text>`` streamed in small pieces.
 
-Every request body is kept in ``requests`` for assertions.
+Every request body is kept in ``requests`` for assertions, the moment it arrives (a provider that bills on
+arrival reads the whole prompt then).
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +35,8 @@ class _Server(ThreadingHTTPServer):
 class ScriptedLLM:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.flaky: dict[str, int] = {}  # FLAKY conversations: requests refused so far, by the user's text
+        self.chunks_sent = 0  # streamed chunks written, over every request (a fact a test can wait on)
         self._server = _Server(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -58,6 +66,10 @@ class ScriptedLLM:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 script.requests.append(body)
                 status, reply = decide(body["messages"], body.get("model", ""))
+                if reply.get("flaky"):
+                    key = json.dumps(body["messages"])
+                    refused = script.flaky[key] = script.flaky.get(key, 0) + 1
+                    status = 503 if refused <= reply["flaky"] else status
                 time.sleep(reply.pop("sleep", 0))
                 if status != 200:
                     payload = json.dumps({"error": {"message": f"scripted failure {status}", "type": "scripted"}})
@@ -82,12 +94,23 @@ class ScriptedLLM:
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("connection", "close")
                 self.end_headers()
-                for chunk in _chunks(model, reply):
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    self.wfile.flush()
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
                 self.close_connection = True
+                chunks = _chunks(model, reply)
+                if reply.get("break") is not None:
+                    chunks = chunks[: 1 + reply["break"]]  # the role's chunk, then the pieces: then nothing
+                try:
+                    for chunk in chunks:
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        self.wfile.flush()
+                        script.chunks_sent += 1
+                        time.sleep(reply.get("drip", 0))
+                    if reply.get("break") is not None:  # closed with a reset: the provider failed mid-stream
+                        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        return
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client went away mid-stream (a cancel): what was sent is sent
 
         return Handler
 
@@ -108,6 +131,15 @@ def decide(messages: list[dict[str, Any]], model: str = "") -> tuple[int, dict[s
     sleep = next((float(line.split()[1]) for line in lines if line.startswith("SLEEP ")), 0.0)
     if sleep and last["role"] == "user":
         return 200, {"text": f"slept {sleep:g}s", "calls": [], "sleep": sleep}
+    drip = next((float(line.split()[1]) for line in lines if line.startswith("DRIP ")), 0.0)
+    if drip and last["role"] == "user":
+        return 200, {"text": "drip " * 1000, "calls": [], "drip": drip, "piece": 5}
+    broken = next((int(line.split()[1]) for line in lines if line.startswith("BREAK ")), None)
+    if broken is not None:
+        return 200, {"text": f"echo: {user.get('content')}", "calls": [], "break": broken}
+    flaky = next((int(line.split()[1]) for line in lines if line.startswith("FLAKY ")), 0)
+    if flaky:
+        return 200, {"text": f"echo: {user.get('content')}", "calls": [], "flaky": flaky}
     loops = [_parse_call(line[5:]) for line in lines if line.startswith("LOOP ")]
     if loops:
         return 200, {"text": "", "calls": loops}
@@ -136,8 +168,8 @@ def _chunk(model: str, delta: dict[str, Any], finish: str | None = None) -> dict
 
 def _chunks(model: str, reply: dict[str, Any]) -> list[dict[str, Any]]:
     chunks = [_chunk(model, {"role": "assistant", "content": ""})]
-    text = reply.get("text", "")
-    chunks += [_chunk(model, {"content": text[i : i + 7]}) for i in range(0, len(text), 7)]
+    text, piece = reply.get("text", ""), reply.get("piece", 7)
+    chunks += [_chunk(model, {"content": text[i : i + piece]}) for i in range(0, len(text), piece)]
     for index, call in enumerate(reply.get("calls", [])):
         call_id = f"call_{index}_{int(time.time() * 1000) % 100000}"
         chunks.append(_chunk(model, {"tool_calls": [{"index": index, "id": call_id, "type": "function",

@@ -23,7 +23,7 @@ class GatedLLM:
     def __init__(self, hold: str) -> None:
         self.hold, self.gate, self.order = hold, asyncio.Event(), []
 
-    async def complete(self, messages, tools, on_text) -> Completion:
+    async def complete(self, messages, tools, on_text, **_options) -> Completion:
         text = messages[-1]["content"]
         if text == self.hold:
             await self.gate.wait()

@@ -39,7 +39,7 @@ class ThinkingModel:
         self.go, self.thinking, self.answers = asyncio.Event(), 0, FakeLLM(read_then_answer)
         self.go.set()
 
-    async def complete(self, messages, tools, on_text):  # type: ignore[no-untyped-def]
+    async def complete(self, messages, tools, on_text, **_options):  # type: ignore[no-untyped-def]
         if messages[-1]["role"] == "user" and not self.go.is_set():
             self.thinking += 1
             await self.go.wait()

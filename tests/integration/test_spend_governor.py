@@ -169,9 +169,12 @@ async def test_a_hold_left_by_a_killed_brain_lapses_and_a_budget_renews_each_day
     now[0] += 71  # past the call's deadline (10 s, no retries, + 60)
     second = await governor.reserve("main", "owner", [MODEL], messages, [])
     assert second is not None and int(await bus.redis.hget(pool, "held")) == second.bound  # the lost one swept
+    floor = lost.prompt * 1000  # ... and charged its prompt: its provider may have read it (money fails closed)
+    assert floor > 0 and int(await bus.redis.hget(pool, "spent")) == floor
     await governor.settle(second, "main", "owner", MODEL, {"prompt_tokens": 400, "completion_tokens": 40})
     await governor.settle(None, "main", "owner", MODEL, {"prompt_tokens": 10, "completion_tokens": 0})
-    with pytest.raises(BudgetExceeded, match=r"the pool's day budget is spent: \$0\.5300 of \$0\.50"):
+    shown = f"{(530_000 + floor) / MICRO:.4f}".replace(".", r"\.")
+    with pytest.raises(BudgetExceeded, match=rf"the pool's day budget is spent: \${shown} of \$0\.50"):
         await governor.reserve("main", "owner", [MODEL], messages, [])
     now[0] += 86_400  # the next day: a fresh budget
     assert await governor.reserve("main", "owner", [MODEL], messages, []) is not None
