@@ -75,10 +75,17 @@ def direct_room(person: Person, bot: Person) -> str:
     return room
 
 
+def own_tree(ws: Path, person: Person) -> Path:
+    """The workspace of ``person``'s turns: a Matrix user's own tree, not the agent's."""
+    return identity_tree(ws, "matrix:" + person.user_id[1:].replace(":", "@"))
+
+
 def test_a_plain_turn_and_a_tool_turn_stream_by_edits(
-        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person]) -> None:
+        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person], ws: Path) -> None:
     alice, bot = people["alice"], people["bot"]
     start_channel(processes)
+    own_tree(ws, alice).mkdir(parents=True, exist_ok=True)
+    (own_tree(ws, alice) / "notes.txt").write_text("the secret word is pincer-42\n")
     room = direct_room(alice, bot)
     alice.say(room, "hello <b>there</b> **you**")
     shown = answer(alice, room, "echo: hello")
@@ -130,10 +137,11 @@ def test_in_a_group_a_mention_is_needed_and_an_approval_is_its_own_persons(
     assert {r["content"]["m.relates_to"]["key"] for r in reactions} == {"✅", "🔁", "❌"}
     bob.react(room, ask["event_id"], "✅")  # Bob may talk, but this is Alice's turn
     answer(alice, room, "not yours")
-    assert not (ws / "out.txt").exists()
+    assert not (own_tree(ws, alice) / "out.txt").exists()
     alice.react(room, ask["event_id"], "✅")
     done = answer(alice, room, "RESULT exec")
-    assert "approved" in done["content"]["body"] and (ws / "out.txt").read_text() == "approved\n"
+    assert "approved" in done["content"]["body"] and (own_tree(ws, alice) / "out.txt").read_text() == "approved\n"
+    assert not (ws / "out.txt").exists() and not (own_tree(ws, bob) / "out.txt").exists()  # hers alone
     assert not any("ourselves" in t for t in alice.texts(room))
     bob.say(room, f"{bot.user_id.removeprefix('@').partition(':')[0]}: what now?")  # named: a mention
     answer(alice, room, "what now?")
@@ -150,7 +158,7 @@ def test_files_both_ways_and_an_encrypted_room_is_declined_plainly(
     alice.say(room, 'CALL read_file {"path": "inbox/matrix/data.txt"}')  # her own workspace's inbox
     result = answer(alice, room, "RESULT read_file")
     assert "hello from a file" in result["content"]["body"]
-    mine = identity_tree(ws, "matrix:" + alice.user_id[1:].replace(":", "@"))
+    mine = own_tree(ws, alice)
     assert (mine / "inbox" / "matrix" / "data.txt").read_bytes() == b"hello from a file"
     (mine / "notes.txt").write_text("the secret word is pincer-42\n")
     alice.say(room, "here you are\n[attach: notes.txt]")

@@ -28,7 +28,7 @@ from tests.integration.brain_fakes import Endless, FakeLLM, call, read_then_answ
 async def test_tool_turn_is_answered_and_the_transcript_kept(bus: Bus, pool, chat) -> None:
     llm = FakeLLM(read_then_answer)
     await pool(llm)
-    events = await chat("what is in a.txt?")
+    events = await chat("what is in a.txt?", sender="owner")  # the owner's turn: the agent's own workspace
     assert isinstance(events[-1], ChatReply) and "alpha" in events[-1].text
     tool_events = [e for e in events if isinstance(e, ChatTool)]
     assert [e.status for e in tool_events] == ["started", "finished"] and tool_events[1].summary == "ok"

@@ -16,6 +16,7 @@ from brain.tokens import tokens
 from bus.protocol import ChatError, ChatReply, ErrorCode, ToolSpec
 from bus.streams import Bus
 from memory.sessions import SessionStore, TranscriptEntry
+from tests.conftest import identity_tree
 
 WINDOW = 2_000  # the conversation may take 1,500 of it; a note at most 300 (0.15)
 SUMMARY = "Summarise the conversation below"
@@ -147,7 +148,9 @@ async def test_a_provider_that_always_overflows_fails_the_turn_with_its_words(bu
 
 
 async def test_a_huge_tool_result_is_cut_to_its_share(bus: Bus, brain_pool, chat, tmp_path: Any) -> None:
-    (tmp_path / "big.txt").write_text("".join(f"line {n} of a big file\n" for n in range(2_000)))  # 40 KB
+    alices = identity_tree(tmp_path, "alice")  # her turns read her own tree
+    alices.mkdir(parents=True)
+    (alices / "big.txt").write_text("".join(f"line {n} of a big file\n" for n in range(2_000)))  # 40 KB
 
     def reader(messages: list[dict[str, Any]], _tools: list[ToolSpec]) -> Completion:
         if messages[-1]["role"] == "tool":

@@ -98,7 +98,8 @@ async def _fail_over_under_load(topology: Topology, caller_bus: Bus, inbox: Repl
 
     async def one_turn(n: int) -> str:
         """A chat turn as the Gateway sends one: the model reads a.txt through Hands, then answers."""
-        message = ChatMessage(session_id=f"chat{n}", text="what does a.txt say?", reply_to=inbox.stream)
+        message = ChatMessage(session_id=f"chat{n}", text="what does a.txt say?", reply_to=inbox.stream,
+                              sender="owner")
         async with inbox.expect(message.message_id) as events:
             try:  # as the Gateway sends one: again while Redis is away, for a while
                 await caller_bus.publish_until_sent(caller_bus.keys.brain_inbox, message, within_s=PATIENCE_S)
