@@ -43,8 +43,9 @@ def cut_middle(text: str, max_chars: int) -> str:
 
 
 def fit(messages: list[dict[str, Any]], *, window_tokens: int, result_tokens: int,
-        keep_from: int) -> list[dict[str, Any]]:
-    """What the model is sent; ``keep_from`` is the index where the current turn starts."""
+        keep_from: int, pinned: int = 1) -> list[dict[str, Any]]:
+    """What the model is sent; ``keep_from`` is the index where the current turn starts, and the first
+    ``pinned`` messages (the instructions, the compaction note) are always kept."""
     limit = limit_of(window_tokens)
     shaped_ = shaped(messages, result_tokens)
     total = count(shaped_)
@@ -61,8 +62,8 @@ def fit(messages: list[dict[str, Any]], *, window_tokens: int, result_tokens: in
                               f"{message.get('name', 'a tool')} shown earlier; call the tool again if you need it]"}
             total -= before - message_tokens(shaped_[index])
     # Still too long: leave out the oldest earlier exchanges (whole user-led groups, never the current turn).
-    system, rest = shaped_[0], shaped_[1:]
-    keep_from, dropped = keep_from - 1, 0
+    system, kept, rest = shaped_[0], shaped_[1:pinned], shaped_[pinned:]
+    keep_from, dropped = keep_from - pinned, 0
     while total > limit and keep_from > 0:
         end = next((i for i in range(1, keep_from) if rest[i]["role"] == "user"), keep_from)
         total -= count(rest[:end])
@@ -70,7 +71,7 @@ def fit(messages: list[dict[str, Any]], *, window_tokens: int, result_tokens: in
     if dropped:
         system = {**system, "content": f"{system.get('content') or ''}\n\n({dropped} earlier message(s) of this "
                   "conversation were left out to fit the context window.)"}
-    return [system, *rest]
+    return [system, *kept, *rest]
 
 
 def _cut(message: dict[str, Any], max_chars: int) -> dict[str, Any]:

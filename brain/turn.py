@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brain.catalog import NoHandsAvailable, ToolCatalog
-from brain.compaction import is_note, live, note_text, smaller, summarise, with_note
+from brain.compaction import is_note, live, note_message, note_text, smaller, summarise
 from brain.config import BrainSettings
 from brain.context import fit, limit_of, shaped
 from brain.delegation import Delegations, Totals, child_session, is_delegate
@@ -98,6 +98,7 @@ class Turn:
         # whether this turn has compacted (once at most) or retried after the provider said it was too long.
         self.system: dict[str, Any] = {}
         self.note: str | None = None
+        self.head = 1  # the messages every request starts with: the instructions, and the note once there is one
         self.live_before: list[TranscriptEntry] = []
         self.history_start = 0
         self.compacted = self.overflowed = False
@@ -122,7 +123,8 @@ class Turn:
         state = live(before, turn)
         self.note, self.live_before, self.compacted = state.note, state.entries, state.compacted_now
         self.history_start = len(before)
-        messages = [with_note(self.system, state.note)]
+        messages = [self.system, *([note_message(state.note)] if state.note else [])]
+        self.head = len(messages)  # the messages every request starts with: instructions, then the note
         messages += [entry.to_llm() for entry in [*state.entries, *turn] if not is_note(entry)]
         alone = count(shaped([messages[0], turn[0].to_llm()], deps.settings.tool_result_max_tokens))
         if alone > limit_of(self.window_tokens):  # no summary or cut can help: say so before any model call
@@ -139,7 +141,7 @@ class Turn:
             delegations.start_tree(self.deadline_ms)
         try:
             async with asyncio.timeout(max(0.0, limit_s)):
-                final = await self._loop(messages, tools, len(state.entries) + 1, turn)
+                final = await self._loop(messages, tools, self.head + len(state.entries), turn)
         except TimeoutError:
             whose = "" if limit_s == deps.settings.max_turn_s else ", shared with the turn that delegated"
             final = await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the turn ran out of time (brain.max_turn_s = "
@@ -187,11 +189,11 @@ class Turn:
             if over := await self._tree_exceeded():
                 return await self.stop(ErrorCode.BUDGET_EXHAUSTED, over)
             self.lease.check()
-            if not self.compacted and turn_starts > 1 and budget.compaction.enabled and \
+            if not self.compacted and turn_starts > self.head and budget.compaction.enabled and \
                     count(shaped(messages, budget.tool_result_max_tokens)) > limit_of(self.window_tokens):
                 turn_starts = await self._compact(messages, turn_starts)
             shown = fit(messages, window_tokens=self.window_tokens, result_tokens=budget.tool_result_max_tokens,
-                        keep_from=turn_starts)
+                        keep_from=turn_starts, pinned=self.head)
             try:
                 try:
                     completion = await self._call_model(shown, tools)
@@ -202,10 +204,11 @@ class Turn:
                     # once; a second overflow ends the turn with the provider's words.
                     self.overflowed = True
                     log.info("the provider says the conversation is too long %s", kv(session=msg.session_id))
-                    if not self.compacted and turn_starts > 1 and budget.compaction.enabled:
+                    if not self.compacted and turn_starts > self.head and budget.compaction.enabled:
                         turn_starts = await self._compact(messages, turn_starts)
                     shown = fit(messages, window_tokens=self.window_tokens // 2,
-                                result_tokens=budget.tool_result_max_tokens // 2, keep_from=turn_starts)
+                                result_tokens=budget.tool_result_max_tokens // 2, keep_from=turn_starts,
+                                pinned=self.head)
                     completion = await self._call_model(shown, tools)
             except BudgetExceeded as exc:
                 return await self.stop(ErrorCode.BUDGET_EXCEEDED, str(exc))
@@ -282,8 +285,8 @@ class Turn:
         return completion
 
     async def _compact(self, messages: list[dict[str, Any]], turn_starts: int) -> int:
-        """Replace the earlier turns (``messages[1:turn_starts]``) by a note the session keeps; where the turn
-        starts now. Once per turn; a note no smaller than what it replaces is not kept (nothing changes)."""
+        """Replace the earlier turns (``messages[:turn_starts]`` after the instructions) by a note the session
+        keeps; where the turn starts now. Once per turn; a note no smaller than what it replaces is not kept."""
         self.compacted = True
         msg = self.message
 
@@ -300,9 +303,10 @@ class Turn:
                             **Marks(summary_until=self.history_start, compaction=method).metadata())
         await self.deps.sessions.append(msg.session_id, entry)
         self.note, self.live_before = entry.content, []
-        messages[:turn_starts] = [with_note(self.system, entry.content)]
+        messages[:turn_starts] = [self.system, note_message(entry.content or "")]
+        self.head = 2
         log.info("earlier turns compacted %s", kv(session=msg.session_id, entries=self.history_start, method=method))
-        return 1
+        return self.head
 
     def _used(self) -> Totals:
         return Totals(tokens=self.usage.get("total_tokens", 0), cost_usd=self.cost_usd, tool_calls=self.tool_calls)
