@@ -14,7 +14,6 @@ turn of it writes what it has used into one hash, and each checks the sum.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -25,7 +24,6 @@ from jsonschema import Draft202012Validator
 
 from brain.config import BrainSettings
 from brain.tool_text import local_failure
-from bus.keys import Keys
 from bus.log import kv
 from bus.protocol import (
     ApprovalRequest,
@@ -41,6 +39,7 @@ from bus.protocol import (
     ToolResult,
     ToolSpec,
     now_ms,
+    stamp_allows,
 )
 from bus.streams import Bus
 from memory.sessions import SessionStore
@@ -193,7 +192,7 @@ class Delegations:
     async def run(self, call_id: str, args: dict[str, Any], spec: ToolSpec, used: Totals, publish: Publish,
                   deadline: int) -> ToolResult:
         """Start the child for one delegate call and wait for its answer; every path ends in a result."""
-        refused = self._refusal(call_id, args, spec) or await self._not_allowed(args.get("agent"))
+        refused = self._refusal(call_id, args, spec) or self._not_allowed(args.get("agent"))
         if refused is not None:
             return local_failure(call_id, spec.name, *refused)
         self.start_tree(deadline)
@@ -206,7 +205,7 @@ class Delegations:
         limits = self.tree.limits
         child = ChatMessage(
             session_id=child_session(msg.session_id, call_id), message_id=child_message_id(call_id), agent_id=agent,
-            sender=msg.sender, text=args["task"], reply_to=self.inbox.stream, job=msg.job,
+            sender=msg.sender, agents=msg.agents, text=args["task"], reply_to=self.inbox.stream, job=msg.job,
             instructions=role(self.depth + 1, settings.delegation.max_depth, args.get("context")),
             delegation=Delegation(root=msg.delegation.root if msg.delegation else msg.message_id,
                                   parent_session=msg.session_id, parent_call=call_id, depth=self.depth + 1,
@@ -276,15 +275,17 @@ class Delegations:
         own = self.message.agent_id
         return [own, *(a for a in self.settings.delegation.agents.get(own, []) if a != own)]
 
-    async def _not_allowed(self, agent: str | None) -> tuple[ErrorCode, str] | None:
-        """A token limited to some agents cannot reach others through a sub-agent."""
-        if agent is None or agent == self.message.agent_id:
+    def _not_allowed(self, agent: str | None) -> tuple[ErrorCode, str] | None:
+        """An identity limited to some agents (by its token, its channel or its hook, as its door stamped the
+        turn) cannot reach others through a sub-agent; a turn nobody stamped reaches none."""
+        msg = self.message
+        if agent is None or stamp_allows(msg.agents, msg.agent_id, agent):
             return None
-        allowed = await token_agents(self.bus, self.message.sender)
-        if allowed is not None and agent not in allowed:
-            return ErrorCode.PERMISSION_DENIED, (f"{self.message.sender!r} may not use agent {agent!r} (its token "
-                                                 f"allows {', '.join(allowed) or 'none'})")
-        return None
+        if msg.agents is None:
+            return ErrorCode.PERMISSION_DENIED, (f"{msg.sender!r} may not use agent {agent!r}: this turn came "
+                                                 "with no agents stamped by a door, so it may use its own agent only")
+        return ErrorCode.PERMISSION_DENIED, (f"{msg.sender!r} may not use agent {agent!r} (it may use "
+                                             f"{', '.join(msg.agents) or 'none'})")
 
     async def cancel(self, reason: str, *, only: str | None = None) -> None:
         """Stop the children still running (and, through theirs, their children and tools). One not
@@ -304,14 +305,3 @@ async def cancelled_before_start(bus: Bus, message: ChatMessage) -> str | None:
         return None
     why = await bus.redis.get(bus.keys.delegation_cancelled(message.message_id))
     return None if why is None else (why.decode() if isinstance(why, bytes) else str(why))
-
-
-async def token_agents(bus: Bus, identity: str) -> list[str] | None:
-    """The agents a token identity is limited to (None: any; a channel's user or the configured token)."""
-    keys: Keys = bus.keys
-    found = await bus.redis.hget(keys.token_names, identity)
-    if found is None:
-        return None
-    raw = await bus.redis.hget(keys.tokens, found)
-    agents = json.loads(raw).get("agents") if raw else None
-    return None if agents is None else [str(a) for a in agents]

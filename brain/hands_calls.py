@@ -36,7 +36,8 @@ class HandsCalls:
         msg, deadline_s = self.message, self.deadline_s
         # A job's turn has nobody to ask: a command that needs a person's approval is refused at once.
         request = ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
-                              agent_id=msg.agent_id, sender=msg.sender, reply_to=self.inbox.stream,
+                              agent_id=msg.agent_id, sender=msg.sender, agents=msg.agents,
+                              reply_to=self.inbox.stream,
                               approvals_to="" if msg.job else msg.reply_to, message_id=msg.message_id, prior=prior,
                               deadline=now_ms() + int(deadline_s * 1000))
         log.info("tool call sent %s", kv(session=msg.session_id, call=call_id, tool=tool))

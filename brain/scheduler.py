@@ -30,7 +30,7 @@ from bus.lease import HOLDS, Lease
 from bus.log import kv
 from bus.metrics import Meter
 from bus.presence import alive
-from bus.protocol import ChannelSend, ChatError, ChatReply, Message
+from bus.protocol import ANY_AGENT, ChannelSend, ChatError, ChatReply, Message
 from bus.reaper import Reaper
 from bus.streams import CONNECTION_ERRORS, Bus
 from memory.jobs import SILENT, TURN_KEEP_S, Job, JobStore, Run, Schedule, due_field, parse_duration
@@ -126,6 +126,7 @@ TRIM_EVERY = 20  # claims between trims of a job's records (a record a claim, RU
 def heartbeat_jobs(heartbeats: dict[str, HeartbeatSettings], *, now: float) -> list[Job]:
     """The jobs the configured heartbeats are: one per agent, named heartbeat-<agent>, in a session of its own."""
     return [Job(name=f"heartbeat-{agent}".lower()[:64], owner=beat.owner, agent=agent, heartbeat=True,
+                agents=[ANY_AGENT],  # the operator's own configuration
                 message=HEARTBEAT_PROMPT.format(checklist=beat.checklist), deliver=beat.deliver,
                 daily_usd=beat.daily_usd, catch_up="skip", session=f"heartbeat-{agent}",
                 idle_after_s=parse_duration(beat.idle_after) if beat.idle_after else None,
@@ -199,6 +200,9 @@ class Scheduler:
                 log.warning("job not fired: its owner is gone %s", kv(job=job.id, owner=job.owner))
                 _refuse(job, decided, decided.fire, gone)
                 decided.next_due = None  # out of the due set; its record says why
+            if decided.fire and (stranger := job.agent_refused()):
+                _refuse(job, decided, decided.fire, stranger)
+                decided.next_due = None
             if decided.fire and (idle := await self._idle_owner(job, now)):
                 _refuse(job, decided, decided.fire, idle)
             if decided.fire:

@@ -195,6 +195,8 @@ class ToolExecute(BaseMessage):
     # Results of the calls of the same model response this call waited for (its tool
     # declares ``after`` them), oldest first: a dependent call sees what came before.
     prior: list[PriorResult] = Field(default_factory=list)
+    # The turn's agents stamp (ChatMessage.agents): what a job the call makes may use.
+    agents: list[str] | None = None
 
 
 class ToolResult(BaseMessage):
@@ -224,6 +226,17 @@ class ToolProgress(BaseMessage):
 
 
 # --- chat -------------------------------------------------------------------
+
+
+ANY_AGENT = "*"  # in an agents stamp: every agent (no agent is named "*")
+
+
+def stamp_allows(agents: list[str] | None, own: str, agent: str) -> bool:
+    """Whether a turn of agent ``own``, stamped with ``agents`` by the door that authenticated its sender, may
+    start a turn of ``agent`` (a sub-agent, a job). Nobody stamped it (None): no agent but its own."""
+    if agent == own:
+        return True
+    return agents is not None and (ANY_AGENT in agents or agent in agents)
 
 
 class Delegation(BaseModel):
@@ -260,6 +273,9 @@ class ChatMessage(BaseMessage):
     job: str | None = None
     # Set when another turn handed this one a task (the delegate tool): a sub-agent's turn.
     delegation: Delegation | None = None
+    # The agents the sender may use, stamped by the door that authenticated it (["*"]: every agent) and
+    # carried to its sub-agents and jobs; None (a raw bus client): no agent but this message's own.
+    agents: list[str] | None = None
 
 
 class ChatCancel(BaseMessage):

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bus.errors import PincerError
 from bus.keys import Keys
+from bus.protocol import ANY_AGENT
 
 Scope = Literal["chat", "operator"]
 TOKEN_PREFIX = "pcr_"
@@ -65,6 +66,10 @@ class Identity(BaseModel):
 
     def may_use(self, agent_id: str) -> bool:
         return self.agents is None or agent_id in self.agents
+
+    def agents_stamp(self) -> list[str]:
+        """What this identity's turns carry (``ChatMessage.agents``): checked at every agent switch."""
+        return [ANY_AGENT] if self.agents is None else list(self.agents)
 
     def may_see(self, owner: str | None) -> bool:
         """A session is the business of its owner and of operators."""

@@ -23,7 +23,7 @@ from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bus.config import time_zone
-from bus.protocol import ChatMessage
+from bus.protocol import ChatMessage, stamp_allows
 from bus.streams import Bus
 
 JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -176,6 +176,9 @@ class Job(BaseModel):
     idle_after_s: float | None = None
     made_by: Literal["person", "model"] = "person"  # "model": the agent's schedule tool, announced to the owner
     owner_kind: OwnerKind = ""
+    # The agents stamp of the turn or request that made the job (ChatMessage.agents), carried by its runs;
+    # None (a job made before stamps): its runs use no agent but its own.
+    agents: list[str] | None = None
 
     @field_validator("name")
     @classmethod
@@ -204,7 +207,14 @@ class Job(BaseModel):
     def turn(self, *, reply_to: str = "") -> ChatMessage:
         """The chat message one run of the job sends (answered on ``reply_to``, the jobs' results stream)."""
         return ChatMessage(session_id=self.session_id, agent_id=self.agent, sender=self.owner, text=self.message,
-                           reply_to=reply_to, job=self.id)
+                           reply_to=reply_to, job=self.id, agents=self.agents)
+
+    def agent_refused(self) -> str:
+        """Why its maker's stamp does not let it run its agent ("": it does)."""
+        if self.agents is None or stamp_allows(self.agents, "", self.agent):
+            return ""
+        return (f"its owner {self.owner} may not use agent {self.agent!r} (it may use "
+                f"{', '.join(self.agents) or 'none'}): a job runs only as what its owner may do")
 
 
 class Run(BaseModel):

@@ -104,7 +104,8 @@ class JobRoutes:
             schedule = Schedule(kind=given[0], tz=body.tz, anchor=time.time(), cron=body.cron,  # type: ignore[arg-type]
                                 every_s=parse_duration(body.every) if body.every else None,
                                 at=_instant(body.at, body.tz) if body.at else None)
-            return Job(name=body.name, owner=identity.name, agent=body.agent, schedule=schedule,
+            return Job(name=body.name, owner=identity.name, agent=body.agent, agents=identity.agents_stamp(),
+                       schedule=schedule,
                        owner_kind="" if identity.name == OWNER else "token",
                        message=body.message, session=body.session, deliver=body.deliver, catch_up=body.catch_up,
                        window_s=parse_duration(body.window), daily_usd=body.daily_usd)

@@ -151,7 +151,8 @@ class TurnRunner:
         if seq is None:  # someone else's: as if it did not exist
             raise not_found(f"no session {shown_to(identity, session_id)!r}")
         message = ChatMessage(session_id=session_id, agent_id=agent_id, sender=identity.name, text=text,
-                              reply_to=self.inbox.stream, seq=seq, instructions=instructions or None, job=job)
+                              reply_to=self.inbox.stream, seq=seq, instructions=instructions or None, job=job,
+                              agents=identity.agents_stamp())
         log.info("message in %s", kv(session=session_id, message=message.message_id, sender=identity.name))
         return message
 

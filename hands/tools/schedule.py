@@ -103,7 +103,8 @@ def _job(owner: str, name: str, args: dict[str, Any], ctx: ToolContext) -> Job:
             at = (moment if moment.tzinfo else moment.replace(tzinfo=ZoneInfo(tz))).timestamp()
         schedule = Schedule(kind=given[0], tz=tz, anchor=time.time(), cron=args.get("cron"), at=at,  # type: ignore[arg-type]
                             every_s=parse_duration(args["every"]) if args.get("every") else None)
-        return Job(name=name, owner=owner, agent=ctx.agent_id, schedule=schedule, message=args["message"],
+        return Job(name=name, owner=owner, agent=ctx.agent_id, agents=ctx.call.agents if ctx.call else None,
+                   schedule=schedule, message=args["message"],
                    made_by="model",  # a chat user hears back in their chat
                    deliver=[owner] if channel in CHANNELS else [])
     except ValidationError as exc:

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from gateway.server.hooks import sign, signed_headers
-from tests.conftest import Processes, gateway_url, wait_until
-from tests.e2e.conftest import start_stack
+from tests.conftest import Processes, gateway_client, gateway_url, wait_until
+from tests.e2e.conftest import create_token, send, start_stack
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
@@ -132,3 +132,29 @@ def test_a_rotated_secret_keeps_the_old_one_for_its_grace_only(
     assert processes.run("hooks", "rm", name).returncode == 0
     gone = post(processes.env, name, b'{"n": 5}', signed_headers(now, b'{"n": 5}'))
     assert gone.status_code == 401 and "does not match" in gone.json()["error"]["message"]  # as any unknown
+
+
+def test_no_door_lets_an_identity_reach_another_agent_through_a_sub_agent(
+        processes: Processes, pincer_env: dict[str, str], receiver: Receiver) -> None:
+    """Main may hand tasks to ops (brain.delegation.agents); who may is the identity's, as its door stamped it."""
+    processes.env = {**pincer_env, "PINCER_BRAIN__AGENTS": "{ops: {}}",
+                     "PINCER_BRAIN__DELEGATION__AGENTS": "{main: [ops]}"}
+    start_stack(processes, hands=1)
+    ask = 'CALL delegate {"task": "restart the database", "agent": "ops"}'
+    # A hook of main (its door stamps its turns with main alone).
+    made = processes.run("hooks", "add", "deploy", "--template", ask + "\n{payload}", "--deliver", receiver.url)
+    assert made.returncode == 0, made.stderr
+    body = b'{"release": "1.2"}'
+    assert post(processes.env, "deploy", body, signed_headers(made.stdout.strip(), body)).status_code == 202
+    wait_until(lambda: receiver.got, timeout=60, what="the hook's outcome delivered")
+    outcome = json.loads(receiver.got[0][1])["text"]
+    assert "PERMISSION_DENIED" in outcome and "'hook:deploy' may not use agent 'ops' (it may use main)" in outcome
+    assert "echo: restart the database" not in outcome  # no sub-agent ran
+    # A chat token limited to main, over HTTP.
+    kid = create_token(processes, "kid", "--agent", "main")
+    with gateway_client(processes.env, kid) as client:
+        refused = client.post("/v1/sessions/s/messages", json={"text": ask})
+    assert refused.status_code == 200 and "'kid' may not use agent 'ops' (it may use main)" in refused.json()["text"]
+    # The owner's token may use every agent: the same call hands the task to ops.
+    allowed = send(processes.env, ask, session="owner-ops")
+    assert allowed.status_code == 200 and "echo: restart the database" in allowed.json()["text"], allowed.text

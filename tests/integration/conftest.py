@@ -71,9 +71,10 @@ async def call(bus: Bus):
     await inbox.start()
 
     async def send(tool: str, args: dict | None = None, *, events: list | None = None, timeout: float = 20,
-                   agent: str = "main", sender: str = "", session: str = "s") -> ToolResult:
+                   agent: str = "main", sender: str = "", session: str = "s",
+                   agents: list[str] | None = None) -> ToolResult:
         request = ToolExecute(tool=tool, args=args or {}, session_id=session, reply_to=inbox.stream, agent_id=agent,
-                              sender=sender, deadline=now_ms() + int(timeout * 1000))
+                              sender=sender, agents=agents, deadline=now_ms() + int(timeout * 1000))
 
         async def keep(event):
             if events is not None:

@@ -19,7 +19,6 @@ from brain.testing import FunctionModel, tool_call
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ChatTool, Message, ToolSpec
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from gateway.tokens import TokenStore
 from memory.sessions import SessionStore
 from tests.conftest import async_wait_until
 
@@ -110,7 +109,7 @@ async def test_a_child_of_another_agent_has_only_that_agents_tools(bus: Bus, bra
 
     await brain_pool(settings(agents={"main": ["researcher"]}), FunctionModel(model),
                      tools={"agents": {"researcher": {"allow": ["read_file", "web_fetch"]}}})
-    final = (await chat("research", session_id="alice/r", sender="alice"))[-1]
+    final = (await chat("research", session_id="alice/r", sender="alice", agents=["*"]))[-1]
     assert isinstance(final, ChatReply) and final.text == "did: look it up", final
     assert offered["child"] == ["read_file", "web_fetch"]
     assert "delegate" in offered["parent"] and "exec" in offered["parent"]
@@ -142,7 +141,7 @@ async def test_fan_out_agents_and_arguments_are_refused_with_what_to_do(bus: Bus
                           {"task": ""}, {"task": "two"})(messages, tools)
 
     await brain_pool(settings(max_children=4), FunctionModel(model))
-    final = (await chat("go", session_id="alice/refusals", sender="alice"))[-1]
+    final = (await chat("go", session_id="alice/refusals", sender="alice", agents=["*"]))[-1]
     assert isinstance(final, ChatReply), final
     got = seen[0]
     assert got[0]["answer"] == "did: one"
@@ -215,9 +214,8 @@ def _sleeping(marker: str) -> bool:
     return False
 
 
-async def test_a_token_limited_to_one_agent_cannot_reach_another_through_a_sub_agent(bus: Bus, brain_pool,
-                                                                                      chat) -> None:
-    await TokenStore(bus.redis, bus.keys).create("kid", agents=["main"])
+async def test_an_identity_limited_to_some_agents_cannot_reach_another_through_a_sub_agent(bus: Bus, brain_pool,
+                                                                                           chat) -> None:
     seen: list[list[dict[str, Any]]] = []
 
     def model(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> Completion:
@@ -226,11 +224,16 @@ async def test_a_token_limited_to_one_agent_cannot_reach_another_through_a_sub_a
         return delegating({"task": "find it", "agent": "researcher"})(messages, tools)
 
     await brain_pool(settings(agents={"main": ["researcher"]}), FunctionModel(model))
-    final = (await chat("go", session_id="kid/s", sender="kid"))[-1]
-    assert isinstance(final, ChatReply), final
-    assert seen[0][0]["error"] == "PERMISSION_DENIED"
-    assert seen[0][0]["message"] == "'kid' may not use agent 'researcher' (its token allows main)"
-    final = (await chat("go", session_id="alice/s", sender="alice"))[-1]  # an identity without that limit may
+    # The stamps the doors put on a turn: a token limited to main, a channel's user or a hook of main.
+    for sender, stamp in [("kid", ["main"]), ("telegram:42", ["main"]), ("hook:ci", ["main", "family"])]:
+        final = (await chat("go", session_id=f"{sender}/s", sender=sender, agents=stamp))[-1]
+        assert isinstance(final, ChatReply), final
+        assert seen[-1][0]["error"] == "PERMISSION_DENIED"
+        assert seen[-1][0]["message"] == f"{sender!r} may not use agent 'researcher' (it may use {', '.join(stamp)})"
+    # A turn nobody stamped (a raw bus client): its own agent only, whoever it claims to be.
+    final = (await chat("go", session_id="owner/raw", sender="owner"))[-1]
+    assert isinstance(final, ChatReply) and "no agents stamped by a door" in seen[-1][0]["message"], final
+    final = (await chat("go", session_id="alice/s", sender="alice", agents=["*"]))[-1]  # an identity of any agent may
     assert isinstance(final, ChatReply) and final.text == "did: find it", final
 
 

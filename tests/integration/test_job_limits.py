@@ -204,6 +204,41 @@ async def test_a_job_whose_owner_is_gone_is_not_fired_and_says_why(bus: Bus, own
     assert [m.job for m in await _inbox(bus)] == ["carol/alive"]  # only the job whose owner exists
 
 
+# A job runs as what its maker may do: the agents its door stamped travel with it.
+
+async def test_a_job_carries_its_makers_agents_to_every_run(bus: Bus, gateway, engine, call) -> None:
+    made = await gateway()
+    kid = await made.client(await TokenStore(bus.redis, bus.keys).create("kid", scope="chat", agents=["main"]))
+    owner = await made.client(OWNER_TOKEN)
+    for client in (kid, owner):
+        assert (await client.post("/v1/cron", json={"name": "daily", **HOURLY})).status_code == 201
+    assert (await JobStore(bus).get("kid/daily")).agents == ["main"]  # type: ignore[union-attr]
+    assert (await JobStore(bus).get("owner/daily")).agents == ["*"]  # type: ignore[union-attr]
+    ran = await kid.post("/v1/cron/daily/run")
+    assert ran.status_code == 202, ran.text
+    assert [m.agents for m in await _inbox(bus)] == [["main"]]  # `cron run` is stamped at admission
+    await engine()
+    for name, stamp in (("stamped", ["main", "ops"]), ("unstamped", None)):
+        done = await call("schedule", {"action": "create", "name": name, "every": "1h", "message": "m"},
+                          sender="owner", agents=stamp)
+        assert done.success, done.error
+        job = await JobStore(bus).get(f"owner/{name}")
+        assert job is not None and job.agents == stamp and job.turn().agents == stamp  # the model's job: its turn's
+
+
+async def test_a_job_whose_maker_may_not_use_its_agent_is_not_fired_and_says_why(bus: Bus) -> None:
+    store = JobStore(bus)
+    planted = _due_now("ops-night", "kid").model_copy(update={"agent": "ops", "agents": ["main"]})
+    await store.add(planted, now=time.time() - 1)  # written into Redis past the API's check
+    await store.add(fine := _due_now("main-night", "kid").model_copy(update={"agents": ["main"]}),
+                    now=time.time() - 1)
+    await _tick(bus)
+    run = await _only_run(store, planted.id)
+    assert run.status == "skipped" and "may not use agent 'ops' (it may use main)" in run.reason
+    assert await store.next_due(planted.id) is None
+    assert [(m.job, m.agents) for m in await _inbox(bus)] == [(fine.id, ["main"])]
+
+
 # An identity's jobs go with it, through each door that removes one.
 
 def _config(bus: Bus, redis_url: str) -> Config:
