@@ -11,7 +11,10 @@ outside the root, symlinks and multiply-linked files are refused.
 This is the one boundary for every role that touches workspace files: Hands'
 tools, and the channels (uploads saved, ``[attach: PATH]`` read) outside the
 sandbox. Files are made 0600 and directories 0700: a workspace is its
-identity's alone (``Workspaces``: whose tree a call sees).
+identity's alone (``Workspaces``: whose tree a call sees), but for the
+folders the operator shares into it (``shared``): a path whose first
+component names one is served from that folder, read-only unless it was
+shared writable.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from bus.errors import PincerError
@@ -45,12 +49,34 @@ FILE_MODE, DIR_MODE = 0o600, 0o700  # a workspace is one identity's: nobody else
 NAME_LIMIT = 10_000  # "name-1.txt" ... tried before a new file's name is given up on
 
 
+@dataclass(frozen=True)
+class Shared:
+    """A folder of another workspace shown in this one under its own name."""
+
+    tree: Workspace
+    writable: bool = False
+
+
 class Workspace:
-    def __init__(self, root: Path, *, owner: tuple[int, int] | None = None) -> None:
+    def __init__(self, root: Path, *, owner: tuple[int, int] | None = None,
+                 shared: dict[str, Shared] | None = None) -> None:
         self.root = root.expanduser().resolve()
         # Files and directories the tools create are given to the sandbox's uid, so
         # sandboxed commands can change them too (only set when we run as root).
         self.owner = owner
+        self.shared = shared or {}
+
+    def _routed(self, parts: list[str], *, writing: bool) -> tuple[Workspace, str] | None:
+        """Where a path in a shared folder is served from (the folder, the rest of the path); None: here."""
+        if not parts or parts[0] not in self.shared:
+            return None
+        folder = self.shared[parts[0]]
+        if writing and not folder.writable:
+            raise PathRefused(ErrorCode.PERMISSION_DENIED,
+                              f"{parts[0]}/ is a folder the agent's owners share read-only "
+                              f"(hands.shared_folders.{parts[0]}.writable); write in a folder of your own",
+                              recoverable=True)
+        return folder.tree, "/".join(parts[1:]) or "."
 
     def ensure(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
@@ -67,6 +93,10 @@ class Workspace:
         pure = PurePosixPath(name)
         if name in ("", ".", "..") or pure.name != name:
             raise PathRefused(ErrorCode.INVALID_ARGUMENTS, f"{name!r} is not a file name")
+        if routed := self._routed(self.parts(folder), writing=True):
+            with routed[0].create_new(routed[1], name) as (made, fd):
+                yield "/".join([self.parts(folder)[0], made]), fd
+            return
         parent = self._walk(self.parts(folder), create=True)
         try:
             for n in range(NAME_LIMIT):
@@ -124,6 +154,10 @@ class Workspace:
     @contextmanager
     def open_dir(self, path: str, *, create: bool = False) -> Iterator[int]:
         """A descriptor of the directory at ``path`` (``.`` is the root)."""
+        if routed := self._routed(self.parts(path), writing=create):
+            with routed[0].open_dir(routed[1], create=create) as shared_fd:
+                yield shared_fd
+            return
         fd = self._walk(self.parts(path), create=create)
         try:
             yield fd
@@ -141,6 +175,14 @@ class Workspace:
         parts = self.parts(path)
         if not parts:
             raise PathRefused(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is the workspace directory, not a file")
+        writing = bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
+        if routed := self._routed(parts, writing=writing):
+            if routed[1] == ".":
+                raise PathRefused(ErrorCode.INVALID_ARGUMENTS, f"{path!r} is a shared folder, not a file",
+                                  suggestions=["list_directory lists it"], recoverable=True)
+            with routed[0].open_file(routed[1], flags, create_dirs=create_dirs) as shared_fd:
+                yield shared_fd
+            return
         parent = self._walk(parts[:-1], create=create_dirs)
         created = False
         try:
@@ -185,7 +227,7 @@ class Workspace:
             fd = self._beneath(parts)
             if fd is not None:
                 return fd
-        fd = os.open(self.root, _DIR_FLAGS)
+        fd = self._open_root()
         try:
             for i, part in enumerate(parts):
                 if create:
@@ -210,7 +252,7 @@ class Workspace:
 
     def _beneath(self, parts: list[str]) -> int | None:
         """The directory at ``parts`` via openat2 (kernel-enforced), or None to walk instead."""
-        root = os.open(self.root, _DIR_FLAGS)
+        root = self._open_root()
         try:
             return openat2(root, "/".join(parts) or ".", os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
@@ -219,6 +261,16 @@ class Workspace:
             raise self._os_failure(exc, "/".join(parts)) from None
         finally:
             os.close(root)
+
+    def _open_root(self) -> int:
+        """The root's descriptor; a root that became a link (a shared folder swapped after start) is refused."""
+        try:
+            return os.open(self.root, _DIR_FLAGS)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+                raise PathRefused(ErrorCode.PERMISSION_DENIED, f"{self.root} is no longer a directory of its own "
+                                  "(a link or a file took its place); nothing in it is reached") from None
+            raise self._os_failure(exc, ".") from None
 
     def _outside(self, path: str) -> PathRefused:
         return PathRefused(

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from bus.workspace import Workspace
+from bus.workspace import Shared, Workspace
 
 # An identity is "name" (a token) or "kind:name" (telegram:12345, hook:ci). ":" is in no name, so
 # "telegram~12345" cannot be the folder of a token called anything else.
@@ -35,11 +35,16 @@ class Workspaces:
     """The workspace of each identity, made on first use (0700, the sandbox's uid as its owner)."""
 
     def __init__(self, main: Path, people: Path, *, owners: Iterable[str],
-                 owner: tuple[int, int] | None = None) -> None:
+                 owner: tuple[int, int] | None = None, shared: dict[str, bool] | None = None) -> None:
+        """``shared``: folders of the main workspace every identity's tree shows (name -> writable)."""
         self.main = Workspace(main, owner=owner)
         self.people = people.expanduser().resolve()
         self.owners = frozenset(owners)
         self.owner = owner
+        # Each is opened with O_NOFOLLOW at its last component (a link swapped in later is refused);
+        # hands.config.check_workspace refuses one that is a link at start, before its path is resolved here.
+        self.shared = {name: Shared(Workspace(self.main.root / name, owner=owner), writable)
+                       for name, writable in (shared or {}).items()}
         self._trees: dict[str, Workspace] = {}
 
     def shared_by_owners(self, identity: str) -> bool:
@@ -55,8 +60,12 @@ class Workspaces:
             if not self.people.is_dir():  # passable (the sandbox's uid enters its own tree), not listable
                 self.people.mkdir(parents=True, exist_ok=True)
                 self.people.chmod(0o711)
-            tree = Workspace(root, owner=self.owner)
-            tree.ensure()
+            own = Workspace(root, owner=self.owner)
+            own.ensure()
+            for name in self.shared:  # made through the boundary: a link planted at either name is refused
+                with self.main.open_dir(name, create=True), own.open_dir(name, create=True):
+                    pass  # the folder, and where the sandbox mounts it in this tree
+            tree = Workspace(root, owner=self.owner, shared=self.shared)
             if len(self._trees) >= 4096:  # a worker's life can see many people: forget the oldest
                 self._trees.pop(next(iter(self._trees)))
             self._trees[identity] = tree

@@ -245,11 +245,21 @@ class McpSettings(Section):
         return value
 
 
+SHARED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class SharedFolder(Section):
+    """A folder of the owners' workspace shown in every identity's tree (``hands.shared_folders.<name>``)."""
+
+    writable: bool = False  # others may change it too (by default they only read it)
+
+
 class HandsSettings(Section):
     workspace: Path = Field(default_factory=default_workspace)
     # Each identity that is not an owner (a token, a chat user, a hook) works in a tree of its own here
     # (bus/workspaces.py); unset: "<workspace>-identities" beside the workspace.
     identity_workspaces: Path | None = None
+    shared_folders: dict[str, SharedFolder] = Field(default_factory=dict)
     concurrency: ConcurrencySettings = Field(default_factory=ConcurrencySettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
@@ -283,6 +293,15 @@ class HandsSettings(Section):
                 raise ValueError(f"{gate}: the limit must be at least 1, got {capacity}")
         return value
 
+    @field_validator("shared_folders")
+    @classmethod
+    def _shared_names(cls, value: dict[str, SharedFolder]) -> dict[str, SharedFolder]:
+        for name in value:
+            if not SHARED_NAME.match(name) or name in ("inbox", "..", "."):
+                raise ValueError(f"{name!r} cannot be a shared folder: a name of letters, digits, '.', '_' and '-' "
+                                 "directly in the workspace (not 'inbox', where each person's uploads go)")
+        return value
+
     @field_validator("skill_dirs", mode="before")
     @classmethod
     def _expand_project(cls, value: object) -> object:
@@ -308,7 +327,8 @@ def sandbox_owner(settings: HandsSettings) -> tuple[int, int] | None:
 
 def workspaces(settings: HandsSettings, *, owner: tuple[int, int] | None = None) -> Workspaces:
     """Whose tree each call sees, as these settings lay them out (bus/workspaces.py)."""
-    return Workspaces(settings.workspace, identity_root(settings), owners=settings.tools.owners, owner=owner)
+    return Workspaces(settings.workspace, identity_root(settings), owners=settings.tools.owners, owner=owner,
+                      shared={name: folder.writable for name, folder in settings.shared_folders.items()})
 
 
 def configured_workspaces(config: Config) -> Workspaces:
@@ -335,3 +355,7 @@ def check_workspace(settings: HandsSettings, *, data_dir: Path) -> None:
         raise ConfigError(f"hands.identity_workspaces {people} and hands.workspace {workspace} overlap: the owner's "
                           "turns would see every identity's files, or every identity the owner's. Give each its own "
                           "directory, neither inside the other")
+    for name in settings.shared_folders:
+        if (workspace / name).is_symlink():
+            raise ConfigError(f"hands.shared_folders.{name}: {workspace / name} is a symbolic link; a shared folder "
+                              "is a folder of the workspace itself (replace the link with the folder)")

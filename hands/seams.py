@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from bus.protocol import ToolExecute
+    from bus.workspace import Shared
     from hands.jobs import Job
     from hands.sandbox.runner import Extras, Running, RunResult
 
@@ -44,7 +45,8 @@ class Sandboxing(Protocol):
         """Who must own workspace files for commands to write them (the sandbox uid, as root)."""
 
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
-                    capture_stdout: bool = True, session: str = "", root: Path | None = None) -> Running: ...
+                    capture_stdout: bool = True, session: str = "", root: Path | None = None,
+                    shared: dict[str, Shared] | None = None) -> Running: ...
 
     async def run(self, argv: list[str], *, workdir: str, env: dict[str, str], timeout_s: float,
                   stdin: bytes | None = None, session: str = "", root: Path | None = None) -> RunResult: ...

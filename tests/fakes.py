@@ -60,7 +60,8 @@ class FakeSandbox:
         self.started: list[list[str]] = []
 
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
-                    capture_stdout: bool = True, session: str = "", root: Path | None = None) -> Running:
+                    capture_stdout: bool = True, session: str = "", root: Path | None = None,
+                    shared: dict[str, Any] | None = None) -> Running:
         self.started.append(argv)
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

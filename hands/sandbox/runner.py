@@ -35,6 +35,7 @@ from typing import Literal
 
 from bus.errors import PincerError
 from bus.metrics import Meter
+from bus.workspace import Shared
 from hands.config import SandboxSettings
 from hands.sandbox.cgroup import RunCgroup
 from hands.sandbox.shim import READ_ONLY_PATHS
@@ -225,10 +226,13 @@ class Sandbox:
                                 timeout_s=timeout_s, stdin=stdin)
 
     async def start(self, argv: list[str], *, workdir: str, env: dict[str, str], extra: Extras | None = None,
-                    capture_stdout: bool = True, session: str = "", root: Path | None = None) -> Running:
+                    capture_stdout: bool = True, session: str = "", root: Path | None = None,
+                    shared: dict[str, Shared] | None = None) -> Running:
         """Start a command of ``session`` in the workspace ``root`` (the call's identity's; default the
         worker's) and return its handle; the caller must ``stop()`` it (it may be long gone). The session's
-        commands together hold at most ``session_processes``."""
+        commands together hold at most ``session_processes``. ``shared``: folders shown in that workspace
+        under their names (bubblewrap mounts them there, read-only unless writable; the landlock tier lets
+        the command read them at their own paths)."""
         root = root or self.workspace
         self.check_allowed(root)
         extra = extra or Extras()
@@ -243,7 +247,7 @@ class Sandbox:
         cgroup = RunCgroup.create(session=session, memory_mb=limits.memory_mb, pids_max=limits.processes,
                                   session_pids_max=self.settings.session_processes, delegated=self.settings.cgroup_dir)
         command = self._command(argv, root=root, workdir=workdir, env=env, seccomp_fd=seccomp, extra=extra,
-                                tree_capped=cgroup is not None and cgroup.caps_processes)
+                                tree_capped=cgroup is not None and cgroup.caps_processes, shared=shared or {})
         if cgroup is not None:
             command = cgroup.wrap(command)
         spawning = time.monotonic()
@@ -273,7 +277,7 @@ class Sandbox:
         return None
 
     def _command(self, argv: list[str], *, root: Path, workdir: str, env: dict[str, str], seccomp_fd: int | None,
-                 extra: Extras, tree_capped: bool = False) -> list[str]:
+                 extra: Extras, tree_capped: bool = False, shared: dict[str, Shared] | None = None) -> list[str]:
         s = extra.limits or self.settings
         # RLIMIT_NPROC counts every process of the sandbox uid on the machine: alone it lets one command's
         # fork bomb starve all the others, so where a pids cgroup caps each tree it is only a backstop.
@@ -286,12 +290,13 @@ class Sandbox:
         if self.tier is Tier.RLIMITS:
             return [*limits, *drop, *argv]
         if self.tier is Tier.LANDLOCK:
-            readable = [str(p) for p in extra.read_only]
+            readable = [str(p) for p in [*extra.read_only, *(f.tree.root for f in (shared or {}).values())]]
             return [*limits, *drop, *shim(), str(root), workdir or ".", str(seccomp_fd), *readable, "--",
                     *argv]
-        return [*limits, *drop, *self._bwrap(root, workdir, env, seccomp_fd, extra), "--", *argv]
+        return [*limits, *drop, *self._bwrap(root, workdir, env, seccomp_fd, extra, shared or {}), "--", *argv]
 
-    def _bwrap(self, root: Path, workdir: str, env: dict[str, str], seccomp_fd: int | None, extra: Extras) -> list[str]:
+    def _bwrap(self, root: Path, workdir: str, env: dict[str, str], seccomp_fd: int | None, extra: Extras,
+               shared: dict[str, Shared]) -> list[str]:
         args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--hostname", "sandbox",
                 "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
         if extra.network:  # the host's network and its resolver (no other tool gets either)
@@ -307,6 +312,9 @@ class Sandbox:
         args += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * 1024 * 1024), "--tmpfs", "/tmp"]
         if extra.workspace != "none":
             args += ["--bind" if extra.workspace == "rw" else "--ro-bind", str(root), "/workspace"]
+            for name, folder in shared.items():  # over the tree's own (empty) folder of that name
+                writable = folder.writable and extra.workspace == "rw"
+                args += ["--bind" if writable else "--ro-bind", str(folder.tree.root), f"/workspace/{name}"]
         for path in extra.read_only:  # at the same path, so a program's own absolute paths still hold
             args += ["--ro-bind", str(path), str(path)]
         args += ["--remount-ro", "/",

@@ -57,7 +57,7 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
                                        "or run the command in the foreground"])
     try:
         running: Running = await ctx.sandbox.start(argv, workdir=relative, env=env, session=ctx.session_id,
-                                                    root=ctx.workspace.root)
+                                                    root=ctx.workspace.root, shared=ctx.workspace.shared)
     except SandboxUnavailable as exc:
         raise ToolFailure(ErrorCode.PERMISSION_DENIED, str(exc),
                           suggestions=["ask the operator to install bubblewrap"]) from None

@@ -6,13 +6,16 @@ from __future__ import annotations
 import ast
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from bus.config import ConfigError
 from bus.protocol import ErrorCode
 from bus.workspace import PathRefused, Workspace
 from bus.workspaces import Workspaces, identity_folder
+from hands.config import HandsSettings, check_workspace
 from tests.conftest import ROOT
 
 OUTSIDE_THE_SANDBOX = ("gateway", "brain", "memory")
@@ -145,3 +148,70 @@ def test_each_identity_has_a_tree_of_its_own(tmp_path: Path) -> None:
         with pytest.raises(ValueError):
             identity_folder(bad)
     assert identity_folder("telegram:111") != identity_folder("telegram-111")
+
+
+def shared_trees(tmp_path: Path, **shared: bool) -> Workspaces:
+    (tmp_path / "ws" / "recipes").mkdir(parents=True)
+    (tmp_path / "ws" / "recipes" / "cake.txt").write_text("flour, eggs")
+    return Workspaces(tmp_path / "ws", tmp_path / "ws-identities", owners=["owner"], shared=shared)
+
+
+def test_a_shared_folder_is_read_by_everyone_and_written_by_nobody_else(tmp_path: Path) -> None:
+    trees = shared_trees(tmp_path, recipes=False)
+    bob = trees.of("telegram:222")
+    assert bob.read_bytes("recipes/cake.txt", limit=100) == b"flour, eggs"
+    assert bob.read_bytes("./recipes/cake.txt", limit=100) == b"flour, eggs"
+    with bob.open_dir("recipes") as fd:
+        assert os.listdir(fd) == ["cake.txt"]
+    with bob.open_dir(".") as fd:
+        assert os.listdir(fd) == ["recipes"]  # where the folder shows in his tree
+    refusals: list[Callable[[], object]] = [
+        lambda: bob.open_file("recipes/cake.txt", os.O_WRONLY | os.O_TRUNC).__enter__(),
+        lambda: bob.open_file("recipes/new.txt", os.O_WRONLY | os.O_CREAT).__enter__(),
+        lambda: bob.open_file("recipes/cake.txt", os.O_RDWR).__enter__(),
+        lambda: bob.open_file("recipes/cake.txt", os.O_WRONLY | os.O_APPEND).__enter__(),
+        lambda: bob.open_dir("recipes/sub", create=True).__enter__(),
+        lambda: bob.create_new("recipes", "upload.txt").__enter__(),
+    ]
+    for attempt in refusals:
+        with pytest.raises(PathRefused) as refused:
+            attempt()
+        assert refused.value.code is ErrorCode.PERMISSION_DENIED
+        assert "hands.shared_folders.recipes.writable" in refused.value.message
+    assert sorted(os.listdir(tmp_path / "ws" / "recipes")) == ["cake.txt"]
+    assert (tmp_path / "ws" / "recipes" / "cake.txt").read_text() == "flour, eggs"
+    with pytest.raises(PathRefused):
+        bob.read_bytes("recipes/../../ws/secret", limit=100)  # the folder is no way out of either tree
+    with bob.create_new("inbox/telegram", "mine.txt") as (made, _fd):  # his own tree still takes writes
+        assert made == "inbox/telegram/mine.txt"
+
+
+def test_a_writable_shared_folder_takes_everyones_writes_into_the_owners_tree(tmp_path: Path) -> None:
+    trees = shared_trees(tmp_path, recipes=True)
+    alice = trees.of("alice")
+    with alice.open_file("recipes/soup.txt", os.O_WRONLY | os.O_CREAT) as fd:
+        os.write(fd, b"leeks")
+    with alice.create_new("recipes", "soup.txt") as (made, fd):
+        os.write(fd, b"more leeks")
+    assert made == "recipes/soup-1.txt"
+    assert (tmp_path / "ws" / "recipes" / "soup.txt").read_text() == "leeks"
+    assert trees.of("owner").read_bytes("recipes/soup-1.txt", limit=100) == b"more leeks"
+
+
+def test_a_shared_folder_swapped_for_a_link_is_refused(tmp_path: Path) -> None:
+    trees = shared_trees(tmp_path, recipes=False)
+    bob = trees.of("bob")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "cake.txt").write_text("secret")
+    (tmp_path / "ws" / "recipes").rename(tmp_path / "ws" / "old")
+    (tmp_path / "ws" / "recipes").symlink_to(outside)  # after start: an owner's command swaps it
+    with pytest.raises(PathRefused) as refused:
+        bob.read_bytes("recipes/cake.txt", limit=100)
+    assert refused.value.code is ErrorCode.PERMISSION_DENIED
+    settings = HandsSettings(workspace=tmp_path / "ws", shared_folders={"recipes": {}})
+    with pytest.raises(ConfigError, match=r"shared_folders\.recipes: .* is a symbolic link"):
+        check_workspace(settings, data_dir=tmp_path / "data")  # and at the next start, refused before use
+    for bad in ("inbox", "../up", "a/b", ".hidden"):
+        with pytest.raises(ValueError, match="cannot be a shared folder"):
+            HandsSettings(workspace=tmp_path / "ws", shared_folders={bad: {}})
