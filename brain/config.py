@@ -165,6 +165,9 @@ class BrainSettings(Section):
     tools_list_timeout_s: float = Field(default=5.0, gt=0, le=120)
     llm_timeout_s: float = Field(default=120.0, gt=0)
     llm_retries: int = Field(default=2, ge=0, le=10)
+    # A request that never reached the provider (refused at connect: a restart, a blip) costs nothing, so it
+    # is tried again, backing off, for this long before it counts as one of the llm_retries.
+    llm_connect_patience_s: float = Field(default=10.0, ge=0, le=600)
     # `openai/...` models through the openai SDK itself (which litellm uses for them too), without
     # litellm's wrapper: less CPU per call (docs/brain.md). False: through litellm like every provider.
     openai_direct: bool = True

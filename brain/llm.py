@@ -12,9 +12,11 @@ import asyncio
 import functools
 import importlib.util
 import json
+import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,8 @@ class LLMError(PincerError):
         self.code, self.message = code, message
         self.overflow = overflow  # the provider said the conversation is longer than the model's window
 
+
+log = logging.getLogger("brain.llm")
 
 @dataclass
 class ToolCall:
@@ -118,24 +122,24 @@ class LiteLLMClient:
     that litellm would use for them anyway (its wrapper costs ~8 ms of CPU a call, ~4x the SDK's)."""
 
     def __init__(self, *, model: str, api_base: str | None, api_key: str | None, timeout_s: float,
-                 retries: int, fallbacks: list[str] | None = None, openai_direct: bool = False) -> None:
+                 retries: int, fallbacks: list[str] | None = None, openai_direct: bool = False,
+                 connect_patience_s: float = 0.0) -> None:
         self.model, self.api_base, self.api_key = model, api_base, api_key
-        self.timeout_s, self.retries = timeout_s, retries
+        self.timeout_s, self.retries, self.connect_patience_s = timeout_s, retries, connect_patience_s
         self.fallbacks = fallbacks or []
         self.openai_direct = openai_direct
         self._openai: Any = None  # one openai.AsyncOpenAI for every direct call (its connection pool)
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText, *,
                        max_output_tokens: int | None = None, attempts: list[Attempt] | None = None) -> Completion:
-        """The first model (then each fallback) that answers, each tried ``retries`` more times after an outage;
-        other errors do not move on."""
+        """The first model (then each fallback) that answers, each tried ``retries`` more times after an outage
+        (and, while a try never reached it, again for up to ``connect_patience_s`` first); other errors do not
+        move on."""
         attempts = [] if attempts is None else attempts
         failures: list[str] = []
         for model in [self.model, *self.fallbacks]:
-            failure = ""
-            for tried in range(self.retries + 1):
-                if tried:
-                    await asyncio.sleep(retry_pause(tried - 1))
+            failure, tried, refused, patient_until = "", 0, 0, time.monotonic() + self.connect_patience_s
+            while tried <= self.retries:
                 attempt = Attempt(model=model)
                 attempts.append(attempt)
                 try:
@@ -144,6 +148,16 @@ class LiteLLMClient:
                     if exc.code not in FALLBACK_ON or attempt.streamed:
                         raise  # a bad request or key is not fixed by another try; half an answer cannot be redone
                     failure = f"{model}: {exc.message}"
+                    pause = retry_pause(refused if attempt.unsent else tried)
+                    if attempt.unsent and time.monotonic() + pause < patient_until:
+                        refused += 1  # free (never sent): not one of the retries
+                        log.info("model not reachable, trying again in %.1fs (never sent, so free): %s", pause,
+                                 failure)
+                    else:
+                        tried += 1
+                        pause = retry_pause(tried - 1)
+                    if tried <= self.retries:
+                        await asyncio.sleep(pause)
                     continue
                 done.model = done.model or model
                 done.tried = failures

@@ -46,6 +46,7 @@ def default_llm(settings: BrainSettings) -> LLMClient | None:
         api_key=settings.api_key.get_secret_value() if settings.api_key else None,
         timeout_s=settings.llm_timeout_s,
         retries=settings.llm_retries,
+        connect_patience_s=settings.llm_connect_patience_s,
         fallbacks=settings.fallbacks,
         openai_direct=settings.openai_direct,
     )

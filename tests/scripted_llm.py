@@ -33,11 +33,11 @@ class _Server(ThreadingHTTPServer):
 
 
 class ScriptedLLM:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.requests: list[dict[str, Any]] = []
         self.flaky: dict[str, int] = {}  # FLAKY conversations: requests refused so far, by the user's text
         self.chunks_sent = 0  # streamed chunks written, over every request (a fact a test can wait on)
-        self._server = _Server(("127.0.0.1", 0), self._handler_class())
+        self._server = _Server(("127.0.0.1", port), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 

@@ -43,6 +43,7 @@ from localmodel.weights import WeightsError
 
 QUICK_EXIT_S = 5.0
 LOCAL_LLM_TIMEOUT_S = 600.0
+LOCAL_CONNECT_PATIENCE_S = 120.0  # a model server restarted by the supervisor loads its weights again first
 MAX_QUICK_EXITS = 3
 
 
@@ -248,7 +249,9 @@ class Supervisor:
         return child, {"PINCER_MODEL": f"openai/{LOCAL}", "PINCER_LLM_API_BASE": f"http://127.0.0.1:{port}/v1",
                        "PINCER_LLM_API_KEY": key, "NO_PROXY": bypass, "no_proxy": bypass,
                        # On a CPU the first reply reads the whole prompt (~40 s for 13 tools on 2 cores).
-                       "PINCER_BRAIN__LLM_TIMEOUT_S": str(max(self.brain.llm_timeout_s, LOCAL_LLM_TIMEOUT_S))}
+                       "PINCER_BRAIN__LLM_TIMEOUT_S": str(max(self.brain.llm_timeout_s, LOCAL_LLM_TIMEOUT_S)),
+                       "PINCER_BRAIN__LLM_CONNECT_PATIENCE_S": str(max(self.brain.llm_connect_patience_s,
+                                                                       LOCAL_CONNECT_PATIENCE_S))}
 
     def _gateway_env(self) -> dict[str, str]:
         """The owner token for the Gateway alone: made on first start, kept 0600 in the data dir."""

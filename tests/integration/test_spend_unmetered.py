@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from typing import Any
 
@@ -25,6 +26,7 @@ from brain.worker import default_llm
 from bus.metrics import Meter
 from bus.protocol import ChatCancel, ChatDelta, ChatError, ChatReply, ErrorCode
 from bus.streams import Bus
+from tests.conftest import async_wait_until
 from tests.scripted_llm import ScriptedLLM
 
 MODEL = "openai/scripted"
@@ -121,12 +123,35 @@ async def test_a_call_that_never_reached_the_provider_costs_nothing(
     with socket.socket() as probe:  # a port nobody listens on: every connection is refused
         probe.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
-    await priced(direct=direct, api_base=closed, llm_retries=1, budget={"daily_usd": 0.5})
+    await priced(direct=direct, api_base=closed, llm_retries=1, llm_connect_patience_s=1.5, budget={"daily_usd": 0.5})
     final = (await chat("hello?", session_id="nobody"))[-1]
     assert isinstance(final, ChatError) and final.code is ErrorCode.SERVICE_UNAVAILABLE
     assert "cannot reach the model provider" in final.message
     spent = await meter(bus)
     assert (spent.get("spent", 0), spent.get("calls", 0), spent["held"]) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("direct", ROADS)
+async def test_a_provider_that_refuses_connections_a_while_is_waited_for_at_no_cost(
+        bus: Bus, priced, chat, direct: bool, caplog: pytest.LogCaptureFixture) -> None:
+    probe = socket.socket()  # bound, not listening: every connection is refused, as while a server restarts
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    caplog.set_level(logging.INFO, logger="brain.llm")
+    await priced(direct=direct, api_base=f"http://127.0.0.1:{port}/v1", llm_connect_patience_s=60)  # no retries
+    answer = asyncio.create_task(chat("hello", session_id="late"))
+    await async_wait_until(lambda: sum("model not reachable" in r.message for r in caplog.records) >= 2,
+                           timeout=30, what="two refused tries")
+    probe.close()
+    late = ScriptedLLM(port=port).start()  # the provider is back
+    try:
+        final = (await answer)[-1]
+        assert isinstance(final, ChatReply) and final.text == "echo: hello", final
+        assert len(late.requests) == 1
+        spent = await meter(bus)
+        assert spent["calls"] == 1 and spent.get("held", 0) == 0  # the refused tries were free, not retries
+    finally:
+        late.stop()
 
 
 async def test_calls_cut_short_spend_a_budget_and_the_next_call_is_refused_before_the_provider(
