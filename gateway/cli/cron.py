@@ -19,10 +19,8 @@ ACTIONS = ("add", "list", "show", "pause", "resume", "rm", "run", "runs")
 
 
 def command(args: argparse.Namespace, config: Config) -> int:
-    from gateway.cli.credentials import caller_token
-    from gateway.config import GatewaySettings
+    from gateway.cli.gateway_api import NO_ANSWER, ask_gateway
 
-    settings = config.section("gateway", GatewaySettings)
     if args.action not in ("list",) and not args.name:
         print(f"pincer: error: `pincer cron {args.action}` needs the job's NAME", file=sys.stderr)
         return 2
@@ -30,23 +28,9 @@ def command(args: argparse.Namespace, config: Config) -> int:
         print("pincer: error: `pincer cron add` needs --message TEXT (what the agent is asked each time)",
               file=sys.stderr)
         return 2
-    base = (args.url or settings.url).rstrip("/")
-    token = caller_token(args, config, settings)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
-            response = _call(client, args)
-    except httpx.HTTPError as exc:
-        print(f"pincer: error: cannot reach the Gateway at {base} ({exc}); is `pincer up` running?", file=sys.stderr)
+    found = ask_gateway(args, config, lambda client: _call(client, args))
+    if found is NO_ANSWER:
         return 1
-    if response.status_code >= 400:
-        try:
-            said = response.json().get("error", {}).get("message") or response.text
-        except ValueError:
-            said = response.text
-        print(f"pincer: error: {said}", file=sys.stderr)
-        return 1
-    found = response.json()
     if args.json:
         print(json.dumps(found, indent=2))
     else:

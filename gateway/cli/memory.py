@@ -8,7 +8,6 @@ import json
 import sys
 from typing import Any
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -16,33 +15,17 @@ from bus.config import Config
 
 
 def command(args: argparse.Namespace, config: Config) -> int:
-    from gateway.cli.credentials import caller_token
-    from gateway.config import GatewaySettings
+    from gateway.cli.gateway_api import NO_ANSWER, ask_gateway
 
-    settings = config.section("gateway", GatewaySettings)
     if args.action == "rm" and not args.key:
         print("pincer: error: `pincer memory rm` needs the note's KEY", file=sys.stderr)
         return 2
-    base = (args.url or settings.url).rstrip("/")
-    token = caller_token(args, config, settings)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     params: dict[str, Any] = {"agent": args.agent, **({"owner": args.owner} if args.owner else {}),
                               **({"shared": "1"} if args.shared else {})}
-    try:
-        with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
-            response = (client.delete(f"/v1/memory/{args.key}", params=params) if args.action == "rm"
-                        else client.get("/v1/memory", params=params))
-    except httpx.HTTPError as exc:
-        print(f"pincer: error: cannot reach the Gateway at {base} ({exc}); is `pincer up` running?", file=sys.stderr)
+    found = ask_gateway(args, config, lambda client: client.delete(f"/v1/memory/{args.key}", params=params)
+                        if args.action == "rm" else client.get("/v1/memory", params=params))
+    if found is NO_ANSWER:
         return 1
-    if response.status_code >= 400:
-        try:
-            said = response.json().get("error", {}).get("message") or response.text
-        except ValueError:
-            said = response.text
-        print(f"pincer: error: {said}", file=sys.stderr)
-        return 1
-    found = response.json()
     if args.json:
         print(json.dumps(found, indent=2))
     elif args.action == "rm":
