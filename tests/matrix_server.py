@@ -51,7 +51,10 @@ def synapse_python() -> Path:
 class Synapse:
     """One homeserver named ``localhost``, its data in a folder of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, default_message_limits: bool = False) -> None:
+        """``default_message_limits``: Synapse's own rc_message (0.2 a second, bursts of 10) for every account
+        but those ``unlimit`` frees; else none that a test would meet."""
+        self.default_message_limits = default_message_limits
         self.root = Path(tempfile.mkdtemp(prefix="pincer-synapse-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -82,7 +85,7 @@ signing_key_path: {self.root}/signing.key
 trusted_key_servers: []
 suppress_key_server_warning: true
 encryption_enabled_by_default_for_room_type: "off"
-rc_message: {limits}
+{"" if self.default_message_limits else f"rc_message: {limits}"}
 rc_login: {{address: {limits}, account: {limits}, failed_attempts: {limits}}}
 rc_joins: {{local: {limits}, remote: {limits}}}
 rc_invites: {{per_room: {limits}, per_user: {limits}, per_issuer: {limits}}}
@@ -102,6 +105,13 @@ rc_registration: {limits}
             time.sleep(0.2)
         raise RuntimeError(f"synapse did not answer on {self.port}")
 
+    def unlimit(self, admin: Person, user_id: str) -> None:
+        """Free ``user_id`` from the message rate limit (Synapse's admin API): the people a test plays."""
+        freed = httpx.post(f"{self.url}/_synapse/admin/v1/users/{quote(user_id)}/override_ratelimit", timeout=30,
+                           headers={"Authorization": f"Bearer {admin.token}"},
+                           json={"messages_per_second": 0, "burst_count": 0})
+        freed.raise_for_status()
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -114,15 +124,16 @@ rc_registration: {limits}
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def register(self, name: str = "") -> Person:
+    def register(self, name: str = "", *, admin: bool = False) -> Person:
         """A new account (by the shared-secret admin API), logged in."""
         name = name or f"user{next(self._names)}"
         password = f"pw-{name}"
         nonce = httpx.get(f"{self.url}/_synapse/admin/v1/register", timeout=10).json()["nonce"]
-        mac = hmac.new(SECRET.encode(), b"\x00".join([nonce.encode(), name.encode(), password.encode(), b"notadmin"]),
+        mac = hmac.new(SECRET.encode(), b"\x00".join([nonce.encode(), name.encode(), password.encode(),
+                                                      b"admin" if admin else b"notadmin"]),
                        hashlib.sha1).hexdigest()
         made = httpx.post(f"{self.url}/_synapse/admin/v1/register", timeout=30,
-                          json={"nonce": nonce, "username": name, "password": password, "admin": False, "mac": mac})
+                          json={"nonce": nonce, "username": name, "password": password, "admin": admin, "mac": mac})
         made.raise_for_status()
         return Person(self.url, made.json()["user_id"], made.json()["access_token"], made.json()["device_id"])
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import hashlib
 import html
 import json
@@ -47,6 +48,7 @@ from gateway.channels.config import MatrixSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.intake import ROLE as CHANNEL_ROLE
 from gateway.channels.markup import fitted
+from gateway.channels.platform import patiently
 from gateway.channels.questions import Questions, first_word_choices
 from gateway.channels.reply import Buttons
 
@@ -152,6 +154,7 @@ class Matrix:
         self.client.access_token = settings.access_token.get_secret_value()
         self.client.user_id = settings.user_id
         self.questions = Questions(bus, NAME)
+        self._asked: dict[str, set[str]] = {}  # a question posted (by its step id) -> the reactions added to it
         self.bot_id = ""
         self.username = ""
         self._device: Lease | None = None
@@ -365,7 +368,8 @@ class Matrix:
         local = self.bot_id.removeprefix("@").partition(":")[0]
         mentioned = (not base.group or self.bot_id in mentions or self.bot_id in text
                      or bool(re.search(rf"(?<![\w@]){re.escape(local)}\b", text, re.I)))
-        return base.model_copy(update={"text": text[:64_000], "files": files, "mentioned": mentioned})
+        return base.model_copy(update={"text": without_mention(text, self.bot_id)[:64_000], "files": files,
+                                       "mentioned": mentioned})
 
     def _group(self, room_id: str) -> bool:
         room = self.client.rooms.get(room_id)
@@ -389,29 +393,45 @@ class Matrix:
     def render(self, text: str) -> list[str]:
         return fitted(text, self.limit)
 
-    async def _send(self, room_id: str, content: dict[str, Any]) -> str:
+    async def _send(self, room_id: str, content: dict[str, Any], *, kind: str = "m.room.message",
+                    step: str | None = None) -> str:
+        """One event sent; ``step`` (a step of a send made of several) names its transaction, so the
+        homeserver answers a retried step with the event it already made instead of making another."""
         if self._device_lost:
             raise PlatformRefused(self._device_lost)
         async with translated("send"):
-            sent = checked(await self.client.room_send(room_id, "m.room.message", content,
+            sent = checked(await self.client.room_send(room_id, kind, content, tx_id=step,
                                                        ignore_unverified_devices=True), "send")
         return str(sent.event_id)
 
     async def send(self, chat: str, rendered: str, *, buttons: Buttons = ()) -> str:
+        """A message; with buttons, a question and then its choices as reactions, each step sent once: a
+        send retried after a rate limit on a reaction goes on from that reaction, never posting again."""
         choices = first_word_choices(buttons)
         keys = {REACTIONS.get(label, f"{n + 1}\N{COMBINING ENCLOSING KEYCAP}"): data
                 for n, (label, data) in enumerate(choices.items())}
-        if buttons:
-            labels = " · ".join(f"{key} {label}" for key, label in zip(keys, choices, strict=True))
-            rendered += f"\n\nReact with {labels} (or reply with the word)."
-        event_id = await self._send(chat, _content(rendered))
-        if buttons:
+        if not buttons:
+            return await self._send(chat, _content(rendered))
+        labels = " · ".join(f"{key} {label}" for key, label in zip(keys, choices, strict=True))
+        rendered += f"\n\nReact with {labels} (or reply with the word)."
+        # The choices' data are the question's own (an approval's id): the same question is the same steps.
+        digest = hashlib.sha256(json.dumps([chat, rendered, sorted(keys.items())]).encode()).hexdigest()
+        question = f"pincer-{digest[:40]}"
+        event_id = await patiently(lambda: self._send(chat, _content(rendered), step=question), what="ask")
+        reacted = self._asked.setdefault(question, set())
+        if not reacted:
             await self.questions.ask(event_id, {**choices, **keys})
-            for key in keys:  # the choices as reactions already there: one tap to answer
-                async with translated("react"):
-                    checked(await self.client.room_send(chat, "m.reaction", {"m.relates_to": {
-                        "rel_type": "m.annotation", "event_id": event_id, "key": key}}), "react")
+        for n, key in enumerate(keys):  # the choices as reactions already there: one tap to answer
+            if key in reacted:
+                continue
+            await patiently(functools.partial(self._react, chat, event_id, key, f"{question}-{n}"), what="react")
+            reacted.add(key)
+        self._asked.pop(question, None)
         return event_id
+
+    async def _react(self, chat: str, event_id: str, key: str, step: str) -> str:
+        return await self._send(chat, {"m.relates_to": {"rel_type": "m.annotation", "event_id": event_id, "key": key}},
+                                kind="m.reaction", step=step)
 
     async def edit(self, chat: str, message: str, rendered: str, *, buttons: Buttons = ()) -> None:
         new = _content(rendered)
@@ -468,6 +488,15 @@ def _attachment(content: dict[str, Any]) -> str:
     if isinstance(sealed, dict) and str(sealed.get("url", "")).startswith("mxc://"):
         return ENCRYPTED_FILE + json.dumps(sealed)
     return ""
+
+
+def without_mention(text: str, bot_id: str) -> str:
+    """The words said to the bot, without how it was addressed: its full id anywhere, and its name at the start
+    as clients write a mention ("pincer: ...", "@pincer, ..."), as Slack and Discord mentions are left out."""
+    local = bot_id.removeprefix("@").partition(":")[0]
+    text = re.sub(rf"^\s*(?:{re.escape(bot_id)}\s*[:,]?|@?{re.escape(local)}\s*[:,])\s*", "", text, count=1,
+                  flags=re.I)
+    return re.sub(r"[ \t]{2,}", " ", text.replace(bot_id, " ")).strip()
 
 
 def _without_reply_fallback(body: str) -> str:

@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import nio
 import pytest
 
 from gateway.channels.config import MatrixSettings
-from gateway.channels.matrix import ENCRYPTED_FILE, Matrix, _attachment, user_key
+from gateway.channels.errors import PlatformRefused
+from gateway.channels.matrix import ENCRYPTED_FILE, Matrix, _attachment, user_key, without_mention
 from tests.fakes import fake_bus
 
 BOT = "@pincer:example.org"
@@ -73,3 +75,65 @@ def test_an_encrypted_attachment_is_referred_to_with_its_keys() -> None:
     assert _attachment({"url": "mxc://example.org/plain"}) == "mxc://example.org/plain"
     assert json.loads(_attachment({"file": sealed}).removeprefix(ENCRYPTED_FILE)) == sealed
     assert _attachment({"url": "https://elsewhere.example/x"}) == "" and _attachment({"file": "nonsense"}) == ""
+
+
+def test_a_mention_by_name_or_id_is_left_out_of_the_words() -> None:
+    for said, words in [("pincer: what now?", "what now?"), ("@pincer:example.org: hi there", "hi there"),
+                        ("Pincer, go on", "go on"), ("hey @pincer:example.org how are you", "hey how are you"),
+                        ("thanks pincer for that", "thanks pincer for that"), ("no mention", "no mention")]:
+        assert without_mention(said, BOT) == words, said
+
+
+class Homeserver:
+    """room_send as a homeserver answers it: one event per transaction id (a retried step gets the event it
+    made), and the errors it was told to give first."""
+
+    def __init__(self, *errors: tuple[str, str]) -> None:
+        self.errors = list(errors)  # (event type, errcode) to answer the next such send with, once each
+        self.events: dict[str, tuple[str, dict[str, Any]]] = {}  # transaction -> (type, content)
+        self.asked: list[str] = []
+
+    async def room_send(self, room_id: str, kind: str, content: dict[str, Any], tx_id: str | None = None,
+                        ignore_unverified_devices: bool = False) -> Any:
+        self.asked.append(kind)
+        for n, (when, code) in enumerate(self.errors):
+            if when == kind:
+                del self.errors[n]
+                return nio.RoomSendError(code, code, retry_after_ms=20)
+        tx_id = tx_id or f"random-{len(self.asked)}"
+        self.events.setdefault(tx_id, (kind, content))
+        return nio.RoomSendResponse(f"$event-{list(self.events).index(tx_id)}", room_id)
+
+
+BUTTONS = [[("Allow once", "ap:7:o"), ("Always", "ap:7:a"), ("Deny", "ap:7:d")]]
+
+
+async def test_a_question_waits_out_a_limited_reaction_and_never_asks_again(matrix: Matrix) -> None:
+    server = Homeserver(("m.reaction", "M_LIMIT_EXCEEDED"), ("m.reaction", "M_LIMIT_EXCEEDED"))
+    matrix.client.room_send = server.room_send  # type: ignore[method-assign]
+    asked = await matrix.send(ROOM, "Allow exec?", buttons=BUTTONS)
+    kinds = [kind for kind, _ in server.events.values()]
+    assert kinds == ["m.room.message", "m.reaction", "m.reaction", "m.reaction"]  # each step once
+    assert {c["m.relates_to"]["key"] for k, c in server.events.values() if k == "m.reaction"} == {"✅", "🔁", "❌"}
+    assert asked == "$event-0" and server.asked.count("m.room.message") == 1
+
+
+async def test_a_send_retried_whole_goes_on_from_the_step_that_failed(matrix: Matrix) -> None:
+    first = Homeserver()
+    calls = 0
+
+    async def second_reaction_refused(room_id: str, kind: str, content: dict[str, Any], tx_id: str | None = None,
+                                      ignore_unverified_devices: bool = False) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # the question, the first reaction, then the second is refused
+            return nio.RoomSendError("no", "M_FORBIDDEN")
+        return await first.room_send(room_id, kind, content, tx_id)
+
+    matrix.client.room_send = second_reaction_refused  # type: ignore[method-assign]
+    with pytest.raises(PlatformRefused):
+        await matrix.send(ROOM, "Allow exec?", buttons=BUTTONS)
+    again = await matrix.send(ROOM, "Allow exec?", buttons=BUTTONS)  # the kit sends it again, whole
+    assert again == "$event-0" and [k for k, _ in first.events.values()].count("m.room.message") == 1
+    assert len([k for k, _ in first.events.values() if k == "m.reaction"]) == 3  # none twice
+    assert first.asked.count("m.reaction") == 3  # the first reaction was not sent again
