@@ -74,6 +74,7 @@ class FakeDiscord:
         self.identifies = 0
         self.resumes = 0
         self.refuse_until = 0.0
+        self.heartbeat_ms = 5000  # the interval HELLO asks clients to heartbeat at (Discord's own is 41250)
         self.history: dict[str, list[dict[str, Any]]] = {}  # channel -> messages, oldest first
         self.hosted: dict[str, bytes] = {}
         self.sessions: dict[str, Session] = {}
@@ -317,7 +318,7 @@ class FakeDiscord:
             await socket.close(code=1011)
             return
         await socket.accept()
-        await socket.send_text(json.dumps({"op": 10, "d": {"heartbeat_interval": 5000}}))
+        await socket.send_text(json.dumps({"op": 10, "d": {"heartbeat_interval": self.heartbeat_ms}}))
         session: Session | None = None
         try:
             while True:

@@ -19,6 +19,7 @@ import contextlib
 import io
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -85,11 +86,16 @@ class Discord:
         self._runner: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._take: Take | None = None
+        self._heard = 0.0  # wall clock of the last frame the gateway sent (an event, a heartbeat's ACK)
 
     def _new_client(self) -> discord.Client:
         intents = discord.Intents.default()
         intents.message_content = True  # privileged: turned on for the application (docs/channels/discord.md)
-        client = discord.Client(intents=intents, max_messages=None, chunk_guilds_at_startup=False)
+        # enable_debug_events: every frame the gateway sends is dispatched (on_socket_raw_receive), which is
+        # what liveness is measured by; the library's own state flags say nothing of a connection gone quiet.
+        client = discord.Client(intents=intents, max_messages=None, chunk_guilds_at_startup=False,
+                                enable_debug_events=True)
+        client.event(self.on_socket_raw_receive)
         client.event(self.on_ready)
         client.event(self.on_resumed)
         client.event(self.on_message)
@@ -112,6 +118,7 @@ class Discord:
         client, self._client = self._client, None
         runner, self._runner = self._runner, None
         self._ready.clear()
+        self._heard = 0.0
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.close()
@@ -130,24 +137,41 @@ class Discord:
         client = self._client
         assert client is not None
         self._ready.clear()
-        self._runner = asyncio.create_task(self._connect(client), name="discord:gateway")
+        runner = self._runner = asyncio.create_task(self._connect(client), name="discord:gateway")
+        ready = asyncio.create_task(self._ready.wait())
         try:
-            async with asyncio.timeout(READY_S):
-                await self._ready.wait()
-        except TimeoutError:
-            raise PlatformAway(f"Discord gateway: no READY within {READY_S:g}s") from None
+            await asyncio.wait({ready, runner}, timeout=READY_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if not self._ready.is_set():
+            raise PlatformAway("Discord gateway: the connection failed" if runner.done()
+                               else f"Discord gateway: no READY within {READY_S:g}s")
 
     async def _connect(self, client: discord.Client) -> None:
+        """The gateway until it fails. The library resumes its session when Discord asks it to (RECONNECT, a
+        resumable close) but never retries a failed connection on its own backoff: the kit makes it afresh
+        on its own (gateway/channels/intake.py), whatever the library's backoff has grown to."""
         try:
-            await client.connect(reconnect=True)
+            await client.connect(reconnect=False)
         except (discord.LoginFailure, discord.PrivilegedIntentsRequired) as exc:
             log.error("Discord gateway refused: %s", exc)
-        except Exception:  # the kit sees the connection down and makes it afresh
+        except (OSError, aiohttp.ClientError, discord.ConnectionClosed, discord.GatewayNotFound,
+                discord.HTTPException, TimeoutError) as exc:
+            log.warning("Discord gateway lost: %s", exc or type(exc).__name__)
+        except Exception:
             log.exception("Discord gateway ended")
 
     async def connected(self) -> bool:
         client = self._client
         return client is not None and client.is_ready() and not client.is_closed() and self._ready.is_set()
+
+    async def heard(self) -> float | None:
+        if self._runner is not None and self._runner.done():  # the connection failed and the library gave up
+            raise PlatformAway("Discord gateway: the connection ended")
+        return self._heard or None
+
+    async def on_socket_raw_receive(self, frame: str) -> None:
+        self._heard = time.time()
 
     async def on_ready(self) -> None:
         await self._catch_up()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from bus.protocol import ChannelUpdate
 from bus.streams import CONNECTION_ERRORS, Bus
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
-from gateway.channels.platform import RETRY_DELAYS, Listening, Platform, Polled, Webhooked, patiently
+from gateway.channels.platform import RETRY_DELAYS, Heard, Listening, Platform, Polled, Webhooked, patiently
 
 log = logging.getLogger("gateway.channels")
 T = TypeVar("T")
@@ -102,8 +103,9 @@ class Intake:
     # --- a connection the platform pushes events over: every replica keeps one ---
 
     async def _listen(self, listening: Listening, stop: asyncio.Event) -> None:
-        """Keep the platform's connection until ``stop``; its progress is being connected. A connection that
-        stays down past stall_s (the library's own reconnecting has not helped) is made afresh."""
+        """Keep the platform's connection until ``stop``. Its progress is what arrives on it (a platform that
+        can say: ``Heard``), else being connected; a connection silent or down past stall_s is replaced here,
+        on the kit's own backoff (capped, with jitter), whatever the library's reconnecting would do."""
         failures, down_since = 0, 0.0
         try:
             while not stop.is_set():
@@ -112,18 +114,24 @@ class Intake:
                         await listening.listen(self._take_event)
                         self.progress.polling, down_since, failures = True, 0.0, 0
                         log.info("%s: connected", self.name)
-                    if await listening.connected():
+                    heard = await listening.heard() if isinstance(listening, Heard) else None
+                    if heard is not None:
+                        self.progress.last = heard
+                        quiet = time.time() - heard
+                        if quiet > self.settings.stall_s:
+                            raise PlatformAway(f"nothing arrived for {quiet:.0f}s (stall_s {self.settings.stall_s:g})")
+                    elif await listening.connected():
                         self.progress.last, down_since = time.time(), 0.0
                     else:
                         down_since = down_since or time.monotonic()
                         if time.monotonic() - down_since > self.settings.stall_s:
-                            self.progress.failed(PlatformAway(f"disconnected for {self.settings.stall_s:g}s"))
-                            await self.platform.close()
-                            self.progress.polling = False
+                            raise PlatformAway(f"disconnected for {self.settings.stall_s:g}s")
                     await _sleep_or_stop(stop, LISTEN_CHECK_S)
                 except PlatformAway as exc:
                     self.progress.failed(exc)
-                    delay = exc.retry_after or RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
+                    self.progress.polling = False
+                    delay = exc.retry_after or RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)] * \
+                        random.uniform(0.5, 1.0)  # jitter: replicas that lost one gateway do not return at once
                     failures += 1
                     log.warning("%s connect: %s; again in %.1fs", self.name, exc, delay)
                     await self.platform.close()

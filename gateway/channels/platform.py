@@ -63,6 +63,14 @@ class Listening(Protocol):
 
 
 @runtime_checkable
+class Heard(Protocol):
+    """A listening platform that can say when the last thing arrived on its connection (an event, a heartbeat's
+    answer): its liveness is that progress, never the library's own idea of being connected."""
+
+    async def heard(self) -> float | None: ...  # wall clock of the last arrival (None: nothing yet); PlatformAway: gone
+
+
+@runtime_checkable
 class Webhooked(Protocol):
     """A platform that can push its updates to a webhook instead (Telegram's webhook, Slack's Events API)."""
 

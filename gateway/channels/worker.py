@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -52,6 +53,7 @@ from gateway.channels.access import Access
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.intake import ROLE, Intake, Progress
+from gateway.channels.lanes import Lanes
 from gateway.channels.platform import RETRY_DELAYS, Invited, Patient, Platform, patiently
 from gateway.channels.reply import Buttons, Delivery, StreamedReply
 from gateway.config import GatewaySettings
@@ -105,6 +107,7 @@ class ChannelWorker:
         self.access = Access(bus, self.name, allow_from=settings.allow_from, agent=settings.agent,
                              pairing_ttl_s=settings.pairing_ttl_s)
         self.surface = Patient(platform)
+        self.lanes = Lanes()
         self.progress = Progress()
         self.counts = self.progress.counts
 
@@ -164,7 +167,11 @@ class ChannelWorker:
             return []
         what = f"update {message.event_id}" if isinstance(message, ChannelUpdate) else f"sending {message.key}"
         try:
-            await (self._handle(message) if isinstance(message, ChannelUpdate) else self._send_out(message))
+            if isinstance(message, ChannelUpdate) and message.press is None and not message.invite:
+                async with self.lanes.turn(message.chat) as admitted:
+                    await self._handle(message, admitted)
+            else:
+                await (self._handle(message) if isinstance(message, ChannelUpdate) else self._send_out(message))
         except PlatformAway as exc:  # still away after PATIENCE_S: left pending, delivered again later
             self.progress.failed(exc)
             raise PlatformDown(f"{self.name} is away ({exc}); {what} stays pending") from None
@@ -184,7 +191,8 @@ class ChannelWorker:
         if done == 0:
             self.counts["out"] += 1
 
-    async def _handle(self, update: ChannelUpdate) -> None:
+    async def _handle(self, update: ChannelUpdate, admitted: Callable[[], None] = lambda: None) -> None:
+        """One update; ``admitted`` is called once its turn is admitted (the next of its chat may be)."""
         identity = await self.access.identity(update.user, update.username)
         if update.invite:
             await self._invited(identity, update)
@@ -213,7 +221,7 @@ class ChannelWorker:
             return
         if not update.text.strip() and not update.files:
             return
-        await self._turn(identity, session, update, update.text)
+        await self._turn(identity, session, update, update.text, admitted)
 
     async def _invited(self, identity: Identity | None, update: ChannelUpdate) -> None:
         """An invitation into a conversation: taken from someone who may talk to the agent, declined (and the
@@ -254,7 +262,8 @@ class ChannelWorker:
             await self._say(update.chat, f"I don't know you yet. If you know who runs me, give them this code: "
                                          f"{code}\n(they let you in with: pincer channels pair {code})")
 
-    async def _turn(self, identity: Identity, session: str, update: ChannelUpdate, text: str) -> None:
+    async def _turn(self, identity: Identity, session: str, update: ChannelUpdate, text: str,
+                    admitted: Callable[[], None]) -> None:
         delivery = Delivery(self.bus, self.name, update.event_id)
         record = await delivery.read()
         if record.get("done"):
@@ -262,9 +271,10 @@ class ChannelWorker:
         reply = StreamedReply(self.surface, update.chat, delivery, edit_interval_s=self.settings.edit_interval_s,
                               shown=record.get("shown"))
         if "turn" in record:  # started before a restart: the Brain ran it on; its answer is in the transcript
+            admitted()
             answer = await self._recorded_answer(session, record["turn"])
         else:
-            ran = await self._run_turn(identity, session, update, text, reply, delivery)
+            ran = await self._run_turn(identity, session, update, text, reply, delivery, admitted)
             if ran is None:
                 return
             answer = ran
@@ -276,7 +286,7 @@ class ChannelWorker:
         self.counts["out"] += 1
 
     async def _run_turn(self, identity: Identity, session: str, update: ChannelUpdate, text: str,
-                        reply: StreamedReply, delivery: Delivery) -> str | None:
+                        reply: StreamedReply, delivery: Delivery, admitted: Callable[[], None]) -> str | None:
         # A person's files are fetched only once their turn is admitted (a sender past a limit costs nothing).
         files = partial(self._save_files, identity, update) if update.files else None
         try:
@@ -285,10 +295,12 @@ class ChannelWorker:
                                                                            channel=self.name),
                                           cancel_if_abandoned=False, add_to_text=files)
         except Refused as exc:
+            admitted()
             await self._say(update.chat, f"⚠ {exc.message}")
             await delivery.note(done="1")
             return None
         await delivery.note(turn=turn.message.message_id)
+        admitted()  # numbered in its session: the next message of this chat comes after it
         reply.start_typing()
         answer = ""
         try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Processes, identity_tree, wait_until
+from tests.conftest import Processes, gateway_client, identity_tree, wait_until
 from tests.e2e.conftest import start_stack
 from tests.fake_discord import GENERAL, THREAD, TOKEN, FakeDiscord, Sent
 from tests.scripted_llm import ScriptedLLM
@@ -183,6 +183,37 @@ def test_killed_mid_turn_and_cut_off_every_message_is_answered_once(
 
     rows = wait_until(counted, timeout=30, what="the channel connected, its messages counted")
     assert rows[0]["channel"] == "discord" and rows[0]["bot"] == "pincer"
+
+
+def test_an_outage_past_stall_s_is_reported_then_a_fresh_connection_answers_all_in_order(
+        processes: Processes, discord_env: dict[str, str], discord: FakeDiscord, scripted_llm: ScriptedLLM) -> None:
+    discord.heartbeat_ms = 1000  # something arrives every second while the gateway is there
+    processes.env = {**processes.env, "PINCER_CHANNELS__DISCORD__STALL_S": "6"}
+    start_channel(processes, discord)
+    dm = discord.dm(ALICE)
+    discord.say(ALICE, "before")
+    answer(discord, dm, "echo: before")
+    identifies = discord.identifies
+
+    def state() -> str:
+        rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
+        return str(rows[0]["state"]) if rows else "none"
+
+    assert state() == "connected"
+    discord.cut(25)  # past stall_s, and past the library's own first retries: it would wait ~50 s more
+    wait_until(lambda: state() != "connected", timeout=6 + 6, what="the outage reported within stall_s")
+    with gateway_client(processes.env) as client:
+        ready, metrics = client.get("/readyz"), client.get("/metrics").text
+    assert ready.status_code == 503 and "the discord channel is" in ready.text, ready.text
+    assert 'pincer_channel_connected{channel="discord"} 0.0' in metrics
+    for n in range(4):
+        discord.say(ALICE, f"during {n}")
+    for n in range(4):  # a fresh connection made by the kit's own backoff once the gateway is back
+        answer(discord, dm, f"echo: during {n}", timeout=25 + 30)
+    wait_until(lambda: state() == "connected", timeout=30, what="connected again")
+    assert discord.identifies > identifies  # a new session, not only the library's resume
+    texts = [s.content for s in discord.in_channel(dm) if s.content.startswith("echo: during")]
+    assert texts == [f"echo: during {n}" for n in range(4)], texts  # each once, in the order said
 
 
 def test_a_name_that_spells_an_allowed_id_or_a_taken_handle_gets_a_code_not_a_turn(

@@ -144,9 +144,9 @@ def test_in_a_group_a_mention_is_needed_and_an_approval_is_its_own_persons(
     assert not (ws / "out.txt").exists() and not (own_tree(ws, bob) / "out.txt").exists()  # hers alone
     assert not any("ourselves" in t for t in alice.texts(room))
     bob.say(room, f"{bot.user_id.removeprefix('@').partition(':')[0]}: what now?")  # named: a mention
-    assert answer(alice, room, "what now?")["content"]["body"] == "echo: what now?"  # the name left out
+    assert answer(alice, room, "echo: what")["content"]["body"] == "echo: what now?"  # the name left out
     bob.say(room, f"{bot.user_id}: and then?")  # by the full id
-    assert answer(alice, room, "and then?")["content"]["body"] == "echo: and then?"
+    assert answer(alice, room, "echo: and")["content"]["body"] == "echo: and then?"
 
 
 def test_files_both_ways_and_an_encrypted_room_is_declined_plainly(

@@ -4,6 +4,7 @@ speaks Telegram's documented HTTP shape (tests/fake_telegram.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 from pathlib import Path
@@ -86,11 +87,25 @@ def test_each_chat_user_has_notes_and_conversations_of_their_own(
     telegram.say(ALICE, "my bike lock code is 5521")
     answer(telegram, ALICE, "echo: my bike lock code")
     telegram.say(BOB, 'CALL memory_search {"query": "kite bike lock code"}', username="bob_b")
-    bob = answer(telegram, BOB, "RESULT memory_search").text
+    bob = whole_result(telegram, BOB, "memory_search")
     assert "kite" not in bob.replace("kite bike lock code", "") and "5521" not in bob
     telegram.say(ALICE, 'CALL memory_search {"query": "kite bike lock code"}')
-    alice = answer(telegram, ALICE, "RESULT memory_search").text
+    alice = whole_result(telegram, ALICE, "memory_search")
     assert "a kite for Sam" in alice and "5521" in alice
+
+
+def whole_result(telegram: FakeTelegram, chat: int, tool: str) -> str:
+    """The result the bot quotes in ``chat``, once its streamed message shows all of it (not an edit before)."""
+    def whole() -> str | None:
+        for sent in telegram.to(chat):
+            _, found, quoted = sent.text.partition(f"RESULT {tool}: ")
+            if found:
+                with contextlib.suppress(ValueError):
+                    json.loads(quoted)
+                    return quoted
+        return None
+
+    return wait_until(whole, timeout=60, what=f"the whole {tool} result in {chat}")
 
 
 def test_a_stranger_gets_a_code_once_and_no_model_call_until_paired(
