@@ -5,7 +5,8 @@ REST at ``/api/v10/...`` with ``Authorization: Bot <token>``: the bot user, ``/g
 URL), messages sent, edited and read back (newest first, ``after`` and ``limit``), typing, interaction
 callbacks and follow-ups, attachments. The gateway: HELLO, IDENTIFY -> READY (+ GUILD_CREATE), heartbeats
 ACKed, RESUME replaying what the session missed (then RESUMED), INVALID_SESSION for one that is gone,
-RECONNECT on demand; every dispatch numbered per session. Like Discord, nothing is replayed to a new
+RECONNECT on demand; every dispatch numbered per session, and a session left unconnected past
+``resume_window_s`` gone for good. Like Discord, nothing is replayed to a new
 session: what was said while no session was alive is only in the channels' history.
 
 The test side plays the people: ``say`` (a DM, or a server channel or thread) and ``press`` dispatch
@@ -62,6 +63,7 @@ class Session:
     log: list[dict[str, Any]] = field(default_factory=list)  # every dispatch, numbered from 1
     socket: WebSocket | None = None
     acked: int = 0  # the last sequence the client confirmed by heartbeat or resume
+    away_since: float = 0.0  # monotonic: when its last connection ended (0: connected)
 
 
 class FakeDiscord:
@@ -73,6 +75,8 @@ class FakeDiscord:
         self.callbacks: list[tuple[str, int]] = []  # (interaction id, response type)
         self.identifies = 0
         self.resumes = 0
+        self.resumes_refused = 0
+        self.resume_window_s = 300.0  # a session left unconnected longer cannot be resumed (INVALID_SESSION)
         self.refuse_until = 0.0
         self.heartbeat_ms = 5000  # the interval HELLO asks clients to heartbeat at (Discord's own is 41250)
         self.history: dict[str, list[dict[str, Any]]] = {}  # channel -> messages, oldest first
@@ -339,7 +343,7 @@ class FakeDiscord:
             pass
         finally:
             if session is not None and session.socket is socket:
-                session.socket = None
+                session.socket, session.away_since = None, time.monotonic()
 
     async def _identify(self, socket: WebSocket) -> Session:
         self.identifies += 1
@@ -359,11 +363,16 @@ class FakeDiscord:
 
     async def _resume(self, socket: WebSocket, data: dict[str, Any]) -> Session | None:
         session = self.sessions.get(str(data.get("session_id")))
+        if session is not None and session.away_since and \
+                time.monotonic() - session.away_since > self.resume_window_s:
+            self.sessions.pop(session.id, None)  # past its resume window: gone
+            session = None
         if session is None or data.get("token") != TOKEN:
+            self.resumes_refused += 1
             await socket.send_text(json.dumps({"op": 9, "d": False}))
             return None
         self.resumes += 1
-        session.socket = socket
+        session.socket, session.away_since = socket, 0.0
         socket.pincer_sent = int(data.get("seq") or 0)  # type: ignore[attr-defined]
         await self._flush(session)
         with self._lock:

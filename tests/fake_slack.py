@@ -68,6 +68,7 @@ class FakeSlack:
         self.acked: list[str] = []
         self.deliveries: list[tuple[str, int]] = []  # (envelope id, retry attempt) of each one sent
         self.connections_opened = 0
+        self.socket_port = 0  # set: connections are given this port (a relay in front, tests/netcut.py)
         self.push_url = ""  # set: envelopes are posted there, signed (the Events API), not sent over sockets
         self.signing_secret = ""
         self.pushes: list[tuple[str, int, int]] = []  # (envelope id, retry number, HTTP status) of each post
@@ -335,7 +336,8 @@ class FakeSlack:
         if time.monotonic() < self.refuse_connections_until:
             return {"ok": False, "error": "service_unavailable"}
         self.connections_opened += 1
-        return {"ok": True, "url": f"ws://127.0.0.1:{self.port}/socket?ticket={self.connections_opened}"}
+        return {"ok": True, "url": f"ws://127.0.0.1:{self.socket_port or self.port}/socket"
+                                     f"?ticket={self.connections_opened}"}
 
     def _chat_postMessage(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802  # Slack's name
         text = str(params.get("text") or "")

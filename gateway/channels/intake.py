@@ -56,6 +56,7 @@ return 1
 PUSHED_KEEP_S = 86_400  # a platform retries a webhook delivery for hours at most
 WEBHOOK_MAX_BYTES = 1 << 20
 LISTEN_CHECK_S = 1.0  # how often a kept connection is looked at (its progress)
+CONNECT_S = 90.0  # a connection not made in this long is made afresh (a platform may bound it tighter)
 WEBHOOK_CHECK_S = 15.0  # how often a webhook's health is asked of the platform (its progress)
 # KEYS: lease. ARGV: the dead holder, us, ttl ms. The lease of a holder whose heartbeat stopped, taken.
 TAKE_OVER = """
@@ -111,7 +112,11 @@ class Intake:
             while not stop.is_set():
                 try:
                     if not self.progress.polling:
-                        await listening.listen(self._take_event)
+                        try:
+                            await abandoned_after(CONNECT_S, listening.listen(self._take_event),
+                                                  what=f"{self.name} connect")
+                        except TimeoutError as exc:  # a handshake into a dead network can hang for minutes
+                            raise PlatformAway(str(exc)) from None
                         self.progress.polling, down_since, failures = True, 0.0, 0
                         log.info("%s: connected", self.name)
                     heard = await listening.heard() if isinstance(listening, Heard) else None
@@ -134,7 +139,9 @@ class Intake:
                         random.uniform(0.5, 1.0)  # jitter: replicas that lost one gateway do not return at once
                     failures += 1
                     log.warning("%s connect: %s; again in %.1fs", self.name, exc, delay)
-                    await self.platform.close()
+                    with contextlib.suppress(TimeoutError):  # closing waits on the far end, which may be gone
+                        await abandoned_after(self.settings.poll_grace_s, self.platform.close(),
+                                              what=f"{self.name} close")
                     await _sleep_or_stop(stop, delay)
         finally:
             self.progress.polling = False

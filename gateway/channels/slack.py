@@ -3,8 +3,8 @@
 Socket Mode needs no public address: every replica keeps a connection (Slack spreads events over
 up to ten), each envelope is written to the inbox once (by its event id) and acknowledged to
 Slack only then, so an envelope the bus could not take is delivered again by Slack. The SDK's
-client reconnects by itself (pings, ``disconnect`` messages, refreshed URLs); the kit watches
-that it stays connected.
+client pings every few seconds and follows ``disconnect`` messages; the kit's liveness is what
+arrives (a frame, the answer to a ping), and a connection silent past stall_s is replaced.
 
 Conversations: a direct message is one session; in a channel the bot answers when mentioned,
 in a thread under the message, and the thread is a session (later messages in a thread the bot
@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -86,6 +87,7 @@ class Slack:
         self.username = ""
         self._socket: SocketModeClient | None = None
         self._take: Take | None = None
+        self._heard = 0.0  # wall clock of the last frame Slack sent (the handshake, hello, an envelope)
 
     # --- or the Events API: Slack posts signed requests to events_url ---
 
@@ -154,13 +156,27 @@ class Slack:
         socket = SocketModeClient(self.settings.app_token.get_secret_value(), logger=log,
                                   web_client=AsyncWebClient(base_url=self.settings.api_url, timeout=TIMEOUT_S))
         socket.socket_mode_request_listeners.append(self._envelope)
+        socket.on_message_listeners.append(self._arrived)
         self._socket = socket
         async with translated("apps.connections.open"):
             socket.wss_uri = await socket.issue_new_wss_url()  # an app token refused fails here, not in a loop
         await socket.connect()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
+        self._heard = time.time()  # the handshake's answer
 
     async def connected(self) -> bool:
         return self._socket is not None and await self._socket.is_connected()
+
+    async def heard(self) -> float | None:
+        socket = self._socket
+        if socket is None:
+            raise PlatformAway("Slack Socket Mode: not connected")
+        # when the last ping Slack answered was sent (the SDK sets its first as the first ping goes: generous
+        # by one ping interval, 5 s, once)
+        answered = socket.last_ping_pong_time or 0.0
+        return max(self._heard, answered) or None
+
+    async def _arrived(self, _: aiohttp.WSMessage) -> None:
+        self._heard = time.time()
 
     async def _envelope(self, client: Any, request: SocketModeRequest) -> None:
         try:

@@ -41,6 +41,7 @@ def discord_env(processes: Processes, pincer_env: dict[str, str], ws: Path, disc
     mine.mkdir(parents=True, exist_ok=True)
     (mine / "notes.txt").write_text("the secret word is pincer-42\n")
     processes.env = {**pincer_env, "PINCER_WORKSPACE": str(ws), "PINCER_HANDS__EXEC__MODE": "ask",
+                     "PINCER_HANDS__EXEC__APPROVAL_TIMEOUT_S": "120",  # a question may outlive an outage
                      "PINCER_HANDS__SANDBOX__ALLOW_DEGRADED": "true",
                      "PINCER_REDIS__CLAIM_IDLE_S": "2", "PINCER_REDIS__REAP_INTERVAL_S": "0.5",
                      "DISCORD_TOKEN": TOKEN,
@@ -186,13 +187,17 @@ def test_killed_mid_turn_and_cut_off_every_message_is_answered_once(
 
 
 def test_an_outage_past_stall_s_is_reported_then_a_fresh_connection_answers_all_in_order(
-        processes: Processes, discord_env: dict[str, str], discord: FakeDiscord, scripted_llm: ScriptedLLM) -> None:
+        processes: Processes, discord_env: dict[str, str], discord: FakeDiscord, scripted_llm: ScriptedLLM,
+        ws: Path) -> None:
     discord.heartbeat_ms = 1000  # something arrives every second while the gateway is there
+    discord.resume_window_s = 10  # the outage outlasts the session: nothing is replayed to a new one
     processes.env = {**processes.env, "PINCER_CHANNELS__DISCORD__STALL_S": "6"}
     start_channel(processes, discord)
     dm = discord.dm(ALICE)
     discord.say(ALICE, "before")
     answer(discord, dm, "echo: before")
+    discord.say(ALICE, 'CALL exec {"command": "echo approved > out.txt; cat out.txt"}')
+    ask = answer(discord, dm, "Allow exec?")  # asked before the outage, decided after it
     identifies = discord.identifies
 
     def state() -> str:
@@ -208,10 +213,15 @@ def test_an_outage_past_stall_s_is_reported_then_a_fresh_connection_answers_all_
     assert 'pincer_channel_connected{channel="discord"} 0.0' in metrics
     for n in range(4):
         discord.say(ALICE, f"during {n}")
-    for n in range(4):  # a fresh connection made by the kit's own backoff once the gateway is back
-        answer(discord, dm, f"echo: during {n}", timeout=25 + 30)
-    wait_until(lambda: state() == "connected", timeout=30, what="connected again")
-    assert discord.identifies > identifies  # a new session, not only the library's resume
+    wait_until(lambda: state() == "connected", timeout=25 + 30, what="connected again, by the kit's own backoff")
+    assert discord.identifies > identifies  # a new session: the old one is past its resume window
+    discord.press(ALICE, ask, ask.buttons[0]["custom_id"])
+    done = answer(discord, dm, "RESULT exec")
+    assert "approved" in done.content and (alices(ws) / "out.txt").read_text() == "approved\n"
+    for n in range(4):  # read back from the history: a new session is sent nothing it missed
+        answer(discord, dm, f"echo: during {n}", timeout=30)
+    assert sum("Allow exec?" in s.content or s.content.startswith("Allowed once.")
+               for s in discord.in_channel(dm)) == 1  # the question asked once, and its message edited
     texts = [s.content for s in discord.in_channel(dm) if s.content.startswith("echo: during")]
     assert texts == [f"echo: during {n}" for n in range(4)], texts  # each once, in the order said
 

@@ -19,6 +19,7 @@ from bus.redis_server import EmbeddedRedis, free_port
 from tests.conftest import Processes, gateway_client, identity_tree, wait_until
 from tests.e2e.conftest import start_stack
 from tests.fake_slack import APP_TOKEN, BOT_TOKEN, BOT_USER, FakeSlack, Posted
+from tests.netcut import NetCut
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
@@ -186,6 +187,40 @@ def test_killed_mid_turn_and_cut_off_every_message_is_answered_once(
     assert rows[0]["channel"] == "slack" and rows[0]["bot"] == "pincer"
     with gateway_client(slack_env) as client:
         assert 'pincer_channel_connected{channel="slack"} 1.0' in client.get("/metrics").text
+
+
+def test_a_silent_network_past_stall_s_is_reported_then_a_fresh_connection_answers_all_in_order(
+        processes: Processes, slack_env: dict[str, str], slack: FakeSlack) -> None:
+    relay = NetCut(slack.port).start()  # the socket's road: it can go silent, as a cut network does
+    try:
+        slack.socket_port, slack.redeliver_s = relay.port, 8  # Slack retries an envelope three times
+        processes.env = {**processes.env, "PINCER_CHANNELS__SLACK__STALL_S": "8"}  # past the SDK's 5 s pings
+        start_channel(processes, slack)
+        slack.say(ALICE, "before")
+        answer(slack, DM, "echo: before")
+        opened = slack.connections_opened
+
+        def state() -> str:
+            rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
+            return str(rows[0]["state"]) if rows else "none"
+
+        assert state() == "connected"
+        relay.cut(18)  # nothing closes: the connection only goes quiet (the SDK would wait 20 s to notice)
+        wait_until(lambda: state() != "connected", timeout=8 + 6, what="the silence reported within stall_s")
+        with gateway_client(processes.env) as client:
+            ready, metrics = client.get("/readyz"), client.get("/metrics").text
+        assert ready.status_code == 503 and "the slack channel is" in ready.text, ready.text
+        assert 'pincer_channel_connected{channel="slack"} 0.0' in metrics
+        for n in range(4):
+            slack.say(ALICE, f"during {n}")
+        for n in range(4):
+            answer(slack, DM, f"echo: during {n}", timeout=18 + 60)
+        wait_until(lambda: state() == "connected", timeout=30, what="connected again")
+        assert slack.connections_opened > opened  # the kit's own fresh connection
+        texts = [p.text for p in slack.in_channel(DM) if p.text.startswith("echo: during")]
+        assert texts == [f"echo: during {n}" for n in range(4)], texts  # each once, in the order said
+    finally:
+        relay.stop()
 
 
 def test_a_redis_restart_leaves_events_with_slack_and_loses_none(
