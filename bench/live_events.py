@@ -34,7 +34,7 @@ from bus.protocol import ChatDelta  # noqa: E402
 from bus.redis_server import EmbeddedRedis, free_port  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 from gateway.runtime.daemon import resident_mb  # noqa: E402
-from gateway.server.events import SessionEvents  # noqa: E402
+from gateway.turns.events import SessionEvents  # noqa: E402
 
 TOKEN = "pcr_bench-live-events"
 SESSION = "bench-live"

@@ -32,7 +32,8 @@ from bus.metrics import Meter
 from bus.presence import alive
 from bus.protocol import ANY_AGENT, ChannelSend, ChatError, ChatReply, Message
 from bus.reaper import Reaper
-from bus.streams import CONNECTION_ERRORS, Bus
+from bus.redis_client import RedisAway
+from bus.streams import Bus
 from memory.jobs import SILENT, TURN_KEEP_S, Job, JobStore, Run, Schedule, due_field, parse_duration
 
 log = logging.getLogger("brain.scheduler")
@@ -160,12 +161,12 @@ class Scheduler:
                 try:
                     if await self.lease.take() or await self._take_over_dead():
                         wait = await self.tick()
-                except CONNECTION_ERRORS as exc:
+                except RedisAway as exc:
                     log.warning("scheduler: Redis away (%s)", exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
         finally:
-            with contextlib.suppress(*CONNECTION_ERRORS):
+            with contextlib.suppress(RedisAway):
                 await self.lease.release()
             await reaper.close()
             await results

@@ -22,7 +22,7 @@ from bus.keys import Keys
 from bus.log import kv
 from bus.loops import every, finish
 from bus.protocol import ChatMessage
-from bus.streams import CONNECTION_ERRORS
+from bus.redis_client import RedisAway
 
 log = logging.getLogger("brain.session_order")
 
@@ -86,11 +86,11 @@ class SessionOrder:
         renewing = asyncio.create_task(self._keep(lease, owner, stop))
         try:
             yield lease
-        except CONNECTION_ERRORS:
+        except RedisAway:
             # Redis went away mid-turn: the message stays pending and its redelivery resumes the turn,
             # so the session is freed for it but not counted done (its later messages keep waiting).
             await finish(renewing, stop, grace_s=5)
-            with contextlib.suppress(*CONNECTION_ERRORS):
+            with contextlib.suppress(RedisAway):
                 await self._release(keys=keys, args=[owner, 0])
             raise
         except BaseException:

@@ -27,8 +27,9 @@ from bus.metrics import Meter
 from bus.presence import Presence
 from bus.protocol import ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
 from bus.reaper import Reaper
+from bus.redis_client import RedisAway
 from bus.replies import ReplyInbox
-from bus.streams import CONNECTION_ERRORS, Bus
+from bus.streams import Bus
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
 
@@ -135,7 +136,7 @@ class BrainWorker:
                 final = await turn.cancel(self._cancels[message.session_id])
             except HandedOver:
                 raise  # another Brain holds the session now: it finishes the turn and answers
-            except CONNECTION_ERRORS as exc:
+            except RedisAway as exc:
                 # Not the turn's fault: its message stays pending and is delivered again once Redis is
                 # back (a failover, a restart); that delivery resumes the turn from its transcript.
                 log.warning("Redis away mid-turn; the turn resumes when its message is redelivered %s: %s",

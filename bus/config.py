@@ -13,6 +13,7 @@ written in YAML flow style (``'[a, b]'``).
 from __future__ import annotations
 
 import os
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +55,26 @@ EX_CONFIG = 78  # sysexits.h: a service manager must not restart what only a per
 
 class ConfigError(PincerError):
     """A configuration problem a person must fix before Pincer can start (exit status 78)."""
+
+
+class MissingVariable(ConfigError, ValueError):
+    """A setting names ``${NAME}`` and NAME is not set (a ValueError too, so a pydantic validator reports it)."""
+
+
+REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def from_environment(value: str, *, key: str, process: str = "this process") -> str:
+    """Each ``${NAME}`` in ``value`` read from the environment (a secret kept out of the file), or
+    ``MissingVariable`` naming the setting and the variable; the rest of ``value`` as written."""
+    def lookup(found: re.Match[str]) -> str:
+        name = found.group(1)
+        if name not in os.environ:
+            raise MissingVariable(f"{key} names ${{{name}}}, but {name} is not set in the environment of "
+                                  f"{process}: export it before starting it, or write the value itself")
+        return os.environ[name]
+
+    return REFERENCE.sub(lookup, value)
 
 
 class RedisUnreachable(PincerError):

@@ -15,7 +15,7 @@
     ├── SkillRefused           hands.skills      a skill that will not load, and why
     ├── LLMError               brain.llm         a model call failed: becomes the turn's ChatError
     ├── NoHandsAvailable       brain.catalog     no Hands worker answered the tool list
-    ├── Refused                gateway.server.errors  an HTTP request the Gateway will not serve (one JSON body)
+    ├── Refused                gateway.turns.refusal  a request a door will not serve (an ErrorCode)
     ├── TokenError             gateway.tokens    a token cannot be made or revoked as asked
     ├── AlreadyRunning         gateway.runtime.daemon  another `pincer up` owns the data dir
     ├── ChatFailed             gateway.cli.chat  `pincer chat`'s turn or connection failed

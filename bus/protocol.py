@@ -49,6 +49,7 @@ class ErrorCode(StrEnum):
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     UNSUPPORTED = "UNSUPPORTED"
+    CONFLICT = "CONFLICT"  # the request clashes with what exists (a job of that name)
 
 
 RETRYABLE = frozenset(

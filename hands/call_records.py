@@ -33,7 +33,8 @@ from bus.keys import Keys
 from bus.log import kv
 from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
-from bus.streams import CONNECTION_ERRORS, while_redis_away
+from bus.redis_client import RedisAway
+from bus.streams import while_redis_away
 from hands.errors import ToolFailure
 
 log = logging.getLogger("hands.call_records")
@@ -66,7 +67,7 @@ class CallRecords:
         self._claiming[call.call_id] += 1
         try:
             return await self._claim(call, mine)
-        except CONNECTION_ERRORS:
+        except RedisAway:
             # The SET may have landed with its answer lost: once Redis answers, drop the claim if it is
             # still this one (the call did not start), so no later delivery waits for it.
             self._settle(f"drop the claim on {call.call_id}", self._drop, keys=[self.keys.call_record(call.call_id)],
@@ -112,7 +113,7 @@ class CallRecords:
         key = self.keys.call_record(call.call_id)
         try:
             await self.bus.redis.set(key, packed, px=self.keep_ms)
-        except CONNECTION_ERRORS as exc:  # the answer goes on; a second delivery here gets the kept result
+        except RedisAway as exc:  # the answer goes on; a second delivery here gets the kept result
             log.warning("call record not written yet %s: %s", kv(call=call.call_id), exc)
             self._unwritten[call.call_id] = result
             self._settle(f"the record of {call.call_id}", self.bus.redis.set, key, packed, px=self.keep_ms,
@@ -127,7 +128,7 @@ class CallRecords:
                     with attempt:
                         await command(*args, **kwargs)
                 then()
-            except CONNECTION_ERRORS as exc:
+            except RedisAway as exc:
                 log.error("gave up on %s: %s", what, exc)
 
         task = asyncio.get_running_loop().create_task(until_taken())

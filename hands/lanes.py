@@ -17,7 +17,7 @@ from collections.abc import Callable
 from bus.loops import every, finish
 from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, now_ms
-from bus.redis_client import CONNECTION_ERRORS, RedisRefused
+from bus.redis_client import RedisAway, RedisRefused
 from bus.streams import Bus
 from hands.backlog import Backlog, LaneState, describe, queued_ms
 from hands.config import QueueSettings
@@ -185,7 +185,7 @@ class Lanes:
         async for _ in every(KEEP_INTERVAL_S, self._stop):
             try:
                 await self.keep_once()
-            except (*CONNECTION_ERRORS, RedisRefused) as exc:  # Redis away: the next tick tries again
+            except (RedisAway, RedisRefused) as exc:  # Redis away: the next tick tries again
                 log.warning("backlog upkeep failed: %s", exc)
             except Exception:  # an upkeep that ended would stop feeding the lanes, silently
                 log.exception("backlog upkeep failed unexpectedly; the next tick tries again")

@@ -29,8 +29,9 @@ from bus.protocol import (
     now_ms,
 )
 from bus.reaper import Reaper
+from bus.redis_client import RedisAway
 from bus.replies import ReplyInbox
-from bus.streams import CONNECTION_ERRORS, Bus
+from bus.streams import Bus
 from bus.workspace import Workspace
 from hands.approvals import ApprovalGate
 from hands.call_records import CallRecords
@@ -129,7 +130,7 @@ class HandsWorker:
         """Progress is advisory: Redis away (a restart, a failover) delays it, never fails the call."""
         try:
             await self.bus.publish(stream, progress)
-        except CONNECTION_ERRORS as exc:
+        except RedisAway as exc:
             log.info("progress not sent %s: %s", kv(call=progress.call_id, status=progress.status), exc)
 
     async def _tools_changed(self) -> None:
@@ -137,7 +138,7 @@ class HandsWorker:
         try:
             await self.consumer.add_gated(await self.lanes.open())
             await self.bus.redis.set(self.bus.keys.tools_digest, self.registry.digest())
-        except CONNECTION_ERRORS as exc:
+        except RedisAway as exc:
             log.warning("tools digest not updated: %s", exc)
 
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:

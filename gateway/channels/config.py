@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from bus.config import Section
-
-REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
-
-
-def from_environment(value: str, *, key: str) -> str:
-    """``${NAME}`` read from the environment (a secret kept out of the file); anything else as written."""
-    found = REFERENCE.match(value.strip())
-    if found is None:
-        return value
-    name = found.group(1)
-    if name not in os.environ:
-        raise ValueError(f"{key} is ${{{name}}}, but {name} is not set in the environment: export it, "
-                         "or write the value itself")
-    return os.environ[name]
+from bus.config import Section, from_environment
 
 
 def http_url(value: str, key: str, example: str) -> str:
@@ -74,7 +59,8 @@ class ChannelCommon(Section):
             data = dict(data)
             for name in cls.SECRETS:
                 if isinstance(data.get(name), str):
-                    data[name] = from_environment(data[name], key=f"channels.{cls.NAME}.{name}")
+                    data[name] = from_environment(data[name], key=f"channels.{cls.NAME}.{name}",
+                                                  process="the channel")
         return data
 
     @field_validator("allow_from")

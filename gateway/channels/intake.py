@@ -7,27 +7,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
 from bus.codec import encode
 from bus.lease import HOLDS, Lease
 from bus.presence import alive
 from bus.protocol import ChannelUpdate
-from bus.streams import CONNECTION_ERRORS, Bus
+from bus.redis_client import RedisAway
+from bus.streams import Bus
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
-from gateway.channels.platform import RETRY_DELAYS, Heard, Listening, Platform, Polled, Webhooked, patiently
+from gateway.channels.platform import Heard, Listening, Platform, Polled, Webhooked, backoff
 
 log = logging.getLogger("gateway.channels")
 T = TypeVar("T")
@@ -54,10 +48,8 @@ redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
 return 1
 """
 PUSHED_KEEP_S = 86_400  # a platform retries a webhook delivery for hours at most
-WEBHOOK_MAX_BYTES = 1 << 20
 LISTEN_CHECK_S = 1.0  # how often a kept connection is looked at (its progress)
 CONNECT_S = 90.0  # a connection not made in this long is made afresh (a platform may bound it tighter)
-WEBHOOK_CHECK_S = 15.0  # how often a webhook's health is asked of the platform (its progress)
 # KEYS: lease. ARGV: the dead holder, us, ttl ms. The lease of a holder whose heartbeat stopped, taken.
 TAKE_OVER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
@@ -93,7 +85,9 @@ class Intake:
     async def run(self, stop: asyncio.Event) -> None:
         hooked = self.platform if isinstance(self.platform, Webhooked) else None
         if hooked is not None and hooked.webhook_url:
-            await self._webhook(hooked, stop)
+            from gateway.channels.webhook import serve_webhook  # a web server only for a channel that takes one
+
+            await serve_webhook(self, hooked, stop)
         elif isinstance(self.platform, Listening):
             await self._listen(self.platform, stop)
         elif isinstance(self.platform, Polled):
@@ -113,7 +107,7 @@ class Intake:
                 try:
                     if not self.progress.polling:
                         try:
-                            await abandoned_after(CONNECT_S, listening.listen(self._take_event),
+                            await abandoned_after(CONNECT_S, listening.listen(self.take_event),
                                                   what=f"{self.name} connect")
                         except TimeoutError as exc:  # a handshake into a dead network can hang for minutes
                             raise PlatformAway(str(exc)) from None
@@ -131,22 +125,21 @@ class Intake:
                         down_since = down_since or time.monotonic()
                         if time.monotonic() - down_since > self.settings.stall_s:
                             raise PlatformAway(f"disconnected for {self.settings.stall_s:g}s")
-                    await _sleep_or_stop(stop, LISTEN_CHECK_S)
+                    await sleep_or_stop(stop, LISTEN_CHECK_S)
                 except PlatformAway as exc:
                     self.progress.failed(exc)
                     self.progress.polling = False
-                    delay = exc.retry_after or RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)] * \
-                        random.uniform(0.5, 1.0)  # jitter: replicas that lost one gateway do not return at once
+                    delay = backoff(failures, exc.retry_after, jitter=True)
                     failures += 1
                     log.warning("%s connect: %s; again in %.1fs", self.name, exc, delay)
                     with contextlib.suppress(TimeoutError):  # closing waits on the far end, which may be gone
                         await abandoned_after(self.settings.poll_grace_s, self.platform.close(),
                                               what=f"{self.name} close")
-                    await _sleep_or_stop(stop, delay)
+                    await sleep_or_stop(stop, delay)
         finally:
             self.progress.polling = False
 
-    async def _take_event(self, event_id: str, update: ChannelUpdate | None) -> bool:
+    async def take_event(self, event_id: str, update: ChannelUpdate | None) -> bool:
         """An event pushed to us, in the inbox once (a platform redelivers until acknowledged): whether it
         may be acknowledged (False while Redis is away: the platform delivers it again)."""
         if update is None:
@@ -154,7 +147,7 @@ class Intake:
         try:
             if await self._store_once(event_id, update):
                 self.progress.counts["in"] += 1
-        except CONNECTION_ERRORS as exc:
+        except RedisAway as exc:
             self.progress.failed(exc)
             log.warning("%s: Redis away (%s); event %s left with the platform", self.name, exc, event_id)
             return False
@@ -181,17 +174,17 @@ class Intake:
                 try:
                     if not await lease.take() and not await self._take_over_dead(lease):
                         self.progress.polling = False
-                        await _sleep_or_stop(stop, min(5.0, lease.ttl_ms / 3000))
+                        await sleep_or_stop(stop, min(5.0, lease.ttl_ms / 3000))
                         continue
                     self.progress.polling = True
                     await self._poll_once(polled, lease)
                     failures = 0
                 except PlatformAway as exc:
                     self.progress.failed(exc)
-                    delay = exc.retry_after or RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
+                    delay = backoff(failures, exc.retry_after)
                     failures += 1
                     log.warning("%s poll: %s; again in %.1fs", self.name, exc, delay)
-                    await _sleep_or_stop(stop, delay)
+                    await sleep_or_stop(stop, delay)
                 except TimeoutError:  # a poll that hung past its own timeout: a fresh connection
                     self.progress.failed(TimeoutError("a poll hung; reconnecting"))
                     failures += 1
@@ -202,64 +195,20 @@ class Intake:
                 except PlatformRefused as exc:  # e.g. the token was revoked: said, then tried again slowly
                     self.progress.failed(exc)
                     log.error("%s poll refused: %s", self.name, exc)
-                    await _sleep_or_stop(stop, 30.0)
-                except CONNECTION_ERRORS as exc:
+                    await sleep_or_stop(stop, 30.0)
+                except RedisAway as exc:
                     self.progress.failed(exc)
                     failures += 1
                     log.warning("%s poll: Redis away (%s)", self.name, exc)
-                    await _sleep_or_stop(stop, RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)])
+                    await sleep_or_stop(stop, backoff(failures))
                 except Exception as exc:  # a poller that ended would leave the bot deaf, silently
                     self.progress.failed(exc)
                     log.exception("%s poll failed unexpectedly; again in 5s", self.name)
-                    await _sleep_or_stop(stop, 5.0)
+                    await sleep_or_stop(stop, 5.0)
         finally:
             self.progress.polling = False
-            with contextlib.suppress(*CONNECTION_ERRORS):
+            with contextlib.suppress(RedisAway):
                 await lease.release()
-
-    # --- or a webhook: the platform pushes, every replica receives ---
-
-    async def _webhook(self, hooked: Webhooked, stop: asyncio.Event) -> None:
-        """Serve the webhook until ``stop``: each request checked for the secret, written to the inbox once
-        (the platform retries until it gets a 2xx, so a repeat is dropped by its update id), then answered."""
-        await patiently(hooked.set_webhook, what="set the webhook")
-        host, _, port = hooked.webhook_listen.rpartition(":")
-        app = Starlette(routes=[Route(hooked.webhook_path(), partial(self._pushed, hooked), methods=["POST"])])
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
-                                               lifespan="off"))
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # our loop's
-        serving = asyncio.create_task(server.serve())
-        try:
-            while not stop.is_set() and not serving.done():
-                try:
-                    problem = await hooked.webhook_error()
-                    self.progress.polling, self.progress.last = True, time.time()
-                    if problem:
-                        self.progress.failed(PlatformAway(f"{self.name} could not deliver to the webhook: {problem}"))
-                except (PlatformAway, PlatformRefused) as exc:
-                    self.progress.failed(exc)
-                await _sleep_or_stop(stop, WEBHOOK_CHECK_S)
-        finally:
-            self.progress.polling = False
-            server.should_exit = True
-            await serving
-
-    async def _pushed(self, hooked: Webhooked, request: Request) -> Response:
-        body = await request.body()
-        if len(body) > WEBHOOK_MAX_BYTES:
-            return JSONResponse({"error": "too large"}, status_code=413)
-        refusal = hooked.refusal(request.headers, body)
-        if refusal is not None:
-            return JSONResponse({"error": refusal}, status_code=401)
-        try:
-            hook = await hooked.read_hook(request.headers, body)
-        except (ValueError, TypeError, KeyError) as exc:
-            return JSONResponse({"error": f"not an event: {exc}"}, status_code=400)
-        if hook.answer is not None:
-            return JSONResponse(hook.answer)
-        if not await self._take_event(hook.event_id, hook.update):  # not taken: the platform delivers it again
-            return JSONResponse({"error": "busy"}, status_code=503)
-        return JSONResponse({"ok": True})
 
     async def _take_over_dead(self, lease: Lease) -> bool:
         """The lease of a holder whose heartbeat has stopped (killed, its host gone): ours at once."""
@@ -309,6 +258,6 @@ def _left_behind(what: str, task: asyncio.Future[Any]) -> None:
         log.info("%s, abandoned, ended with %r", what, task.exception())
 
 
-async def _sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
+async def sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), delay)

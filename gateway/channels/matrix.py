@@ -43,7 +43,8 @@ from bus.lease import Lease
 from bus.presence import alive
 from bus.private_file import open_private
 from bus.protocol import ChannelFile, ChannelUpdate
-from bus.streams import CONNECTION_ERRORS, Bus
+from bus.redis_client import RedisAway
+from bus.streams import Bus
 from gateway.channels.config import MatrixSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.intake import ROLE as CHANNEL_ROLE
@@ -55,6 +56,7 @@ from gateway.channels.reply import Buttons
 log = logging.getLogger("gateway.channels.matrix")
 
 NAME = "matrix"
+ASKED_KEEP = 256  # questions whose steps are remembered, for a send retried after a rate limit
 GAP_PAGES = 50  # pages of 100 events read back to fill what a limited sync left out (then the rest is logged)
 # A sync brings what the kit reads and what nio needs to know the rooms (their members, encryption).
 ROOM_FILTER: dict[str, Any] = {"state": {"lazy_load_members": True}, "ephemeral": {"not_types": ["*"]},
@@ -222,7 +224,7 @@ class Matrix:
                                          "(its lease lapsed while Redis was away?); restart this channel")
                     log.error("Matrix: %s", self._device_lost)
                     return
-            except CONNECTION_ERRORS as exc:  # Redis away: the lease is retaken when it is back
+            except RedisAway as exc:  # Redis away: the lease is retaken when it is back
                 log.warning("Matrix: device lease not renewed (%s)", exc)
 
     async def _exchange_keys(self) -> None:
@@ -419,6 +421,8 @@ class Matrix:
         question = f"pincer-{digest[:40]}"
         event_id = await patiently(lambda: self._send(chat, _content(rendered), step=question), what="ask")
         reacted = self._asked.setdefault(question, set())
+        while len(self._asked) > ASKED_KEEP:  # a question whose send was given up is not kept for ever
+            self._asked.pop(next(iter(self._asked)))
         if not reacted:
             await self.questions.ask(event_id, {**choices, **keys})
         for n, key in enumerate(keys):  # the choices as reactions already there: one tap to answer

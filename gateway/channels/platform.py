@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -95,6 +96,16 @@ class Hook:
     answer: dict[str, Any] | None = None
 
 
+def backoff(failures: int, said: float | None = None, *, jitter: bool = False) -> float:
+    """The wait after ``failures`` failures in a row: what the platform said (``retry_after``), else the
+    next step of RETRY_DELAYS, its last repeated; jitter takes a random half off, so that replicas that
+    lost one platform together do not all come back at once."""
+    if said:
+        return said
+    delay = RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
+    return delay * random.uniform(0.5, 1.0) if jitter else delay
+
+
 async def patiently(call: Callable[[], Awaitable[T]], *, what: str, within_s: float = PATIENCE_S) -> T:
     """``call()``, again while the platform is away (after its retry_after, else with backoff), for up to
     ``within_s``; then its last error."""
@@ -103,7 +114,7 @@ async def patiently(call: Callable[[], Awaitable[T]], *, what: str, within_s: fl
         try:
             return await call()
         except PlatformAway as exc:
-            wait = exc.retry_after if exc.retry_after is not None else RETRY_DELAYS[min(attempt, 5)]
+            wait = backoff(attempt, exc.retry_after)
             if time.monotonic() + wait > deadline:
                 raise
             log.warning("%s: %s; again in %.1fs", what, exc, wait)

@@ -54,14 +54,14 @@ from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.intake import ROLE, Intake, Progress
 from gateway.channels.lanes import Lanes
-from gateway.channels.platform import RETRY_DELAYS, Invited, Patient, Platform, patiently
+from gateway.channels.platform import Invited, Patient, Platform, backoff, patiently
 from gateway.channels.reply import Buttons, Delivery, StreamedReply
 from gateway.config import GatewaySettings
-from gateway.server.errors import Refused
-from gateway.server.limits import CallerLimits
-from gateway.server.session_names import qualify
-from gateway.server.turns import TurnRunner
 from gateway.tokens import Identity
+from gateway.turns.limits import CallerLimits
+from gateway.turns.refusal import Refused
+from gateway.turns.runner import TurnRunner
+from gateway.turns.session_names import qualify
 from memory.sessions import SessionStore
 
 log = logging.getLogger("gateway.channels")
@@ -147,7 +147,7 @@ class ChannelWorker:
                 return
             except PlatformAway as exc:
                 self.progress.failed(exc)
-                delay = exc.retry_after or RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
+                delay = backoff(attempt, exc.retry_after)
                 log.warning("%s: cannot reach the platform (%s); again in %.1fs", self.name, exc, delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)

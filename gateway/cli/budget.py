@@ -15,7 +15,7 @@ from rich.table import Table
 from brain.config import BrainSettings
 from brain.spend import report
 from bus.config import Config
-from bus.streams import CONNECTION_ERRORS
+from bus.redis_client import RedisAway
 from gateway.cli.ops import connected_bus
 
 
@@ -23,7 +23,7 @@ def command(args: argparse.Namespace, config: Config) -> int:
     settings = config.section("brain", BrainSettings)
     try:
         found = asyncio.run(_report(config, settings))
-    except CONNECTION_ERRORS as exc:
+    except RedisAway as exc:
         print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
         return 1
     if args.json:

@@ -14,7 +14,7 @@ from rich.table import Table
 from bus.config import Config
 from bus.pool import channel_states
 from bus.presence import instances
-from bus.streams import CONNECTION_ERRORS
+from bus.redis_client import RedisAway
 from gateway.channels import access
 from gateway.channels.config import ChannelSettings
 from gateway.cli.ops import connected_bus
@@ -60,7 +60,7 @@ async def _channels(config: Config, action: str, arg: str | None, *, channel: st
                       "\n".join(f"{user}  {how}" for user, how in sorted(found.items())) or "nobody is paired")
                 return 0
             running = await instances(bus, "channel")
-    except CONNECTION_ERRORS as exc:
+    except RedisAway as exc:
         print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
         return 1
     return _show(config, running, as_json=as_json)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bus.config import Config
-from bus.streams import CONNECTION_ERRORS
+from bus.redis_client import RedisAway
 from gateway.cli.ops import connected_bus
 from gateway.server.hooks import HookStore
 from memory.jobs import JobStore
@@ -57,7 +57,7 @@ async def _hooks(config: Config, args: argparse.Namespace) -> int:
     except (ValueError, ValidationError) as exc:
         print(f"pincer: error: {_plain(exc)}", file=sys.stderr)
         return 1
-    except CONNECTION_ERRORS as exc:
+    except RedisAway as exc:
         print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
         return 1
     if args.json:

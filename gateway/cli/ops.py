@@ -16,8 +16,9 @@ from rich.table import Table
 
 from bus import pool as ops
 from bus.config import Config
+from bus.redis_client import RedisAway
 from bus.service import redis_url
-from bus.streams import CONNECTION_ERRORS, Bus
+from bus.streams import Bus
 from gateway.runtime.daemon import StateFile, describe
 
 
@@ -146,7 +147,7 @@ async def manage_dead(config: Config, action: str, ids: list[str], *, every: boo
                 result = await ops.dead_retry(bus, None if every else ids)
             else:
                 result = {"purged": await ops.dead_purge(bus, None if every else ids)}
-    except CONNECTION_ERRORS as exc:
+    except RedisAway as exc:
         return _fail(f"cannot reach Redis: {exc}")
     except Exception as exc:  # Redis refusing: auth, a malformed id
         return _fail(f"{type(exc).__name__}: {exc}")

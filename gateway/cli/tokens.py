@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bus.config import Config
-from bus.redis_client import CONNECTION_ERRORS, RedisRefused
+from bus.redis_client import RedisAway, RedisRefused
 from gateway.cli.ops import connected_bus
 from gateway.config import GatewaySettings
 from gateway.tokens import NAME_PATTERN, TokenError, TokenStore
@@ -53,7 +53,7 @@ async def manage_tokens(config: Config, action: str, name: str | None, *, scope:
         print(f"pincer: error: token names are 1-64 letters, digits and _ . @ - ({NAME_PATTERN}): {exc}",
               file=sys.stderr)
         return 2
-    except (*CONNECTION_ERRORS, RedisRefused) as exc:
+    except (RedisAway, RedisRefused) as exc:
         print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
         return 1
     if as_json:

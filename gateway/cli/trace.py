@@ -18,8 +18,8 @@ from typing import Any
 
 from bus.config import Config
 from gateway.cli.ops import connected_bus
-from gateway.server.session_names import SEPARATOR
 from gateway.tokens import OWNER
+from gateway.turns.session_names import SEPARATOR
 from memory.sessions import SessionStore, TranscriptEntry
 
 

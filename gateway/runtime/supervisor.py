@@ -27,11 +27,11 @@ from typing import Any
 
 from brain.config import BrainSettings
 from brain.llm import LOCAL, NOT_CONFIGURED, resolve_model
-from bus.config import ENV_PREFIX, Config, ConfigError, RedisSettings, RuntimeSettings, secret_variables
+from bus.config import ENV_PREFIX, REFERENCE, Config, ConfigError, RedisSettings, RuntimeSettings, secret_variables
 from bus.private_file import write_private
 from bus.process_guard import die_with_parent
 from bus.redis_server import EmbeddedRedis, free_port
-from gateway.channels.config import REFERENCE, ChannelSettings
+from gateway.channels.config import ChannelSettings
 from gateway.config import GatewaySettings
 from gateway.runtime.daemon import AlreadyRunning, DaemonState, DataDirLock, Proc, StateFile, start_time, this_process
 from gateway.runtime.logfiles import RoleLog
@@ -90,8 +90,7 @@ def referenced_variables(raw: object) -> frozenset[str]:
         return frozenset().union(*(referenced_variables(v) for v in raw.values()))
     if isinstance(raw, list):
         return frozenset().union(*(referenced_variables(v) for v in raw))
-    found = REFERENCE.match(raw.strip()) if isinstance(raw, str) else None
-    return frozenset({found.group(1)}) if found else frozenset()
+    return frozenset(REFERENCE.findall(raw)) if isinstance(raw, str) else frozenset()
 
 
 @dataclass

@@ -4,7 +4,7 @@ Every route but ``/healthz`` runs behind ``gateway.server.guard.Guard`` (Host,
 Origin, body size, token) and knows who is asking from
 ``request.state.identity``. A ``chat`` token sees only the sessions it
 started; an ``operator`` token sees all. The OpenAI-compatible routes live in
-``gateway.server.openai_api`` and run turns the same way (``gateway.server.turns``).
+``gateway.server.openai_api`` and run turns the same way (``gateway.turns.runner``).
 """
 
 from __future__ import annotations
@@ -42,22 +42,23 @@ from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.config import GatewaySettings
 from gateway.server.connections import Connections
-from gateway.server.errors import REDIS_AWAY, TURN_STATUS, Refused, error_response, redis_away
-from gateway.server.events import parse_after
+from gateway.server.errors import REDIS_AWAY, TURN_STATUS, error_response, refusal_response
 from gateway.server.fanout import Fanout
 from gateway.server.guard import Guard
 from gateway.server.handling import caller, collect_or_cancel, credential, read_json, session_id_of
 from gateway.server.hooks import Hooks, HookStore
 from gateway.server.jobs_api import JobRoutes
-from gateway.server.limits import CallerLimits, Hold
 from gateway.server.live import LiveSocket
 from gateway.server.memory_api import MemoryRoutes
 from gateway.server.observe import metrics_text, readiness
 from gateway.server.openai_api import OpenAIRoutes
 from gateway.server.page import page_routes
-from gateway.server.session_names import ALL_OWNERS, path_of, shown_to
-from gateway.server.turns import SendMessage, Turn, TurnRunner
 from gateway.tokens import TokenStore, WebSessions
+from gateway.turns.events import parse_after
+from gateway.turns.limits import CallerLimits, Hold
+from gateway.turns.refusal import Refused, redis_away
+from gateway.turns.runner import SendMessage, Turn, TurnRunner
+from gateway.turns.session_names import ALL_OWNERS, path_of, shown_to
 from memory.jobs import JobStore
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
@@ -198,7 +199,7 @@ class Gateway:
         raw = request.headers.get("last-event-id") or request.query_params.get("after")
         after = parse_after(raw)
         if raw and after is None:
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, f"Last-Event-ID {raw[:40]!r} is not an event id: send "
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, f"Last-Event-ID {raw[:40]!r} is not an event id: send "
                           "the id of the last event you saw, or 0 for every event kept")
         hold = self.limits.hold_stream(identity.name)
         start = after or await self.turns.log.last_id(session_id)
@@ -254,7 +255,7 @@ class Gateway:
         identity = caller(request)
         owner = request.query_params.get("owner") or identity.name
         if owner != identity.name and not identity.operator:
-            raise Refused(403, ErrorCode.FORBIDDEN, "only an operator token may list another identity's sessions")
+            raise Refused(ErrorCode.FORBIDDEN, "only an operator token may list another identity's sessions")
         found = await self.sessions.list_sessions(owner=None if owner == ALL_OWNERS else owner)
         return JSONResponse({"sessions": [shown_to(identity, s) if owner != ALL_OWNERS else s for s in found]})
 
@@ -271,7 +272,7 @@ class Gateway:
     async def pool_status(self, request: Request) -> Response:
         """What `pincer status --json` shows of the pool: workers, load, queues, dead letters (operators)."""
         if not caller(request).operator:
-            raise Refused(403, ErrorCode.FORBIDDEN, "the pool's status needs an operator token")
+            raise Refused(ErrorCode.FORBIDDEN, "the pool's status needs an operator token")
         return JSONResponse(await ops.status(self.bus))
 
     async def login_link(self, request: Request) -> Response:
@@ -279,14 +280,14 @@ class Gateway:
         _, _, token = request.headers.get("authorization", "").partition(" ")
         code = await self.web.link(token.strip())
         if code is None:
-            raise Refused(401, ErrorCode.UNAUTHENTICATED, "a sign-in link is made with a bearer token; the browser "
+            raise Refused(ErrorCode.UNAUTHENTICATED, "a sign-in link is made with a bearer token; the browser "
                           "session itself cannot make one")
         return JSONResponse({"path": f"/login#code={code}", "expires_in": self.web.link_s})
 
     async def metrics(self, request: Request) -> Response:
         """The pool in Prometheus' text format; an operator's business unless gateway.metrics_public."""
         if not self.settings.metrics_public and not caller(request).operator:
-            raise Refused(403, ErrorCode.FORBIDDEN, "/metrics needs an operator token "
+            raise Refused(ErrorCode.FORBIDDEN, "/metrics needs an operator token "
                           "(`pincer token create NAME --scope operator`), or gateway.metrics_public: true")
         body, kind = await metrics_text(self.bus)
         return Response(body, media_type=kind)
@@ -298,7 +299,7 @@ class Gateway:
 
     async def _refused(self, _request: Request, exc: Refused) -> Response:
         self.meter.count("pincer_gateway_refusals", exc.code.value)
-        return exc.response()
+        return refusal_response(exc)
 
     async def _redis_away(self, request: Request, exc: Exception) -> Response:
         log.warning("Redis did not answer %s: %s", kv(path=request.url.path), exc)

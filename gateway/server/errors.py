@@ -1,9 +1,9 @@
 """Every answer the Gateway refuses with, in one shape: ``{"error": {"code", "message", "type"}}``.
 
-``code`` comes from the one error enum (``bus.protocol.ErrorCode``); ``type``
-is the OpenAI error type for the same status, so OpenAI clients read our
-refusals as they read OpenAI's. Handlers raise ``Refused``; the app turns it
-into a response in one place.
+``code`` comes from the one error enum (``bus.protocol.ErrorCode``) and
+decides the HTTP status; ``type`` is the OpenAI error type for that status,
+so OpenAI clients read our refusals as they read OpenAI's. Handlers raise
+the turn core's ``Refused``; the app turns it into a response in one place.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from bus.errors import PincerError
 from bus.protocol import ErrorCode
 from bus.redis_client import RedisAway
+from gateway.turns.refusal import Refused
 
 OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -40,20 +40,28 @@ TURN_STATUS = {
 # Redis not answering (restarting, failing over, or gone): what a request that needs it is told.
 REDIS_AWAY = (RedisAway,)
 
+# A refusal's HTTP status, by its code (a code not here is a client error: 400).
+STATUS = {
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
+    ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.SERVICE_UNAVAILABLE: 503,
+}
 
-class Refused(PincerError):
-    """A request the Gateway will not serve; becomes one JSON error response."""
 
-    def __init__(self, status: int, code: ErrorCode, message: str, *, retry_after: int | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-        self.headers = dict(headers or {})
-        if retry_after is not None:
-            self.headers["Retry-After"] = str(max(1, retry_after))
+def http_status(refusal: Refused) -> int:
+    return STATUS.get(refusal.code, 400)
 
-    def response(self, **extra: Any) -> JSONResponse:
-        return error_response(self.status, self.code, self.message, headers=self.headers, **extra)
+
+def refusal_response(refusal: Refused, **extra: Any) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if refusal.code == ErrorCode.UNAUTHENTICATED else {}
+    if refusal.retry_after is not None:
+        headers["Retry-After"] = str(refusal.retry_after)
+    return error_response(http_status(refusal), refusal.code, refusal.message, headers=headers, **extra)
 
 
 def error_body(status: int, code: ErrorCode | str, message: str) -> dict[str, Any]:
@@ -64,18 +72,3 @@ def error_body(status: int, code: ErrorCode | str, message: str) -> dict[str, An
 def error_response(status: int, code: ErrorCode | str, message: str, *, headers: dict[str, str] | None = None,
                    **extra: Any) -> JSONResponse:
     return JSONResponse({**error_body(status, code, message), **extra}, status_code=status, headers=headers)
-
-
-def unauthenticated(message: str) -> Refused:
-    return Refused(401, ErrorCode.UNAUTHENTICATED, message, headers={"WWW-Authenticate": "Bearer"})
-
-
-def not_found(message: str) -> Refused:
-    return Refused(404, ErrorCode.NOT_FOUND, message)
-
-
-def redis_away(exc: Exception) -> Refused:
-    """503 with Retry-After for a request Redis did not answer: nothing was started, so it may be sent again."""
-    return Refused(503, ErrorCode.SERVICE_UNAVAILABLE,
-                   f"Pincer's Redis did not answer ({exc}); it may be restarting or failing over: "
-                   "try again in a few seconds", retry_after=2)

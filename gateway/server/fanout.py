@@ -16,8 +16,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from bus.streams import CONNECTION_ERRORS, Bus
-from gateway.server.events import Event, Resync, SessionEvents, entry_event, event_order
+from bus.redis_client import RedisAway
+from bus.streams import Bus
+from gateway.turns.events import Event, Resync, SessionEvents, entry_event, event_order
 
 log = logging.getLogger("gateway.fanout")
 
@@ -110,11 +111,11 @@ class Fanout:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        with contextlib.suppress(*CONNECTION_ERRORS):
+        with contextlib.suppress(RedisAway):
             await self.bus.redis.delete(self.wake_key)
 
     async def _wake(self) -> None:
-        with contextlib.suppress(*CONNECTION_ERRORS):
+        with contextlib.suppress(RedisAway):
             await self.bus.redis.xadd(self.wake_key, {"w": "1"}, maxlen=10, approximate=False)
 
     async def _read_loop(self) -> None:
@@ -124,7 +125,7 @@ class Fanout:
                 streams: dict[Any, Any] = {self.bus.keys.session_events(s): c for s, c in self.cursors.items()}
                 streams[self.wake_key] = wake_cursor
                 found: Any = await self.bus.redis.xread(streams, count=500, block=self.block_ms)
-            except CONNECTION_ERRORS as exc:
+            except RedisAway as exc:
                 log.warning("reading session events failed: %s; again in 1s", exc)
                 await asyncio.sleep(1)
                 continue

@@ -22,8 +22,9 @@ from bus.metrics import Meter
 from bus.protocol import ErrorCode
 from gateway.config import GatewaySettings
 from gateway.server.connections import Credential
-from gateway.server.errors import REDIS_AWAY, Refused, redis_away, unauthenticated
+from gateway.server.errors import REDIS_AWAY, refusal_response
 from gateway.tokens import Identity, TokenStore, WebSessions, digest
+from gateway.turns.refusal import Refused, redis_away
 
 log = logging.getLogger("gateway.guard")
 
@@ -67,10 +68,10 @@ class Guard:
         except Refused as refusal:
             self.meter.count("pincer_gateway_refusals", refusal.code.value)
             if scope["type"] == "websocket":
-                code = 1013 if refusal.status == 503 else 1008  # 1013: try again later
+                code = 1013 if refusal.code == ErrorCode.SERVICE_UNAVAILABLE else 1008  # 1013: try again later
                 await send({"type": "websocket.close", "code": code, "reason": refusal.message[:120]})
                 return
-            await refusal.response()(scope, receive, send)
+            await refusal_response(refusal)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -78,7 +79,7 @@ class Guard:
         raw = headers.get("host", "")
         host = _host_name(raw)
         if not host or not any(fnmatchcase(host, allowed) for allowed in self.hosts):
-            raise Refused(403, ErrorCode.FORBIDDEN, f"this Gateway does not answer for host {raw!r}; "
+            raise Refused(ErrorCode.FORBIDDEN, f"this Gateway does not answer for host {raw!r}; "
                           "an operator can add it to gateway.allowed_hosts")
         return raw.lower()
 
@@ -89,7 +90,7 @@ class Guard:
         origin = origin.rstrip("/").lower()
         if origin in self.origins or urlsplit(origin).netloc == host:
             return
-        raise Refused(403, ErrorCode.FORBIDDEN, f"requests from pages at {origin!r} are refused; "
+        raise Refused(ErrorCode.FORBIDDEN, f"requests from pages at {origin!r} are refused; "
                       "an operator can allow that origin in gateway.allowed_origins")
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> Receive:
@@ -113,7 +114,7 @@ class Guard:
         return _replay({"type": "http.request", "body": b"".join(chunks), "more_body": False}, receive)
 
     def _too_large(self) -> Refused:
-        return Refused(413, ErrorCode.PAYLOAD_TOO_LARGE,
+        return Refused(ErrorCode.PAYLOAD_TOO_LARGE,
                        f"the request body is larger than {self.max_body:,} bytes (gateway.max_body_bytes)")
 
     async def _identify(self, headers: dict[str, str], *,
@@ -128,11 +129,11 @@ class Guard:
                 return found[0], Credential(token_digest=found[1], web_session=session)
             if optional:
                 return None, None
-            raise unauthenticated("this Gateway needs a token: send `Authorization: Bearer <token>` "
+            raise Refused(ErrorCode.UNAUTHENTICATED, "this Gateway needs a token: send `Authorization: Bearer <token>` "
                                   "(`pincer token create NAME` makes one), or sign in with `pincer open`")
         identity = await self.tokens.identify(token.strip())
         if identity is None:
-            raise unauthenticated("the token is not valid (revoked, mistyped, or from another pool)")
+            raise Refused(ErrorCode.UNAUTHENTICATED, "the token is not valid (revoked, mistyped, or from another pool)")
         return identity, Credential(token_digest=digest(token.strip()))
 
 

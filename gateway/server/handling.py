@@ -9,13 +9,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from bus.protocol import ErrorCode
 from gateway.server.connections import Credential
-from gateway.server.errors import Refused
-from gateway.server.session_names import qualify
-from gateway.server.turns import until_disconnected
 from gateway.tokens import Identity
+from gateway.turns.refusal import Refused
+from gateway.turns.session_names import qualify
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -36,13 +36,13 @@ async def read_json(request: Request, model: type[B], *, example: str) -> B:
     """The body as ``model``: 415 unless it is JSON, 400 with every problem when it does not fit."""
     kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if kind != "application/json":
-        raise Refused(415, ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        raise Refused(ErrorCode.UNSUPPORTED_MEDIA_TYPE,
                       f"send the body as JSON with `Content-Type: application/json` (got {kind or 'none'!r})")
     try:
         return model.model_validate_json(await request.body())
     except ValidationError as exc:
         lines = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:10]]
-        raise Refused(400, ErrorCode.INVALID_ARGUMENTS,
+        raise Refused(ErrorCode.INVALID_ARGUMENTS,
                       f"bad request body (expected JSON like {example}): " + "; ".join(lines)) from None
 
 
@@ -66,3 +66,9 @@ async def collect_or_cancel(request: Request, collect: Coroutine[Any, Any, Respo
 def session_id_of(request: Request) -> str:
     """The wire id of the session the request names: the caller's own, or (an operator's ``?owner=``) another's."""
     return qualify(caller(request), request.path_params["session_id"], request.query_params.get("owner"))
+
+
+async def until_disconnected(receive: Receive) -> None:
+    """Return when the client of a plain (not streamed) request goes away (its body is read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

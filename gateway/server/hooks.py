@@ -31,9 +31,9 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from bus.keys import Keys
 from bus.log import kv
 from bus.protocol import ChatError, ChatReply, ErrorCode
-from gateway.server.errors import Refused
-from gateway.server.turns import AGENT_ID, Turn, TurnRunner
 from gateway.tokens import Identity
+from gateway.turns.refusal import Refused
+from gateway.turns.runner import AGENT_ID, Turn, TurnRunner
 
 log = logging.getLogger("gateway.hooks")
 
@@ -127,7 +127,7 @@ class Hooks:
         # as a wrong signature, in about the same time, so names cannot be found by asking.
         await self._verify(hook or Hook(name="unknown", template="-", secret=_secret()), headers, body)
         if hook is None:  # a signature matched a random secret: never, but say so rather than carry on
-            raise Refused(401, ErrorCode.UNAUTHENTICATED, MISMATCH)
+            raise Refused(ErrorCode.UNAUTHENTICATED, MISMATCH)
         text = hook.template.replace("{payload}", _untrusted(name, body)) if "{payload}" in hook.template \
             else f"{hook.template}\n\n{_untrusted(name, body)}"
         identity = hook.identity()
@@ -141,18 +141,18 @@ class Hooks:
     async def _verify(self, hook: Hook, headers: dict[str, str], body: bytes) -> None:
         timestamp, signature = headers.get("x-pincer-timestamp", ""), headers.get("x-pincer-signature", "")
         if not timestamp or not signature:
-            raise Refused(401, ErrorCode.UNAUTHENTICATED, "unsigned: send X-Pincer-Timestamp (Unix seconds) and "
+            raise Refused(ErrorCode.UNAUTHENTICATED, "unsigned: send X-Pincer-Timestamp (Unix seconds) and "
                           "X-Pincer-Signature (sha256= and the hex HMAC-SHA256 of \"{timestamp}.{body}\" with the "
                           "hook's secret)")
         if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > WINDOW_S:
-            raise Refused(401, ErrorCode.UNAUTHENTICATED, f"X-Pincer-Timestamp {timestamp[:20]!r} is not within "
+            raise Refused(ErrorCode.UNAUTHENTICATED, f"X-Pincer-Timestamp {timestamp[:20]!r} is not within "
                           f"{WINDOW_S}s of now (a replay, or a clock that is off)")
         secrets_now = [hook.secret, *([hook.previous] if hook.previous and time.time() < hook.previous_until else [])]
         if not any(hmac.compare_digest(sign(s, timestamp, body), signature) for s in secrets_now):
-            raise Refused(401, ErrorCode.UNAUTHENTICATED, MISMATCH)
+            raise Refused(ErrorCode.UNAUTHENTICATED, MISMATCH)
         seen = self.keys.hook_seen(hook.name, hashlib.sha256(signature.encode()).hexdigest())
         if not await self.redis.set(seen, "1", nx=True, ex=2 * WINDOW_S):
-            raise Refused(401, ErrorCode.UNAUTHENTICATED, "this signed request was received before (a replay): "
+            raise Refused(ErrorCode.UNAUTHENTICATED, "this signed request was received before (a replay): "
                           "sign each request afresh")
 
     async def _run(self, hook: Hook, turn: Turn) -> None:

@@ -19,10 +19,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bus.protocol import ChatError, ChatMessage, ChatReply, ErrorCode, Message
-from gateway.server.errors import Refused, not_found
 from gateway.server.handling import caller, read_json
-from gateway.server.turns import TurnRunner
 from gateway.tokens import OWNER, Identity
+from gateway.turns.refusal import Refused, not_found
+from gateway.turns.runner import TurnRunner
 from memory.jobs import (
     CatchUp,
     Job,
@@ -80,26 +80,26 @@ class JobRoutes:
         body = await read_json(request, NewJob, example=EXAMPLE)
         job = self._job(identity, body)
         if body.agent not in await self.turns.agents_for(identity):
-            raise Refused(403, ErrorCode.FORBIDDEN, f"this token may not use agent {body.agent!r}")
+            raise Refused(ErrorCode.FORBIDDEN, f"this token may not use agent {body.agent!r}")
         if why := refusal(job, operator=identity.operator, min_every=self.limits.min_every):
-            raise Refused(403, ErrorCode.FORBIDDEN, why)
+            raise Refused(ErrorCode.FORBIDDEN, why)
         try:
             first = await self.store.add(job, cap=self.limits.cap(operator=identity.operator))
         except JobExists as exc:
-            raise Refused(409, ErrorCode.BAD_REQUEST, str(exc)) from None
+            raise Refused(ErrorCode.CONFLICT, str(exc)) from None
         except JobCapReached as exc:
-            raise Refused(403, ErrorCode.FORBIDDEN, f"{exc} (gateway.limits.jobs)") from None
+            raise Refused(ErrorCode.FORBIDDEN, f"{exc} (gateway.limits.jobs)") from None
         except ValueError as exc:
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
         return JSONResponse(as_json(job, next_due=first), status_code=201)
 
     def _job(self, identity: Identity, body: NewJob) -> Job:
         given = [kind for kind in ("every", "cron", "at") if getattr(body, kind) is not None]
         if len(given) != 1:
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "give exactly one of every (10s, 30m, 2h), cron "
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, "give exactly one of every (10s, 30m, 2h), cron "
                           "(\"0 8 * * 1-5\") or at (2026-12-24T18:00)")
         if body.session and not SESSION_NAME.match(body.session):
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "session is a session's name: letters, digits, _ . -")
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, "session is a session's name: letters, digits, _ . -")
         try:
             schedule = Schedule(kind=given[0], tz=body.tz, anchor=time.time(), cron=body.cron,  # type: ignore[arg-type]
                                 every_s=parse_duration(body.every) if body.every else None,
@@ -110,10 +110,10 @@ class JobRoutes:
                        message=body.message, session=body.session, deliver=body.deliver, catch_up=body.catch_up,
                        window_s=parse_duration(body.window), daily_usd=body.daily_usd)
         except ValidationError as exc:
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS,
+            raise Refused(ErrorCode.INVALID_ARGUMENTS,
                           "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()[:5])) from None
         except ValueError as exc:
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
 
     async def _own(self, request: Request) -> Job:
         identity, name = caller(request), request.path_params["name"]
@@ -136,7 +136,7 @@ class JobRoutes:
         try:
             limit = max(1, min(500, int(request.query_params.get("limit", "50"))))
         except ValueError:
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "limit is a number of records (1 to 500)") from None
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, "limit is a number of records (1 to 500)") from None
         found = await self.store.runs(job.id, limit=limit)
         return JSONResponse({"job": job.id, "runs": [run.model_dump() for run in found]})
 

@@ -5,7 +5,7 @@ unless a header or the sign-in cookie already named it), ``subscribe``
 (``session``, optional ``after``), ``unsubscribe``, ``send`` (``session``,
 ``text``, optional ``agent_id``: a detached turn), ``cancel`` and ``decide``.
 A session is the caller's own by its name; an operator adds ``owner`` to
-reach another identity's (see ``gateway.server.session_names``). The Gateway sends
+reach another identity's (see ``gateway.turns.session_names``). The Gateway sends
 ``ready``, ``event`` (one per session event, with its id), ``resync``,
 ``accepted`` and ``error``. Each subscription reads the session's
 log only as fast as the client takes frames (a bounded queue), so a slow
@@ -25,17 +25,18 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bus.protocol import ErrorCode
 from gateway.server.connections import Credential
-from gateway.server.errors import REDIS_AWAY, Refused, redis_away
-from gateway.server.events import Resync, parse_after
-from gateway.server.session_names import owner_of, qualify
+from gateway.server.errors import REDIS_AWAY
 from gateway.tokens import Identity, digest
+from gateway.turns.events import Resync, parse_after
+from gateway.turns.refusal import Refused, redis_away
+from gateway.turns.session_names import owner_of, qualify
 
 if TYPE_CHECKING:
     from gateway.server.connections import Connections
     from gateway.server.fanout import Fanout
-    from gateway.server.limits import CallerLimits
-    from gateway.server.turns import TurnRunner
     from gateway.tokens import TokenStore
+    from gateway.turns.limits import CallerLimits
+    from gateway.turns.runner import TurnRunner
 
 log = logging.getLogger("gateway.live")
 
@@ -68,7 +69,8 @@ class LiveSocket:
             hold = self.limits.hold_stream(identity.name)
         except Refused as refusal:
             await self.ws.send_json({"type": "error", "code": refusal.code.value, "message": refusal.message})
-            await self.ws.close(1013 if refusal.status == 503 else 1008)  # 1013: try again later
+            unavailable = refusal.code == ErrorCode.SERVICE_UNAVAILABLE
+            await self.ws.close(1013 if unavailable else 1008)  # 1013: try again later
             return
         with self.connections.opened(self.credential) as connection:
             sender = asyncio.create_task(self._send_frames())
@@ -126,10 +128,10 @@ class LiveSocket:
         ref = None
         try:
             if len(raw) > MAX_FRAME:
-                raise Refused(413, ErrorCode.PAYLOAD_TOO_LARGE, f"a frame may hold at most {MAX_FRAME:,} bytes")
+                raise Refused(ErrorCode.PAYLOAD_TOO_LARGE, f"a frame may hold at most {MAX_FRAME:,} bytes")
             frame = json.loads(raw)
             if not isinstance(frame, dict):
-                raise Refused(400, ErrorCode.BAD_REQUEST, "a frame is a JSON object with a type")
+                raise Refused(ErrorCode.BAD_REQUEST, "a frame is a JSON object with a type")
             ref = frame.get("ref")
             await self._dispatch(frame)
         except ValueError:
@@ -149,7 +151,7 @@ class LiveSocket:
         if kind in ("subscribe", "unsubscribe", "send", "cancel"):
             owner = frame.get("owner")
             if not isinstance(name, str) or not (owner is None or isinstance(owner, str)):
-                raise Refused(400, ErrorCode.BAD_REQUEST, "session: a session id (letters, digits, _ . : -); "
+                raise Refused(ErrorCode.BAD_REQUEST, "session: a session id (letters, digits, _ . : -); "
                               "owner (operators): an identity's name")
             session = qualify(identity, name, owner)
             if owner_of(session) != identity.name:  # frames of another's session say whose it is
@@ -160,7 +162,7 @@ class LiveSocket:
                 raw_after = frame.get("after")
                 after = parse_after(str(raw_after)) if raw_after is not None else None
                 if raw_after is not None and after is None:
-                    raise Refused(400, ErrorCode.BAD_REQUEST, "after: the id of the last event seen, or 0")
+                    raise Refused(ErrorCode.BAD_REQUEST, "after: the id of the last event seen, or 0")
                 start = after or await self.turns.log.last_id(session)
                 old = self.subscriptions.pop(session, None)
                 if old is not None:
@@ -183,7 +185,7 @@ class LiveSocket:
                                                              frame.get("decision"))
                 await self.outbox.put({"type": "decided", **decided, "ref": ref})
             case _:
-                raise Refused(400, ErrorCode.BAD_REQUEST, f"unknown frame type {kind!r}: use subscribe, "
+                raise Refused(ErrorCode.BAD_REQUEST, f"unknown frame type {kind!r}: use subscribe, "
                               "unsubscribe, send, cancel or decide")
 
     async def _follow(self, session: str, where: dict[str, Any], after: str) -> None:

@@ -49,9 +49,9 @@ from bus.replies import ReplyInbox
 from bus.service import new_instance_id, redis_url, run_loop
 from bus.streams import Bus
 from gateway.config import GatewaySettings
-from gateway.server.errors import Refused
-from gateway.server.limits import CallerLimits
 from gateway.tokens import Identity
+from gateway.turns.limits import CallerLimits
+from gateway.turns.refusal import Refused
 
 log = logging.getLogger("gateway.mcp")
 

@@ -12,8 +12,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bus.protocol import ErrorCode
-from gateway.server.errors import Refused
 from gateway.server.handling import caller
+from gateway.turns.refusal import Refused
 from memory.longterm import SHARED, LongTermMemory
 
 KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # as the memory tools name notes
@@ -36,11 +36,11 @@ class MemoryRoutes:
     async def delete_note(self, request: Request) -> Response:
         key = request.path_params["key"]
         if not KEY.match(key):
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, f"{key[:40]!r} is not a note's name (letters, digits, "
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, f"{key[:40]!r} is not a note's name (letters, digits, "
                           "_ . -, up to 100)")
         agent, owner = self._whose(request)
         if not await self.memory.delete(agent, key, owner=owner):
-            raise Refused(404, ErrorCode.NOT_FOUND, f"no {'shared' if owner == SHARED else 'own'} note named "
+            raise Refused(ErrorCode.NOT_FOUND, f"no {'shared' if owner == SHARED else 'own'} note named "
                           f"{key!r} with agent {agent!r}")
         return JSONResponse({"agent": agent, "key": key, "scope": "shared" if owner == SHARED else "own",
                              "deleted": True})
@@ -50,12 +50,12 @@ class MemoryRoutes:
         identity = caller(request)
         agent = request.query_params.get("agent", "main")
         if not AGENT.match(agent):
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, f"{agent[:40]!r} is not an agent's id")
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, f"{agent[:40]!r} is not an agent's id")
         if not identity.may_use(agent):
-            raise Refused(403, ErrorCode.FORBIDDEN, f"this token may not use agent {agent!r}")
+            raise Refused(ErrorCode.FORBIDDEN, f"this token may not use agent {agent!r}")
         shared = request.query_params.get("shared") in ("1", "true")
         owner = SHARED if shared else request.query_params.get("owner") or identity.name
         if owner != identity.name and not identity.operator:
-            raise Refused(403, ErrorCode.FORBIDDEN, "only an operator token may touch the shared notes or another "
+            raise Refused(ErrorCode.FORBIDDEN, "only an operator token may touch the shared notes or another "
                           "identity's")
         return agent, owner

@@ -26,15 +26,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bus.protocol import ApprovalRequest, ChatDelta, ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, new_id
-from gateway.server.errors import TURN_STATUS, Refused, error_body, error_response, not_found
+from gateway.server.errors import TURN_STATUS, error_body, error_response
 from gateway.server.handling import caller, collect_or_cancel, credential, read_json
-from gateway.server.session_names import qualify, shown_to
+from gateway.turns.refusal import Refused, not_found
+from gateway.turns.session_names import qualify, shown_to
 from memory.sessions import TranscriptEntry
 
 if TYPE_CHECKING:
     from gateway.config import OpenAISettings
     from gateway.server.connections import Connections
-    from gateway.server.turns import Turn, TurnRunner
+    from gateway.turns.runner import Turn, TurnRunner
 
 MODEL = "pincer"
 SESSION_HEADERS = ("x-pincer-session", "x-openwebui-chat-id", "x-conversation-id")
@@ -93,7 +94,7 @@ def text_of(message: InMessage, index: int) -> str:
     texts = []
     for part in message.content:
         if part.type != "text" or part.text is None:
-            raise Refused(400, ErrorCode.UNSUPPORTED, f"messages[{index}] has a {part.type!r} part; "
+            raise Refused(ErrorCode.UNSUPPORTED, f"messages[{index}] has a {part.type!r} part; "
                           "Pincer's agents read text only (send text parts)")
         texts.append(part.text)
     return "\n".join(texts)
@@ -130,10 +131,10 @@ class OpenAIRoutes:
         system = "\n\n".join(text_of(m, i) for i, m in enumerate(body.messages) if m.role in ("system", "developer"))
         turns = [(i, m) for i, m in enumerate(body.messages) if m.role not in ("system", "developer")]
         if not turns or turns[-1][1].role != "user":
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "the last message must be the user's (role \"user\")")
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, "the last message must be the user's (role \"user\")")
         text = text_of(turns[-1][1], turns[-1][0])
         if not text.strip():
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "the last user message has no text")
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, "the last user message has no text")
         name = self._session_of(request, body)
         ephemeral = name is None
         session_id = qualify(identity, name or f"oai-{new_id()}", request.query_params.get("owner"))
@@ -285,13 +286,13 @@ class _Turn:
 
 def _refuse_unsupported(body: CompletionRequest) -> None:
     if body.tools or body.functions:
-        raise Refused(400, ErrorCode.UNSUPPORTED, "client-side tools are not supported: Pincer's agent runs its "
+        raise Refused(ErrorCode.UNSUPPORTED, "client-side tools are not supported: Pincer's agent runs its "
                       "own tools (see GET /v1/models and `pincer tools`); send the request without `tools`")
     if body.n not in (None, 1):
-        raise Refused(400, ErrorCode.UNSUPPORTED, f"n={body.n}: Pincer runs one turn per request (n must be 1)")
+        raise Refused(ErrorCode.UNSUPPORTED, f"n={body.n}: Pincer runs one turn per request (n must be 1)")
     for index, message in enumerate(body.messages):
         if message.role in ("tool", "function"):
-            raise Refused(400, ErrorCode.UNSUPPORTED, f"messages[{index}] has role {message.role!r}: "
+            raise Refused(ErrorCode.UNSUPPORTED, f"messages[{index}] has role {message.role!r}: "
                           "client-side tool results are not supported")
 
 

@@ -23,10 +23,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Message, Receive, Scope, Send
 
 from bus.protocol import ErrorCode
-from gateway.server.errors import Refused
 from gateway.server.guard import COOKIE
 from gateway.server.handling import read_json
 from gateway.tokens import WebSessions
+from gateway.turns.refusal import Refused
 
 STATIC = Path(str(resources.files("gateway.server") / "static"))
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -70,7 +70,7 @@ def page_routes(web: WebSessions) -> list[BaseRoute]:
     async def sign_in(request: Request) -> Response:
         body = await read_json(request, SignIn, example='{"token": "pcr_..."} or {"code": "..."}')
         if (body.token is None) == (body.code is None):
-            raise Refused(400, ErrorCode.INVALID_ARGUMENTS, "send either a token or a sign-in link's code")
+            raise Refused(ErrorCode.INVALID_ARGUMENTS, "send either a token or a sign-in link's code")
         if body.code is not None:
             session = await web.redeem(body.code)
             why = "this sign-in link was used already or has expired; run `pincer open` again for a new one"
@@ -78,7 +78,7 @@ def page_routes(web: WebSessions) -> list[BaseRoute]:
             session = await web.sign_in((body.token or "").strip())
             why = "that token is not valid (revoked, mistyped, or from another pool)"
         if session is None:
-            raise Refused(401, ErrorCode.UNAUTHENTICATED, why)
+            raise Refused(ErrorCode.UNAUTHENTICATED, why)
         response = JSONResponse({"signed_in": True}, headers=HEADERS)
         _set_cookie(request, response, session, web.session_s)
         return response

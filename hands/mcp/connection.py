@@ -18,11 +18,12 @@ from typing import Any
 
 from mcp import ClientSession, types
 
+from bus.config import ConfigError
 from bus.protocol import ErrorCode
 from hands.config import McpServerSettings
 from hands.errors import ToolFailure
 from hands.mcp.translate import TOOLS_LIMIT, protocol_failure, screen_tool_list
-from hands.mcp.transport import ServerConfigError, http_streams, screened, start_stdio, stdio_streams
+from hands.mcp.transport import http_streams, screened, start_stdio, stdio_streams
 from hands.sandbox.runner import Running, Sandbox
 
 log = logging.getLogger("hands.mcp")
@@ -63,7 +64,7 @@ class McpConnection:
             began = loop.time()
             try:
                 await self._serve_once(stop)
-            except ServerConfigError as exc:
+            except ConfigError as exc:  # ServerConfigError, a variable not set
                 self.state, self.error = "failed", str(exc)
                 self._settled.set()
                 log.error("MCP server %s cannot start: %s", self.name, exc)

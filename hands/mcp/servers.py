@@ -19,7 +19,8 @@ from typing import Any
 from mcp import types
 
 from bus.protocol import ErrorCode
-from bus.streams import CONNECTION_ERRORS, Bus
+from bus.redis_client import RedisAway
+from bus.streams import Bus
 from hands.config import McpServerSettings, McpSettings, RetryPolicy
 from hands.errors import ToolFailure
 from hands.mcp.connection import McpConnection
@@ -82,7 +83,7 @@ class McpServers:
             await asyncio.gather(self._leases, return_exceptions=True)
         for name in list(self._runs):
             await self._halt(name)
-        with contextlib.suppress(*CONNECTION_ERRORS):  # let another worker take our stateful servers now
+        with contextlib.suppress(RedisAway):  # let another worker take our stateful servers now
             for name, owner in self.owners.items():
                 if owner == self.worker_id:
                     await self.bus.redis.delete(self.bus.keys.mcp_owner(name))
@@ -131,7 +132,7 @@ class McpServers:
                 return
             try:
                 await self._renew_leases()
-            except CONNECTION_ERRORS as exc:
+            except RedisAway as exc:
                 log.warning("MCP leases not renewed: %s", exc)
 
     async def _renew_leases(self) -> None:

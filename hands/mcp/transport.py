@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import re
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -23,6 +21,7 @@ from mcp import types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
+from bus.config import ConfigError, from_environment
 from hands.config import McpServerSettings
 from hands.sandbox.env import sandbox_env
 from hands.sandbox.runner import Extras, Running, Sandbox
@@ -30,24 +29,16 @@ from hands.sandbox.runner import Extras, Running, Sandbox
 log = logging.getLogger("hands.mcp")
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # one JSON-RPC line; past it the server is stopped
-_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-class ServerConfigError(ValueError):
+class ServerConfigError(ConfigError, ValueError):
     """An entry that cannot start as written (a missing variable, an unusable command); says how to fix it."""
 
 
 def expand(server: str, where: str, values: dict[str, str]) -> dict[str, str]:
-    """``${NAME}`` references to the worker's environment, resolved; a missing one is an error."""
-    def one(key: str, value: str) -> str:
-        def lookup(match: re.Match[str]) -> str:
-            name = match.group(1)
-            if name not in os.environ:
-                raise ServerConfigError(f"hands.mcp.servers.{server}.{where}.{key} names ${{{name}}}, which is not "
-                                        f"set in the Hands worker's environment: export {name} before starting it")
-            return os.environ[name]
-        return _REFERENCE.sub(lookup, value)
-    return {key: one(key, value) for key, value in values.items()}
+    """``${NAME}`` references to the worker's environment, resolved; a missing one is a ``ConfigError``."""
+    return {key: from_environment(value, key=f"hands.mcp.servers.{server}.{where}.{key}",
+                                  process="the Hands worker") for key, value in values.items()}
 
 
 def command_dirs(settings: McpServerSettings) -> tuple[Path, ...]:

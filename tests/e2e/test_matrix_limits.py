@@ -29,9 +29,9 @@ def limited() -> Iterator[Synapse]:
 
 @pytest.fixture
 def accounts(limited: Synapse) -> dict[str, Person]:
-    admin, alice = limited.register("admin", admin=True), limited.register("alice")
+    admin, alice = limited.register(admin=True), limited.register()  # fresh accounts per test: one homeserver
     limited.unlimit(admin, alice.user_id)  # the person is not the account under test: only the agent's is limited
-    return {"alice": alice, "bot": limited.register("pincer")}
+    return {"alice": alice, "bot": limited.register()}
 
 
 def matrix_env(pincer_env: dict[str, str], ws: Path, homeserver: str, accounts: dict[str, Person]) -> dict[str, str]:

@@ -6,8 +6,8 @@ import asyncio
 
 from bus.protocol import ChatDelta
 from bus.streams import Bus
-from gateway.server.events import Event, SessionEvents
 from gateway.server.fanout import QUEUE, Fanout
+from gateway.turns.events import Event, SessionEvents
 
 
 def delta(session: str, n: int) -> ChatDelta:

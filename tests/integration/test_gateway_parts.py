@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from bus.keys import BRAIN_GROUP
-from bus.protocol import ChatCancel
+from bus.protocol import ChatCancel, ErrorCode
 from bus.streams import Bus
 from gateway.config import GatewaySettings, LimitSettings
-from gateway.server.errors import Refused
 from gateway.server.guard import _host_name
-from gateway.server.limits import CallerLimits
 from gateway.tokens import TokenError, TokenStore, digest, ensure_owner_token, owner_token_path, read_owner_token
+from gateway.turns.limits import CallerLimits
+from gateway.turns.refusal import Refused
 from memory.sessions import SessionStore, TranscriptEntry
 
 
@@ -86,7 +86,7 @@ async def test_the_message_rate_is_one_bucket_for_every_gateway(bus: Bus) -> Non
     await one.take_message("alice")
     with pytest.raises(Refused) as refused:
         await two.take_message("alice")
-    assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "1"
+    assert refused.value.code == ErrorCode.RATE_LIMITED and refused.value.retry_after == 1
     await one.take_message("bob")  # every token has its own
 
 
@@ -116,7 +116,7 @@ async def test_a_brain_backlog_past_the_bound_refuses_new_messages(bus: Bus) -> 
     limits._backlog = (0.0, 0)  # the cached reading is half a second old at most; read it now
     with pytest.raises(Refused) as refused:
         await limits.check_backlog()
-    assert refused.value.status == 503 and "3 messages are waiting" in refused.value.message
+    assert refused.value.code == ErrorCode.SERVICE_UNAVAILABLE and "3 messages are waiting" in refused.value.message
 
 
 async def test_a_session_belongs_to_the_token_that_started_it(bus: Bus) -> None:

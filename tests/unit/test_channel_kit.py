@@ -18,6 +18,7 @@ from gateway.channels.access import Access, pair, paired
 from gateway.channels.config import TelegramSettings
 from gateway.channels.intake import abandoned_after
 from gateway.channels.markup import fitted, split_text, telegram_html
+from gateway.channels.platform import RETRY_DELAYS, backoff
 from gateway.channels.reply import Buttons, Delivery, StreamedReply
 from tests.fakes import fake_bus as in_memory_bus
 
@@ -187,3 +188,11 @@ async def test_a_poll_that_swallows_its_cancellation_is_abandoned_not_awaited_fo
         task.cancel()
         await asyncio.wait({task}, timeout=1.0)
         assert task.done()
+
+
+def test_backoff_is_what_the_platform_said_else_the_next_step_capped_and_jitter_only_shortens() -> None:
+    assert backoff(0, 7.5) == 7.5 and backoff(3, 0.25) == 0.25  # the platform's own word wins
+    assert [backoff(n) for n in range(len(RETRY_DELAYS) + 3)] == [*RETRY_DELAYS, *[RETRY_DELAYS[-1]] * 3]
+    assert backoff(2, 0) == RETRY_DELAYS[2]  # "again now" is not a reason to spin
+    waits = {backoff(4, jitter=True) for _ in range(50)}
+    assert all(RETRY_DELAYS[4] / 2 <= w <= RETRY_DELAYS[4] for w in waits) and len(waits) > 1

@@ -11,7 +11,16 @@ import yaml
 from pydantic import BaseModel
 
 from brain.config import BrainSettings
-from bus.config import DEFAULT_CONFIG, ConfigError, RedisSettings, RuntimeSettings, Section, load_config
+from bus.config import (
+    DEFAULT_CONFIG,
+    ConfigError,
+    MissingVariable,
+    RedisSettings,
+    RuntimeSettings,
+    Section,
+    from_environment,
+    load_config,
+)
 from gateway.channels.config import ChannelSettings
 from gateway.cli import SECTIONS
 from gateway.cli.runtime import validate_all
@@ -153,3 +162,16 @@ def test_sentinels_are_host_and_port(tmp_path) -> None:
     from bus.service import redis_url
 
     assert redis_url(config) == "sentinel://mymaster@10.0.0.5:26379"  # no embedded Redis, no URL needed
+
+
+def test_one_resolver_reads_every_reference_and_names_a_missing_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PINCER_TEST_A", "alpha")
+    monkeypatch.delenv("PINCER_TEST_GONE", raising=False)
+    assert from_environment("${PINCER_TEST_A}", key="k") == "alpha"
+    assert from_environment("Bearer ${PINCER_TEST_A}-${PINCER_TEST_A}", key="k") == "Bearer alpha-alpha"
+    assert from_environment("plain $PINCER_TEST_A {x}", key="k") == "plain $PINCER_TEST_A {x}"  # only ${NAME}
+    with pytest.raises(MissingVariable) as missing:
+        from_environment("x ${PINCER_TEST_GONE}", key="channels.slack.bot_token", process="the channel")
+    assert isinstance(missing.value, ConfigError) and isinstance(missing.value, ValueError)  # pydantic reports it
+    assert str(missing.value).startswith("channels.slack.bot_token names ${PINCER_TEST_GONE}, but PINCER_TEST_GONE "
+                                         "is not set in the environment of the channel: export it")

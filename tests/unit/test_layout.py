@@ -17,9 +17,10 @@ ALLOWED = {
     "brain": {"bus", "memory", "brain"},
     "localmodel": {"bus", "localmodel"},
     "gateway": {"bus", "memory", "gateway.config", "gateway.tokens"},  # what every room shares
-    "gateway.server": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.server"},
-    # A chat channel starts turns as the server does (its TurnRunner).
-    "gateway.channels": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.server", "gateway.channels"},
+    # The turn core both doors share: nothing of either door, nothing of HTTP.
+    "gateway.turns": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.turns"},
+    "gateway.server": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.turns", "gateway.server"},
+    "gateway.channels": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.turns", "gateway.channels"},
     # The process runtime starts the other roles, so it may read their settings.
     "gateway.runtime": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.runtime", "brain", "hands",
                         "localmodel", "gateway.channels.config"},
@@ -59,6 +60,36 @@ def test_no_package_or_room_imports_one_above_it() -> None:
                 if not any(name == a or name.startswith(a + ".") for a in allowed):
                     crossing.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert not crossing, "\n".join(crossing)
+
+
+def test_the_turn_core_speaks_no_http() -> None:
+    """A chat channel loads the core without a web framework, and a refusal there is a code, not a status."""
+    web = ("starlette", "uvicorn", "httpx")
+    found = []
+    for path in sorted((ROOT / "gateway" / "turns").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in web]
+    assert not found, found
+
+
+def test_outside_the_bus_redis_away_has_one_name() -> None:
+    """Redis not answering is ``RedisAway`` everywhere but the bus's edge: no module above it catches the
+    connection tuple (it holds OSError: a file's error would read as Redis away) or imports redis-py's errors."""
+    found = []
+    for package in OURS:
+        if package == "bus":
+            continue
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                name = node.id if isinstance(node, ast.Name) else node.name if isinstance(node, ast.alias) else ""
+                if name == "CONNECTION_ERRORS":
+                    found.append(f"{path.relative_to(ROOT)}: CONNECTION_ERRORS")
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("redis.exceptions"):
+                    found.append(f"{path.relative_to(ROOT)}: imports {node.module}")
+    assert not found, found
 
 
 def test_the_rule_sees_a_crossing(tmp_path: Path) -> None:

@@ -11,12 +11,13 @@ import pytest
 from mcp import types
 from pydantic import ValidationError
 
+from bus.config import ConfigError
 from bus.protocol import ErrorCode
 from hands.config import HandsSettings, McpServerSettings
 from hands.errors import ToolFailure
 from hands.mcp.servers import configured_tool
 from hands.mcp.translate import ToolRefused, parameters, result_data, screen_tool_list, tool_name
-from hands.mcp.transport import ServerConfigError, expand
+from hands.mcp.transport import expand
 from tests.conftest import ROOT
 
 
@@ -93,7 +94,8 @@ def test_secrets_are_references_to_the_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("PINCER_TEST_TOKEN", "s3cret")
     assert expand("gh", "env", {"TOKEN": "${PINCER_TEST_TOKEN}", "MODE": "ro"}) == {"TOKEN": "s3cret", "MODE": "ro"}
     monkeypatch.delenv("PINCER_TEST_TOKEN")
-    with pytest.raises(ServerConfigError, match=r"hands.mcp.servers.gh.env.TOKEN names \$\{PINCER_TEST_TOKEN\}"):
+    with pytest.raises(ConfigError, match=r"hands.mcp.servers.gh.env.TOKEN names \$\{PINCER_TEST_TOKEN\}, "
+                                          r"but PINCER_TEST_TOKEN is not set in the environment of the Hands worker"):
         expand("gh", "env", {"TOKEN": "${PINCER_TEST_TOKEN}"})
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from gateway.server.errors import Refused
-from gateway.server.session_names import name_of, owner_of, path_of, qualify, shown_to
+from bus.protocol import ErrorCode
+from gateway.server.errors import refusal_response
 from gateway.tokens import Identity
+from gateway.turns.refusal import Refused
+from gateway.turns.session_names import name_of, owner_of, path_of, qualify, shown_to
 
 ALICE = Identity(name="alice")
 OPS = Identity(name="ops", scope="operator")
@@ -23,7 +27,7 @@ def test_a_bare_name_is_always_the_callers_own(identity: Identity) -> None:
 def test_a_chat_token_never_names_another_owner(owner: str) -> None:
     with pytest.raises(Refused) as refused:
         qualify(ALICE, "main", owner)
-    assert refused.value.status == 403 and "operator" in refused.value.message
+    assert refused.value.code == ErrorCode.FORBIDDEN and "operator" in refused.value.message
 
 
 def test_an_operator_names_another_owner_on_purpose() -> None:
@@ -32,7 +36,7 @@ def test_an_operator_names_another_owner_on_purpose() -> None:
     for bad_owner in ("../x", "a/b", " ", "x" * 200, "*"):
         with pytest.raises(Refused) as refused:
             qualify(OPS, "main", bad_owner)
-        assert refused.value.status == 400
+        assert refused.value.code == ErrorCode.BAD_REQUEST
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "../etc", "x" * 129, "-lead", "sp ace", "ümlaut"])
@@ -40,7 +44,7 @@ def test_a_bad_name_is_refused_for_everyone(name: str) -> None:
     for identity in (ALICE, OPS):
         with pytest.raises(Refused) as refused:
             qualify(identity, name)
-        assert refused.value.status == 400
+        assert refused.value.code == ErrorCode.BAD_REQUEST
 
 
 def test_what_a_client_is_shown() -> None:
@@ -49,3 +53,17 @@ def test_what_a_client_is_shown() -> None:
     assert shown_to(OPS, "alice/main") == "alice/main"
     assert path_of(ALICE, "alice/main", "/events") == "/v1/sessions/main/events"
     assert path_of(OPS, "alice/main", "/events") == "/v1/sessions/main/events?owner=alice"
+
+
+@pytest.mark.parametrize(("code", "status"), [(ErrorCode.UNAUTHENTICATED, 401), (ErrorCode.FORBIDDEN, 403),
+                                              (ErrorCode.NOT_FOUND, 404), (ErrorCode.CONFLICT, 409),
+                                              (ErrorCode.RATE_LIMITED, 429), (ErrorCode.SERVICE_UNAVAILABLE, 503),
+                                              (ErrorCode.BAD_REQUEST, 400), (ErrorCode.INVALID_ARGUMENTS, 400)])
+def test_a_refusal_is_one_http_answer_decided_by_its_code(code: ErrorCode, status: int) -> None:
+    response = refusal_response(Refused(code, "why, and what to do", retry_after=0 if status == 429 else None))
+    body = json.loads(bytes(response.body))
+    assert response.status_code == status and body["error"]["code"] == code.value
+    assert body["error"]["message"] == "why, and what to do"
+    assert ("Retry-After" in response.headers) == (status == 429)  # a wait of 0 is said as 1 s
+    assert response.headers.get("Retry-After", "1") == "1"
+    assert ("WWW-Authenticate" in response.headers) == (status == 401)

@@ -15,7 +15,7 @@ from bus.admission import Admission
 from bus.protocol import ErrorCode
 from bus.streams import Bus
 from gateway.config import LimitSettings
-from gateway.server.errors import Refused
+from gateway.turns.refusal import Refused
 
 BACKLOG_CHECK_S = 0.5  # the inbox backlog is read at most this often
 
@@ -31,10 +31,10 @@ class CallerLimits:
     def hold_turn(self, name: str, *, stream: bool) -> Hold:
         """One of the token's open turns (and streams), held until ``release``; refused when all are taken."""
         if self._turns[name] >= self.settings.open_turns_per_token:
-            raise Refused(429, ErrorCode.RATE_LIMITED, f"this token already has {self._turns[name]} turns running "
+            raise Refused(ErrorCode.RATE_LIMITED, f"this token already has {self._turns[name]} turns running "
                           "(gateway.limits.open_turns_per_token); wait for one to finish", retry_after=1)
         if stream and self._streams[name] >= self.settings.open_streams_per_token:
-            raise Refused(429, ErrorCode.RATE_LIMITED, f"this token already has {self._streams[name]} streams open "
+            raise Refused(ErrorCode.RATE_LIMITED, f"this token already has {self._streams[name]} streams open "
                           "(gateway.limits.open_streams_per_token); close one first", retry_after=1)
         counters = [self._turns, self._streams] if stream else [self._turns]
         for counter in counters:
@@ -44,7 +44,7 @@ class CallerLimits:
     def hold_stream(self, name: str) -> Hold:
         """One of the token's open streams (an event subscription, no turn), held until ``release``."""
         if self._streams[name] >= self.settings.open_streams_per_token:
-            raise Refused(429, ErrorCode.RATE_LIMITED, f"this token already has {self._streams[name]} streams open "
+            raise Refused(ErrorCode.RATE_LIMITED, f"this token already has {self._streams[name]} streams open "
                           "(gateway.limits.open_streams_per_token); close one first", retry_after=1)
         self._streams[name] += 1
         return Hold(name, [self._streams])
@@ -53,7 +53,7 @@ class CallerLimits:
         """Count one message against the token's rate; refuse it when the bucket is empty."""
         wait_ms = await self.admission.take_message(name)
         if wait_ms > 0:
-            raise Refused(429, ErrorCode.RATE_LIMITED, f"this token sent more than "
+            raise Refused(ErrorCode.RATE_LIMITED, f"this token sent more than "
                           f"{self.settings.messages_per_minute} messages a minute "
                           "(gateway.limits.messages_per_minute); slow down", retry_after=-(-wait_ms // 1000))
 
@@ -64,7 +64,7 @@ class CallerLimits:
             waiting = await self._waiting()
             self._backlog = (time.monotonic(), waiting)
         if waiting >= self.settings.max_inbox_backlog:
-            raise Refused(503, ErrorCode.SERVICE_UNAVAILABLE, f"{waiting} messages are waiting for a Brain "
+            raise Refused(ErrorCode.SERVICE_UNAVAILABLE, f"{waiting} messages are waiting for a Brain "
                           "(gateway.limits.max_inbox_backlog); try again shortly, or start more Brains",
                           retry_after=5)
 

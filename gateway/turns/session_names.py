@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 
 from bus.protocol import ErrorCode
-from gateway.server.errors import Refused
 from gateway.tokens import Identity
+from gateway.turns.refusal import Refused
 
 SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 # A token's name, or a channel's identity (``telegram:12345``).
@@ -26,7 +26,7 @@ ALL_OWNERS = "*"
 
 def check_session_name(name: str) -> None:
     if not isinstance(name, str) or not re.match(SESSION_ID, name):
-        raise Refused(400, ErrorCode.BAD_REQUEST, "session ids are 1-128 characters: letters, digits and _ . : - "
+        raise Refused(ErrorCode.BAD_REQUEST, "session ids are 1-128 characters: letters, digits and _ . : - "
                       "(starting with a letter or digit)")
 
 
@@ -36,10 +36,10 @@ def qualify(identity: Identity, name: str, owner: str | None = None) -> str:
     if owner is None or owner == "" or owner == identity.name:
         return f"{identity.name}{SEPARATOR}{name}"
     if not identity.operator:
-        raise Refused(403, ErrorCode.FORBIDDEN, "only an operator token may act on another identity's session; "
+        raise Refused(ErrorCode.FORBIDDEN, "only an operator token may act on another identity's session; "
                       "leave out `owner` to use your own")
     if not re.match(OWNER_NAME, owner):
-        raise Refused(400, ErrorCode.BAD_REQUEST, f"owner {owner[:64]!r} is not an identity's name")
+        raise Refused(ErrorCode.BAD_REQUEST, f"owner {owner[:64]!r} is not an identity's name")
     return f"{owner}{SEPARATOR}{name}"
 
 

@@ -23,21 +23,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.types import Receive
 
 from bus import otel, trace
 from bus.log import kv
 from bus.presence import instances
 from bus.protocol import ApprovalDecision, ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
 from bus.records import PendingApproval
+from bus.redis_client import RedisAway
 from bus.replies import ReplyInbox
-from bus.streams import CONNECTION_ERRORS, Bus
+from bus.streams import Bus
 from gateway.config import GatewaySettings
-from gateway.server.errors import Refused, not_found
-from gateway.server.events import SessionEvents
-from gateway.server.limits import CallerLimits, Hold
-from gateway.server.session_names import owner_of, shown_to
 from gateway.tokens import Identity
+from gateway.turns.events import SessionEvents
+from gateway.turns.limits import CallerLimits, Hold
+from gateway.turns.refusal import Refused, not_found
+from gateway.turns.session_names import owner_of, shown_to
 from memory.sessions import SessionStore
 
 log = logging.getLogger("gateway.turns")
@@ -93,7 +93,6 @@ class TurnRunner:
             )
         except ValidationError as exc:
             raise Refused(
-                400,
                 ErrorCode.BAD_REQUEST,
                 "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]),
             ) from None
@@ -105,7 +104,7 @@ class TurnRunner:
 
     async def decide_approval(self, identity: Identity, approval_id: str, decision: Any) -> dict[str, Any]:
         if decision not in ("allow-once", "allow-always", "deny"):
-            raise Refused(400, ErrorCode.BAD_REQUEST, "decision: one of allow-once, allow-always, deny")
+            raise Refused(ErrorCode.BAD_REQUEST, "decision: one of allow-once, allow-always, deny")
         key = self.bus.keys.approval(approval_id)
         raw: dict[bytes, bytes] = await self.bus.redis.hgetall(key)  # type: ignore[assignment]  # bytes
         pending = PendingApproval.decode(raw)
@@ -136,11 +135,11 @@ class TurnRunner:
         The request's trace starts here (a child of the client's ``traceparent`` header, if valid)."""
         trace.current.set(trace.start(traceparent))
         if not identity.may_use(agent_id):
-            raise Refused(403, ErrorCode.FORBIDDEN, f"this token may not use agent {agent_id!r}; "
+            raise Refused(ErrorCode.FORBIDDEN, f"this token may not use agent {agent_id!r}; "
                           f"it may use: {', '.join(identity.agents or ())}")
         brains = await self.brains()
         if not brains.count:
-            raise Refused(503, ErrorCode.SERVICE_UNAVAILABLE, "no Brain is running to answer; start one with "
+            raise Refused(ErrorCode.SERVICE_UNAVAILABLE, "no Brain is running to answer; start one with "
                           "`pincer brain` (or `pincer up`)", retry_after=5)
         if agent_id not in brains.agents:
             raise not_found(f"no agent named {agent_id!r}; agents: {', '.join(sorted(brains.agents))}")
@@ -233,12 +232,6 @@ class TurnRunner:
             await asyncio.gather(*self._cancels, return_exceptions=True)
 
 
-async def until_disconnected(receive: Receive) -> None:
-    """Return when the client of a plain (not streamed) request goes away (its body is read already)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 class Turn:
     """One admitted turn: its message sent, its events queued from the start for whoever reads them
     (each also appended to the session's event log), and all it holds given back by ``close``."""
@@ -269,7 +262,7 @@ class Turn:
             trace.current.reset(token)
         try:
             await runner.log.append(message.session_id, message)
-        except CONNECTION_ERRORS as exc:  # live followers miss the message; its turn goes on
+        except RedisAway as exc:  # live followers miss the message; its turn goes on
             log.warning("session event log not written %s: %s", kv(session=message.session_id), exc)
 
     async def events(self) -> AsyncIterator[Message]:
