@@ -13,7 +13,7 @@ from brain.catalog import NoHandsAvailable, ToolCatalog
 from brain.compaction import is_note, live, note_message, note_text, smaller, summarise
 from brain.config import BrainSettings
 from brain.context import fit, limit_of, shaped
-from brain.delegation import Delegations, Totals, child_session, is_delegate
+from brain.delegation import Delegations, child_session, is_delegate
 from brain.hands_calls import HandsCalls
 from brain.llm import LOCAL, NOT_CONFIGURED, Attempt, LLMClient, LLMError, ToolCall, context_window, resolve_model
 from brain.loop_detector import LoopDetector
@@ -24,6 +24,7 @@ from brain.session_order import Lease
 from brain.spend import BudgetExceeded, Governor
 from brain.tokens import count
 from brain.tool_text import MAX_ARGS_DEPTH, depth, error_for_model, for_model, local_failure, summary
+from brain.usage import TurnLimits, TurnUsage
 from bus import otel, trace
 from bus.log import kv
 from bus.metrics import Meter
@@ -76,14 +77,11 @@ class Turn:
     def __init__(self, deps: TurnDeps, message: ChatMessage, lease: Lease | None = None) -> None:
         self.deps, self.message = deps, message
         self.lease = lease or Lease(message.session_id)
-        self.usage: dict[str, int] = {}
-        self.model_calls = self.tool_calls = 0
         settings = deps.settings
+        self.used, self.limits = TurnUsage(), TurnLimits.of(settings)
         big = 10**9  # a threshold of 0 is off
         self.loops = LoopDetector(warn_at=settings.loop_warn_at or big, stop_at=settings.loop_stop_at or big) \
             if settings.loop_warn_at or settings.loop_stop_at else None
-        self.tools_used: list[str] = []
-        self.cost_usd = 0.0
         self.unanswered: list[ToolCall] = []  # the model's tool calls still without a result
         self.window_tokens = settings.context_window_tokens or context_window(resolve_model(settings.model) or "")
         self.call_ids: dict[str, str] = {}  # the model's call id -> ours, for the latest response
@@ -148,7 +146,7 @@ class Turn:
                                     f"{deps.settings.max_turn_s:g}s{whose})")
         except LLMError as exc:
             final = self._error(exc.code, exc.message)
-        await delegations.account(self._used())  # the tree sees this turn's last model call
+        await delegations.account(self.used.totals())  # the tree sees this turn's last model call
         return final
 
     async def _transcript(self) -> tuple[list[TranscriptEntry], list[TranscriptEntry]]:
@@ -178,15 +176,9 @@ class Turn:
             stop = await self._act(messages, specs)
             if stop:
                 return stop
-        while iteration < budget.max_iterations:
+        while True:
             iteration += 1
-            if self.usage.get("total_tokens", 0) >= budget.max_tokens:
-                return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
-                                       f"the turn used its tokens (brain.max_tokens = {budget.max_tokens:,})")
-            if budget.max_cost_usd is not None and self.cost_usd >= budget.max_cost_usd:
-                return await self.stop(ErrorCode.BUDGET_EXHAUSTED,
-                                       f"the turn spent its money (brain.max_cost_usd = {budget.max_cost_usd:g})")
-            if over := await self._tree_exceeded():
+            if over := self.limits.before_request(self.used, iteration) or await self._tree_exceeded():
                 return await self.stop(ErrorCode.BUDGET_EXHAUSTED, over)
             self.lease.check()
             if not self.compacted and turn_starts > self.head and budget.compaction.enabled and \
@@ -215,7 +207,7 @@ class Turn:
             final = not completion.tool_calls
             assistant = self._entry(role="assistant", content=completion.text or None,
                                     tool_calls=[call.to_openai() for call in completion.tool_calls] or None,
-                                    **Marks(model=completion.model, iteration=iteration, usage=dict(self.usage),
+                                    **Marks(model=completion.model, iteration=iteration, usage=dict(self.used.tokens),
                                             final=final).metadata())
             await deps.sessions.append(msg.session_id, assistant)
             messages.append(assistant.to_llm())
@@ -224,19 +216,14 @@ class Turn:
             if final:
                 log.info("turn done %s", kv(session=msg.session_id, message=msg.message_id, iterations=iteration))
                 return ChatReply(session_id=msg.session_id, message_id=msg.message_id, text=completion.text,
-                                 model=completion.model, usage=self.usage)
-            if self.tool_calls + len(completion.tool_calls) > budget.max_tool_calls:
-                return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model asked for more tool calls than the "
-                                       f"turn allows (brain.max_tool_calls = {budget.max_tool_calls})")
-            if over := await self._tree_exceeded(asking=len(completion.tool_calls)):
+                                 model=completion.model, usage=self.used.tokens)
+            asking = len(completion.tool_calls)
+            if over := self.limits.before_tools(self.used, asking) or await self._tree_exceeded(asking=asking):
                 return await self.stop(ErrorCode.BUDGET_EXHAUSTED, over)
-            self.tool_calls += len(completion.tool_calls)
-            self.tools_used.extend(call.name for call in completion.tool_calls)
+            self.used.add_calls(call.name for call in completion.tool_calls)
             stop = await self._act(messages, specs)
             if stop:
                 return stop
-        return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the model made {budget.max_iterations} calls "
-                               "without a final answer (brain.max_iterations)")
 
     async def _call_model(self, shown: list[dict[str, Any]], tools: list[ToolSpec], *, quiet: bool = False,
                           max_output_tokens: int | None = None) -> Any:
@@ -269,15 +256,15 @@ class Turn:
                                     gen_ai__usage__output_tokens=completion.usage.get("completion_tokens"))
         except BaseException:
             if spend is not None:  # no answer, yet the provider may have read the prompt and streamed some
-                self.cost_usd += await asyncio.shield(settle(None))
+                self.used.cost_usd += await asyncio.shield(settle(None))
             raise
         if spend is not None:
             answered = self.models[min(len(completion.tried), len(self.models) - 1)]
             if not attempts:
                 attempts.append(Attempt(model=answered, usage=completion.usage, streamed=[completion.text]))
-            self.cost_usd += await settle(answered)
-        self.model_calls += 1
-        self._count(completion.usage)
+            self.used.cost_usd += await settle(answered)
+        self.used.model_calls += 1
+        self.used.add_tokens(completion.usage)
         deps.meter.count("pincer_model_calls", completion.model)
         for kind in ("prompt", "completion"):
             deps.meter.count("pincer_model_tokens", completion.model, kind,
@@ -308,13 +295,10 @@ class Turn:
         log.info("earlier turns compacted %s", kv(session=msg.session_id, entries=self.history_start, method=method))
         return self.head
 
-    def _used(self) -> Totals:
-        return Totals(tokens=self.usage.get("total_tokens", 0), cost_usd=self.cost_usd, tool_calls=self.tool_calls)
-
     async def _tree_exceeded(self, *, asking: int = 0) -> str | None:
         """Why the delegation tree this turn is part of may not go on (None: it may, or there is none)."""
         tree = self.delegations.tree
-        used = await self.delegations.account(self._used(), asking=asking)  # the calls kept for us, if they fit
+        used = await self.delegations.account(self.used.totals(), asking=asking)  # the calls kept for us, if they fit
         return None if tree is None or used is None else tree.limits.exceeded(used)
 
     def _restore(self, turn: list[TranscriptEntry]) -> int:
@@ -327,12 +311,11 @@ class Turn:
             iteration = entry.marks.iteration if entry.marks.iteration is not None else iteration + 1
             calls = [ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
                      for c in entry.tool_calls or ()]
-            self.model_calls += 1
-            self.tool_calls += len(calls)
-            self.tools_used.extend(call.name for call in calls)
+            self.used.model_calls += 1
+            self.used.add_calls(call.name for call in calls)
             self.unanswered = [call for call in calls if call.id not in answered]
             self._number(calls, iteration)
-            self.usage = dict(entry.marks.usage or self.usage)
+            self.used.tokens = dict(entry.marks.usage or self.used.tokens)
         return iteration
 
     def _number(self, calls: list[ToolCall], iteration: int) -> None:
@@ -407,7 +390,7 @@ class Turn:
                     f"no tool named {call.name!r}; available tools: {', '.join(sorted(specs)) or '(none)'}",
                 )
             elif is_delegate(specs[call.name]):
-                result = await self.delegations.run(call_id, args, specs[call.name], self._used(), self._publish,
+                result = await self.delegations.run(call_id, args, specs[call.name], self.used.totals(), self._publish,
                                                     self.deadline_ms)
             else:
                 result = await self.hands.execute(call_id, call.name, args, prior)
@@ -439,10 +422,7 @@ class Turn:
         stopped = [self._entry(role="tool", tool_call_id=call.id, name=call.name, cancelled=True,
                                content=error_for_model(ErrorCode.CANCELLED, reason))
                    for call in self.unanswered]
-        done = (f"{self.model_calls} model call(s), {self.tool_calls} tool call(s)"
-                + (f" ({', '.join(sorted(set(self.tools_used)))})" if self.tools_used else "")
-                + f", {self.usage.get('total_tokens', 0):,} tokens")
-        told = (f"{reason}; {len(stopped)} tool call(s) stopped. Done so far: {done}; "
+        told = (f"{reason}; {len(stopped)} tool call(s) stopped. Done so far: {self.used.said()}; "
                 "the results are in the session transcript")
         note = self._entry(role="assistant", content=f"[{reason}]",
                            **Marks(cancelled=True, stopped=code.value, told=told).metadata())
@@ -479,11 +459,6 @@ class Turn:
         if self.message.delegation and isinstance(event, ChatDelta):
             return  # a sub-agent's words go back as its answer; its parent shows its tool calls
         self.deps.bus.send(self.message.reply_to, event)
-
-    def _count(self, usage: dict[str, Any]) -> None:
-        for key, value in usage.items():
-            if isinstance(value, int):
-                self.usage[key] = self.usage.get(key, 0) + value
 
     def _error(self, code: ErrorCode, message: str) -> ChatError:
         log.warning("turn failed %s: %s", kv(session=self.message.session_id, code=code), message)

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from bus.loops import every, finish
 from bus.presence import alive
@@ -30,6 +31,40 @@ log = logging.getLogger("hands.lanes")
 Gates = tuple[tuple[str, int], ...]
 Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields), as bus.consumer.current_entry holds it
 KEEP_INTERVAL_S = 0.5
+
+
+# Where a call read by this worker goes (Lanes.route): one of these.
+@dataclass(frozen=True)
+class Ungated:
+    """A tool this worker lacks: its executor answers at once, no lane involved."""
+
+
+@dataclass(frozen=True)
+class Run:
+    gates: Gates
+
+
+@dataclass(frozen=True)
+class Unrun:
+    gates: Gates
+    failure: ToolFailure
+
+
+@dataclass(frozen=True)
+class Park:
+    """From the pool's entrance with no room here: into its lane (or QUEUE_FULL if the lane is full)."""
+
+    gates: Gates
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    """From its lane, but the room this worker blocked with was taken since: back, for a worker with room."""
+
+    gates: Gates
+
+
+Route = Ungated | Run | Unrun | Park | GiveBack
 
 
 class Lanes:
@@ -96,6 +131,25 @@ class Lanes:
         """A call was read from ``stream``: if it is a lane's, refill the lane from its queues."""
         if stream in self.streams:
             self.backlog.feed_soon(gates[-1][0], self._cap(gates))
+
+    def route(self, call: ToolExecute, stream: str, entry: Entry, *, delivery: int) -> Route:
+        """Where a call read from ``stream`` (its ``delivery``-th time) goes; decided before any await, so
+        the room counted is the room there is. A call taken over from a dead worker (a later delivery) or
+        handed to this one has its own answer: never late, never moved again."""
+        gates = self.gates(call.tool)
+        if gates is None:
+            return Ungated()
+        first = delivery == 1
+        if first and stream != self.bus.keys.hands_worker(self.worker_id) and \
+                (late := self.overdue(call, entry)) is not None:
+            return Unrun(gates, late)
+        if self.room(gates) > 0:
+            return Run(gates)
+        if stream == self.bus.keys.hands_requests:
+            return Park(gates)
+        if stream in self.streams and first:
+            return GiveBack(gates)
+        return Run(gates)  # redelivered or handed over: it runs here, past the room if it must
 
     def overdue(self, call: ToolExecute, entry: Entry) -> ToolFailure | None:
         """QUEUE_TIMEOUT for a call that waited in the pool longer than ``hands.queue.wait_s``."""

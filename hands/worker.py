@@ -39,7 +39,7 @@ from hands.config import HandsSettings
 from hands.errors import ToolFailure
 from hands.executor import Executor
 from hands.jobs import JobManager
-from hands.lanes import Lanes
+from hands.lanes import GiveBack, Lanes, Park, Run, Ungated, Unrun
 from hands.mcp.servers import McpServers
 from hands.permissions import PermissionPolicy
 from hands.pool_limits import PoolLimits
@@ -144,31 +144,7 @@ class HandsWorker:
     async def handle(self, message: Message, stream: str) -> Sequence[Reply]:
         match message:
             case ToolExecute():
-                gates = self.lanes.gates(message.tool)
-                if gates is None:  # a tool this worker lacks: answered at once, by the executor
-                    return await self._handle_call(message, stream)
-                entry = current_entry.get()
-                # A call taken over from a dead worker, or handed to this one, has its own answer.
-                refused = None if delivery.get() > 1 or stream == self.bus.keys.hands_worker(self.worker_id) \
-                    else self.lanes.overdue(message, entry)
-                if refused is None and self.lanes.room(gates) <= 0:
-                    if stream == self.bus.keys.hands_requests:
-                        refused = await self.lanes.park(message, entry, gates)
-                        if refused is None:
-                            raise Moved("parked in the pool's backlog")
-                    elif stream in self.lanes.streams and delivery.get() == 1:
-                        # Read by a lane loop that blocked while there was room, which calls from the
-                        # entrance have taken since: back to the lane, for a worker with room.
-                        await self.lanes.give_back(message, entry, gates)
-                        raise Moved("given back to its lane")
-                self.lanes.left(stream, gates)  # answered or run here: if from a lane, refill it
-                if refused is not None:
-                    return [(message.reply_to, self.executor.unrun(message, refused))]
-                self.lanes.take(gates)  # before any await: the next read counts it
-                try:
-                    return await self._handle_call(message, stream)
-                finally:
-                    self.lanes.release(gates)
+                return await self._route(message, stream)
             case ToolsList():
                 if message.deadline is not None and message.deadline <= now_ms():
                     return []  # the asker has given up; an answer would only litter its stream
@@ -182,6 +158,31 @@ class HandsWorker:
             case _:
                 log.warning("ignored %s on %s: Hands does not handle it", message.type, stream)
                 return []
+
+    async def _route(self, call: ToolExecute, stream: str) -> Sequence[Reply]:
+        entry = current_entry.get()
+        match self.lanes.route(call, stream, entry, delivery=delivery.get()):
+            case Ungated():
+                return await self._handle_call(call, stream)
+            case Run(gates):
+                self.lanes.left(stream, gates)  # if from a lane, refill it
+                self.lanes.take(gates)  # before any await: the next read counts it
+                try:
+                    return await self._handle_call(call, stream)
+                finally:
+                    self.lanes.release(gates)
+            case Unrun(gates, failure):
+                self.lanes.left(stream, gates)
+                return [(call.reply_to, self.executor.unrun(call, failure))]
+            case Park(gates):
+                full = await self.lanes.park(call, entry, gates)
+                if full is None:
+                    raise Moved("parked in the pool's backlog")
+                self.lanes.left(stream, gates)
+                return [(call.reply_to, self.executor.unrun(call, full))]
+            case GiveBack(gates):
+                await self.lanes.give_back(call, entry, gates)
+                raise Moved("given back to its lane")
 
     async def _handle_call(self, call: ToolExecute, stream: str) -> Sequence[Reply]:
         owner = None
