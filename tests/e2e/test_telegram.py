@@ -190,15 +190,19 @@ def test_an_outage_a_flood_limit_and_a_hung_poll_are_waited_out(
     answer(telegram, ALICE, "echo: through the storm")
     polls = len(telegram.calls_of("getUpdates"))
     telegram.hang(4)  # polls in the next 4 s never answer: the channel must notice and reconnect
+    for n in range(3):  # said while the poll hangs
+        telegram.say(ALICE, f"during {n}")
     wait_until(lambda: len(telegram.calls_of("getUpdates")) > polls + 1, timeout=60, what="polling again")
     telegram.say(ALICE, "after the hang")
     answer(telegram, ALICE, "echo: after the hang", timeout=90)
+    texts = [s.text for s in telegram.to(ALICE) if s.text.startswith("echo: during")]
+    assert texts == [f"echo: during {n}" for n in range(3)], texts  # each once, in the order said
     assert sum("through the storm" in s.text for s in telegram.to(ALICE)) == 1
     def counted() -> list[dict[str, Any]] | None:  # as the next heartbeat reports it
         rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
-        return rows if rows and rows[0]["in"] >= 2 else None
+        return rows if rows and rows[0]["in"] >= 5 else None
 
-    rows = wait_until(counted, timeout=30, what="both messages counted")
+    rows = wait_until(counted, timeout=30, what="every message counted")
     assert rows[0]["channel"] == "telegram" and rows[0]["errors"] >= 3 and rows[0]["state"] == "connected"
     assert rows[0]["enabled"] is True
     pool = json.loads(processes.run("status", "--json").stdout)
