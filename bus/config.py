@@ -71,7 +71,7 @@ def from_environment(value: str, *, key: str, process: str = "this process") -> 
         name = found.group(1)
         if name not in os.environ:
             raise MissingVariable(f"{key} names ${{{name}}}, but {name} is not set in the environment of "
-                                  f"{process}: export it before starting it, or write the value itself")
+                                  f"{process}: export {name} before starting it, or write the value itself")
         return os.environ[name]
 
     return REFERENCE.sub(lookup, value)

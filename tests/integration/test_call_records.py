@@ -7,9 +7,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import msgpack
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bus.protocol import ErrorCode, ResultMetadata, ToolExecute, ToolResult, now_ms
+from bus.redis_client import RedisAway
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from hands.call_records import CallRecords
@@ -94,7 +94,7 @@ class Flaky:
             self.failures -= 1
             if self.applied:
                 await self.redis.set(*args, **kwargs)
-            raise RedisConnectionError("Connection closed by server.")
+            raise RedisAway("Connection closed by server.")  # as the bus's connections say it
         return await self.redis.set(*args, **kwargs)
 
 
@@ -108,7 +108,7 @@ async def test_a_claim_whose_answer_was_lost_is_dropped_once_redis_answers(bus: 
     try:
         await records.claim(_call("lost-answer"))
         raise AssertionError("the claim's lost answer was not raised")
-    except RedisConnectionError:
+    except RedisAway:
         pass
     key = bus.keys.call_record("lost-answer")
     await async_wait_until(lambda: _gone(bus, key), what="the claim dropped")

@@ -174,4 +174,4 @@ def test_one_resolver_reads_every_reference_and_names_a_missing_one(monkeypatch:
         from_environment("x ${PINCER_TEST_GONE}", key="channels.slack.bot_token", process="the channel")
     assert isinstance(missing.value, ConfigError) and isinstance(missing.value, ValueError)  # pydantic reports it
     assert str(missing.value).startswith("channels.slack.bot_token names ${PINCER_TEST_GONE}, but PINCER_TEST_GONE "
-                                         "is not set in the environment of the channel: export it")
+                                         "is not set in the environment of the channel: export PINCER_TEST_GONE")
