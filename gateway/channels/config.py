@@ -48,6 +48,10 @@ class ChannelCommon(Section):
     ALLOW: ClassVar[re.Pattern[str]] = re.compile(r"^\S{1,256}$")
     ALLOW_FORM: ClassVar[str] = "user ids"
     NAME: ClassVar[str] = ""
+    # The module of the platform's calls (imported only by the channel that uses it: its ``platform``
+    # function opens one), and where a person finds what to fill in.
+    MODULE: ClassVar[str] = ""
+    HINT: ClassVar[str] = ""
     # Fields that are secrets (`${NAME}` reads one from the environment variable NAME): handed to the
     # channel's process alone, as its own settings.
     SECRETS: ClassVar[tuple[str, ...]] = ()
@@ -86,6 +90,7 @@ class ChannelCommon(Section):
 
 class TelegramSettings(ChannelCommon):
     NAME = "telegram"
+    MODULE, HINT = "gateway.channels.telegram", "@BotFather gives a bot its token"
     ALLOW = re.compile(r"^(\d{1,20}|@[A-Za-z0-9_]{3,64})$")
     ALLOW_FORM = "user ids (digits) or @usernames"
     SECRETS = ("bot_token",)
@@ -128,6 +133,7 @@ class EmailSettings(ChannelCommon):
     """A mailbox the agent reads by IMAP (IDLE) and answers from by SMTP."""
 
     NAME = "email"
+    MODULE, HINT = "gateway.channels.mail", "see docs/channels/email.md"
     ALLOW = re.compile(r"^([^@\s]+@|@)[A-Za-z0-9.-]+\.[A-Za-z0-9-]+$")
     ALLOW_FORM = "email addresses (alice@example.com), or a whole domain written @example.com"
     SECRETS = ("password",)
@@ -200,6 +206,7 @@ class SlackSettings(ChannelCommon):
     """A Slack app's bot, reached by Socket Mode (no public address needed)."""
 
     NAME = "slack"
+    MODULE, HINT = "gateway.channels.slack", "see docs/channels/slack.md"
     ALLOW = re.compile(r"^[UW][A-Z0-9]{2,20}$")
     ALLOW_FORM = "Slack member ids (U0123ABCD: a profile's ⋮ menu, Copy member ID)"
     SECRETS = ("bot_token", "app_token", "signing_secret")
@@ -238,6 +245,7 @@ class MatrixSettings(ChannelCommon):
     """A Matrix account the agent uses, on any homeserver."""
 
     NAME = "matrix"
+    MODULE, HINT = "gateway.channels.matrix", "see docs/channels/matrix.md"
     ALLOW = re.compile(r"^@[^:\s]{1,255}:[^\s]{1,255}$")
     ALLOW_FORM = "Matrix user ids (@alice:example.org)"
     SECRETS = ("access_token", "store_key")
@@ -282,6 +290,7 @@ class DiscordSettings(ChannelCommon):
     """A Discord application's bot, on the gateway connection."""
 
     NAME = "discord"
+    MODULE, HINT = "gateway.channels.discord_bot", "see docs/channels/discord.md"
     ALLOW = re.compile(r"^(\d{15,21}|@[A-Za-z0-9_.]{2,32})$")
     ALLOW_FORM = "Discord user ids (digits: Developer Mode, Copy User ID) or @usernames"
     SECRETS = ("bot_token",)
@@ -303,6 +312,8 @@ class DiscordSettings(ChannelCommon):
 
 
 class ChannelSettings(Section):
+    """Every platform, one field each: a new one is its settings class here and its module of calls."""
+
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     email: EmailSettings = Field(default_factory=EmailSettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
@@ -318,4 +329,4 @@ class ChannelSettings(Section):
         return found
 
 
-KNOWN = ("telegram", "slack", "discord", "matrix", "email")
+KNOWN = ("telegram", "slack", "discord", "matrix", "email")  # the order `pincer channels` lists them in

@@ -21,6 +21,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -334,3 +335,8 @@ def _view(buttons: Buttons) -> discord.ui.View | None:
             style = discord.ButtonStyle.danger if data.endswith(":d") else discord.ButtonStyle.primary
             view.add_item(discord.ui.Button(label=label[:80], custom_id=data[:100], style=style, row=row))
     return view
+
+
+def platform(settings: DiscordSettings, bus: Bus, *, data_dir: Path, instance_id: str) -> Discord:
+    """The channel's platform, as ``pincer channel discord`` opens it."""
+    return Discord(settings, bus)

@@ -23,6 +23,7 @@ import re
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import aioimaplib
@@ -354,3 +355,8 @@ async def _starttls(imap: aioimaplib.IMAP4, host: str, context: ssl.SSLContext |
 def _said(response: Any) -> str:
     lines = [line.decode(errors="replace") for line in getattr(response, "lines", []) if isinstance(line, bytes)]
     return (lines[-1] if lines else str(getattr(response, "result", "")))[:200]
+
+
+def platform(settings: EmailSettings, bus: Bus, *, data_dir: Path, instance_id: str) -> Email:
+    """The channel's platform, as ``pincer channel email`` opens it."""
+    return Email(settings, bus)

@@ -4,33 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from importlib import import_module
 from pathlib import Path
 
 from bus.config import Config, ConfigError
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
 from bus.workspaces import Workspaces
-from gateway.channels.config import (
-    KNOWN,
-    ChannelCommon,
-    ChannelSettings,
-    DiscordSettings,
-    EmailSettings,
-    MatrixSettings,
-    SlackSettings,
-    TelegramSettings,
-)
+from gateway.channels.config import KNOWN, ChannelCommon, ChannelSettings
 from gateway.channels.errors import PlatformRefused
 from gateway.channels.platform import Platform
 from gateway.channels.worker import ChannelWorker
 from gateway.config import GatewaySettings
 
 log = logging.getLogger("gateway.channels")
-
-HINTS = {"telegram": "@BotFather gives a bot its token", "email": "see docs/channels/email.md",
-         "slack": "see docs/channels/slack.md", "matrix": "see docs/channels/matrix.md",
-         "discord": "see docs/channels/discord.md"}
-
 
 def main(config: Config, name: str, *, workspaces: Workspaces) -> int:
     """Run channel ``name``; files people send are saved in each person's own workspace (Hands' layout,
@@ -40,7 +27,7 @@ def main(config: Config, name: str, *, workspaces: Workspaces) -> int:
     settings = config.section("channels", ChannelSettings).of(name)
     if missing := settings.missing():
         raise ConfigError(f"channels.{name} needs {', '.join(missing)} set (a secret may be `${{NAME}}`, read "
-                          f"from the environment variable NAME); {HINTS[name]}")
+                          f"from the environment variable NAME); {settings.HINT}")
     gateway = config.section("gateway", GatewaySettings)
     instance_id = new_instance_id(name)
 
@@ -58,24 +45,6 @@ def main(config: Config, name: str, *, workspaces: Workspaces) -> int:
 
 def platform_for(settings: ChannelCommon, bus: Bus, *, data_dir: Path, instance_id: str = "") -> Platform:
     """The platform module's calls for these settings (imported only by the channel that uses it)."""
-    if isinstance(settings, TelegramSettings):
-        from gateway.channels.telegram import Telegram
-
-        return Telegram(settings)
-    if isinstance(settings, SlackSettings):
-        from gateway.channels.slack import Slack
-
-        return Slack(settings, bus)
-    if isinstance(settings, DiscordSettings):
-        from gateway.channels.discord_bot import Discord
-
-        return Discord(settings, bus)
-    if isinstance(settings, MatrixSettings):
-        from gateway.channels.matrix import Matrix
-
-        return Matrix(settings, bus, store_dir=Path(settings.store_dir or data_dir / "matrix"), instance_id=instance_id)
-    if isinstance(settings, EmailSettings):
-        from gateway.channels.mail import Email
-
-        return Email(settings, bus)
-    raise ConfigError(f"no platform module for channels.{settings.NAME}")
+    opened: Platform = import_module(settings.MODULE).platform(settings, bus, data_dir=data_dir,
+                                                               instance_id=instance_id)
+    return opened

@@ -510,3 +510,9 @@ def _without_reply_fallback(body: str) -> str:
         while lines and lines[0].startswith(">"):
             lines.pop(0)
     return "\n".join(lines).strip()
+
+
+def platform(settings: MatrixSettings, bus: Bus, *, data_dir: Path, instance_id: str) -> Matrix:
+    """The channel's platform, as ``pincer channel matrix`` opens it."""
+    return Matrix(settings, bus, store_dir=Path(settings.store_dir or data_dir / "matrix"),
+                  instance_id=instance_id)

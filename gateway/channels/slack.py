@@ -20,6 +20,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -323,3 +324,8 @@ def _files(event: dict[str, Any]) -> list[ChannelFile]:
 def _unescaped(text: str) -> str:
     """Slack escapes &, < and > in what people write; the agent reads what they typed."""
     return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def platform(settings: SlackSettings, bus: Bus, *, data_dir: Path, instance_id: str) -> Slack:
+    """The channel's platform, as ``pincer channel slack`` opens it."""
+    return Slack(settings, bus)

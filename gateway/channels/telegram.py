@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
+from pathlib import Path
 
 from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, Message, Update
 from telegram import error as tg
@@ -21,6 +22,7 @@ from telegram.constants import ChatAction, ParseMode
 from telegram.request import HTTPXRequest
 
 from bus.protocol import ChannelFile, ChannelUpdate
+from bus.streams import Bus
 from gateway.channels.config import TelegramSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.markup import fitted
@@ -232,3 +234,8 @@ def _files(message: Message) -> list[ChannelFile]:
 def _without(text: str, mention: str) -> str:
     at = text.lower().find(mention.lower())
     return (text[:at] + text[at + len(mention):]).strip()
+
+
+def platform(settings: TelegramSettings, bus: Bus, *, data_dir: Path, instance_id: str) -> Telegram:
+    """The channel's platform, as ``pincer channel telegram`` opens it."""
+    return Telegram(settings)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html.parser
+import importlib
+import inspect
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +17,7 @@ from pydantic import ValidationError
 from bus.protocol import ChatTool
 from bus.streams import Bus
 from gateway.channels.access import Access, pair, paired
-from gateway.channels.config import TelegramSettings
+from gateway.channels.config import KNOWN, ChannelSettings, TelegramSettings
 from gateway.channels.intake import abandoned_after
 from gateway.channels.markup import fitted, split_text, telegram_html
 from gateway.channels.platform import RETRY_DELAYS, backoff
@@ -196,3 +198,12 @@ def test_backoff_is_what_the_platform_said_else_the_next_step_capped_and_jitter_
     assert backoff(2, 0) == RETRY_DELAYS[2]  # "again now" is not a reason to spin
     waits = {backoff(4, jitter=True) for _ in range(50)}
     assert all(RETRY_DELAYS[4] / 2 <= w <= RETRY_DELAYS[4] for w in waits) and len(waits) > 1
+
+
+def test_every_platform_is_registered_once_by_its_settings_with_a_module_that_opens_it() -> None:
+    assert sorted(KNOWN) == sorted(ChannelSettings.model_fields)
+    for name in KNOWN:
+        settings = ChannelSettings().of(name)
+        assert name == settings.NAME and settings.HINT and settings.MODULE.startswith("gateway.channels.")
+        opens = importlib.import_module(settings.MODULE).platform
+        assert list(inspect.signature(opens).parameters) == ["settings", "bus", "data_dir", "instance_id"]
