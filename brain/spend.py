@@ -32,6 +32,7 @@ from zoneinfo import ZoneInfo
 from brain.config import BrainSettings, LimitSettings
 from brain.llm import LOCAL, Attempt, price_table, retry_pause
 from brain.tokens import MESSAGE_OVERHEAD, tokens
+from bus.errors import PincerError
 from bus.metrics import Meter
 from bus.protocol import ChannelSend, ToolSpec
 from bus.streams import Bus
@@ -119,7 +120,7 @@ return reached
 """
 
 
-class BudgetExceeded(Exception):
+class BudgetExceeded(PincerError):
     """A call refused before it was made: the budget it would pass (named as its setting)."""
 
 

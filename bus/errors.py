@@ -13,11 +13,16 @@
     ├── ToolFailure            hands.errors      a tool call failed: becomes its ToolError (the model reads it)
     ├── SandboxUnavailable     hands.sandbox.runner  no tier may run commands here, and why
     ├── SkillRefused           hands.skills      a skill that will not load, and why
+    ├── ToolRefused            hands.mcp.translate  an MCP tool that cannot be offered as written (also ValueError)
+    ├── JobExists, JobCapReached  memory.jobs    a scheduled job's name is taken, or its owner's cap reached
     ├── LLMError               brain.llm         a model call failed: becomes the turn's ChatError
+    ├── BudgetExceeded         brain.spend       a spend budget is used up: the call is not made
     ├── NoHandsAvailable       brain.catalog     no Hands worker answered the tool list
     ├── Refused                gateway.turns.refusal  a request a door will not serve (an ErrorCode)
     ├── TokenError             gateway.tokens    a token cannot be made or revoked as asked
     ├── AlreadyRunning         gateway.runtime.daemon  another `pincer up` owns the data dir
+    ├── UnsafeUnit             gateway.runtime.service  a systemd unit that would run unsafely (also ValueError)
+    ├── Unproven               gateway.channels.mailtext  a mail whose sender the receiver did not vouch for
     ├── ChatFailed             gateway.cli.chat  `pincer chat`'s turn or connection failed
     ├── PlatformAway           gateway.channels.errors  a chat platform did not serve a call now (try again)
     ├── PlatformRefused        gateway.channels.errors  a chat platform refused a call as asked

@@ -23,6 +23,7 @@ from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bus.config import time_zone
+from bus.errors import PincerError
 from bus.protocol import ChatMessage, stamp_allows
 from bus.streams import Bus
 
@@ -231,11 +232,11 @@ class Run(BaseModel):
     ended_at: float | None = None
 
 
-class JobExists(Exception):
+class JobExists(PincerError):
     pass
 
 
-class JobCapReached(Exception):
+class JobCapReached(PincerError):
     pass
 
 

@@ -19,6 +19,8 @@ import authres
 import authres.core
 from bs4 import BeautifulSoup
 
+from bus.errors import PincerError
+
 MESSAGE_ID = re.compile(r"<[^<>\s]{1,250}>")
 QUOTE_INTRO = re.compile(r"^(On .{0,300}wrote:|-{2,}\s*Original Message\s*-{2,}|_{10,})\s*$", re.I)
 ROBOTS = ("mailer-daemon", "postmaster", "noreply", "no-reply", "donotreply", "do-not-reply")
@@ -205,7 +207,7 @@ def _automated(message: EmailMessage, sender: str, own_address: str) -> str:
     return ""
 
 
-class Unproven(Exception):
+class Unproven(PincerError):
     """The receiving server did not prove the From domain: why, in words for the operator's log."""
 
 

@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bus.errors import PincerError
+
 UNITS = ("pincer.service", "pincer-hands@.service")
 
 
@@ -49,7 +51,7 @@ def pincer_command() -> str:
     return str(beside) if beside.is_file() else f"{sys.executable} -m gateway"
 
 
-class UnsafeUnit(ValueError):
+class UnsafeUnit(PincerError, ValueError):
     """A system unit would run code that someone other than its user could change; the message says what."""
 
 

@@ -19,6 +19,7 @@ from jsonschema.exceptions import SchemaError
 from mcp import types
 from pydantic import ValidationError
 
+from bus.errors import PincerError
 from bus.protocol import ErrorCode
 from hands.errors import ToolFailure
 
@@ -29,7 +30,7 @@ TOOLS_LIMIT = 200  # per server
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
-class ToolRefused(ValueError):
+class ToolRefused(PincerError, ValueError):
     """A server's tool that cannot be offered; the message says why."""
 
 

@@ -189,7 +189,7 @@ def test_killed_mid_turn_and_cut_off_every_message_is_answered_once(
         assert 'pincer_channel_connected{channel="slack"} 1.0' in client.get("/metrics").text
 
 
-def test_a_silent_network_past_stall_s_is_reported_then_a_fresh_connection_answers_all_in_order(
+def test_a_silent_network_past_stall_s_is_reported_then_a_fresh_connection_answers_each_once(
         processes: Processes, slack_env: dict[str, str], slack: FakeSlack) -> None:
     relay = NetCut(slack.port).start()  # the socket's road: it can go silent, as a cut network does
     try:
@@ -218,7 +218,9 @@ def test_a_silent_network_past_stall_s_is_reported_then_a_fresh_connection_answe
         wait_until(lambda: state() == "connected", timeout=30, what="connected again")
         assert slack.connections_opened > opened  # the kit's own fresh connection
         texts = [p.text for p in slack.in_channel(DM) if p.text.startswith("echo: during")]
-        assert texts == [f"echo: during {n}" for n in range(4)], texts  # each once, in the order said
+        # Each once. Not necessarily in order: what Slack sent into the silent socket it sends again on its own
+        # retry schedule, so its retries may arrive out of the order said (the kit answers in arrival order).
+        assert sorted(texts) == [f"echo: during {n}" for n in range(4)], texts
     finally:
         relay.stop()
 

@@ -92,6 +92,24 @@ def test_outside_the_bus_redis_away_has_one_name() -> None:
     assert not found, found
 
 
+def test_every_exception_of_ours_is_a_pincer_error() -> None:
+    """One root (bus.errors.PincerError): a class that subclasses a builtin exception descends from it too."""
+    builtin = {"Exception", "ValueError", "RuntimeError", "KeyError", "TypeError", "LookupError", "OSError"}
+    classes: dict[str, tuple[str, set[str]]] = {}  # name -> (where, base names)
+    for package in OURS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
+                    classes[node.name] = (str(path.relative_to(ROOT)), bases)
+    ours = {"PincerError"}
+    while grown := {name for name, (_, bases) in classes.items() if bases & ours} - ours:
+        ours |= grown
+    found = [f"{where}: {name}" for name, (where, bases) in classes.items()
+             if bases & builtin and name not in ours]
+    assert not found, found
+
+
 def test_the_rule_sees_a_crossing(tmp_path: Path) -> None:
     """The check itself: a Hands module importing the Brain is found."""
     bad = tmp_path / "bad.py"
