@@ -14,7 +14,8 @@
     ├── SandboxUnavailable     hands.sandbox.runner  no tier may run commands here, and why
     ├── SkillRefused           hands.skills      a skill that will not load, and why
     ├── ToolRefused            hands.mcp.translate  an MCP tool that cannot be offered as written (also ValueError)
-    ├── JobExists, JobCapReached  memory.jobs    a scheduled job's name is taken, or its owner's cap reached
+    ├── JobExists              memory.jobs       a scheduled job of that name exists
+    ├── JobCapReached          memory.jobs       the owner has as many scheduled jobs as it may
     ├── LLMError               brain.llm         a model call failed: becomes the turn's ChatError
     ├── BudgetExceeded         brain.spend       a spend budget is used up: the call is not made
     ├── NoHandsAvailable       brain.catalog     no Hands worker answered the tool list
