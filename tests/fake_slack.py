@@ -7,7 +7,9 @@ limited). ``apps.connections.open`` (with the app-level token) gives a ``ws://``
 is greeted with ``hello``, and envelopes (``events_api``, ``interactive``) are spread over the open
 connections. An envelope not acknowledged (``{"envelope_id": ...}``) within ``redeliver_s`` is sent
 again with ``retry_attempt`` raised, as Slack retries; ``disconnect`` asks clients to reconnect, and
-``cut`` drops every connection as a network outage would.
+``cut`` drops every connection as a network outage would. What is said and posted is kept as each
+channel's history (``conversations.history``, ``conversations.replies``: newest or oldest first, after
+``oldest``, in pages by ``cursor``).
 
 The test side plays the people: ``say`` and ``press`` queue envelopes, ``posted`` reads what the bot
 wrote (edits applied), ``fail`` makes the next calls of a method answer an error.
@@ -62,6 +64,7 @@ class FakeSlack:
         self.api_url = f"http://127.0.0.1:{self.port}/api/"
         self.redeliver_s = redeliver_s
         self.posted: list[Posted] = []
+        self.history: dict[str, list[dict[str, Any]]] = {}  # by channel, in the order said
         self.ephemeral: list[dict[str, Any]] = []
         self.uploads: list[tuple[str, str, str, bytes]] = []  # channel, thread, name, content
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -110,6 +113,8 @@ class FakeSlack:
                                  "event_ts": ts, "team": TEAM}
         if thread_ts:
             event["thread_ts"] = thread_ts
+        self._keep(channel, {k: v for k, v in event.items() if k not in ("channel", "channel_type", "event_ts",
+                                                                          "team")})
         if file is not None:
             file_id = f"F{next(self._ids):08d}"
             self._hosted[file_id] = file
@@ -135,6 +140,16 @@ class FakeSlack:
             "channel": {"id": posted.channel}, "message": message,
             "actions": [{"type": "button", "action_id": action["action_id"], "value": value,
                          "block_id": "b1", "action_ts": str(time.time())}]}})
+
+    def _keep(self, channel: str, message: dict[str, Any]) -> None:
+        with self._lock:
+            said = self.history.setdefault(channel, [])
+            thread = message.get("thread_ts")
+            for parent in said if thread else []:  # a thread's first message is marked so, as Slack does
+                if parent["ts"] == thread:
+                    parent["thread_ts"] = thread
+                    parent["reply_count"] = int(parent.get("reply_count", 0)) + 1
+            said.append(message)
 
     def in_channel(self, channel: str) -> list[Posted]:
         with self._lock:
@@ -349,7 +364,28 @@ class FakeSlack:
                         thread_ts=str(params.get("thread_ts") or ""), blocks=_blocks(params.get("blocks")))
         with self._lock:
             self.posted.append(posted)
+        message = {"type": "message", "user": BOT_USER, "bot_id": BOT_ID, "text": text, "ts": posted.ts,
+                   **({"thread_ts": posted.thread_ts} if posted.thread_ts else {})}
+        self._keep(posted.channel, message)
         return {"ok": True, "channel": posted.channel, "ts": posted.ts, "message": {"text": text, "ts": posted.ts}}
+
+    def _conversations_history(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A channel's top level, newest first: what was said after ``oldest``, a page at a time."""
+        with self._lock:
+            said = list(self.history.get(str(params["channel"]), []))
+        top = [m for m in said if m.get("thread_ts") in (None, m["ts"]) or m.get("subtype") == "thread_broadcast"]
+        return _page(list(reversed(_after(top, params))), params)
+
+    def _conversations_replies(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A thread, oldest first: its first message always, then the replies after ``oldest``."""
+        thread = str(params["ts"])
+        with self._lock:
+            said = list(self.history.get(str(params["channel"]), []))
+        parent = [m for m in said if m["ts"] == thread]
+        if not parent:
+            return {"ok": False, "error": "thread_not_found"}
+        replies = [m for m in said if m.get("thread_ts") == thread and m["ts"] != thread]
+        return _page(parent + _after(replies, params), params)
 
     def _chat_update(self, params: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -394,6 +430,19 @@ class FakeSlack:
         if found is None:
             return Response("no such file", status_code=404)
         return Response(found[1], media_type="application/octet-stream")
+
+
+def _after(messages: list[dict[str, Any]], params: dict[str, Any]) -> list[dict[str, Any]]:
+    oldest = float(params.get("oldest") or 0)
+    inclusive = str(params.get("inclusive", "")).lower() in ("1", "true")
+    return [m for m in messages if float(m["ts"]) > oldest or (inclusive and float(m["ts"]) == oldest)]
+
+
+def _page(messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    start, limit = int(params.get("cursor") or 0), min(int(params.get("limit") or 100), 999)
+    page, rest = messages[start:start + limit], messages[start + limit:]
+    return {"ok": True, "messages": page, "has_more": bool(rest),
+            "response_metadata": {"next_cursor": str(start + limit) if rest else ""}}
 
 
 def _blocks(raw: Any) -> list[dict[str, Any]]:

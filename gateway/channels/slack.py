@@ -1,10 +1,16 @@
 """Slack through slack_sdk: Socket Mode (or the Events API over HTTP) for events in, the Web API for answers out.
 
 Socket Mode needs no public address: every replica keeps a connection (Slack spreads events over
-up to ten), each envelope is written to the inbox once (by its event id) and acknowledged to
-Slack only then, so an envelope the bus could not take is delivered again by Slack. The SDK's
-client pings every few seconds and follows ``disconnect`` messages; the kit's liveness is what
-arrives (a frame, the answer to a ping), and a connection silent past stall_s is replaced.
+up to ten), each envelope is written to the inbox once and acknowledged to Slack only then, so an
+envelope the bus could not take is delivered again by Slack. The SDK's client pings every few
+seconds and follows ``disconnect`` messages; the kit's liveness is what arrives (a frame, the
+answer to a ping), and a connection silent past stall_s is replaced.
+
+Order: Slack retries what a dead connection missed on its own schedule, not in the order it was
+said. So after each connection the replica first reads back each conversation it knows from the
+last message it took (``conversations.history``, ``conversations.replies``) and takes what it
+missed in order; envelopes wait for that, then go in as they arrive. A message is taken once by
+its channel and ``ts``, so Slack's late retry of one already read back is a repeat.
 
 Conversations: a direct message is one session; in a channel the bot answers when mentioned,
 in a thread under the message, and the thread is a session (later messages in a thread the bot
@@ -14,12 +20,14 @@ a press answered to its presser alone (an ephemeral message).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -34,6 +42,7 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bus.protocol import ChannelFile, ChannelUpdate
+from bus.redis_client import RedisAway
 from bus.streams import Bus
 from gateway.channels.config import SlackSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
@@ -47,6 +56,9 @@ NAME = "slack"
 LIMIT = 3000  # characters of a section block's text (a message's text alone may be longer; ours stay under)
 THREAD_KEEP_S = 30 * 86_400  # a thread the bot answered in is followed without a mention this long
 TIMEOUT_S = 30
+SEEN_KEEP_S = 30 * 86_400  # a conversation is read back after a reconnection for this long after its last message
+CATCH_UP_CHATS = 20  # the conversations most recently heard in, read back after a reconnection
+CATCH_UP = 200  # messages read back per conversation (pages of 100; Slack's history calls are rate-tiered)
 # Errors that say the call will never work as made (anything unknown counts so too: it is logged).
 AWAY = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout",
         "team_added_to_org"}
@@ -89,6 +101,9 @@ class Slack:
         self._socket: SocketModeClient | None = None
         self._take: Take | None = None
         self._heard = 0.0  # wall clock of the last frame Slack sent (the handshake, hello, an envelope)
+        self._in_order = asyncio.Lock()  # envelopes taken one at a time, in the order they came
+        self._behind = False  # a connection was made: what it missed is read back before any envelope
+        self._catching_up: asyncio.Task[None] | None = None
 
     # --- or the Events API: Slack posts signed requests to events_url ---
 
@@ -143,6 +158,8 @@ class Slack:
         self.bot_id, self.username = str(me["user_id"]), str(me.get("user", ""))
 
     async def close(self) -> None:
+        if self._catching_up is not None:
+            self._catching_up.cancel()
         socket, self._socket = self._socket, None
         if socket is not None:
             with contextlib.suppress(Exception):
@@ -161,8 +178,10 @@ class Slack:
         self._socket = socket
         async with translated("apps.connections.open"):
             socket.wss_uri = await socket.issue_new_wss_url()  # an app token refused fails here, not in a loop
+        self._behind = True
         await socket.connect()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
         self._heard = time.time()  # the handshake's answer
+        self._catching_up = asyncio.create_task(self._read_back(), name="slack:catch-up")
 
     async def connected(self) -> bool:
         return self._socket is not None and await self._socket.is_connected()
@@ -180,24 +199,110 @@ class Slack:
         self._heard = time.time()
 
     async def _envelope(self, client: Any, request: SocketModeRequest) -> None:
+        async with self._turn():
+            try:
+                event_id, update = await self.parse(request.type, request.payload, request.envelope_id)
+            except (KeyError, TypeError, ValueError) as exc:  # not what Slack documents: acknowledged, logged
+                log.warning("Slack: an envelope of type %s could not be read: %s", request.type, exc)
+                event_id, update = request.envelope_id, None
+            if self._take is None or not await self._take(event_id, update):
+                return  # the bus is away: Slack delivers it again
+            if update is not None and request.type == "events_api":
+                await self._mark(request.payload["event"])
+        await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
+
+    # --- reading back what a connection missed ---
+
+    @contextlib.asynccontextmanager
+    async def _turn(self) -> AsyncIterator[None]:
+        """One envelope's turn at the inbox; the first after a connection reads back what it missed."""
+        async with self._in_order:
+            if self._behind:
+                self._behind = False
+                await self._catch_up()
+            yield
+
+    async def _read_back(self) -> None:
+        async with self._turn():
+            pass
+
+    def _seen_key(self) -> str:
+        return self.bus.keys.channel_thread(NAME, "seen")
+
+    async def _mark(self, event: dict[str, Any]) -> None:
+        """Where to read a conversation back from after a reconnection: its last message taken."""
+        channel, ts = str(event["channel"]), str(event["ts"])
+        thread = str(event.get("thread_ts") or "")
+        conversation = f"{channel}:{thread}" if thread and thread != ts else channel
+        with contextlib.suppress(RedisAway):  # taken already; without the mark only the order is Slack's
+            await self.bus.redis.hset(self._seen_key(), conversation, f"{ts} {event.get('channel_type') or ''}")
+
+    async def _catch_up(self) -> None:
+        """The conversations most recently heard in, each read from its last message taken, in order."""
         try:
-            event_id, update = await self.parse(request.type, request.payload, request.envelope_id)
-        except (KeyError, TypeError, ValueError) as exc:  # not what Slack documents: acknowledged, logged
-            log.warning("Slack: an envelope of type %s could not be read: %s", request.type, exc)
-            event_id, update = request.envelope_id, None
-        if self._take is not None and await self._take(event_id, update):
-            await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
+            marks: dict[bytes, bytes] = await self.bus.redis.hgetall(self._seen_key())  # type: ignore[assignment]
+        except RedisAway as exc:
+            log.warning("Slack: no catching up (Redis away: %s); Slack's own retries follow", exc)
+            return
+        known = []
+        for raw_conversation, raw_mark in marks.items():
+            ts, _, kind = raw_mark.decode().partition(" ")
+            known.append((_ts(ts), raw_conversation.decode(), ts, kind))
+        known.sort(reverse=True)
+        stale = [c for when, c, _, _ in known if when < Decimal(time.time() - SEEN_KEEP_S)]
+        if stale:
+            with contextlib.suppress(RedisAway):
+                await self.bus.redis.hdel(self._seen_key(), *stale)
+        for when, conversation, last, kind in known[:CATCH_UP_CHATS]:
+            if when < Decimal(time.time() - SEEN_KEEP_S):
+                break
+            channel, _, thread = conversation.partition(":")
+            try:
+                missed = await self._said_since(channel, thread, last)
+            except (PlatformAway, PlatformRefused) as exc:  # a rate limit on one is a rate limit on the next
+                log.warning("Slack: catching up on %s stopped: %s", conversation, exc)
+                return
+            for message in missed:
+                event = {**message, "type": "message", "channel": channel, "channel_type": kind}
+                if event.get("thread_ts") == event["ts"] and event.get("subtype") != "thread_broadcast":
+                    del event["thread_ts"]  # a thread's first message: said at the top, as it arrived live
+                update = await self._message(event)
+                if self._take is None or not await self._take(message_id(channel, str(event["ts"])), update):
+                    return  # the bus is away: Slack's own retries bring these
+                if update is not None:
+                    await self._mark(event)
+
+    async def _said_since(self, channel: str, thread: str, last: str) -> list[dict[str, Any]]:
+        """The messages after ``last`` in a channel (its top level) or a thread, oldest first."""
+        found: list[dict[str, Any]] = []
+        cursor = ""
+        async with translated("conversations.replies" if thread else "conversations.history"):
+            while len(found) < CATCH_UP:
+                if thread:
+                    page = await self.web.conversations_replies(channel=channel, ts=thread, oldest=last,
+                                                                inclusive=False, limit=100, cursor=cursor or None)
+                else:
+                    page = await self.web.conversations_history(channel=channel, oldest=last, inclusive=False,
+                                                                limit=100, cursor=cursor or None)
+                found.extend(m for m in page.get("messages") or [] if isinstance(m, dict))
+                cursor = str((page.get("response_metadata") or {}).get("next_cursor") or "")
+                if not page.get("has_more") or not cursor:
+                    break
+        after = _ts(last)
+        fresh = {str(m["ts"]): m for m in found if "ts" in m and _ts(str(m["ts"])) > after and m["ts"] != thread}
+        return [fresh[ts] for ts in sorted(fresh, key=_ts)]
 
     async def parse(self, kind: str, payload: dict[str, Any], envelope_id: str) -> tuple[str, ChannelUpdate | None]:
         """An envelope's payload: its id (the same on Slack's redeliveries), and what the kit handles of it."""
         if kind == "events_api":
-            return str(payload["event_id"]), await self._message(payload.get("event") or {}, str(payload["event_id"]))
+            update = await self._message(payload.get("event") or {})
+            return (update.event_id if update is not None else str(payload["event_id"])), update
         if kind == "interactive" and payload.get("type") == "block_actions":
             press_id = str(payload.get("trigger_id") or envelope_id)
             return f"press:{press_id}", self._press(payload, press_id)
         return envelope_id, None  # slash commands, shortcuts, others: not ours to handle
 
-    async def _message(self, event: dict[str, Any], event_id: str) -> ChannelUpdate | None:
+    async def _message(self, event: dict[str, Any]) -> ChannelUpdate | None:
         # app_mention repeats a channel message the message event already brings: only messages are read.
         if event.get("type") != "message" or event.get("subtype") not in (None, "file_share", "thread_broadcast"):
             return None
@@ -217,7 +322,7 @@ class Slack:
         else:
             chat = f"{channel}:{thread or ts}"
             mentioned = named or (bool(thread) and await self._following(channel, thread))
-        return ChannelUpdate(channel=NAME, event_id=event_id, user=user, chat=chat, group=not direct,
+        return ChannelUpdate(channel=NAME, event_id=message_id(channel, ts), user=user, chat=chat, group=not direct,
                              text=_unescaped(text)[:64_000], mentioned=mentioned, files=_files(event),
                              platform_message=ts)
 
@@ -297,6 +402,19 @@ class Slack:
         async with translated("files.upload"):
             await self.web.files_upload_v2(channel=channel, thread_ts=thread or None, content=data,
                                            filename=name, title=name)
+
+
+def message_id(channel: str, ts: str) -> str:
+    """A message's one id, whether it came live, as Slack's retry, or read back from the history."""
+    return f"msg:{channel}:{ts}"
+
+
+def _ts(ts: str) -> Decimal:
+    """Slack's message timestamp ("1712345678.000200") as a number that orders exactly."""
+    try:
+        return Decimal(ts)
+    except InvalidOperation:
+        return Decimal(0)
 
 
 def _blocks(rendered: str, buttons: Buttons) -> list[dict[str, Any]]:

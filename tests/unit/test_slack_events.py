@@ -50,6 +50,16 @@ async def test_messages_to_the_bot_and_the_rest(slack: Slack) -> None:
     assert await slack.parse("slash_commands", {"command": "/x"}, "e5") == ("e5", None)
 
 
+async def test_a_message_is_one_event_by_its_channel_and_ts_whatever_slack_numbered_it(slack: Slack) -> None:
+    first_id, first = await slack.parse("events_api", event(), "e1")
+    retried = {**event(), "event_id": "Ev2"}  # Slack's retry, or the same message read back from the history
+    second_id, second = await slack.parse("events_api", retried, "e2")
+    assert first_id == second_id == "msg:C1:1.000001" and first is not None and second is not None
+    assert first.event_id == second.event_id == first_id
+    other_id, _ = await slack.parse("events_api", event(channel="C2"), "e3")
+    assert other_id != first_id
+
+
 async def test_a_thread_the_bot_spoke_in_needs_no_mention(slack: Slack) -> None:
     _, before = await slack.parse("events_api", event(thread_ts="1.000001", ts="1.000002"), "e1")
     assert before is not None and not before.mentioned
