@@ -41,6 +41,7 @@ from bus.protocol import (
     now_ms,
     stamp_allows,
 )
+from bus.scripts import lua
 from bus.streams import Bus
 from memory.sessions import SessionStore
 
@@ -112,7 +113,7 @@ class Limits:
 # KEYS: the tree's hash. ARGV: the turn's message id, its tokens, micro-dollars and tool calls, the tool calls it
 # asks for now, the tree's tool-call limit, the hash's life in ms. The ask is kept only if the tree stays within
 # the limit: two turns asking at once cannot both take the last calls.
-UPDATE = """
+UPDATE = lua("brain.delegation.update", """
 local mine = ARGV[2] .. ' ' .. ARGV[3] .. ' '
 redis.call('HSET', KEYS[1], ARGV[1], mine .. (tonumber(ARGV[4]) + tonumber(ARGV[5])))
 redis.call('PEXPIRE', KEYS[1], ARGV[7])
@@ -123,7 +124,7 @@ for _, row in ipairs(redis.call('HVALS', KEYS[1])) do
 end
 if tonumber(ARGV[5]) > 0 and n > tonumber(ARGV[6]) then redis.call('HSET', KEYS[1], ARGV[1], mine .. ARGV[4]) end
 return {t, c, n}
-"""
+""")
 
 
 class TreeBudget:

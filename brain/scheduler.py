@@ -33,6 +33,7 @@ from bus.presence import alive
 from bus.protocol import ANY_AGENT, ChannelSend, ChatError, ChatReply, Message
 from bus.reaper import Reaper
 from bus.redis_client import RedisAway
+from bus.scripts import lua
 from bus.streams import Bus
 from memory.jobs import SILENT, TURN_KEEP_S, Job, JobStore, Run, Schedule, due_field, parse_duration
 
@@ -44,7 +45,7 @@ BATCH = 1000  # due instants of one job decided in one claim (a long outage is w
 # ARGV: holder, job id, due (ms), next due (ms, '' for none), record count, (field, json)...,
 #       message count, then per message: its field count, its fields..., its turn value.
 # -1: the lease is not ours; 0: the instant was already taken (or the job is gone); 1: done.
-FIRE = HOLDS + """
+FIRE = lua("brain.scheduler.fire", HOLDS + """
 local score = redis.call('ZSCORE', KEYS[2], ARGV[2])
 if not score or tonumber(score) ~= tonumber(ARGV[3]) then return 0 end
 if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 0 then redis.call('ZREM', KEYS[2], ARGV[2]) return 0 end
@@ -61,11 +62,11 @@ for k = 1, m do
   a = a + 1
 end
 return 1
-"""
-TAKE_OVER = """
+""")
+TAKE_OVER = lua("brain.scheduler.take_over", """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
 return 0
-"""
+""")
 
 
 @dataclass

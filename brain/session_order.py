@@ -23,32 +23,33 @@ from bus.log import kv
 from bus.loops import every, finish
 from bus.protocol import ChatMessage
 from bus.redis_client import RedisAway
+from bus.scripts import lua
 
 log = logging.getLogger("brain.session_order")
 
 # KEYS: done, lease. ARGV: seq (0: none), owner, lease ms.  1: taken, 0: leased to another turn, -1: earlier turn due
 # The owner names the Brain and the message: a turn this Brain left when Redis went away is its own to resume.
-ACQUIRE = """
+ACQUIRE = lua("brain.session_order.acquire", """
 local seq = tonumber(ARGV[1])
 if seq > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < seq - 1 then return -1 end
 if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return 1 end
 if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('PEXPIRE', KEYS[2], ARGV[3]) return 1 end
 return 0
-"""
+""")
 # KEYS: lease. ARGV: owner, lease ms. A lease that lapsed while nobody took it is still ours.
-RENEW = """
+RENEW = lua("brain.session_order.renew", """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 if not holder then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0
-"""
+""")
 # KEYS: done, lease. ARGV: owner, seq (0: none).
-RELEASE = """
+RELEASE = lua("brain.session_order.release", """
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 local seq = tonumber(ARGV[2])
 if seq > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < seq then redis.call('SET', KEYS[1], seq) end
 return 1
-"""
+""")
 
 
 class LeaseLost(HandedOver):

@@ -35,6 +35,7 @@ from brain.tokens import MESSAGE_OVERHEAD, tokens
 from bus.errors import PincerError
 from bus.metrics import Meter
 from bus.protocol import ChannelSend, ToolSpec
+from bus.scripts import lua
 from bus.streams import Bus
 from memory.jobs import Job, JobStore
 
@@ -51,7 +52,7 @@ HELD_PAUSE_S = 0.05  # first wait for calls in flight to settle, doubling to 1 s
 # KEYS: holds, this hold, then the budgets. ARGV: now, deadline, bound, hold id, hold key prefix, floor (what
 # the call costs if its Brain dies: its prompt), then each budget's limit (-1: none) and keep s.
 # {0}: reserved; {i, spent, held}: budget i (1-based) is reached. A lapsed hold is swept and charged its floor.
-RESERVE = """
+RESERVE = lua("brain.spend.reserve", """
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 50)
 for _, id in ipairs(expired) do
   local hold = ARGV[5] .. id
@@ -84,12 +85,12 @@ redis.call('HSET', KEYS[2], 'bound', ARGV[3], 'floor', ARGV[6], 'keys', table.co
 redis.call('EXPIRE', KEYS[2], math.ceil(tonumber(ARGV[2]) - tonumber(ARGV[1])) + 60)
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
 return {0}
-"""
+""")
 # KEYS: holds, this hold (may be gone), then the budgets. ARGV: cost, hold id, model ('': a hold given
 # back, no call), prompt tokens, output tokens, then each budget's limit (-1: none) and keep s, then the
 # alert shares (per mille).
 # Returns {i, per mille, spent} for each alert share newly reached.
-SETTLE = """
+SETTLE = lua("brain.spend.settle", """
 local bound = tonumber(redis.call('HGET', KEYS[2], 'bound') or '0')
 local held = redis.call('DEL', KEYS[2]) == 1
 redis.call('ZREM', KEYS[1], ARGV[2])
@@ -117,7 +118,7 @@ for i = 1, n do
   end
 end
 return reached
-"""
+""")
 
 
 class BudgetExceeded(PincerError):

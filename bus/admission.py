@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 from bus.keys import BRAIN_GROUP
 from bus.pool import unread
+from bus.scripts import lua
 from bus.streams import Bus
 
 # KEYS: the identity's bucket. ARGV: capacity, tokens per ms. 0: taken; else how many ms until one is there.
-TAKE = """
+TAKE = lua("bus.admission.take", """
 local capacity, per_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -29,7 +30,7 @@ if tokens >= 1 then tokens = tokens - 1 else wait_ms = math.ceil((1 - tokens) / 
 redis.call('hset', KEYS[1], 'tokens', tostring(tokens), 'at', now)
 redis.call('pexpire', KEYS[1], math.ceil(capacity / per_ms) + 1000)
 return wait_ms
-"""
+""")
 
 
 @dataclass(frozen=True)

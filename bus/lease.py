@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from bus.scripts import lua
+
 # KEYS[1]: the lease. ARGV: holder, ttl ms. 1: held by us now; 0: another holds it.
-TAKE = """
+TAKE = lua("bus.lease.take", """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
 return 0
-"""
+""")
 # KEYS[1]: the lease. ARGV[1]: holder.
-RELEASE = """
+RELEASE = lua("bus.lease.release", """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-"""
+""")
 # The first lines of a script that writes under the lease (KEYS[1] the lease, ARGV[1] the holder).
 HOLDS = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end\n"
 

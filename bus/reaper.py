@@ -36,6 +36,7 @@ from bus.log import kv
 from bus.loops import every, finish
 from bus.presence import alive
 from bus.protocol import Message
+from bus.scripts import lua
 from bus.streams import Bus
 
 log = logging.getLogger("bus.reaper")
@@ -43,12 +44,12 @@ log = logging.getLogger("bus.reaper")
 OnPoison = Callable[[Message], Awaitable[Sequence[Reply]]]
 
 # KEYS: stream. ARGV: group, consumer. Deleted only when it holds no pending entry.
-FORGET_CONSUMER = """
+FORGET_CONSUMER = lua("bus.reaper.forget_consumer", """
 if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) == 0 then
   return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 end
 return -1
-"""
+""")
 
 
 class Reaper:

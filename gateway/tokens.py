@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import ANY_AGENT
+from bus.scripts import lua
 
 Scope = Literal["chat", "operator"]
 TOKEN_PREFIX = "pcr_"
@@ -39,11 +40,11 @@ CACHE_S = 2.0  # a revoked token still works this long on a Gateway that used it
 CACHE_MAX = 4096
 
 # Name unique, then the record: one step, so a crash leaves neither half.
-CREATE = """
+CREATE = lua("gateway.tokens.create", """
 if redis.call('hsetnx', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('hset', KEYS[1], ARGV[2], ARGV[3])
 return 1
-"""
+""")
 
 
 class TokenError(PincerError):

@@ -39,6 +39,7 @@ from redis.asyncio.client import Pipeline
 
 from bus.keys import HANDS_GROUP
 from bus.protocol import now_ms
+from bus.scripts import lua
 from bus.streams import Bus
 from hands.config import QueueSettings
 
@@ -101,33 +102,34 @@ local function feed(base, group, cap)
 end
 """
 
-# KEYS: the stream the call was read from (hands:requests; the lane's own when given back). ARGV: group,
-# lane base key, session, entry id, cap, bound, packed call, 'front' to put it first in its session's queue.
+# KEYS: the stream the call was read from (hands:requests; the lane's own when given back), the lane's
+# stream (its queues and counters are named from it, under its hash tag). ARGV: group, session, entry id,
+# cap, bound, packed call, 'front' to put it first in its session's queue.
 # Returns the calls the lane holds with this one, or -(what it holds) when it is full (nothing done).
-PARK = _LANE_LUA + """
-local group, base, session = ARGV[1], ARGV[2], ARGV[3]
+PARK = lua("hands.backlog.park", _LANE_LUA + """
+local group, base, session = ARGV[1], KEYS[2], ARGV[2]
 local held = unread(base, group) + tonumber(redis.call('GET', base .. ':waiting') or '0')
-if held >= tonumber(ARGV[6]) then return -held end
+if held >= tonumber(ARGV[5]) then return -held end
 local queue = base .. ':session:' .. session
-if redis.call(ARGV[8] == 'front' and 'LPUSH' or 'RPUSH', queue, ARGV[7]) == 1 then
+if redis.call(ARGV[7] == 'front' and 'LPUSH' or 'RPUSH', queue, ARGV[6]) == 1 then
   redis.call('RPUSH', base .. ':rotation', session)
 end
 redis.call('INCR', base .. ':waiting')
-feed(base, group, tonumber(ARGV[5]))
-redis.call('XACK', KEYS[1], group, ARGV[4])
+feed(base, group, tonumber(ARGV[4]))
+redis.call('XACK', KEYS[1], group, ARGV[3])
 return held + 1
-"""
+""")
 
-# ARGV: group, lane base key, cap. Returns how many calls moved to the lane's stream.
-FEED = _LANE_LUA + """
-return feed(ARGV[2], ARGV[1], tonumber(ARGV[3]))
-"""
+# KEYS: the lane's stream. ARGV: group, cap. Returns how many calls moved to the lane's stream.
+FEED = lua("hands.backlog.feed", _LANE_LUA + """
+return feed(KEYS[1], ARGV[1], tonumber(ARGV[2]))
+""")
 
-# KEYS: hands:requests. ARGV: group, lane base key, cap, cutoff ms (0: expire nothing), most to expire.
+# KEYS: hands:requests, the lane's stream. ARGV: group, cap, cutoff ms (0: expire nothing), most to expire.
 # Feeds the lane, moves calls queued before the cutoff to hands:requests (their answer: QUEUE_TIMEOUT),
 # and returns {unread in the stream, waiting in queues, oldest arrival ms or 0, expired}.
-KEEP = _LANE_LUA + """
-local group, base, cutoff, most = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
+KEEP = lua("hands.backlog.keep", _LANE_LUA + """
+local group, base, cutoff, most = ARGV[1], KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local rotation, waiting = base .. ':rotation', base .. ':waiting'
 local expired, oldest = 0, 0
 for _, session in ipairs(redis.call('LRANGE', rotation, 0, -1)) do
@@ -154,7 +156,7 @@ if cutoff > 0 and redis.call('EXISTS', base) == 1 then
     end
   end
 end
-feed(base, group, tonumber(ARGV[3]))
+feed(base, group, tonumber(ARGV[2]))
 for _, session in ipairs(redis.call('LRANGE', rotation, 0, -1)) do
   local head = redis.call('LINDEX', base .. ':session:' .. session, 0)
   if head then
@@ -170,11 +172,11 @@ if ready > 0 then
   end
 end
 return {ready, tonumber(redis.call('GET', waiting) or '0'), oldest, expired}
-"""
+""")
 
 
-def _eval(script: str, args: tuple[str | int, ...], pipe: Pipeline) -> None:
-    pipe.eval(script, 0, *args)
+def _eval(script: str, keys: tuple[str, ...], args: tuple[str | int, ...], pipe: Pipeline) -> None:
+    pipe.eval(script, len(keys), *keys, *args)
 
 
 def queued_ms(entry_id: str, fields: dict[bytes, bytes]) -> int:
@@ -217,7 +219,7 @@ class Backlog:
         base = self.stream(lane)
         source = base if given_back else self.bus.keys.hands_requests
         results = await self.bus.batcher.run(lambda pipe: pipe.eval(
-            PARK, 1, source, self.group, base, session, entry_id, cap, bound, packed,
+            PARK, 2, source, base, self.group, session, entry_id, cap, bound, packed,
             "front" if given_back else "back"))
         return int(results[0])
 
@@ -230,14 +232,14 @@ class Backlog:
     def _feed(self) -> None:
         lanes, self._feeding = self._feeding, {}
         for lane, cap in lanes.items():
-            self.bus.batcher.send(partial(_eval, FEED, (self.group, self.stream(lane), cap)))
+            self.bus.batcher.send(partial(_eval, FEED, (self.stream(lane),), (self.group, cap)))
 
     async def keep(self, lane: str, *, cap: int, expire: bool) -> LaneState:
         """Feed the lane, expire what waited past ``hands.queue.wait_s`` (when ``expire``), and say
         what it holds."""
         cutoff = now_ms() - int(self.queue.wait_s * 1000) if expire else 0
         ready, waiting, oldest, expired = await self._keep(
-            keys=[self.bus.keys.hands_requests], args=[self.group, self.stream(lane), cap, cutoff, 1000])
+            keys=[self.bus.keys.hands_requests, self.stream(lane)], args=[self.group, cap, cutoff, 1000])
         if expired:
             log.warning("%d call%s waited in lane %s past hands.queue.wait_s (%gs); answering QUEUE_TIMEOUT",
                         expired, "" if expired == 1 else "s", lane, self.queue.wait_s)

@@ -34,6 +34,7 @@ from bus.log import kv
 from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.redis_client import RedisAway
+from bus.scripts import lua
 from bus.streams import while_redis_away
 from hands.errors import ToolFailure
 
@@ -41,10 +42,10 @@ log = logging.getLogger("hands.call_records")
 
 RUNNING = b"running:"
 # KEYS: the record. ARGV: the claim. A claim is dropped only while it is still that claim.
-DROP_CLAIM = """
+DROP_CLAIM = lua("hands.call_records.drop_claim", """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-"""
+""")
 
 
 class CallRecords:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 
 from bus.loops import every, finish
 from bus.protocol import ErrorCode, new_id
+from bus.scripts import lua
 from bus.streams import Bus
 from hands.errors import ToolFailure
 
@@ -27,7 +28,7 @@ log = logging.getLogger("hands.pool_limits")
 
 # KEYS: the gates' sorted sets. ARGV: token, lease ms, then each gate's capacity.
 # Returns 0 when every slot was taken, else the 1-based index of the first full gate.
-ACQUIRE = """
+ACQUIRE = lua("hands.pool_limits.acquire", """
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
 for i, key in ipairs(KEYS) do
@@ -39,9 +40,9 @@ for _, key in ipairs(KEYS) do
   redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
 end
 return 0
-"""
+""")
 # KEYS: gates. ARGV: lease ms, then the tokens to renew (only those still held).
-RENEW = """
+RENEW = lua("hands.pool_limits.renew", """
 local now = redis.call('TIME')
 local until_ms = now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[1])
 for _, key in ipairs(KEYS) do
@@ -49,7 +50,7 @@ for _, key in ipairs(KEYS) do
   redis.call('PEXPIRE', key, tonumber(ARGV[1]) * 2)
 end
 return 1
-"""
+""")
 
 
 class PoolLimits:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from bus.config import time_zone
 from bus.errors import PincerError
 from bus.protocol import ChatMessage, stamp_allows
+from bus.scripts import lua
 from bus.streams import Bus
 
 JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -38,7 +39,7 @@ TURN_KEEP_S = 7 * 86_400  # how long a job's turn waits for its outcome to be re
 # removed by the scripts below in one step each, so parallel requests cannot pass a cap or outlive a purge.
 # KEYS: jobs, due set. ARGV: job id, definition, first due (ms; '' when paused), cap ('' for none), "<owner>/".
 # 1: stored; 0: a job of that id exists; -1: the owner has cap jobs already.
-ADD = """
+ADD = lua("memory.jobs.add", """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 if ARGV[4] ~= '' then
   local n, prefix = 0, ARGV[5]
@@ -50,10 +51,10 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 if ARGV[3] ~= '' then redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1]) end
 return 1
-"""
+""")
 # KEYS: jobs, due set, then the records of each job the caller saw was the owner's. ARGV: "<owner>/".
 # The ids removed (one made since the caller looked has its records deleted after).
-PURGE = """
+PURGE = lua("memory.jobs.purge", """
 local removed = {}
 for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
   if string.sub(id, 1, #ARGV[1]) == ARGV[1] then
@@ -64,7 +65,7 @@ for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
 end
 for k = 3, #KEYS do redis.call('DEL', KEYS[k]) end
 return removed
-"""
+""")
 CatchUp = Literal["run_once", "skip", "all"]
 Status = Literal["fired", "skipped", "missed", "failed"]
 # Where the owner's identity lives, so the scheduler can tell it is gone: a token (`pincer token revoke`),

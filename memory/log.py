@@ -19,35 +19,36 @@ import time
 from redis.asyncio.client import Pipeline
 
 from bus.keys import Keys
+from bus.scripts import lua
 from bus.store import RedisStore
 
 Fields = dict[str, str]
 
 # KEYS: the log, the notes' live entries. ARGV: the note's ref, "put" or "drop", then the entry's fields.
 # The note's earlier entry leaves the log as its new one (or its drop) arrives.
-NOTE = """
+NOTE = lua("memory.log.note", """
 local old = redis.call('hget', KEYS[2], ARGV[1])
 local id = redis.call('xadd', KEYS[1], '*', unpack(ARGV, 3))
 if old then redis.call('xdel', KEYS[1], old) end
 if ARGV[2] == 'put' then redis.call('hset', KEYS[2], ARGV[1], id) else redis.call('hdel', KEYS[2], ARGV[1]) end
 return id
-"""
+""")
 
 # KEYS: the log, the session's entries. ARGV: the entry's fields.
-SAID = """
+SAID = lua("memory.log.said", """
 local id = redis.call('xadd', KEYS[1], '*', unpack(ARGV))
 redis.call('rpush', KEYS[2], id)
 return id
-"""
+""")
 
 # KEYS: the log, the session's entries. ARGV: the forget entry's fields. Every entry of the session leaves
 # the log (in slices: Lua's unpack has a limit), then the forget entry tells running workers.
-FORGET = """
+FORGET = lua("memory.log.forget", """
 local ids = redis.call('lrange', KEYS[2], 0, -1)
 for i = 1, #ids, 1000 do redis.call('xdel', KEYS[1], unpack(ids, i, math.min(i + 999, #ids))) end
 redis.call('del', KEYS[2])
 return redis.call('xadd', KEYS[1], '*', unpack(ARGV))
-"""
+""")
 
 
 def note_ref(agent_id: str, owner: str, key: str) -> str:

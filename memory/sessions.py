@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus.keys import Keys
 from bus.protocol import now_ms
+from bus.scripts import lua
 from bus.store import RedisStore
 from memory.log import MemoryLog, said
 
@@ -64,7 +65,7 @@ class TranscriptEntry(BaseModel):
 # A session's first message makes its owner (``ARGV[1]``) the owner of record; later messages are
 # numbered only when their sender (``ARGV[2]``) owns it, or is an operator. A transcript older than
 # owners belongs to operators.
-CLAIM_AND_NUMBER = """
+CLAIM_AND_NUMBER = lua("memory.sessions.claim_and_number", """
 local owner = redis.call('get', KEYS[1])
 if not owner then
   if redis.call('exists', KEYS[2]) == 1 then owner = '' else redis.call('set', KEYS[1], ARGV[1]); owner = ARGV[1] end
@@ -76,15 +77,15 @@ if ttl > 0 then
   for i = 1, 4 do if redis.call('exists', KEYS[i]) == 1 then redis.call('pexpire', KEYS[i], ttl) end end
 end
 return seq
-"""
+""")
 
 
 # KEYS: the parent's owner, the child's owner. A sub-agent's session is its parent's owner's.
-ADOPT = """
+ADOPT = lua("memory.sessions.adopt", """
 local owner = redis.call('get', KEYS[1])
 if owner then redis.call('set', KEYS[2], owner, 'NX') end
 return 1
-"""
+""")
 
 
 class SessionStore:

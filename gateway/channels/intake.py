@@ -18,6 +18,7 @@ from bus.lease import HOLDS, Lease
 from bus.presence import alive
 from bus.protocol import ChannelUpdate
 from bus.redis_client import RedisAway
+from bus.scripts import lua
 from bus.streams import Bus
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
@@ -31,7 +32,7 @@ INBOX_KEEP = 10_000  # inbox entries kept (acknowledged ones are only history)
 
 # KEYS: lease, inbox, offset. ARGV: holder, new offset, inbox length kept, then each entry as its
 # field count and its fields. -1: the lease is not ours (nothing written); 1: written.
-TAKE_UPDATES = HOLDS + """
+TAKE_UPDATES = lua("gateway.channels.intake.take_updates", HOLDS + """
 local i = 4
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
@@ -40,21 +41,21 @@ while i <= #ARGV do
 end
 redis.call('SET', KEYS[3], ARGV[2])
 return 1
-"""
+""")
 # KEYS: seen, inbox. ARGV: keep s, inbox length kept, then the entry's fields. 1: written; 0: a repeat.
-TAKE_PUSHED = """
+TAKE_PUSHED = lua("gateway.channels.intake.take_pushed", """
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
 return 1
-"""
+""")
 PUSHED_KEEP_S = 86_400  # a platform retries a webhook delivery for hours at most
 LISTEN_CHECK_S = 1.0  # how often a kept connection is looked at (its progress)
 CONNECT_S = 90.0  # a connection not made in this long is made afresh (a platform may bound it tighter)
 # KEYS: lease. ARGV: the dead holder, us, ttl ms. The lease of a holder whose heartbeat stopped, taken.
-TAKE_OVER = """
+TAKE_OVER = lua("gateway.channels.intake.take_over", """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
 return 0
-"""
+""")
 
 
 @dataclass

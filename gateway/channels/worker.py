@@ -46,6 +46,7 @@ from bus.protocol import (
 )
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
+from bus.scripts import lua
 from bus.streams import Bus
 from bus.workspace import PathRefused, Workspace
 from bus.workspaces import Workspaces
@@ -77,12 +78,12 @@ INSTRUCTIONS = ("You are talking with a person through {platform}. Keep answers 
                 "to the workspace); files they send you are saved under inbox/{channel}/ in the workspace.")
 # Count a person's file for today and refuse it past the cap, in one step (parallel updates cannot pass it).
 # KEYS: the identity's counter for today. ARGV: the cap, the key's lifetime in seconds.
-TAKE_UPLOAD = """
+TAKE_UPLOAD = lua("gateway.channels.worker.take_upload", """
 local n = redis.call('incr', KEYS[1])
 if n == 1 then redis.call('expire', KEYS[1], ARGV[2]) end
 if n > tonumber(ARGV[1]) then redis.call('decr', KEYS[1]) return 0 end
 return 1
-"""
+""")
 HELP = ("Talk to me as you would to a person. /new starts a fresh conversation, /stop stops what I am doing.")
 
 

@@ -27,6 +27,7 @@ from bus.protocol import (
     ErrorCode,
     Message,
 )
+from bus.scripts import lua
 from bus.streams import Bus
 
 # The event types a client sees, in order within a turn: message, then deltas, tool events and
@@ -92,7 +93,7 @@ def describe(message: Message) -> tuple[str, dict[str, Any]] | None:
 # id and the oldest kept was trimmed is plain arithmetic (Redis records no trimmed ids).
 # The log lives keep_s past its last event, but never longer than its session's transcript when that
 # is set to lapse (a session a client did not name): the log goes with the session it tells of.
-APPEND = """
+APPEND = lua("gateway.turns.events.append", """
 local n = redis.call('INCR', KEYS[2])
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], n .. '-0', 'k', ARGV[2], 'd', ARGV[3])
 local life = tonumber(ARGV[4])
@@ -101,7 +102,7 @@ if left > 0 and left < life then life = left end
 redis.call('PEXPIRE', KEYS[1], life)
 redis.call('PEXPIRE', KEYS[2], life)
 return id
-"""
+""")
 
 
 class SessionEvents:

@@ -20,6 +20,7 @@ from mcp import types
 
 from bus.protocol import ErrorCode
 from bus.redis_client import RedisAway
+from bus.scripts import lua
 from bus.streams import Bus
 from hands.config import McpServerSettings, McpSettings, RetryPolicy
 from hands.errors import ToolFailure
@@ -33,14 +34,14 @@ log = logging.getLogger("hands.mcp")
 CATEGORIES = {category.key: category for category in Category}
 
 # Take the lease if free, or renew it if ours; answer who holds it.
-CLAIM = """
+CLAIM = lua("hands.mcp.servers.claim", """
 local holder = redis.call('GET', KEYS[1])
 if not holder or holder == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return ARGV[1]
 end
 return holder
-"""
+""")
 
 
 class McpServers:
