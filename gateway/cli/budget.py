@@ -52,3 +52,14 @@ def show(console: Console, found: dict[str, Any]) -> None:
         console.print(f"alert: {alert.get('text', '')}")
     if not any(row["limit_usd"] is not None for row in found["budgets"]):
         console.print("No spend limit is set (brain.budget in the config): calls are counted, never refused.")
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _budget_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--redis", metavar="URL")
+
+
+ARGUMENTS = {"budget": _budget_arguments}

@@ -82,3 +82,18 @@ async def _tools(config: Config, *, as_json: bool) -> int:
         table.add_row(tool.name, str(tool.metadata.get("category", "")), tool.description)
     Console().print(table)
     return 0
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _skills_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _tools_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--redis", metavar="URL")
+
+
+ARGUMENTS = {"skills": _skills_arguments, "tools": _tools_arguments}

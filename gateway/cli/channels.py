@@ -16,6 +16,7 @@ from bus.pool import channel_states
 from bus.presence import instances
 from bus.redis_client import RedisAway
 from gateway.channels import access
+from gateway.channels.config import KNOWN as KNOWN_CHANNELS
 from gateway.channels.config import ChannelSettings
 from gateway.cli.ops import connected_bus
 from memory.jobs import JobStore
@@ -90,3 +91,18 @@ def print_channels(console: Console, rows: list[dict[str, Any]]) -> None:
         table.add_row(row["channel"], row["state"], row["bot"] or "-", str(row["replicas"]),
                       ago, str(row["in"]), str(row["out"]), str(row["errors"]), row["last_error"])
     console.print(table)
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _channels_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", nargs="?", default="list", choices=["list", "pair", "paired", "unpair"])
+    parser.add_argument("arg", nargs="?", metavar="CODE|USER", help="pair: the code a stranger was given; "
+                          "unpair: their user id")
+    parser.add_argument("--channel", default="telegram", choices=KNOWN_CHANNELS)
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--redis", metavar="URL")
+
+
+ARGUMENTS = {"channels": _channels_arguments}

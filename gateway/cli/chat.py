@@ -177,3 +177,19 @@ def command(args: argparse.Namespace, config: Config) -> int:
 
     settings = config.section("gateway", GatewaySettings)
     return run_chat(args.url or settings.url, args.session, args.message, token=caller_token(args, config, settings))
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _chat_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-m", "--message", help="send one message, print the reply and exit")
+    parser.add_argument("--session", default="main",
+                      help="session name (default: main, your own); an operator reaches another's as OWNER/NAME")
+    parser.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
+    parser.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE ('-': standard "
+                      "input; default: $PINCER_TOKEN, gateway.token, or the one `pincer up` made in the data dir). "
+                      "Never on the command line: any local user can read those")
+
+
+ARGUMENTS = {"chat": _chat_arguments}

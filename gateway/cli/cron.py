@@ -87,3 +87,34 @@ def _show(console: Console, action: str, found: dict[str, Any]) -> None:
         console.print(f"{found['id']}: {found['schedule']}, next due {_when(found['next_due'])}, "
                       f"{'paused' if found['paused'] else 'active'}; runs as {found['owner']} in "
                       f"{found['session_id']} (agent {found['agent']})")
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _cron_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["add", "list", "show", "pause", "resume", "rm", "run", "runs"])
+    parser.add_argument("name", nargs="?", metavar="NAME", help="lowercase letters, digits, _ and -")
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--every", metavar="DURATION", help="add: run every 10s, 30m, 2h, 1d")
+    when.add_argument("--cron", metavar="EXPR", help="add: a cron expression, such as \"0 8 * * 1-5\"")
+    when.add_argument("--at", metavar="WHEN", help="add: once, at an ISO 8601 time (2026-12-24T18:00)")
+    parser.add_argument("--tz", default="UTC", help="add: the time zone of --cron and of an --at without offset")
+    parser.add_argument("--message", "-m", help="add: what the agent is asked each time")
+    parser.add_argument("--agent", default="main", help="add: the agent that runs it (default main)")
+    parser.add_argument("--session", help="add: the session it runs in (default cron-NAME)")
+    parser.add_argument("--deliver", action="append", metavar="CHANNEL:CHAT",
+                      help="add: also send the answer to this chat (repeatable), e.g. telegram:123456789")
+    parser.add_argument("--catch-up", default="run_once", choices=["run_once", "skip", "all"],
+                      help="add: what to do with instants missed while no scheduler ran (default run_once)")
+    parser.add_argument("--window", default="1h", metavar="DURATION",
+                      help="add: with --catch-up all, how far back missed instants are run (default 1h)")
+    parser.add_argument("--daily-usd", type=float, metavar="USD", help="add: the job's own spend limit per day "
+                      "(its turns also count in its owner's and the pool's budgets)")
+    parser.add_argument("--limit", type=int, default=50, help="runs: how many records (default 50)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
+    parser.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")
+
+
+ARGUMENTS = {"cron": _cron_arguments}

@@ -74,3 +74,22 @@ def _plain(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
     return str(exc)
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _hooks_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", nargs="?", default="list", choices=["add", "list", "rotate", "rm"])
+    parser.add_argument("name", nargs="?", metavar="NAME", help="lowercase letters, digits, _ and -")
+    parser.add_argument("--agent", default="main", help="the agent that answers (default main)")
+    parser.add_argument("--template", metavar="TEXT", help="add: what the agent is asked; {payload} marks where "
+                       "the request's body goes (as untrusted data)")
+    parser.add_argument("--deliver", metavar="URL", help="add: POST each turn's outcome here, signed the same way")
+    parser.add_argument("--grace", type=float, default=3600.0, metavar="S",
+                       help="rotate: seconds the old secret stays good (default 3600; 0: at once)")
+    parser.add_argument("--json", action="store_true", help="print JSON (list)")
+    parser.add_argument("--redis", metavar="URL")
+
+
+ARGUMENTS = {"hooks": _hooks_arguments}

@@ -37,3 +37,20 @@ def command(args: argparse.Namespace, config: Config) -> int:
             table.add_row(note["key"], note["scope"], str(note["chars"]), note["preview"])
         Console().print(table)
     return 0
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _memory_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", nargs="?", default="list", choices=["list", "rm"])
+    parser.add_argument("key", nargs="?", metavar="KEY", help="rm: the note's name")
+    parser.add_argument("--agent", default="main", help="the agent whose notes (default main)")
+    parser.add_argument("--owner", metavar="NAME", help="another identity's notes (an operator token)")
+    parser.add_argument("--shared", action="store_true", help="the agent's shared notes (rm: an operator token)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
+    parser.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")
+
+
+ARGUMENTS = {"memory": _memory_arguments}

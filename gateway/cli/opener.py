@@ -74,3 +74,15 @@ def command(args: argparse.Namespace, config: Config) -> int:
     settings = config.section("gateway", GatewaySettings)
     return open_page(args.url or settings.url, caller_token(args, config, settings), only_print=args.print,
                      data_dir=config.runtime.data_path)
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _open_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--print", action="store_true", help="only print the link (for another machine's browser)")
+    parser.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
+    parser.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")
+
+
+ARGUMENTS = {"open": _open_arguments}

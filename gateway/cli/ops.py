@@ -179,3 +179,23 @@ def status(args: argparse.Namespace, config: Config) -> int:
 def dead(args: argparse.Namespace, config: Config) -> int:
     return asyncio.run(manage_dead(config, args.action, args.ids, every=args.all, limit=args.limit,
                                    as_json=args.json))
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--redis", metavar="URL")
+
+
+def _dead_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["list", "show", "retry", "purge"])
+    parser.add_argument("ids", nargs="*", metavar="ID", help="dead-letter entry ids (from `pincer dead list`)")
+    parser.add_argument("--all", action="store_true", help="retry or purge every entry")
+    parser.add_argument("--limit", type=int, default=50, help="entries to list (default 50)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--redis", metavar="URL")
+
+
+ARGUMENTS = {"status": _status_arguments, "dead": _dead_arguments}

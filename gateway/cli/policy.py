@@ -73,3 +73,16 @@ def _explain_exec(config: Config, settings: Any, *, agent: str, sender: str) -> 
 
 def command(args: argparse.Namespace, config: Config) -> int:
     return explain(config, args.tool, agent=args.agent, sender=args.sender)
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _policy_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["explain"])
+    parser.add_argument("tool")
+    parser.add_argument("--agent", default="main")
+    parser.add_argument("--sender", default="")
+
+
+ARGUMENTS = {"policy": _policy_arguments}

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from bus.config import Config, ConfigError
+from gateway.channels.config import KNOWN as KNOWN_CHANNELS
 
 
 def validate_all(config: Config) -> None:
@@ -116,3 +117,88 @@ def mcp(args: argparse.Namespace, config: Config) -> int:
 
     return serve_mcp(config, agent_id=args.agent, sender=args.sender, call_timeout_s=args.timeout,
                      http=(args.host, args.http) if args.http is not None else None)
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _up_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers to start (default 1)")
+    parser.add_argument("-d", "--detach", action="store_true",
+                    help="run in the background; return once the stack is ready")
+    parser.add_argument("--local-model", action="store_true",
+                    help="chat with a small model on this machine, no key needed (brain.model: local); the first "
+                    "start fetches ~1.1 GB and builds llama.cpp's bindings (~5 min), later starts are offline")
+    parser.add_argument("--listen", metavar="ADDR", help="the embedded Redis also on ADDR, for Hands workers on other "
+                    "hosts (TLS only: needs redis.tls_cert_file and redis.tls_key_file)")
+
+
+def _stop_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=float, metavar="S", help="seconds before what is left is killed "
+                      "(default: redis.drain_timeout_s + 20)")
+
+
+def _restart_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=float, metavar="S", help="as for stop")
+
+
+def _service_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["install", "uninstall"])
+    parser.add_argument("--dry-run", action="store_true", help="print the units instead of writing them")
+    parser.add_argument("--system", action="store_true", help="system units in /etc/systemd/system (root)")
+    parser.add_argument("--hands", type=int, default=1, metavar="N", help="Hands workers pincer.service starts")
+    parser.add_argument("--local-model", action="store_true", help="pincer.service runs `pincer up --local-model`")
+    parser.add_argument("--run-as", metavar="USER", help="--system: the unprivileged user the units run as "
+                         "(default: the one who ran sudo; never root)")
+
+
+def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["serve"])
+    served = parser.add_mutually_exclusive_group()
+    served.add_argument("--stdio", action="store_true", help="serve over stdin/stdout (the default)")
+    served.add_argument("--http", type=int, metavar="PORT",
+                        help="serve streamable HTTP at http://HOST:PORT/mcp; every request needs a Pincer token")
+    parser.add_argument("--host", default="127.0.0.1", help="with --http: the address to listen on (127.0.0.1)")
+    parser.add_argument("--agent", default="main", help="whose tools: the policy of this agent applies (default main)")
+    parser.add_argument("--sender", default="mcp", help="the sender the tool policy sees (owner_only tools)")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S", help="longest a call may take (120)")
+    parser.add_argument("--redis", metavar="URL")
+
+
+def _logs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    parser.add_argument("--role", help="one role: gateway, brain, hands-1, model, supervisor, ...")
+    parser.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="last N lines of each (default 50)")
+
+
+def _hands_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis", metavar="URL", help="Redis URL (default: redis.url or the local `pincer up`)")
+    parser.add_argument("--concurrency", type=int, metavar="N", help="calls this worker runs at once")
+
+
+def _brain_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis", metavar="URL")
+
+
+def _gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis", metavar="URL")
+    parser.add_argument("--port", type=int)
+
+
+def _channel_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=KNOWN_CHANNELS)
+    parser.add_argument("--redis", metavar="URL")
+
+
+ARGUMENTS = {
+    "up": _up_arguments,
+    "stop": _stop_arguments,
+    "restart": _restart_arguments,
+    "service": _service_arguments,
+    "mcp": _mcp_arguments,
+    "logs": _logs_arguments,
+    "hands": _hands_arguments,
+    "brain": _brain_arguments,
+    "gateway": _gateway_arguments,
+    "channel": _channel_arguments,
+}

@@ -72,3 +72,20 @@ async def manage_tokens(config: Config, action: str, name: str | None, *, scope:
 def command(args: argparse.Namespace, config: Config) -> int:
     return asyncio.run(manage_tokens(config, args.action, args.name, scope=args.scope, agents=args.agent,
                                      as_json=args.json))
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _token_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["create", "list", "revoke"])
+    parser.add_argument("name", nargs="?", metavar="NAME", help="who the token is for (its sender name)")
+    parser.add_argument("--scope", choices=["chat", "operator"], default="chat",
+                       help="chat: its own sessions only (default); operator: every session, approvals, ops")
+    parser.add_argument("--agent", action="append", default=[], metavar="AGENT",
+                       help="an agent it may use (repeat; default: every agent)")
+    parser.add_argument("--json", action="store_true", help="print JSON (list)")
+    parser.add_argument("--redis", metavar="URL")
+
+
+ARGUMENTS = {"token": _token_arguments}

@@ -129,3 +129,16 @@ async def show_trace(config: Config, session_id: str, *, turn: int | None, as_js
 
 def command(args: argparse.Namespace, config: Config) -> int:
     return asyncio.run(show_trace(config, args.session, turn=args.turn, as_json=args.json))
+
+
+# --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
+
+
+def _trace_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("session", help="NAME (the owner token's session) or OWNER/NAME")
+    parser.add_argument("--turn", type=int, metavar="N", help="only turn N (1 is the first)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--redis", metavar="URL")
+
+
+ARGUMENTS = {"trace": _trace_arguments}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -123,6 +125,18 @@ def start_stack(processes: Processes, *, hands: int = 2, brain: bool = True) -> 
         timeout=60,
         what=f"gateway healthz with {int(brain)} brain and {hands} hands",
     )
+
+
+def channel_rows(processes: Processes) -> list[dict[str, Any]]:
+    """`pincer channels --json`: a row per channel process, as its last heartbeat reported it."""
+    rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
+    return rows
+
+
+def channel_state(processes: Processes) -> str:
+    """The first channel's state (connected, stalled, ...), or "none" while no channel reported."""
+    rows = channel_rows(processes)
+    return str(rows[0]["state"]) if rows else "none"
 
 
 def send(env: dict[str, str], text: str, session: str = "e2e") -> httpx.Response:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Processes, gateway_client, identity_tree, wait_until
-from tests.e2e.conftest import start_stack
+from tests.e2e.conftest import channel_rows, channel_state, start_stack
 from tests.fake_discord import GENERAL, THREAD, TOKEN, FakeDiscord, Sent
 from tests.scripted_llm import ScriptedLLM
 
@@ -179,7 +179,7 @@ def test_killed_mid_turn_and_cut_off_every_message_is_answered_once(
     assert discord.resumes > resumes  # the library resumed its session rather than starting anew
 
     def counted() -> list[dict[str, Any]] | None:
-        rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
+        rows = channel_rows(processes)
         return rows if rows and rows[0]["state"] == "connected" and rows[0]["in"] >= 4 else None
 
     rows = wait_until(counted, timeout=30, what="the channel connected, its messages counted")
@@ -200,20 +200,18 @@ def test_an_outage_past_stall_s_is_reported_then_a_fresh_connection_answers_all_
     ask = answer(discord, dm, "Allow exec?")  # asked before the outage, decided after it
     identifies = discord.identifies
 
-    def state() -> str:
-        rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
-        return str(rows[0]["state"]) if rows else "none"
-
-    assert state() == "connected"
+    assert channel_state(processes) == "connected"
     discord.cut(25)  # past stall_s, and past the library's own first retries: it would wait ~50 s more
-    wait_until(lambda: state() != "connected", timeout=6 + 6, what="the outage reported within stall_s")
+    wait_until(lambda: channel_state(processes) != "connected", timeout=6 + 6,
+               what="the outage reported within stall_s")
     with gateway_client(processes.env) as client:
         ready, metrics = client.get("/readyz"), client.get("/metrics").text
     assert ready.status_code == 503 and "the discord channel is" in ready.text, ready.text
     assert 'pincer_channel_connected{channel="discord"} 0.0' in metrics
     for n in range(4):
         discord.say(ALICE, f"during {n}")
-    wait_until(lambda: state() == "connected", timeout=25 + 30, what="connected again, by the kit's own backoff")
+    wait_until(lambda: channel_state(processes) == "connected", timeout=25 + 30,
+               what="connected again, by the kit's own backoff")
     assert discord.identifies > identifies  # a new session: the old one is past its resume window
     discord.press(ALICE, ask, ask.buttons[0]["custom_id"])
     done = answer(discord, dm, "RESULT exec")

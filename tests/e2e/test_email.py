@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Processes, identity_tree, wait_until
-from tests.e2e.conftest import start_stack
+from tests.e2e.conftest import channel_rows, start_stack
 from tests.mailservers import AGENT, PASSWORD, RECEIVER, Dovecot, Sent, SmtpSink, mail
 from tests.scripted_llm import ScriptedLLM
 
@@ -162,7 +162,7 @@ def test_killed_mid_turn_and_servers_away_every_mail_is_answered_once(
     assert sum("slow one" in json.dumps(r["messages"][-1]) for r in scripted_llm.requests) == 1
 
     def counted() -> list[dict[str, Any]] | None:
-        rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
+        rows = channel_rows(processes)
         return rows if rows and rows[0]["in"] >= 3 and rows[0]["state"] == "connected" else None
 
     rows = wait_until(counted, timeout=30, what="the channel connected, its mail counted")
@@ -208,6 +208,6 @@ def test_allow_from_without_a_proof_refuses_to_start_and_reads_no_mail(
     assert "channels.email.authserv_id" in refused.stderr and "trust_from_header: true" in refused.stderr
     assert dovecot.log().count("Login: user=<") == logins  # the mailbox was never opened
     assert scripted_llm.requests == [] and smtp.to(ALICE) == []
-    rows = json.loads(processes.run("channels", "--json").stdout)
+    rows = channel_rows(processes)
     assert all(row["channel"] != "email" or row["in"] == 0 for row in rows)
 

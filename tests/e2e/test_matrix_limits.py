@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Processes, wait_until
-from tests.e2e.conftest import start_stack
+from tests.e2e.conftest import channel_state, start_stack
 from tests.e2e.test_matrix import answer, direct_room, start_channel
 from tests.matrix_server import Person, Synapse
 from tests.netcut import NetCut
@@ -93,13 +93,10 @@ def test_a_silent_network_past_stall_s_is_reported_and_all_said_meanwhile_is_ans
         alice.say(room, "before")
         answer(alice, room, "echo: before")
 
-        def state() -> str:
-            rows: list[dict[str, object]] = json.loads(processes.run("channels", "--json").stdout)
-            return str(rows[0]["state"]) if rows else "none"
-
-        wait_until(lambda: state() == "connected", timeout=30, what="the channel connected")
+        wait_until(lambda: channel_state(processes) == "connected", timeout=30, what="the channel connected")
         relay.cut(20)  # the homeserver stays up for people; the agent's syncs hang, new ones too
-        wait_until(lambda: state() != "connected", timeout=6 + 6, what="the silence reported within stall_s")
+        wait_until(lambda: channel_state(processes) != "connected", timeout=6 + 6,
+                   what="the silence reported within stall_s")
         for n in range(5):
             alice.say(room, f"during {n}")
         for n in range(5):

@@ -17,7 +17,7 @@ import pytest
 
 from bus.redis_server import EmbeddedRedis, free_port
 from tests.conftest import Processes, gateway_client, identity_tree, wait_until
-from tests.e2e.conftest import start_stack
+from tests.e2e.conftest import channel_rows, channel_state, start_stack
 from tests.fake_slack import APP_TOKEN, BOT_TOKEN, BOT_USER, FakeSlack, Posted
 from tests.netcut import NetCut
 from tests.scripted_llm import ScriptedLLM
@@ -180,7 +180,7 @@ def test_killed_mid_turn_and_cut_off_every_message_is_answered_once(
     assert len(during) == 3 and slack.connections_opened >= 3
 
     def counted() -> list[dict[str, Any]] | None:
-        rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
+        rows = channel_rows(processes)
         return rows if rows and rows[0]["in"] >= 4 and rows[0]["state"] == "connected" else None
 
     rows = wait_until(counted, timeout=30, what="the channel connected, its messages counted")
@@ -200,13 +200,10 @@ def test_a_silent_network_past_stall_s_is_reported_then_a_fresh_connection_answe
         answer(slack, DM, "echo: before")
         opened = slack.connections_opened
 
-        def state() -> str:
-            rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
-            return str(rows[0]["state"]) if rows else "none"
-
-        assert state() == "connected"
+        assert channel_state(processes) == "connected"
         relay.cut(18)  # nothing closes: the connection only goes quiet (the SDK would wait 20 s to notice)
-        wait_until(lambda: state() != "connected", timeout=8 + 6, what="the silence reported within stall_s")
+        wait_until(lambda: channel_state(processes) != "connected", timeout=8 + 6,
+                   what="the silence reported within stall_s")
         with gateway_client(processes.env) as client:
             ready, metrics = client.get("/readyz"), client.get("/metrics").text
         assert ready.status_code == 503 and "the slack channel is" in ready.text, ready.text
@@ -215,7 +212,7 @@ def test_a_silent_network_past_stall_s_is_reported_then_a_fresh_connection_answe
             slack.say(ALICE, f"during {n}")
         for n in range(4):
             answer(slack, DM, f"echo: during {n}", timeout=18 + 60)
-        wait_until(lambda: state() == "connected", timeout=30, what="connected again")
+        wait_until(lambda: channel_state(processes) == "connected", timeout=30, what="connected again")
         assert slack.connections_opened > opened  # the kit's own fresh connection
         texts = [p.text for p in slack.in_channel(DM) if p.text.startswith("echo: during")]
         # Each once and in the order said: the fresh connection reads the DM back before it takes Slack's

@@ -16,7 +16,7 @@ import pytest
 from bus.redis_server import EmbeddedRedis, free_port
 from bus.streams import Bus
 from tests.conftest import Processes, gateway_client, identity_tree, wait_until
-from tests.e2e.conftest import start_stack
+from tests.e2e.conftest import channel_rows, channel_state, start_stack
 from tests.fake_telegram import TOKEN, FakeTelegram, Sent
 from tests.scripted_llm import ScriptedLLM
 
@@ -199,7 +199,7 @@ def test_an_outage_a_flood_limit_and_a_hung_poll_are_waited_out(
     assert texts == [f"echo: during {n}" for n in range(3)], texts  # each once, in the order said
     assert sum("through the storm" in s.text for s in telegram.to(ALICE)) == 1
     def counted() -> list[dict[str, Any]] | None:  # as the next heartbeat reports it
-        rows: list[dict[str, Any]] = json.loads(processes.run("channels", "--json").stdout)
+        rows = channel_rows(processes)
         return rows if rows and rows[0]["in"] >= 5 else None
 
     rows = wait_until(counted, timeout=30, what="every message counted")
@@ -333,7 +333,7 @@ def test_webhook_mode_checks_the_secret_and_answers_a_redelivered_update_once(
                          headers={"X-Telegram-Bot-Api-Secret-Token": telegram.webhook[1]})
     assert garbage.status_code == 400
     assert not telegram.calls_of("getUpdates")  # no polling beside a webhook (Telegram would answer 409)
-    rows = wait_until(lambda: (r := json.loads(processes.run("channels", "--json").stdout)) and
+    rows = wait_until(lambda: (r := channel_rows(processes)) and
                       r[0]["state"] == "connected" and r, timeout=60, what="the webhook channel connected")
     assert rows[0]["in"] >= 2
 
@@ -344,11 +344,7 @@ def test_a_poller_that_makes_no_progress_is_reported_stalled_and_recovers(
     start_channel(processes, telegram)
     telegram.hang(3600)  # every poll hangs from now on: the process is alive, the channel is not
 
-    def state() -> str:
-        rows = json.loads(processes.run("channels", "--json").stdout)
-        return str(rows[0]["state"]) if rows else ""
-
-    wait_until(lambda: state() == "stalled", timeout=90, what="the channel reported stalled")
+    wait_until(lambda: channel_state(processes) == "stalled", timeout=90, what="the channel reported stalled")
     with gateway_client(processes.env) as client:
         ready = client.get("/readyz")
         assert ready.status_code == 503 and "the telegram channel is stalled" in ready.json()["problems"]
@@ -358,4 +354,4 @@ def test_a_poller_that_makes_no_progress_is_reported_stalled_and_recovers(
     telegram.hang_until = 0.0
     telegram.say(ALICE, "back?")
     answer(telegram, ALICE, "echo: back?", timeout=90)
-    wait_until(lambda: state() == "connected", timeout=60, what="connected again")
+    wait_until(lambda: channel_state(processes) == "connected", timeout=60, what="connected again")

@@ -123,7 +123,7 @@ def test_every_command_the_parser_knows_has_a_runner_and_no_runner_is_orphaned()
 
     from gateway.cli import COMMANDS, _parser, runner
 
-    subparsers = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    subparsers = next(a for a in _parser(None)._actions if isinstance(a, argparse._SubParsersAction))
     assert set(subparsers.choices) == set(COMMANDS)
     for command in COMMANDS:
         assert callable(runner(command)), command
