@@ -145,9 +145,17 @@ class LocalModelSettings(Section):
     context_tokens: int = Field(default=8192, ge=512, le=131_072)
 
 
+class RecordSettings(Section):
+    """The flight recorder (memory/flight.py): each model request and response, tool call and stop of a turn."""
+
+    enabled: bool = True
+    keep_days: float = Field(default=30.0, gt=0)  # a session's record lapses this long after its last step
+
+
 class BrainSettings(Section):
     model: str = ""  # "local": the local model, served by `pincer up`
     local: LocalModelSettings = Field(default_factory=LocalModelSettings)
+    record: RecordSettings = Field(default_factory=RecordSettings)
     api_base: str | None = None
     api_key: SecretStr | None = None
     instructions: str = DEFAULT_INSTRUCTIONS

@@ -74,9 +74,11 @@ class Attempt:
     usage: dict[str, Any] = field(default_factory=dict)  # the provider's counts, once they came
     streamed: list[str] = field(default_factory=list)  # the text, tool names and arguments received so far
     unsent: bool = False  # provably never reached the provider: no connection to it was ever made
+    first_at: float = 0.0  # monotonic time of the first piece received (the flight record's time to first token)
 
     def received(self, piece: str | None) -> None:
         if piece:
+            self.first_at = self.first_at or time.monotonic()
             self.streamed.append(piece)
 
 
@@ -87,6 +89,7 @@ class Completion:
     model: str = ""
     usage: dict[str, Any] = field(default_factory=dict)
     tried: list[str] = field(default_factory=list)  # models that failed before this one answered
+    finish_reason: str = ""  # the provider's: stop, tool_calls, length, content_filter
 
 
 OnText = Callable[[str], Awaitable[None]]
@@ -175,7 +178,7 @@ class LiteLLMClient:
         if max_output_tokens is not None:
             kwargs["max_tokens"] = max_output_tokens
         if tools:
-            kwargs["tools"] = [_tool_param(spec) for spec in tools]
+            kwargs["tools"] = [tool_param(spec) for spec in tools]
         if self.api_base:
             kwargs["api_base"] = self.api_base
         if self.api_key:
@@ -219,6 +222,7 @@ async def _assemble(stream: Any, on_text: OnText, attempt: Attempt) -> Completio
             done.usage = attempt.usage = _usage(usage)
         if not chunk.choices:
             continue
+        done.finish_reason = getattr(chunk.choices[0], "finish_reason", None) or done.finish_reason
         delta = chunk.choices[0].delta
         if getattr(delta, "content", None):
             attempt.received(delta.content)
@@ -285,10 +289,14 @@ def price_table() -> dict[str, Any]:
 
 def _usage(usage: Any) -> dict[str, Any]:
     fields = ("prompt_tokens", "completion_tokens", "total_tokens")
-    return {f: getattr(usage, f, None) for f in fields if getattr(usage, f, None) is not None}
+    counted = {f: getattr(usage, f, None) for f in fields if getattr(usage, f, None) is not None}
+    cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
+    if isinstance(cached, int):  # of the prompt tokens, those the provider read from its cache
+        counted["cached_tokens"] = cached
+    return counted
 
 
-def _tool_param(spec: ToolSpec) -> dict[str, Any]:
+def tool_param(spec: ToolSpec) -> dict[str, Any]:
     return {"type": "function", "function": {"name": spec.name, "description": spec.description,
                                              "parameters": spec.parameters}}
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +17,18 @@ from brain.config import BrainSettings
 from brain.context import fit, limit_of, shaped
 from brain.delegation import Delegations, child_session, is_delegate
 from brain.hands_calls import HandsCalls
-from brain.llm import LOCAL, NOT_CONFIGURED, Attempt, LLMClient, LLMError, ToolCall, context_window, resolve_model
+from brain.llm import (
+    LOCAL,
+    NOT_CONFIGURED,
+    Attempt,
+    Completion,
+    LLMClient,
+    LLMError,
+    ToolCall,
+    context_window,
+    resolve_model,
+    tool_param,
+)
 from brain.loop_detector import LoopDetector
 from brain.plan import plan
 from brain.prompt import system_prompt
@@ -41,8 +54,10 @@ from bus.protocol import (
     ToolSpec,
     now_ms,
 )
+from bus.redis_client import RedisAway
 from bus.replies import ReplyInbox
 from bus.streams import Bus
+from memory.flight import FlightRecorder, Step
 from memory.longterm import LongTermMemory
 from memory.sessions import Marks, SessionStore, TranscriptEntry
 
@@ -60,6 +75,7 @@ class TurnDeps:
     llm: LLMClient | None  # None: no model configured
     meter: Meter = field(default_factory=Meter)  # what /metrics shows of this Brain (sent with its heartbeat)
     spend: Governor | None = None  # the pool's spend governor (None: nothing counted, only in unit tests)
+    recorder: FlightRecorder | None = None  # the flight record (None: brain.record.enabled is off)
     # The consumer's slot: a turn waiting on its sub-agents lends it out (they may need it) and takes it back.
     set_aside: Callable[[], bool] = lambda: False
     take_back: Callable[[], Awaitable[None]] = field(default=lambda: _nothing())
@@ -162,6 +178,8 @@ class Turn:
         user = self._entry(role="user", content=msg.text, sender=msg.sender,
                            trace_id=trace.trace_id(trace.current.get()))
         await sessions.append(msg.session_id, user)
+        await self._record("turn", text=msg.text, sender=msg.sender, agent=msg.agent_id,
+                           instructions=msg.instructions, job=msg.job)
         return history, [user]
 
     async def _loop(self, messages: list[dict[str, Any]], tools: list[ToolSpec], turn_starts: int,
@@ -237,6 +255,8 @@ class Turn:
         out = max_output_tokens or (deps.settings.budget.max_output_tokens if hold else None)
         bound = {"max_output_tokens": out} if out else {}
         attempts: list[Attempt] = []  # the client adds each request it sends, as it sends it
+        started = time.monotonic()
+        params = {"models": self.models, "max_output_tokens": out, "purpose": "summary" if quiet else "turn"}
 
         async def settle(answered: str | None) -> float:
             if not attempts:  # a client that tells nothing of its requests: one, of the first model, never free
@@ -254,15 +274,25 @@ class Turn:
                 otel.set_attributes(opened, gen_ai__response__model=completion.model,
                                     gen_ai__usage__input_tokens=completion.usage.get("prompt_tokens"),
                                     gen_ai__usage__output_tokens=completion.usage.get("completion_tokens"))
-        except BaseException:
+        except BaseException as exc:
+            cost = 0.0
             if spend is not None:  # no answer, yet the provider may have read the prompt and streamed some
-                self.used.cost_usd += await asyncio.shield(settle(None))
+                cost = await asyncio.shield(settle(None))
+                self.used.cost_usd += cost
+            failed = {"error": f"{type(exc).__name__}: {exc}"[:2000], "cost_usd": cost, "tries": len(attempts),
+                      "total_ms": round((time.monotonic() - started) * 1000, 1)}
+            with contextlib.suppress(RedisAway):  # the call's own failure is the one to tell
+                await asyncio.shield(self._record_model(shown, tools, params, failed))
             raise
+        cost = 0.0
         if spend is not None:
             answered = self.models[min(len(completion.tried), len(self.models) - 1)]
             if not attempts:
                 attempts.append(Attempt(model=answered, usage=completion.usage, streamed=[completion.text]))
-            self.used.cost_usd += await settle(answered)
+            cost = await settle(answered)
+            self.used.cost_usd += cost
+        # In the record before anything acts on it (the transcript keeps it too: a resumed turn never asks again).
+        await self._record_model(shown, tools, params, _response(completion, attempts, started, cost))
         self.used.model_calls += 1
         self.used.add_tokens(completion.usage)
         deps.meter.count("pincer_model_calls", completion.model)
@@ -290,6 +320,7 @@ class Turn:
                             **Marks(summary_until=self.history_start, compaction=method).metadata())
         await self.deps.sessions.append(msg.session_id, entry)
         self.note, self.live_before = entry.content, []
+        await self._record("compaction", method=method, replaced=self.history_start)
         messages[:turn_starts] = [self.system, note_message(entry.content or "")]
         self.head = 2
         log.info("earlier turns compacted %s", kv(session=msg.session_id, entries=self.history_start, method=method))
@@ -347,6 +378,10 @@ class Turn:
                          for i in sorted(order.waits[index]) if (r := results[i]) is not None]
                 result = await self._call(call_id, call, specs, prior)
             entry = self._tool_entry(call, result)
+            await self._record("tool", call_id=call_id, model_call_id=call.id, tool=call.name,
+                               arguments=call.arguments, **{k: v for k, v in entry.metadata.items()
+                                                            if k not in ("message_id", "call_id")},
+                               result=entry.content)
             verdict = self.loops.observe(call, result) if self.loops else None
             if verdict and verdict.warning:
                 entry.content = f"{entry.content}\n\n{verdict.warning}"
@@ -427,6 +462,7 @@ class Turn:
         note = self._entry(role="assistant", content=f"[{reason}]",
                            **Marks(cancelled=True, stopped=code.value, told=told).metadata())
         await deps.sessions.append(msg.session_id, *stopped, note)
+        await self._record("stop", code=code.value, reason=reason, calls_stopped=len(stopped))
         log.info("turn stopped %s: %s", kv(session=msg.session_id, message=msg.message_id, code=code), reason)
         return ChatError(session_id=msg.session_id, message_id=msg.message_id, code=code, message=told)
 
@@ -448,6 +484,19 @@ class Turn:
             **({"error_code": result.error.code.value} if result.error else {}),  # type: ignore[arg-type]  # metadata
         )
 
+    async def _record(self, kind: Any, **data: Any) -> None:
+        """A step of this turn in the session's flight record (when it is kept)."""
+        if self.deps.recorder is not None:
+            await self.deps.recorder.write(self.message.session_id,
+                                           Step(kind=kind, message_id=self.message.message_id, data=data))
+
+    async def _record_model(self, shown: list[dict[str, Any]], tools: list[ToolSpec], params: dict[str, Any],
+                            response: dict[str, Any]) -> None:
+        if self.deps.recorder is not None:
+            await self.deps.recorder.model_call(self.message.session_id, self.message.message_id, messages=shown,
+                                                tools=[tool_param(spec) for spec in tools], params=params,
+                                                response=response)
+
     async def _stream_text(self, text: str) -> None:
         await self._publish(ChatDelta(session_id=self.message.session_id, message_id=self.message.message_id,
                                       text=text))
@@ -464,6 +513,16 @@ class Turn:
         log.warning("turn failed %s: %s", kv(session=self.message.session_id, code=code), message)
         return ChatError(session_id=self.message.session_id, message_id=self.message.message_id, code=code,
                          message=message)
+
+
+def _response(completion: Completion, attempts: list[Attempt], started: float, cost: float) -> dict[str, Any]:
+    """A model response as the flight record keeps it."""
+    first = next((a.first_at for a in attempts if a.first_at), 0.0)
+    return {"text": completion.text, "tool_calls": [call.to_openai() for call in completion.tool_calls],
+            "finish_reason": completion.finish_reason, "model": completion.model, "usage": completion.usage,
+            "tried": completion.tried, "cost_usd": cost,
+            "first_token_ms": round((first - started) * 1000, 1) if first else None,
+            "total_ms": round((time.monotonic() - started) * 1000, 1)}
 
 
 async def _nothing() -> None:

@@ -30,6 +30,7 @@ from bus.reaper import Reaper
 from bus.redis_client import RedisAway
 from bus.replies import ReplyInbox
 from bus.streams import Bus
+from memory.flight import FlightRecorder
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
 
@@ -59,10 +60,13 @@ class BrainWorker:
         self.bus, self.settings, self.instance_id = bus, settings, instance_id
         self.inbox = ReplyInbox(bus, instance_id)
         meter = Meter()
+        keep_s = int(settings.record.keep_days * 86_400)
+        recorder = FlightRecorder(bus.redis, bus.keys, keep_s=keep_s) if settings.record.enabled else None
         self.deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=SessionStore(bus.redis, bus.keys),
                              memory=LongTermMemory(bus.redis, bus.keys),
                              catalog=ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s),
-                             settings=settings, llm=llm, meter=meter, spend=Governor(bus, settings, meter))
+                             settings=settings, llm=llm, meter=meter, spend=Governor(bus, settings, meter),
+                             recorder=recorder)
         self._llm_override = llm  # one client for every agent (tests' fakes); None: each agent's own model
         self._llms: dict[str, LLMClient | None] = {}
         self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s,

@@ -84,6 +84,14 @@ class Keys:
     def transcript(self, session_id: str) -> str:
         return f"{self.prefix}session:{{{session_id}}}:transcript"
 
+    def session_record(self, session_id: str) -> str:
+        """The session's flight record (a stream): each model request and response, tool call, stop."""
+        return f"{self.prefix}session:{{{session_id}}}:record"
+
+    def session_record_parts(self, session_id: str) -> str:
+        """Hash of what the record's requests are made of (messages, tool lists), each stored once by digest."""
+        return f"{self.prefix}session:{{{session_id}}}:record-parts"
+
     def session_seq(self, session_id: str) -> str:
         """Counter numbering a session's messages as the Gateway takes them."""
         return f"{self.prefix}session:{{{session_id}}}:seq"

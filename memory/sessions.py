@@ -155,7 +155,8 @@ class SessionStore:
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in (self.keys.session_owner(session_id), self.keys.transcript(session_id),
                         self.keys.session_seq(session_id), self.keys.session_done(session_id),
-                        self.keys.session_events(session_id), self.keys.session_events_seq(session_id)):
+                        self.keys.session_events(session_id), self.keys.session_events_seq(session_id),
+                        self.keys.session_record(session_id), self.keys.session_record_parts(session_id)):
                 pipe.expire(key, ttl_s)
             await pipe.execute()
 
@@ -181,11 +182,12 @@ class SessionStore:
                 and (owner is None or (found[2 * n + 1] or b"").decode() == owner)]
 
     async def delete(self, session_id: str) -> None:
-        """The session's transcript, events and state, and its words in the memory log."""
+        """The session's transcript, events, flight record and state, and its words in the memory log."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.delete(self.keys.transcript(session_id), self.keys.session_seq(session_id),
                         self.keys.session_done(session_id), self.keys.session_owner(session_id),
-                        self.keys.session_events(session_id), self.keys.session_events_seq(session_id))
+                        self.keys.session_events(session_id), self.keys.session_events_seq(session_id),
+                        self.keys.session_record(session_id), self.keys.session_record_parts(session_id))
             pipe.zrem(self.keys.sessions, session_id)
             await self.log.forgotten(pipe, session_id)  # its words leave the memory log and every worker's index
             await pipe.execute()

@@ -13,6 +13,9 @@ path runs. The script is written in the user's message, one directive a line:
 - ``FLAKY <n>``: the first n requests of this conversation answer 503, the next ones as usual.
 - anything else: answer ``echo: <text>`` streamed in small pieces.
 
+Usage is reported as a provider with a prompt cache would: 11 prompt tokens, of which 8 came from the
+cache when the request continues a conversation (more than the instructions and one message).
+
 Every request body is kept in ``requests`` for assertions, the moment it arrives (a provider that bills on
 arrival reads the whole prompt then).
 """
@@ -66,6 +69,7 @@ class ScriptedLLM:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 script.requests.append(body)
                 status, reply = decide(body["messages"], body.get("model", ""))
+                reply["cached"] = 8 if len(body["messages"]) > 2 else 0
                 if reply.get("flaky"):
                     key = json.dumps(body["messages"])
                     refused = script.flaky[key] = script.flaky.get(key, 0) + 1
@@ -179,7 +183,8 @@ def _chunks(model: str, reply: dict[str, Any]) -> list[dict[str, Any]]:
         chunks += [_chunk(model, {"tool_calls": [{"index": index, "function": {"arguments": args[i : i + 5]}}]})
                    for i in range(0, len(args), 5)]
     chunks.append(_chunk(model, {}, "tool_calls" if reply.get("calls") else "stop"))
-    usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
+             "prompt_tokens_details": {"cached_tokens": reply.get("cached", 0)}}
     chunks.append({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": int(time.time()),
                    "model": model, "choices": [], "usage": usage})
     return chunks

@@ -23,6 +23,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "service": ("runtime:service", "systemd units: install (start at boot, restart on failure) | uninstall"),
     "mcp": ("runtime:mcp", "MCP: `pincer mcp serve` offers the pool's tools to any MCP client"),
     "trace": ("trace:command", "a session's turns as timelines: model calls, tool calls, waits"),
+    "record": ("record:command", "a session's flight record: show SESSION | export SESSION | import FILE"),
+    "replay": ("replay:command", "run a recorded session again through the current config, answered from its "
+                                 "record: what changed, where it first shows"),
     "logs": ("runtime:logs", "read the logs `pincer up` writes (runtime.log_dir)"),
     "hands": ("runtime:hands", "run one Hands worker (joins the pool on the configured Redis)"),
     "brain": ("runtime:brain", "run one Brain"),

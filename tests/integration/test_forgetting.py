@@ -33,13 +33,13 @@ async def test_an_overwritten_then_deleted_note_leaves_no_copy_in_the_log_or_any
         await memory.write("main", "bank", PIN, owner=owner)
         assert any("4321" in e for e in await found(running, "bank pin 4321"))  # indexed by the running worker
         await memory.write("main", "bank", "I changed banks; the card is new", owner=owner)
-        assert "4321" not in await log_text(bus)  # the old version left the log as the new one came
+        assert "pin is 4321" not in await log_text(bus)  # the old version left the log as the new one came
         assert not any("4321" in e for e in await found(running, "bank pin 4321"))
         assert not any("4321" in e for e in await found(Recall(bus.redis, bus.keys, embeddings=False), "pin 4321"))
         await memory.write("main", "bank", "append: the new card's code is 8765", owner=owner, append=True)
         assert (await log_text(bus)).count("I changed banks") == 1  # one copy of a note: its latest
         assert await memory.delete("main", "bank", owner=owner)
-        assert "changed banks" not in await log_text(bus) and "8765" not in await log_text(bus)
+        assert "changed banks" not in await log_text(bus) and "code is 8765" not in await log_text(bus)
         assert not any("8765" in e or "banks" in e for e in await found(running, "changed banks card code 8765"))
         fresh = Recall(bus.redis, bus.keys, embeddings=False)  # a worker started after: builds from the log
         assert await found(fresh, "bank pin 4321 changed banks card code 8765") == []
@@ -54,7 +54,8 @@ async def test_a_deleted_session_leaves_nothing_in_the_log_or_any_index(bus: Bus
     await sessions.append("ana/tuesday", TranscriptEntry(role="user", content="The pin of the gym locker is 9911."))
     assert len(await found(running, "pin 4321")) >= 2
     await sessions.delete("ana/monday")
-    assert "4321" not in await log_text(bus) and "9911" in await log_text(bus)  # only that session's words go
+    text = await log_text(bus)  # the log's words (its entry ids and timestamps hold digits of their own)
+    assert "pin is 4321" not in text and "locker is 9911" in text  # only that session's words go
     assert not any("4321" in e for e in await found(running, "pin 4321"))
     assert not any("4321" in e for e in await found(Recall(bus.redis, bus.keys, embeddings=False), "pin 4321"))
     assert not await bus.redis.exists(bus.keys.memory_log_session("ana/monday"))
@@ -66,7 +67,7 @@ async def test_a_lapsed_session_found_by_a_search_leaves_the_log_too(bus: Bus) -
     await sessions.append("ana/old", TranscriptEntry(role="user", content=f"Remember: {PIN}."))
     await bus.redis.delete(bus.keys.transcript("ana/old"))  # as its TTL would
     assert await found(Recall(bus.redis, bus.keys, embeddings=False), "pin 4321") == []
-    assert "4321" not in await log_text(bus)
+    assert "pin is 4321" not in await log_text(bus)
 
 
 async def test_a_worker_removes_copies_written_before_the_log_purged_itself(bus: Bus) -> None:
@@ -81,9 +82,9 @@ async def test_a_worker_removes_copies_written_before_the_log_purged_itself(bus:
     try:
         async def purged() -> bool:
             text = await log_text(bus)
-            return "4321" not in text and "7777" not in text
+            return "pin is 4321" not in text and "words: 7777" not in text
         await async_wait_until(purged, timeout=10, what="the stale copies gone from the log")
-        assert "5555" in await log_text(bus)  # the note's latest version stays
+        assert "changed to 5555" in await log_text(bus)  # the note's latest version stays
     finally:
         stop.set()
         await running

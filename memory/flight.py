@@ -1,0 +1,174 @@
+"""The flight recorder: every step of every turn, kept beside the session's transcript.
+
+The transcript keeps the conversation; the record keeps what it took: each model request as it was
+sent (the messages after fitting, the tools, the parameters) and its response (text, tool calls,
+finish reason, usage with cached tokens, cost, time to the first token and in all), each tool call
+with its result and where it ran, compactions and early stops. It is what a turn is replayed,
+forked and compared from.
+
+A request's messages and tool list are stored once each by digest in the session's parts hash and
+referenced from the entry, so a long conversation costs one copy of each message, not one per step.
+The record's keys share the session's hash tag, its owner and its fate (deleted with the session,
+lapsing with it), and live ``keep_s`` past their last write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bus.errors import PincerError
+from bus.keys import Keys
+from bus.protocol import now_ms
+from bus.store import RedisStore
+
+FORMAT = 1  # the export's version: a reader refuses a newer one by name
+Kind = Literal["turn", "model", "tool", "compaction", "stop"]
+
+
+class RecordError(PincerError):
+    """A record that cannot be read or imported: says which line and what is wrong with it."""
+
+
+class Step(BaseModel):
+    """One entry of the record. Readers accept fields they do not know (a newer writer's)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: Kind
+    at: int = Field(default_factory=now_ms)
+    message_id: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+def digest(value: Any) -> str:
+    """A part's name: the SHA-256 of its canonical JSON (the same part is stored once)."""
+    return hashlib.sha256(canonical(value).encode()).hexdigest()[:32]
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+class FlightRecorder:
+    def __init__(self, redis: RedisStore, keys: Keys, *, keep_s: int) -> None:
+        self.redis, self.keys, self.keep_s = redis, keys, keep_s
+
+    async def write(self, session_id: str, step: Step, parts: Iterable[Any] = ()) -> None:
+        """One step, with the parts its request is made of (stored if new): one round trip."""
+        record, stored = self.keys.session_record(session_id), self.keys.session_record_parts(session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for part in parts:
+                pipe.hsetnx(stored, digest(part), canonical(part))
+            pipe.xadd(record, {"e": step.model_dump_json()})
+            pipe.expire(record, self.keep_s)
+            pipe.expire(stored, self.keep_s)
+            await pipe.execute()
+
+    async def model_call(self, session_id: str, message_id: str, *, messages: list[dict[str, Any]],
+                         tools: list[dict[str, Any]], params: dict[str, Any], response: dict[str, Any]) -> None:
+        """A model request as sent (its messages and tools by digest) and what came back (or the error)."""
+        request = {"messages": [digest(m) for m in messages], "tools": digest(tools), **params}
+        step = Step(kind="model", message_id=message_id, data={"request": request, "response": response})
+        await self.write(session_id, step, [*messages, tools])
+
+    async def steps(self, session_id: str) -> list[Step]:
+        """The record in the order it happened (an entry that does not read is skipped, not fatal)."""
+        raw = await self.redis.xrange(self.keys.session_record(session_id))
+        found = []
+        for _, fields in raw:
+            try:
+                found.append(Step.model_validate_json(fields[b"e"]))
+            except (KeyError, ValidationError):
+                continue
+        return found
+
+    async def parts(self, session_id: str) -> dict[str, Any]:
+        stored = await self.redis.hgetall(self.keys.session_record_parts(session_id))
+        return {name.decode(): json.loads(value) for name, value in stored.items()}
+
+    async def request(self, session_id: str, step: Step) -> dict[str, Any]:
+        """A model step's request whole again: its messages and tools in place of their digests."""
+        parts = await self.parts(session_id)
+        return resolved(step, parts)
+
+    async def export(self, session_id: str) -> list[str]:
+        """The session's record as JSONL lines: a header, then each part before the first step that uses it."""
+        return list(export_lines(session_id, await self.steps(session_id), await self.parts(session_id)))
+
+    async def import_lines(self, session_id: str, lines: Iterable[str]) -> int:
+        """A record exported before, written as ``session_id``'s (replacing any record it had); its step count."""
+        steps, parts = read_lines(lines)
+        record, stored = self.keys.session_record(session_id), self.keys.session_record_parts(session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(record, stored)
+            for name, part in parts.items():
+                pipe.hset(stored, name, canonical(part))
+            for step in steps:
+                pipe.xadd(record, {"e": step.model_dump_json()})
+            pipe.expire(record, self.keep_s)
+            pipe.expire(stored, self.keep_s)
+            await pipe.execute()
+        return len(steps)
+
+
+def resolved(step: Step, parts: dict[str, Any]) -> dict[str, Any]:
+    request = dict(step.data.get("request") or {})
+    request["messages"] = [parts.get(name, {"missing": name}) for name in request.get("messages") or []]
+    request["tools"] = parts.get(str(request.get("tools")), [])
+    return request
+
+
+def export_lines(session_id: str, steps: list[Step], parts: dict[str, Any]) -> Iterator[str]:
+    yield canonical({"pincer_record": FORMAT, "session": session_id, "exported_at": now_ms(), "steps": len(steps)})
+    written: set[str] = set()
+    for step in steps:
+        request = step.data.get("request") or {}
+        for name in [*(request.get("messages") or []), *([request["tools"]] if "tools" in request else [])]:
+            if name not in written and name in parts:
+                written.add(name)
+                yield canonical({"part": name, "value": parts[name]})
+        yield canonical({"step": step.model_dump(mode="json")})
+
+
+def read_lines(lines: Iterable[str]) -> tuple[list[Step], dict[str, Any]]:
+    """Steps and parts from an export, each part checked against its digest."""
+    steps: list[Step] = []
+    parts: dict[str, Any] = {}
+    header = False
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise RecordError(f"line {number}: not JSON ({exc})") from None
+        if not isinstance(item, dict):
+            raise RecordError(f"line {number}: expected a JSON object")
+        if "pincer_record" in item:
+            if item["pincer_record"] != FORMAT:
+                raise RecordError(f"line {number}: record format {item['pincer_record']!r}; this Pincer reads "
+                                  f"format {FORMAT} (export it again with this release, or upgrade)")
+            header = True
+        elif not header:
+            raise RecordError(f"line {number}: a record export starts with its header line "
+                              "(made by `pincer record export`)")
+        elif "part" in item:
+            name = str(item["part"])
+            if digest(item.get("value")) != name:
+                raise RecordError(f"line {number}: part {name} does not match its content (the file was edited)")
+            parts[name] = item["value"]
+        elif "step" in item:
+            try:
+                steps.append(Step.model_validate(item["step"]))
+            except ValidationError as exc:
+                raise RecordError(f"line {number}: not a step ({exc.errors()[0]['msg']})") from None
+        else:
+            raise RecordError(f"line {number}: neither a part nor a step")
+    if not header:
+        raise RecordError("empty: no header line (is it a `pincer record export` file?)")
+    return steps, parts

@@ -1,0 +1,66 @@
+"""The flight record end to end: real Gateway, Brain and Hands processes, litellm's real HTTP path to the
+scripted model, and the `pincer record` command reading, exporting and importing what they recorded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import Processes, gateway_client, stack_healthy, wait_until
+from tests.scripted_llm import ScriptedLLM
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_tool_turn_is_recorded_shown_exported_imported_and_replayed(
+        processes: Processes, pincer_env: dict[str, str], scripted_llm: ScriptedLLM) -> None:
+    (processes.tmp_path / "workspace" / "notes.txt").write_text("recorded\n")
+    for role in ("gateway", "brain", "hands"):
+        processes.start(role, name=role)
+    wait_until(lambda: stack_healthy(processes.env), timeout=60, what="a healthy stack")
+    with gateway_client(processes.env) as client:
+        reply = client.post("/v1/sessions/flight/messages", json={"text": 'CALL read_file {"path": "notes.txt"}'})
+    assert reply.status_code == 200 and "recorded" in reply.json()["text"]
+
+    shown = processes.run("record", "show", "flight", "--json")
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)
+    assert [r["kind"] for r in rows] == ["turn", "model", "tool", "model"]
+    first, second = rows[1], rows[3]
+    assert first["finish_reason"] == "tool_calls" and second["finish_reason"] == "stop"
+    assert first["prompt_tokens"] == 11 and not first["cached_tokens"] and second["cached_tokens"] == 8
+    assert first["first_token_ms"] is not None and first["total_ms"] >= first["first_token_ms"]
+    assert rows[2]["detail"] == "read_file: ok" and rows[2]["worker"]
+    table = processes.run("record", "show", "flight")
+    assert table.returncode == 0 and "2 model calls, 22 prompt tokens (36% from the provider's cache)" in table.stdout
+
+    exported = processes.tmp_path / "flight.jsonl"
+    assert processes.run("record", "export", "flight", "-o", str(exported)).returncode == 0
+    lines = exported.read_text().splitlines()
+    assert json.loads(lines[0])["session"] == "owner/flight"
+    again = processes.run("record", "import", str(exported))
+    assert again.returncode == 1 and "has a record already" in again.stderr  # nothing overwritten unasked
+    copied = processes.run("record", "import", str(exported), "--session", "copy")
+    assert copied.returncode == 0 and "4 steps imported as owner/copy" in copied.stdout
+    assert json.loads(processes.run("record", "show", "copy", "--json").stdout) == rows
+
+    asked = len(scripted_llm.requests)
+    replayed = processes.run("replay", "flight", "--json")
+    assert replayed.returncode == 0, replayed.stderr
+    report = json.loads(replayed.stdout)
+    assert report["model_calls_matched"] == 2 and report["diverged"] is None and report["turns"][0]["same"]
+    from_file = processes.run("replay", str(exported))
+    assert from_file.returncode == 0 and "no provider was asked, no tool ran" in from_file.stdout
+    assert len(scripted_llm.requests) == asked  # a replay spends nothing
+    verse = {"PINCER_BRAIN__INSTRUCTIONS": "Answer in verse."}
+    changed = processes.run("replay", "flight", extra_env=verse)
+    assert changed.returncode == 3, changed.stderr
+    assert "Diverged at turn 1, model call 1" in changed.stdout and "+    Answer in verse." in changed.stdout
+    assert len(scripted_llm.requests) == asked
+
+    exported.write_text(exported.read_text().replace("recorded", "RECORDED"))  # an edited part
+    edited = processes.run("record", "import", str(exported), "--session", "edited")
+    assert edited.returncode == 2 and "does not match its content" in edited.stderr
+    missing = processes.run("record", "show", "nothing-here")
+    assert missing.returncode == 1 and "has no flight record" in missing.stderr
