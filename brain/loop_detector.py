@@ -4,7 +4,7 @@ Detectors (each counts over the turn's tool calls):
 - **repeat**: the same tool with the same arguments and the same result; a
   call whose result changes (a poll that sees new output) is progress. Clock
   fields (``runtime_ms``, ``elapsed_ms``, ...) do not count as a change, so
-  polling a job that prints nothing new is a repeat.
+  polling a background process that prints nothing new is a repeat.
 - **ping-pong**: two calls alternating (A, B, A, B, ...) with unchanged results.
 - **unknown tool**: calls to tools that do not exist.
 At ``warn_at`` the model is told, in the tool result it reads; at ``stop_at``

@@ -7,11 +7,13 @@ the package (``bus/default_config.yaml``, the project's ``config.yaml``). Any ke
 can be overridden as ``PINCER_<SECTION>__<KEY>``
 (nested keys joined by ``__``); values are text that the section model
 converts (``PINCER_HANDS__CONCURRENCY=4`` is the number 4); lists are
-written in YAML flow style (``'[a, b]'``).
+written in YAML flow style (``'[a, b]'``). A key renamed since (``RENAMED``)
+is still read under its old name, in the file or the environment, with a warning.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import typing
@@ -46,6 +48,14 @@ SHORTCUTS: dict[str, tuple[str, ...]] = {
 
 # Settings that hold a credential though their type does not say so (a URL may carry a password).
 CREDENTIAL_KEYS: frozenset[tuple[str, ...]] = frozenset({("redis", "url")})
+
+# Keys with a new name, old -> new: the old one is still read, as the new one, with a warning.
+RENAMED: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("hands", "jobs"): ("hands", "background"),  # "job" meant a schedule too
+}
+
+log = logging.getLogger("bus.config")
+_warned: set[str] = set()  # each warning once a process, however often it loads its configuration
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -220,14 +230,63 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     raw: dict[str, Any] = {}
     if source is not None:
         raw = _read_yaml(source)
+        _rename_in_file(raw, f"config {source}")
+    overrides: list[tuple[tuple[str, ...], Any]] = []
     for key, value in env.items():
         if key in SHORTCUTS:
-            _set(raw, SHORTCUTS[key], _scalar(value))
+            overrides.append((SHORTCUTS[key], _scalar(value)))
         elif key.startswith(ENV_PREFIX) and "__" in key:
             parts = tuple(p.lower() for p in key[len(ENV_PREFIX):].split("__"))
             if all(parts):
-                _set(raw, parts, _scalar(value))
+                overrides.append((parts, _scalar(value)))
+    # Renamed on their own, so a variable of either name overrides the file's key of either name.
+    for where, value in _rename_in_environment(overrides):
+        _set(raw, where, value)
     return Config(raw=raw, source=source)
+
+
+def _rename_in_file(raw: dict[str, Any], where: str) -> None:
+    """Move each old key of the file to its new name; a file that gives both names is refused."""
+    for old, new in RENAMED.items():
+        holder = _holder(raw, old)
+        if holder is None or old[-1] not in holder:
+            continue
+        old_key, new_key = ".".join(old), ".".join(new)
+        target = _holder(raw, new)
+        if target is not None and new[-1] in target:
+            raise ConfigError(f"{where}: both {old_key} and {new_key} are given; {old_key} is the old name of "
+                              f"{new_key}: keep only {new_key}")
+        _deprecated(f"{where}: {old_key} is the old name of {new_key}, read as {new_key} for now: rename it")
+        _set(raw, new, holder.pop(old[-1]))
+
+
+def _rename_in_environment(overrides: list[tuple[tuple[str, ...], Any]]) -> list[tuple[tuple[str, ...], Any]]:
+    """The environment's settings with each old key under its new name; setting both names is refused."""
+    for old, new in RENAMED.items():
+        if not any(path[:len(old)] == old for path, _ in overrides):
+            continue
+        old_name, new_name = (ENV_PREFIX + "__".join(p.upper() for p in path) for path in (old, new))
+        if any(path[:len(new)] == new for path, _ in overrides):
+            raise ConfigError(f"the environment sets both {old_name}__<KEY> and {new_name}__<KEY>; {old_name} is "
+                              f"the old name of {new_name}: set only {new_name}__<KEY>")
+        _deprecated(f"{old_name}__<KEY> is the old name of {new_name}__<KEY>, read as the new one for now: "
+                    "rename the variables")
+        overrides = [(new + path[len(old):] if path[:len(old)] == old else path, value) for path, value in overrides]
+    return overrides
+
+
+def _holder(raw: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any] | None:
+    """The mapping that would hold ``path``'s last key, if ``raw`` has it."""
+    node: Any = raw
+    for part in path[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else None
+
+
+def _deprecated(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 def _find_file(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:

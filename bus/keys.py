@@ -130,9 +130,9 @@ class Keys:
         log (the log's slot, as ``memory_log_notes``)."""
         return f"{self.prefix}{{{self.memory_log}}}:session:{session_id}"
 
-    def job(self, job_id: str) -> str:
-        """Hash describing a background job: owner worker, status, exit code, output tail."""
-        return f"{self.prefix}job:{job_id}"
+    def hands_process(self, process_id: str) -> str:
+        """Hash describing a background process: owner worker, status, exit code, output tail."""
+        return f"{self.prefix}hands:process:{process_id}"
 
     def session_events(self, session_id: str) -> str:
         """A session's live events (a capped stream): what any Gateway serves over SSE and WebSocket."""
@@ -154,8 +154,9 @@ class Keys:
         """The tools an MCP server listed last (JSON), for workers that do not run it (stateful, lazy)."""
         return f"{self.prefix}mcp:{server}:tools"
 
-    def session_jobs(self, session_id: str) -> str:
-        return f"{self.prefix}session:{{{session_id}}}:jobs"
+    def session_processes(self, session_id: str) -> str:
+        """Set of the ids of a session's background processes (``hands_process``)."""
+        return f"{self.prefix}session:{{{session_id}}}:processes"
 
     def approval(self, approval_id: str) -> str:
         """Hash of a pending approval: where to send the decision, what it is for, when it expires."""

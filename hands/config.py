@@ -153,12 +153,13 @@ def default_workspace() -> Path:
     return Path("/var/lib/pincer/workspace") if os.geteuid() == 0 else Path("~/.pincer/workspace")
 
 
-class JobSettings(Section):
-    """Commands that outlive their call (exec with background, or past yield_ms)."""
+class BackgroundSettings(Section):
+    """Background processes: commands that outlive their call (exec with background, or past yield_ms).
+    Named ``hands.jobs`` before; that key is still read (``bus.config.RENAMED``)."""
 
-    max_timeout_s: float = Field(default=3600.0, ge=1)  # longest a background job may run
-    keep_s: float = Field(default=1800.0, ge=1)  # how long a finished job stays listed
-    # Jobs running at once, per session and in a worker: past them a command stays in the
+    max_timeout_s: float = Field(default=3600.0, ge=1)  # longest a background process may run
+    keep_s: float = Field(default=1800.0, ge=1)  # how long a finished one stays listed
+    # Background processes at once, per session and in a worker: past them a command stays in the
     # foreground (it runs to its timeout) and background: true is refused.
     max_per_session: int = Field(default=4, ge=1)
     max_per_worker: int = Field(default=16, ge=1)
@@ -200,7 +201,7 @@ class McpServerSettings(Section):
     max_concurrency: int | None = Field(default=None, ge=1)  # calls at once to this server, from one worker
     idempotent: bool = False  # unknown side effects: never run twice unless the entry says so
     # One copy in the whole pool (a server that keeps state between calls): the worker holding its
-    # lease runs it, and the others send its calls there, as they do for a background job's.
+    # lease runs it, and the others send its calls there, as they do for a background process's.
     stateful: bool = False
     # Start at the first call, not with the worker (its tools come from the last list any worker saw).
     lazy: bool = False
@@ -267,7 +268,7 @@ class HandsSettings(Section):
     policy: PolicySettings = Field(default_factory=PolicySettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     web: WebSettings = Field(default_factory=WebSettings)
-    jobs: JobSettings = Field(default_factory=JobSettings)
+    background: BackgroundSettings = Field(default_factory=BackgroundSettings)
     exec: ExecSettings = Field(default_factory=ExecSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)

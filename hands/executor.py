@@ -45,7 +45,7 @@ from hands.timeouts import time_limit
 from hands.toolpolicy import ToolPolicy
 
 if TYPE_CHECKING:  # the worker's services, passed in (they import nothing of the executor)
-    from hands.seams import ApprovalAsking, JobKeeping, NoteKeeping, PoolGates, Sandboxing
+    from hands.seams import ApprovalAsking, BackgroundKeeping, NoteKeeping, PoolGates, Sandboxing
     from memory.jobs import JobStore
 
 log = logging.getLogger("hands.executor")
@@ -72,9 +72,9 @@ class _CallState:
 
 class Executor:
     def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str,
-                 memory: NoteKeeping | None = None, sandbox: Sandboxing | None = None, jobs: JobKeeping | None = None,
-                 approvals: ApprovalAsking | None = None, pool: PoolGates | None = None,
-                 progress: ProgressSink = _drop_progress, meter: Meter | None = None,
+                 memory: NoteKeeping | None = None, sandbox: Sandboxing | None = None,
+                 background: BackgroundKeeping | None = None, approvals: ApprovalAsking | None = None,
+                 pool: PoolGates | None = None, progress: ProgressSink = _drop_progress, meter: Meter | None = None,
                  schedules: JobStore | None = None) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
         # Resolved once, not per call; files it creates belong to the sandbox's uid.
@@ -84,7 +84,7 @@ class Executor:
         self.limiter = Limiter(settings.concurrency, settings.queue)
         self._retry_policy = settings.retry
         self.tool_policy = ToolPolicy(settings.tools)
-        self.memory, self.sandbox, self.jobs, self.progress = memory, sandbox, jobs, progress
+        self.memory, self.sandbox, self.background, self.progress = memory, sandbox, background, progress
         self.schedules = schedules
         self.meter = meter or Meter()  # what /metrics shows of this worker's calls (sent with its heartbeat)
         self.approvals = approvals
@@ -243,7 +243,7 @@ class Executor:
                            memory=None if self.memory is None else CallersNotes(
                                self.memory, owner=call.sender, turn=call.message_id or "",
                                may_share=call.sender in self.settings.tools.owners),
-                           sandbox=self.sandbox, policy=self.policy, jobs=self.jobs,
+                           sandbox=self.sandbox, policy=self.policy, background=self.background,
                            approvals=self.approvals, call=call, send_progress=self._progress_sender(call),
                            schedules=self.schedules)
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the services a handler may use, as Protocols (hands/seams.p
     from bus.protocol import ToolExecute
     from hands.notes import CallersNotes
     from hands.permissions import PermissionPolicy
-    from hands.seams import ApprovalAsking, JobKeeping, Sandboxing
+    from hands.seams import ApprovalAsking, BackgroundKeeping, Sandboxing
     from memory.jobs import JobStore
 
 class Category(StrEnum):
@@ -70,7 +70,7 @@ class ToolContext:
     memory: CallersNotes | None = None  # the sender's notes (and the shared ones), when the worker has them
     sandbox: Sandboxing | None = None  # for tools that run commands
     policy: PermissionPolicy | None = None  # for tools that check each target themselves
-    jobs: JobKeeping | None = None  # for commands that outlive their call
+    background: BackgroundKeeping | None = None  # for commands that outlive their call
     schedules: JobStore | None = None  # the scheduled jobs (the schedule tool)
     approvals: ApprovalAsking | None = None  # for commands that may need a person's yes
     call: ToolExecute | None = None  # the tool:execute being served

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     from bus.protocol import ToolExecute
     from bus.workspace import Shared
-    from hands.jobs import Job
+    from hands.background import BackgroundProcess
     from hands.sandbox.runner import Extras, Running, RunResult
 
 Notes = list[dict[str, Any]]  # a method named list would shadow the builtin in the annotations below
@@ -60,13 +60,14 @@ class PoolGates(Protocol):
     def slot(self, gate_names: list[str]) -> AbstractAsyncContextManager[None]: ...
 
 
-class JobKeeping(Protocol):
-    """Commands that outlive their call (``hands.jobs.JobManager``)."""
+class BackgroundKeeping(Protocol):
+    """Commands that outlive their call (``hands.background.BackgroundProcesses``)."""
 
-    jobs: dict[str, Job]
+    processes: dict[str, BackgroundProcess]
 
     def room_for(self, session_id: str) -> str | None: ...
-    async def adopt(self, running: Running, *, session_id: str, command: str, timeout_s: float) -> Job: ...
-    def local(self, job_id: str, *, session_id: str | None = None) -> Job: ...
-    async def owner(self, job_id: str) -> str | None: ...
+    async def adopt(self, running: Running, *, session_id: str, command: str,
+                    timeout_s: float) -> BackgroundProcess: ...
+    def local(self, process_id: str, *, session_id: str | None = None) -> BackgroundProcess: ...
+    async def owner(self, process_id: str) -> str | None: ...
     async def listing(self, session_id: str) -> Notes: ...

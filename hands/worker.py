@@ -34,11 +34,11 @@ from bus.replies import ReplyInbox
 from bus.streams import Bus
 from bus.workspace import Workspace
 from hands.approvals import ApprovalGate
+from hands.background import BackgroundProcesses
 from hands.call_records import CallRecords
 from hands.config import HandsSettings
 from hands.errors import ToolFailure
 from hands.executor import Executor
-from hands.jobs import JobManager
 from hands.lanes import GiveBack, Lanes, Park, Run, Ungated, Unrun
 from hands.mcp.servers import McpServers
 from hands.permissions import PermissionPolicy
@@ -75,9 +75,10 @@ class HandsWorker:
         self.registry, self.skills = load_registry(settings)
         self.meter = Meter()
         self.sandbox = Sandbox(settings.sandbox, Workspace(settings.workspace).root, meter=self.meter)
-        self.jobs = JobManager(bus.redis, bus.keys, worker_id=worker_id, keep_s=settings.jobs.keep_s,
-                               max_per_session=settings.jobs.max_per_session,
-                               max_per_worker=settings.jobs.max_per_worker)
+        self.background = BackgroundProcesses(bus.redis, bus.keys, worker_id=worker_id,
+                                              keep_s=settings.background.keep_s,
+                                              max_per_session=settings.background.max_per_session,
+                                              max_per_worker=settings.background.max_per_worker)
         self.inbox = ReplyInbox(bus, worker_id)  # answers this worker waits for (approval decisions)
         self.control = BroadcastReader(bus, bus.keys.hands_control, self._on_control)
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
@@ -87,8 +88,8 @@ class HandsWorker:
         approvals = ApprovalGate(settings.exec, bus=bus, inbox=self.inbox)
         self.recall = Recall(bus.redis, bus.keys)  # memory search's index, kept up to date in the background
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
-        self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox, jobs=self.jobs,
-                                 approvals=approvals, pool=self.pool,
+        self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox,
+                                 background=self.background, approvals=approvals, pool=self.pool,
                                  memory=LongTermMemory(bus.redis, bus.keys, recall=self.recall),
                                  progress=self._progress, meter=self.meter, schedules=JobStore(bus))
         self.mcp = McpServers(settings.mcp, self.registry, self.sandbox, bus=bus, worker_id=worker_id,
@@ -187,8 +188,8 @@ class HandsWorker:
     async def _handle_call(self, call: ToolExecute, stream: str) -> Sequence[Reply]:
         owner = None
         if stream != self.bus.keys.hands_worker(self.worker_id):  # handed to us: never handed on
-            owner = await self._job_owner(call) if call.tool == "process" else self.mcp.owner_elsewhere(call.tool)
-        if owner is not None:  # the job, or the stateful MCP server, runs elsewhere: its owner answers
+            owner = await self._process_owner(call) if call.tool == "process" else self.mcp.owner_elsewhere(call.tool)
+        if owner is not None:  # the background process (or stateful MCP server) runs elsewhere: its owner answers
             await self.bus.publish(self.bus.keys.hands_worker(owner), call)
             return []
         return [(call.reply_to, await self._execute(call))]
@@ -249,12 +250,12 @@ class HandsWorker:
             log.info("cancelling call %s: %s", message.call_id, message.reason)
             task.cancel()
 
-    async def _job_owner(self, call: ToolExecute) -> str | None:
-        """The live worker that owns the job a ``process`` call names, when it is not this one."""
-        job_id = call.args.get("job_id")
-        if not isinstance(job_id, str) or job_id in self.jobs.jobs:
+    async def _process_owner(self, call: ToolExecute) -> str | None:
+        """The live worker that owns the background process a ``process`` call names, when it is not this one."""
+        process_id = call.args.get("process_id")
+        if not isinstance(process_id, str) or process_id in self.background.processes:
             return None
-        owner = await self.jobs.owner(job_id)
+        owner = await self.background.owner(process_id)
         if owner is None or owner == self.worker_id or owner not in await alive(self.bus, "hands"):
             return None  # unknown, ours, or lost: the tool itself says which
         return owner
@@ -272,7 +273,7 @@ class HandsWorker:
             await self.inbox.start()
             services.push_async_callback(self.inbox.close)
             services.push_async_callback(self.calls.close)
-            services.push_async_callback(self.jobs.stop_all)
+            services.push_async_callback(self.background.stop_all)
             await self.pool.start()
             services.push_async_callback(self.pool.close)
             await self.reaper.start()

@@ -116,7 +116,7 @@ class RunCgroup:
                session_pids_max: int | None = None, delegated: Path | None = None) -> RunCgroup | None:
         """New cgroups for one command of ``session``: cgroup2 with ``cgroup.kill`` (and the memory and pids
         caps where those controllers reach it), plus a v1 pids cgroup when only v1 offers that controller.
-        rlimits cap each process alone; these cap the tree and the session (a forking job could hold many
+        rlimits cap each process alone; these cap the tree and the session (a forking command could hold many
         times as much). Not as root, only under ``delegated``."""
         name, group = uuid.uuid4().hex[:12], session_key(session)
         caps = _Caps(memory_mb=memory_mb, pids_max=pids_max, session_pids_max=session_pids_max or pids_max)

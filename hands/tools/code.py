@@ -15,6 +15,7 @@ from hands.sandbox.runner import Running, SandboxUnavailable
 _PERMS = Permissions(filesystem_read=["{workspace}/**"], filesystem_write=["{workspace}/**"], execute=["*"])
 _TIMEOUT = {"type": "number", "minimum": 1, "maximum": 86_400,
             "description": "Seconds before it is killed with everything it started (default 30)"}
+_NO_BACKGROUND = "this worker keeps no background processes"
 
 
 async def run_command(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -46,14 +47,16 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
     with ctx.workspace.open_dir(workdir):  # exists, beneath the workspace, no links on the way
         relative = "/".join(ctx.workspace.parts(workdir))
     env = sandbox_env(args.get("env"))
-    timeout = min(float(args.get("timeout", ctx.settings.sandbox.default_timeout_s)), ctx.settings.jobs.max_timeout_s)
+    timeout = min(float(args.get("timeout", ctx.settings.sandbox.default_timeout_s)),
+                  ctx.settings.background.max_timeout_s)
     if ctx.sandbox is None:
         raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "this worker has no sandbox to run commands in",
                           retryable=False)
-    full = ctx.jobs.room_for(ctx.session_id) if ctx.jobs is not None else "this worker keeps no jobs"
+    background = ctx.background
+    full = background.room_for(ctx.session_id) if background is not None else _NO_BACKGROUND
     if args.get("background") and full:
-        raise ToolFailure(ErrorCode.RESOURCE_EXHAUSTED, f"cannot start a background job: {full}",
-                          suggestions=["kill a job you no longer need (process list, process kill)",
+        raise ToolFailure(ErrorCode.RESOURCE_EXHAUSTED, f"cannot start a background process: {full}",
+                          suggestions=["kill a background process you no longer need (process list, process kill)",
                                        "or run the command in the foreground"])
     try:
         running: Running = await ctx.sandbox.start(argv, workdir=relative, env=env, session=ctx.session_id,
@@ -65,19 +68,21 @@ async def _run(argv: list[str], args: dict[str, Any], ctx: ToolContext) -> dict[
     adopted = False
     try:
         if not args.get("background") and running.process.stdin is not None:
-            running.process.stdin.close()  # only background jobs take input (process write)
+            running.process.stdin.close()  # only background processes take input (process write)
         yield_s = 0.0 if args.get("background") else args.get("yield_ms", 10_000) / 1000
         if not await running.wait(min(yield_s, timeout)) and yield_s < timeout:
             running.timed_out = False  # it yielded, it did not time out
-            if ctx.jobs is None or ctx.jobs.room_for(ctx.session_id):  # no room for a job: it runs in the foreground
+            if background is None or background.room_for(ctx.session_id):  # no room: it runs in the foreground
                 await running.wait(timeout - yield_s)
                 return _exited(running.result(), timeout)
-            job = await ctx.jobs.adopt(running, session_id=ctx.session_id, command=" ".join(argv), timeout_s=timeout)
+            proc = await background.adopt(running, session_id=ctx.session_id, command=" ".join(argv),
+                                          timeout_s=timeout)
             adopted = True
-            job.polled_out, job.polled_err = running.out.total, running.err.total
-            return {"status": "running", "job_id": job.id, "stdout": running.out.text(),
+            proc.polled_out, proc.polled_err = running.out.total, running.err.total
+            return {"status": "running", "process_id": proc.id, "stdout": running.out.text(),
                     "stderr": running.err.text(), "sandbox": running.tier,
-                    "note": f"still running; use the process tool with job_id {job.id!r} (poll, log, write, kill)"}
+                    "note": f"still running in the background; use the process tool with process_id {proc.id!r} "
+                            "(poll, log, write, kill)"}
     finally:
         if not adopted:
             await running.stop()
@@ -100,49 +105,53 @@ def _exited(result: Any, timeout: float) -> dict[str, Any]:
 
 
 async def process(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    """Manage background jobs: list, poll, log, write, kill."""
+    """Manage background processes: list, poll, log, write, kill."""
     action = args["action"]
-    if ctx.jobs is None:
-        raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, "this worker keeps no jobs", retryable=False)
+    background = ctx.background
+    if background is None:
+        raise ToolFailure(ErrorCode.SERVICE_UNAVAILABLE, _NO_BACKGROUND, retryable=False)
     if action == "list":
-        return {"jobs": await ctx.jobs.listing(ctx.session_id)}
-    if "job_id" not in args:
-        raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"process {action} needs a job_id")
-    job_id = args["job_id"]
-    if job_id not in ctx.jobs.jobs:
-        owner = await ctx.jobs.owner(job_id)
+        return {"processes": await background.listing(ctx.session_id)}
+    if "process_id" not in args:
+        raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"process {action} needs a process_id")
+    process_id = args["process_id"]
+    if process_id not in background.processes:
+        owner = await background.owner(process_id)
         if owner is None:
-            raise ToolFailure(ErrorCode.FILE_NOT_FOUND, f"no job {job_id!r} (finished jobs are pruned after a while)",
-                              suggestions=["process list shows the jobs of this session"])
-        raise ToolFailure(ErrorCode.WORKER_LOST, f"job {job_id!r} ran on worker {owner}, which is gone; its process "
-                          "and output are lost", suggestions=["start the command again"], retryable=False)
-    job = ctx.jobs.local(job_id, session_id=ctx.session_id)  # only the session's own jobs
-    running = job.running
+            raise ToolFailure(ErrorCode.FILE_NOT_FOUND,
+                              f"no background process {process_id!r} (finished ones are pruned after a while)",
+                              suggestions=["process list shows the background processes of this session"])
+        raise ToolFailure(ErrorCode.WORKER_LOST,
+                          f"background process {process_id!r} ran on worker {owner}, which is gone; the process and "
+                          "its output are lost", suggestions=["start the command again"], retryable=False)
+    proc = background.local(process_id, session_id=ctx.session_id)  # only the session's own
+    running = proc.running
     if action == "poll":
         wait = float(args.get("wait_s", 0))
         deadline = asyncio.get_running_loop().time() + wait
         # The output buffers notify no one: a 50 ms poll, for at most wait_s.
-        while (wait and not running.done and running.out.total == job.polled_out  # noqa: ASYNC110
-               and running.err.total == job.polled_err and asyncio.get_running_loop().time() < deadline):
+        while (wait and not running.done and running.out.total == proc.polled_out  # noqa: ASYNC110
+               and running.err.total == proc.polled_err and asyncio.get_running_loop().time() < deadline):
             await asyncio.sleep(0.05)
         if running.done:
             await running.stop()  # collect the last output
-        stdout, job.polled_out = running.out.since(job.polled_out)
-        stderr, job.polled_err = running.err.since(job.polled_err)
-        return {**job.summary(), "stdout": stdout, "stderr": stderr}
+        stdout, proc.polled_out = running.out.since(proc.polled_out)
+        stderr, proc.polled_err = running.err.since(proc.polled_err)
+        return {**proc.summary(), "stdout": stdout, "stderr": stderr}
     if action == "log":
         lines = int(args.get("lines", 50))
-        return {**job.summary(), "stdout": "\n".join(running.out.text().splitlines()[-lines:]),
+        return {**proc.summary(), "stdout": "\n".join(running.out.text().splitlines()[-lines:]),
                 "stderr": "\n".join(running.err.text().splitlines()[-lines:])}
     if action == "write":
         try:
             await running.write(args.get("data", "").encode(), close=bool(args.get("eof")))
         except (BrokenPipeError, ConnectionResetError):
-            raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"job {job_id!r} no longer reads its input") from None
-        return {**job.summary(), "written": len(args.get("data", "").encode())}
+            raise ToolFailure(ErrorCode.INVALID_ARGUMENTS,
+                              f"background process {process_id!r} no longer reads its input") from None
+        return {**proc.summary(), "written": len(args.get("data", "").encode())}
     if action == "kill":
         await running.stop()
-        return job.summary()
+        return proc.summary()
     raise AssertionError(action)  # the schema allows no other action
 
 
@@ -172,9 +181,9 @@ _EXEC_PARAMS = {
             "type": "integer",
             "minimum": 0,
             "maximum": 120_000,
-            "description": "Return with a job id if still running after this long (default 10000)",
+            "description": "Return with a process_id if it still runs after this long (default 10000)",
         },
-        "background": {"type": "boolean", "description": "Start it and return a job id at once"},
+        "background": {"type": "boolean", "description": "Start it in the background, return a process_id at once"},
     },
     "additionalProperties": False,
 }
@@ -198,11 +207,11 @@ CODE_TOOLS = [
     ),
     ToolDefinition(
         name="process",
-        description="Manage background jobs started by exec: list, poll (new output since the last poll; "
+        description="Manage background processes started by exec: list, poll (new output since the last poll; "
                     "wait_s up to 30 waits for output or exit), log (last lines), write (to stdin), kill.",
         parameters={"type": "object", "properties": {
             "action": {"type": "string", "enum": ["list", "poll", "log", "write", "kill"]},
-            "job_id": {"type": "string", "pattern": "^job-[0-9a-f]{10}$"},
+            "process_id": {"type": "string", "pattern": "^proc-[0-9a-f]{10}$"},
             "wait_s": {"type": "number", "minimum": 0, "maximum": 30},
             "lines": {"type": "integer", "minimum": 1, "maximum": 10_000},
             "data": {"type": "string", "maxLength": 1_000_000},

@@ -151,20 +151,20 @@ async def test_over_http_a_token_is_needed_and_names_the_sender(bus: Bus, proces
                 read = await session.call_tool("read_file", {"path": "notes.txt"})
                 assert not read.is_error and "served over HTTP" in read.content[0].text
 
-        # Each token has a session of its own: alice's background job is not bob's to list.
+        # Each token has a session of its own: alice's background process is not bob's to list.
         client, transport = await session_of("alice")
         async with client, transport as (read, write), ClientSession(read, write) as session:
             await session.initialize()
             started = await session.call_tool("exec", {"command": "sleep 30", "background": True})
             assert not started.is_error, started.content[0].text
-            job = json.loads(started.content[0].text)["job_id"]
+            process_id = json.loads(started.content[0].text)["process_id"]
             mine = await session.call_tool("process", {"action": "list"})
-            assert job in mine.content[0].text
+            assert process_id in mine.content[0].text
         client, transport = await session_of("bob")
         async with client, transport as (read, write), ClientSession(read, write) as session:
             await session.initialize()
             theirs = await session.call_tool("process", {"action": "list"})
-            assert not theirs.is_error and job not in theirs.content[0].text
+            assert not theirs.is_error and process_id not in theirs.content[0].text
             # ... and its own limits: 4 calls a minute in a burst of 4 (one read, one list so far)
             outcomes = [json.loads(r.content[0].text).get("error") if r.is_error else "ok"
                         for r in [await session.call_tool("read_file", {"path": "notes.txt"}) for _ in range(3)]]

@@ -137,6 +137,36 @@ def test_bad_values_name_the_key_and_how_to_fix_it(tmp_path: Path, text: str, en
     assert "PINCER_" in str(info.value)  # says how to override it
 
 
+def test_hands_jobs_is_still_read_as_hands_background(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("bus.config._warned", set())
+    old_file = _write(tmp_path, "hands:\n  jobs:\n    keep_s: 60\n    max_per_session: 2\n")
+    for _ in range(2):  # a process may load its config more than once: one warning
+        background = load_config(old_file, env={}).section("hands", HandsSettings).background
+        assert (background.keep_s, background.max_per_session) == (60, 2)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"config {old_file}: hands.jobs is the old name of hands.background, read as hands.background for now: "
+        "rename it"]
+    # The old variables over the shipped file (which says background:), and either name over the other's file.
+    old_env = {"PINCER_HANDS__JOBS__MAX_PER_WORKER": "3"}
+    assert load_config(DEFAULT_CONFIG, env=old_env).section("hands", HandsSettings).background.max_per_worker == 3
+    assert "PINCER_HANDS__BACKGROUND__<KEY>" in caplog.records[-1].getMessage()
+    new_env = {"PINCER_HANDS__BACKGROUND__KEEP_S": "90"}
+    background = load_config(old_file, env=new_env).section("hands", HandsSettings).background
+    assert (background.keep_s, background.max_per_session) == (90, 2)
+
+
+def test_hands_jobs_and_hands_background_at_once_are_refused(tmp_path: Path) -> None:
+    both = _write(tmp_path, "hands:\n  jobs:\n    keep_s: 60\n  background:\n    keep_s: 90\n")
+    with pytest.raises(ConfigError, match=r"both hands\.jobs and hands\.background are given; .* keep only "
+                                          r"hands\.background"):
+        load_config(both, env={})
+    env = {"PINCER_HANDS__JOBS__KEEP_S": "60", "PINCER_HANDS__BACKGROUND__MAX_PER_WORKER": "3"}
+    with pytest.raises(ConfigError, match="the environment sets both PINCER_HANDS__JOBS__<KEY> and "
+                                          "PINCER_HANDS__BACKGROUND__<KEY>"):
+        load_config(DEFAULT_CONFIG, env=env)
+
+
 def test_broken_yaml_says_where(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"not valid YAML at line 3, column 1"):
         load_config(_write(tmp_path, "gateway:\n  port: [1,\n"), env={})

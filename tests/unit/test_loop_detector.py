@@ -32,9 +32,9 @@ def test_a_poll_that_sees_new_output_is_progress() -> None:
     assert set(run(LoopDetector(), steps)) == {"."}
 
 
-def test_polling_a_job_that_prints_nothing_new_is_a_repeat() -> None:
-    poll = call("process", '{"action": "poll", "job_id": "j1"}')
-    steps = [(poll, ok({"job_id": "j1", "status": "running", "stdout": "", "runtime_ms": 1000 * n}))
+def test_polling_a_background_process_that_prints_nothing_new_is_a_repeat() -> None:
+    poll = call("process", '{"action": "poll", "process_id": "p1"}')
+    steps = [(poll, ok({"process_id": "p1", "status": "running", "stdout": "", "runtime_ms": 1000 * n}))
              for n in range(5)]
     assert run(LoopDetector(), steps) == [".", ".", "warn", ".", "stop"]
 
