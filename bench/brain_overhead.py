@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bus_roundtrip import bench_env, one_call, wait_for_workers  # noqa: E402
-from brain.config import BrainSettings  # noqa: E402
+from brain.config import BrainSettings, RecordSettings  # noqa: E402
 from brain.llm import Completion, ToolCall  # noqa: E402
 from brain.worker import BrainWorker  # noqa: E402
 from bus.config import RedisSettings  # noqa: E402
@@ -54,12 +54,13 @@ class InstantLLM:
         return Completion(text="done", model="instant")
 
 
-async def measure(url: str, *, iterations: int, turns: int, sequential: int) -> dict[str, float]:
+async def measure(url: str, *, iterations: int, turns: int, sequential: int, record: bool = True) -> dict[str, float]:
     bus = Bus.from_settings(RedisSettings(), url)
     inbox = ReplyInbox(bus, "bench-client", block_ms=1000)
     await inbox.start()
     brain = BrainWorker(bus, BrainSettings(max_iterations=iterations + 1, loop_warn_at=0, loop_stop_at=0,
-                                           max_tool_calls=10_000), instance_id="bench-brain",
+                                           max_tool_calls=10_000, record=RecordSettings(enabled=record)),
+                        instance_id="bench-brain",
                         llm=InstantLLM(iterations))
     stop = asyncio.Event()
     running = asyncio.create_task(brain.run(stop))
@@ -92,6 +93,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20, help="tool calls per turn")
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--sequential", type=int, default=500)
+    parser.add_argument("--no-record", action="store_true", help="brain.record.enabled off (the flight recorder)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         redis = EmbeddedRedis(Path(tmp))
@@ -101,7 +103,8 @@ def main() -> None:
                                  stderr=subprocess.DEVNULL)
         try:
             asyncio.run(wait_for_workers(url, 1))
-            r = run_loop(measure(url, iterations=args.iterations, turns=args.turns, sequential=args.sequential))
+            r = run_loop(measure(url, iterations=args.iterations, turns=args.turns, sequential=args.sequential,
+                                 record=not args.no_record))
         finally:
             hands.terminate()
             hands.wait()

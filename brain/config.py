@@ -33,6 +33,8 @@ class PriceSettings(Section):
 
     input_per_mtok: float = Field(ge=0)
     output_per_mtok: float = Field(ge=0)
+    # Prompt tokens the provider read from its cache (reported as cached_tokens); None: at the input price.
+    cached_input_per_mtok: float | None = Field(default=None, ge=0)
 
 
 class LimitSettings(Section):

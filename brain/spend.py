@@ -129,10 +129,15 @@ class BudgetExceeded(PincerError):
 class Price:
     input_per_mtok: float
     output_per_mtok: float
+    cached_per_mtok: float | None = None  # prompt tokens read from the provider's cache (None: as input)
 
-    def micro(self, prompt_tokens: int, output_tokens: int) -> int:
-        """The cost of that many tokens, in micro-dollars (rounded up: a bound is never short)."""
-        return math.ceil(prompt_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok)
+    def micro(self, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> int:
+        """The cost of that many tokens, in micro-dollars (rounded up: a bound is never short). ``cached_tokens``
+        are of the prompt's, priced at the cached rate."""
+        cached = min(max(cached_tokens, 0), prompt_tokens)
+        rate = self.input_per_mtok if self.cached_per_mtok is None else self.cached_per_mtok
+        return math.ceil((prompt_tokens - cached) * self.input_per_mtok + cached * rate
+                         + output_tokens * self.output_per_mtok)
 
 
 @dataclass(frozen=True)
@@ -200,7 +205,7 @@ class Governor:
         """The configured price, else litellm's table's; the local model is free; None: unknown."""
         configured = self.settings.prices.get(model)
         if configured is not None:
-            return Price(configured.input_per_mtok, configured.output_per_mtok)
+            return Price(configured.input_per_mtok, configured.output_per_mtok, configured.cached_input_per_mtok)
         if model == LOCAL or model.startswith("local/"):
             return Price(0.0, 0.0)
         return table_price(model)
@@ -299,7 +304,7 @@ class Governor:
         """One request's cost added to ``budgets`` (and hold ``hold_id`` released, '': none), in one script."""
         prompt, output = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
         price = self.price(model)
-        cost = price.micro(prompt, output) if price else 0
+        cost = price.micro(prompt, output, int(usage.get("cached_tokens") or 0)) if price else 0
         hold_id = hold_id or uuid.uuid4().hex  # no hold: the script finds none to release
         args: list[Any] = [cost, hold_id, model, prompt, output]
         for budget in budgets:
@@ -358,8 +363,10 @@ def table_price(model: str) -> Price | None:
     for name in (model, model.partition("/")[2]):
         info = table.get(name) if name else None
         if isinstance(info, dict) and info.get("input_cost_per_token") is not None:
+            cached = info.get("cache_read_input_token_cost")
             return Price(float(info["input_cost_per_token"]) * MICRO,
-                         float(info.get("output_cost_per_token") or 0) * MICRO)
+                         float(info.get("output_cost_per_token") or 0) * MICRO,
+                         float(cached) * MICRO if cached is not None else None)
     return None
 
 

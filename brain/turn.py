@@ -296,7 +296,7 @@ class Turn:
         self.used.model_calls += 1
         self.used.add_tokens(completion.usage)
         deps.meter.count("pincer_model_calls", completion.model)
-        for kind in ("prompt", "completion"):
+        for kind in ("prompt", "completion", "cached"):  # cached: of the prompt's, read from the provider's cache
             deps.meter.count("pincer_model_tokens", completion.model, kind,
                              value=completion.usage.get(f"{kind}_tokens") or 0)
         return completion

@@ -10,6 +10,8 @@
     ├── MalformedMessage       bus.codec         a stream entry that is not a Pincer message (also ValueError)
     ├── HandedOver             bus.consumer      another consumer took an entry over: it answers
     ├── NoteRefused            memory.longterm   a memory note past a limit; nothing stored (also ValueError)
+    ├── RecordError            memory.flight     a flight record export that cannot be read, and which line
+    ├── ForkRefused            memory.sessions   a fork that cannot be made as asked (no such message, name taken)
     ├── ToolFailure            hands.errors      a tool call failed: becomes its ToolError (the model reads it)
     ├── SandboxUnavailable     hands.sandbox.runner  no tier may run commands here, and why
     ├── SkillRefused           hands.skills      a skill that will not load, and why
@@ -19,6 +21,7 @@
     ├── LLMError               brain.llm         a model call failed: becomes the turn's ChatError
     ├── BudgetExceeded         brain.spend       a spend budget is used up: the call is not made
     ├── NoHandsAvailable       brain.catalog     no Hands worker answered the tool list
+    ├── Diverged               brain.replay      a replay's request differs from the recording, and it may not go live
     ├── Refused                gateway.turns.refusal  a request a door will not serve (an ErrorCode)
     ├── TokenError             gateway.tokens    a token cannot be made or revoked as asked
     ├── AlreadyRunning         gateway.runtime.daemon  another `pincer up` owns the data dir

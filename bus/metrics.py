@@ -38,7 +38,8 @@ METRICS = {m.name: m for m in (
     Metric("pincer_model_calls", "counter", "Model calls, by model", ("model",)),
     Metric("pincer_model_calls_estimated", "counter", "Model requests settled without the provider's usage "
            "(cancelled, timed out, broken off: at their prompt and what streamed), by model", ("model",)),
-    Metric("pincer_model_tokens", "counter", "Tokens used, by model and kind (prompt, completion)", ("model", "kind")),
+    Metric("pincer_model_tokens", "counter", "Tokens used, by model and kind (prompt, completion; cached: of the "
+           "prompt, read from the provider's cache)", ("model", "kind")),
     Metric("pincer_model_cost_usd", "counter", "Model cost in USD (brain.prices, else litellm's table), by model, "
            "agent and identity", ("model", "agent", "identity")),
     Metric("pincer_budget_refusals", "counter", "Model calls refused before they were made, by the budget reached",

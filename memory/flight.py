@@ -116,6 +116,25 @@ class FlightRecorder:
         return len(steps)
 
 
+    async def copy(self, source: str, target: str, message_ids: set[str]) -> int:
+        """The steps of these turns (and the parts they use) into ``target``'s record, lapsing when the
+        source's does: a fork's history."""
+        steps = [step for step in await self.steps(source) if step.message_id in message_ids]
+        if not steps:
+            return 0
+        parts = await self.parts(source)
+        used = {name for step in steps for name in _parts_of(step)}
+        left_ms = await self.redis.pttl(self.keys.session_record(source))
+        copier = FlightRecorder(self.redis, self.keys, keep_s=max(1, left_ms // 1000) if left_ms > 0 else self.keep_s)
+        await copier.import_lines(target, export_lines(target, steps, {k: v for k, v in parts.items() if k in used}))
+        return len(steps)
+
+
+def _parts_of(step: Step) -> list[str]:
+    request = step.data.get("request") or {}
+    return [*(request.get("messages") or []), *([request["tools"]] if "tools" in request else [])]
+
+
 def resolved(step: Step, parts: dict[str, Any]) -> dict[str, Any]:
     request = dict(step.data.get("request") or {})
     request["messages"] = [parts.get(name, {"missing": name}) for name in request.get("messages") or []]
@@ -127,8 +146,7 @@ def export_lines(session_id: str, steps: list[Step], parts: dict[str, Any]) -> I
     yield canonical({"pincer_record": FORMAT, "session": session_id, "exported_at": now_ms(), "steps": len(steps)})
     written: set[str] = set()
     for step in steps:
-        request = step.data.get("request") or {}
-        for name in [*(request.get("messages") or []), *([request["tools"]] if "tools" in request else [])]:
+        for name in _parts_of(step):
             if name not in written and name in parts:
                 written.add(name)
                 yield canonical({"part": name, "value": parts[name]})

@@ -8,11 +8,20 @@ from typing import Any, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import now_ms
 from bus.scripts import lua
 from bus.store import RedisStore
 from memory.log import MemoryLog, said
+
+
+class ForkRefused(PincerError):
+    """A fork that cannot be made as asked: says why (``taken``: the new session's name is in use)."""
+
+    def __init__(self, message: str, *, taken: bool = False) -> None:
+        super().__init__(message)
+        self.taken = taken
 
 
 class Marks(BaseModel):
@@ -180,6 +189,25 @@ class SessionStore:
             await self.redis.zrem(self.keys.sessions, *gone)
         return [i for n, i in enumerate(ids) if found[2 * n]
                 and (owner is None or (found[2 * n + 1] or b"").decode() == owner)]
+
+    async def fork(self, source: str, target: str, *, at: int) -> list[TranscriptEntry]:
+        """A new session holding ``source``'s first ``at`` messages and everything that answered them, owned
+        as ``source`` is; the entries copied. ``ForkRefused`` when ``at`` is out of range or ``target`` exists."""
+        entries = await self.load(source)
+        starts = [n for n, entry in enumerate(entries) if entry.role == "user"]
+        if not 1 <= at <= len(starts):
+            raise ForkRefused(f"the session has messages 1 to {len(starts)}; fork at one of them" if starts
+                              else "the session has no messages to fork from")
+        if await self.exists(target):
+            raise ForkRefused("a session of that name exists already: choose another name", taken=True)
+        kept = entries[:starts[at] if at < len(starts) else len(entries)]
+        owner = await self.redis.get(self.keys.session_owner(source))
+        if owner is not None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(self.keys.session_owner(target), owner, nx=True)
+                await pipe.execute()
+        await self.append(target, *kept)
+        return kept
 
     async def delete(self, session_id: str) -> None:
         """The session's transcript, events, flight record and state, and its words in the memory log."""

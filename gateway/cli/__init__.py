@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mcp": ("runtime:mcp", "MCP: `pincer mcp serve` offers the pool's tools to any MCP client"),
     "trace": ("trace:command", "a session's turns as timelines: model calls, tool calls, waits"),
     "record": ("record:command", "a session's flight record: show SESSION | export SESSION | import FILE"),
+    "fork": ("fork:command", "a new session from a session's first N messages, no model asked for them"),
     "replay": ("replay:command", "run a recorded session again through the current config, answered from its "
                                  "record: what changed, where it first shows"),
     "logs": ("runtime:logs", "read the logs `pincer up` writes (runtime.log_dir)"),

@@ -38,3 +38,9 @@ def chat_token(config: Config, settings: GatewaySettings) -> str | None:
     from gateway.tokens import read_owner_token
 
     return settings.static_token() or read_owner_token(Path(config.runtime.data_dir))
+
+
+def gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where a client command finds the Gateway, and the token it shows there."""
+    parser.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
+    parser.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bus.config import Config
+from gateway.cli.credentials import gateway_arguments
 
 ACTIONS = ("add", "list", "show", "pause", "resume", "rm", "run", "runs")
 
@@ -113,8 +114,7 @@ def _cron_arguments(parser: argparse.ArgumentParser) -> None:
                       "(its turns also count in its owner's and the pool's budgets)")
     parser.add_argument("--limit", type=int, default=50, help="runs: how many records (default 50)")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
-    parser.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")
+    gateway_arguments(parser)
 
 
 ARGUMENTS = {"cron": _cron_arguments}

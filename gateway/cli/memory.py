@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bus.config import Config
+from gateway.cli.credentials import gateway_arguments
 
 
 def command(args: argparse.Namespace, config: Config) -> int:
@@ -49,8 +50,7 @@ def _memory_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--owner", metavar="NAME", help="another identity's notes (an operator token)")
     parser.add_argument("--shared", action="store_true", help="the agent's shared notes (rm: an operator token)")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
-    parser.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")
+    gateway_arguments(parser)
 
 
 ARGUMENTS = {"memory": _memory_arguments}

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from bus.config import Config, ConfigError
+from gateway.cli.credentials import gateway_arguments
 
 
 def open_page(base_url: str, token: str | None, *, only_print: bool, data_dir: Path) -> int:
@@ -81,8 +82,7 @@ def command(args: argparse.Namespace, config: Config) -> int:
 
 def _open_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print", action="store_true", help="only print the link (for another machine's browser)")
-    parser.add_argument("--url", help="Gateway URL (default: from gateway.host/port)")
-    parser.add_argument("--token-file", metavar="FILE", help="read the Gateway token from FILE (as for `pincer chat`)")
+    gateway_arguments(parser)
 
 
 ARGUMENTS = {"open": _open_arguments}

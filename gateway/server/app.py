@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -58,12 +58,21 @@ from gateway.turns.events import parse_after
 from gateway.turns.limits import CallerLimits, Hold
 from gateway.turns.refusal import Refused, redis_away
 from gateway.turns.runner import SendMessage, Turn, TurnRunner
-from gateway.turns.session_names import ALL_OWNERS, path_of, shown_to
+from gateway.turns.session_names import ALL_OWNERS, SEPARATOR, check_session_name, owner_of, path_of, shown_to
+from memory.flight import FlightRecorder
 from memory.jobs import JobStore
 from memory.longterm import LongTermMemory
-from memory.sessions import SessionStore
+from memory.sessions import ForkRefused, SessionStore
 
+RECORD_KEEP_S = 30 * 86_400  # a fork's record when its source's has no expiry
 log = logging.getLogger("gateway.http")
+
+class Fork(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    at: int = Field(ge=1)  # the message (1 is the first) whose answer the new session ends with
+    name: str
+
 
 class Decide(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -121,6 +130,7 @@ class Gateway:
             routes=[
                 Route("/v1/sessions/{session_id}/messages", self.post_message, methods=["POST"]),
                 Route("/v1/sessions/{session_id}/cancel", self.cancel, methods=["POST"]),
+                Route("/v1/sessions/{session_id}/fork", self.fork_session, methods=["POST"]),
                 Route("/v1/sessions/{session_id}/events", self.session_events, methods=["GET"]),
                 Route("/v1/sessions/{session_id}", self.get_session, methods=["GET"]),
                 Route("/v1/sessions/{session_id}", self.delete_session, methods=["DELETE"]),
@@ -249,6 +259,25 @@ class Gateway:
         await self.sessions.delete(session_id)
         log.info("session deleted %s", kv(session=session_id, by=identity.name))
         return JSONResponse({"session_id": shown_to(identity, session_id), "deleted": True})
+
+    async def fork_session(self, request: Request) -> Response:
+        """A new session with this one's first ``at`` messages and what answered them (and their flight record):
+        no model is asked for any of it. It is the same owner's, named ``name``."""
+        session_id = session_id_of(request)
+        identity = caller(request)
+        body = await read_json(request, Fork, example='{"at": 3, "name": "main-retry"}')
+        await self.turns.own_session(identity, session_id, existing=True)
+        target = f"{owner_of(session_id)}{SEPARATOR}{body.name}"
+        check_session_name(body.name)
+        try:
+            kept = await self.sessions.fork(session_id, target, at=body.at)
+        except ForkRefused as exc:
+            raise Refused(ErrorCode.CONFLICT if exc.taken else ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
+        ids = {str(entry.metadata.get("message_id")) for entry in kept if entry.metadata.get("message_id")}
+        steps = await FlightRecorder(self.bus.redis, self.bus.keys, keep_s=RECORD_KEEP_S).copy(session_id, target, ids)
+        log.info("session forked %s", kv(session=session_id, to=target, at=body.at, by=identity.name))
+        return JSONResponse({"session_id": shown_to(identity, target), "from": shown_to(identity, session_id),
+                             "at": body.at, "entries": len(kept), "record_steps": steps}, status_code=201)
 
     async def list_sessions(self, request: Request) -> Response:
         """The caller's sessions by name; an operator's ``?owner=NAME`` lists that identity's, ``?owner=*`` all."""

@@ -60,6 +60,8 @@ def test_metrics_count_what_happened_and_readyz_follows_the_pool(processes: Proc
     assert sample(text, "pincer_chat_turns_total", agent="main", outcome="ok") == 3
     assert sample(text, "pincer_chat_turns_total", agent="main", outcome="MODEL_ERROR") == 1
     assert sample(text, "pincer_model_tokens_total", kind="prompt") == 11 * 5  # five model calls answered
+    cached = sample(text, "pincer_model_tokens_total", kind="cached")  # the scripted cache: 8 of a later call's 11
+    assert cached > 0 and cached % 8 == 0
     assert sample(text, "pincer_gateway_refusals_total", code="FORBIDDEN") >= 1
     assert sample(text, "pincer_instances", role="hands") == 1
     assert sample(text, "pincer_stream_pending", stream="hands:requests") == 0

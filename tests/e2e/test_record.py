@@ -64,3 +64,36 @@ def test_a_tool_turn_is_recorded_shown_exported_imported_and_replayed(
     assert edited.returncode == 2 and "does not match its content" in edited.stderr
     missing = processes.run("record", "show", "nothing-here")
     assert missing.returncode == 1 and "has no flight record" in missing.stderr
+
+
+def test_a_fork_keeps_the_first_messages_and_asks_no_model_for_them(
+        processes: Processes, pincer_env: dict[str, str], scripted_llm: ScriptedLLM) -> None:
+    for role in ("gateway", "brain", "hands"):
+        processes.start(role, name=role)
+    wait_until(lambda: stack_healthy(processes.env), timeout=60, what="a healthy stack")
+    with gateway_client(processes.env) as client:
+        for text in ("first words", "second words", "third words"):
+            assert client.post("/v1/sessions/long/messages", json={"text": text}).status_code == 200
+    asked = len(scripted_llm.requests)
+    forked = processes.run("fork", "long", "--at", "2", "--name", "retry", "--json")
+    assert forked.returncode == 0, forked.stderr
+    made = json.loads(forked.stdout)
+    assert made["session_id"] == "retry" and made["entries"] == 4 and made["record_steps"] == 4
+    assert len(scripted_llm.requests) == asked  # nothing before the fork point is asked again
+    with gateway_client(processes.env) as client:
+        reply = client.post("/v1/sessions/retry/messages", json={"text": "a different third"})
+        assert reply.status_code == 200 and reply.json()["text"] == "echo: a different third"
+        entries = client.get("/v1/sessions/retry").json()["entries"]
+        taken = client.post("/v1/sessions/long/fork", json={"at": 1, "name": "retry"})
+        past = client.post("/v1/sessions/long/fork", json={"at": 4, "name": "elsewhere"})
+        strangers = client.post("/v1/sessions/nobody/fork", json={"at": 1, "name": "mine"})
+    assert len(scripted_llm.requests) == asked + 1
+    sent = [m["content"] for m in scripted_llm.requests[-1]["messages"] if m["role"] != "system"]
+    assert sent == ["first words", "echo: first words", "second words", "echo: second words", "a different third"]
+    assert [e["content"] for e in entries if e["role"] == "user"] == ["first words", "second words",
+                                                                      "a different third"]
+    assert taken.status_code == 409 and "exists already" in taken.json()["error"]["message"]
+    assert past.status_code == 400 and "messages 1 to 3" in past.json()["error"]["message"]
+    assert strangers.status_code == 404
+    recorded = json.loads(processes.run("record", "show", "retry", "--json").stdout)
+    assert [r["kind"] for r in recorded] == ["turn", "model"] * 3  # two copied turns, then its own

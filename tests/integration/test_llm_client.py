@@ -32,7 +32,9 @@ async def test_tool_calls_are_assembled_from_streamed_pieces(scripted_llm: Scrip
         TOOLS, on_text)
     assert [(c.name, c.arguments) for c in done.tool_calls] == [("read_file", '{"path": "a/b/c.txt"}'),
                                                                 ("read_file", '{"path": "d"}')]
-    assert done.usage == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    # cached_tokens: the provider's prompt_tokens_details, read through both roads
+    assert done.usage == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18, "cached_tokens": 0}
+    assert done.finish_reason == "tool_calls"
     echoed = await client(scripted_llm, "openai/scripted", direct=direct).complete(
         [{"role": "user", "content": "hello there"}], TOOLS, on_text
     )

@@ -217,3 +217,25 @@ async def test_each_request_of_a_call_is_settled_by_what_is_known_of_it(bus: Bus
     assert await governor.settle_call(free, "main", "owner", [Attempt(model=MODEL, unsent=True)], messages,
                                       []) == 0.0
     assert (await meter(bus))["spent"] == expected and (await meter(bus))["held"] == 0  # given back whole
+
+
+async def test_cached_prompt_tokens_are_priced_at_the_cached_rate(bus: Bus) -> None:
+    priced = {MODEL: {"input_per_mtok": 2.0, "output_per_mtok": 8.0, "cached_input_per_mtok": 0.5}}
+    governor = Governor(bus, BrainSettings(model=MODEL, prices=priced), Meter())
+    first = [Attempt(model=MODEL, usage={"prompt_tokens": 1000, "completion_tokens": 10})]
+    again = [Attempt(model=MODEL, usage={"prompt_tokens": 1000, "completion_tokens": 10, "cached_tokens": 800})]
+    cold = await governor.settle_call(None, "main", "owner", first, [], [])
+    warm = await governor.settle_call(None, "main", "owner", again, [], [])
+    assert cold == pytest.approx((1000 * 2.0 + 10 * 8.0) / MICRO)
+    assert warm == pytest.approx((200 * 2.0 + 800 * 0.5 + 10 * 8.0) / MICRO)  # the cache's share at its rate
+    unpriced_cache = Governor(bus, BrainSettings(model=MODEL, prices={MODEL: {"input_per_mtok": 2.0,
+                                                                            "output_per_mtok": 8.0}}), Meter())
+    assert await unpriced_cache.settle_call(None, "main", "owner", again, [], []) == pytest.approx(cold)
+
+
+def test_litellms_table_gives_a_cached_rate_where_it_has_one() -> None:
+    from brain.spend import table_price
+
+    price = table_price("openai/gpt-4o-mini")
+    assert price is not None and price.cached_per_mtok is not None
+    assert 0 < price.cached_per_mtok < price.input_per_mtok
