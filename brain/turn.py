@@ -57,7 +57,7 @@ from bus.protocol import (
 from bus.redis_client import RedisAway
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from memory.flight import FlightRecorder, Step
+from memory.flight import FlightRecorder, Parts, Step
 from memory.longterm import LongTermMemory
 from memory.sessions import Marks, SessionStore, TranscriptEntry
 
@@ -116,6 +116,8 @@ class Turn:
         self.live_before: list[TranscriptEntry] = []
         self.history_start = 0
         self.compacted = self.overflowed = False
+        self.record_parts = Parts()  # the flight record's parts this turn has sent (each message hashed and sent once)
+        self._tools_sent: tuple[list[ToolSpec], list[dict[str, Any]]] | None = None  # the tool list as sent, by list
 
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
@@ -492,10 +494,13 @@ class Turn:
 
     async def _record_model(self, shown: list[dict[str, Any]], tools: list[ToolSpec], params: dict[str, Any],
                             response: dict[str, Any]) -> None:
-        if self.deps.recorder is not None:
-            await self.deps.recorder.model_call(self.message.session_id, self.message.message_id, messages=shown,
-                                                tools=[tool_param(spec) for spec in tools], params=params,
-                                                response=response)
+        if self.deps.recorder is None:
+            return
+        if self._tools_sent is None or self._tools_sent[0] is not tools:  # one wire form per tool list the turn has
+            self._tools_sent = (tools, [tool_param(spec) for spec in tools])
+        await self.deps.recorder.model_call(self.message.session_id, self.message.message_id, messages=shown,
+                                            tools=self._tools_sent[1], params=params, response=response,
+                                            seen=self.record_parts)
 
     async def _stream_text(self, text: str) -> None:
         await self._publish(ChatDelta(session_id=self.message.session_id, message_id=self.message.message_id,

@@ -61,7 +61,8 @@ class BrainWorker:
         self.inbox = ReplyInbox(bus, instance_id)
         meter = Meter()
         keep_s = int(settings.record.keep_days * 86_400)
-        recorder = FlightRecorder(bus.redis, bus.keys, keep_s=keep_s) if settings.record.enabled else None
+        recorder = FlightRecorder(bus.redis, bus.keys, keep_s=keep_s, send=bus.batcher.send) \
+            if settings.record.enabled else None
         self.deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=SessionStore(bus.redis, bus.keys),
                              memory=LongTermMemory(bus.redis, bus.keys),
                              catalog=ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s),

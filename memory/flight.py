@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -54,27 +54,67 @@ def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-class FlightRecorder:
-    def __init__(self, redis: RedisStore, keys: Keys, *, keep_s: int) -> None:
-        self.redis, self.keys, self.keep_s = redis, keys, keep_s
+class Parts:
+    """What one turn has digested and stored: each message is hashed once (by identity: a turn never changes a
+    message it sent) and sent to Redis once, however many of the turn's requests carry it."""
 
-    async def write(self, session_id: str, step: Step, parts: Iterable[Any] = ()) -> None:
-        """One step, with the parts its request is made of (stored if new): one round trip."""
-        record, stored = self.keys.session_record(session_id), self.keys.session_record_parts(session_id)
+    def __init__(self) -> None:
+        self._digests: dict[int, tuple[Any, str]] = {}  # id -> (the value, kept alive so the id stays its)
+        self.stored: set[str] = set()
+
+    def digest(self, value: Any) -> str:
+        hit = self._digests.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        name = digest(value)
+        self._digests[id(value)] = (value, name)
+        return name
+
+
+Send = Callable[[Callable[[Any], object]], None]  # queue pipeline commands, not waiting (the bus's batcher)
+
+
+class FlightRecorder:
+    def __init__(self, redis: RedisStore, keys: Keys, *, keep_s: int, send: Send | None = None) -> None:
+        self.redis, self.keys, self.keep_s = redis, keys, keep_s
+        self.send = send  # given: steps go out with the process's next writes, in order, not awaited one by one
+
+    async def write(self, session_id: str, step: Step, parts: dict[str, Any] | None = None) -> None:
+        """One step, with the parts (by digest) its request adds: queued, or one round trip."""
+        commands = self._commands(session_id, step, parts or {})
+        if self.send is not None:
+            self.send(commands)
+            return
         async with self.redis.pipeline(transaction=False) as pipe:
-            for part in parts:
-                pipe.hsetnx(stored, digest(part), canonical(part))
-            pipe.xadd(record, {"e": step.model_dump_json()})
-            pipe.expire(record, self.keep_s)
-            pipe.expire(stored, self.keep_s)
+            commands(pipe)
             await pipe.execute()
 
+    def _commands(self, session_id: str, step: Step, parts: dict[str, Any]) -> Callable[[Any], object]:
+        record, stored = self.keys.session_record(session_id), self.keys.session_record_parts(session_id)
+        entry = step.model_dump_json()
+
+        def build(pipe: Any) -> None:
+            for name, part in parts.items():
+                pipe.hsetnx(stored, name, canonical(part))
+            pipe.xadd(record, {"e": entry})
+            pipe.expire(record, self.keep_s)
+            pipe.expire(stored, self.keep_s)
+        return build
+
     async def model_call(self, session_id: str, message_id: str, *, messages: list[dict[str, Any]],
-                         tools: list[dict[str, Any]], params: dict[str, Any], response: dict[str, Any]) -> None:
-        """A model request as sent (its messages and tools by digest) and what came back (or the error)."""
-        request = {"messages": [digest(m) for m in messages], "tools": digest(tools), **params}
+                         tools: list[dict[str, Any]], params: dict[str, Any], response: dict[str, Any],
+                         seen: Parts | None = None) -> None:
+        """A model request as sent (its messages and tools by digest) and what came back (or the error).
+        ``seen``: the turn's parts, so each is hashed and sent once per turn."""
+        seen = seen or Parts()
+        names = [seen.digest(m) for m in messages]
+        tools_name = seen.digest(tools)
+        new = {name: part for name, part in zip([*names, tools_name], [*messages, tools], strict=True)
+               if name not in seen.stored}
+        seen.stored.update(new)
+        request = {"messages": names, "tools": tools_name, **params}
         step = Step(kind="model", message_id=message_id, data={"request": request, "response": response})
-        await self.write(session_id, step, [*messages, tools])
+        await self.write(session_id, step, new)
 
     async def steps(self, session_id: str) -> list[Step]:
         """The record in the order it happened (an entry that does not read is skipped, not fatal)."""
