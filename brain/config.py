@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from bus.config import Section, time_zone
+from memory.flight import KEEP_DAYS
 from memory.jobs import parse_duration
 
 DEFAULT_INSTRUCTIONS = (
@@ -151,7 +152,11 @@ class RecordSettings(Section):
     """The flight recorder (memory/flight.py): each model request and response, tool call and stop of a turn."""
 
     enabled: bool = True
-    keep_days: float = Field(default=30.0, gt=0)  # a session's record lapses this long after its last step
+    keep_days: float = Field(default=KEEP_DAYS, gt=0)  # a session's record lapses this long after its last step
+
+    @property
+    def keep_s(self) -> int:
+        return int(self.keep_days * 86_400)
 
 
 class BrainSettings(Section):

@@ -60,8 +60,7 @@ class BrainWorker:
         self.bus, self.settings, self.instance_id = bus, settings, instance_id
         self.inbox = ReplyInbox(bus, instance_id)
         meter = Meter()
-        keep_s = int(settings.record.keep_days * 86_400)
-        recorder = FlightRecorder(bus.redis, bus.keys, keep_s=keep_s, send=bus.batcher.send) \
+        recorder = FlightRecorder(bus.redis, bus.keys, keep_s=settings.record.keep_s, send=bus.batcher.send) \
             if settings.record.enabled else None
         self.deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=SessionStore(bus.redis, bus.keys),
                              memory=LongTermMemory(bus.redis, bus.keys),

@@ -27,6 +27,7 @@ from bus.protocol import now_ms
 from bus.store import RedisStore
 
 FORMAT = 1  # the export's version: a reader refuses a newer one by name
+KEEP_DAYS = 30.0  # a record lapses this long after its last step, unless brain.record.keep_days says
 Kind = Literal["turn", "model", "tool", "compaction", "stop"]
 
 

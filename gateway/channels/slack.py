@@ -249,12 +249,13 @@ class Slack:
             ts, _, kind = raw_mark.decode().partition(" ")
             known.append((_ts(ts), raw_conversation.decode(), ts, kind))
         known.sort(reverse=True)
-        stale = [c for when, c, _, _ in known if when < Decimal(time.time() - SEEN_KEEP_S)]
+        cutoff = Decimal(time.time() - SEEN_KEEP_S)
+        stale = [c for when, c, _, _ in known if when < cutoff]
         if stale:
             with contextlib.suppress(RedisAway):
                 await self.bus.redis.hdel(self._seen_key(), *stale)
         for when, conversation, last, kind in known[:CATCH_UP_CHATS]:
-            if when < Decimal(time.time() - SEEN_KEEP_S):
+            if when < cutoff:
                 break
             channel, _, thread = conversation.partition(":")
             try:

@@ -20,6 +20,8 @@ from bus.redis_client import RedisAway
 from bus.service import redis_url
 from bus.streams import Bus
 from gateway.runtime.daemon import StateFile, describe
+from gateway.tokens import OWNER
+from gateway.turns.session_names import SEPARATOR
 
 
 @asynccontextmanager
@@ -180,6 +182,12 @@ def dead(args: argparse.Namespace, config: Config) -> int:
     return asyncio.run(manage_dead(config, args.action, args.ids, every=args.all, limit=args.limit,
                                    as_json=args.json))
 
+
+
+def qualified(session: str) -> str:
+    """A session named on the command line: ``NAME`` is the owner token's session of that name, ``OWNER/NAME``
+    anyone's."""
+    return session if SEPARATOR in session else f"{OWNER}{SEPARATOR}{session}"
 
 # --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
 

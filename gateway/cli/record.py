@@ -16,19 +16,13 @@ from rich.table import Table
 from brain.config import BrainSettings
 from bus.config import Config
 from bus.redis_client import RedisAway
-from gateway.cli.ops import connected_bus
-from gateway.tokens import OWNER
+from gateway.cli.ops import connected_bus, qualified
 from gateway.turns.session_names import SEPARATOR
 from memory.flight import FlightRecorder, RecordError, Step
 
 
-def qualified(session: str) -> str:
-    """``NAME`` is the owner token's session of that name; ``OWNER/NAME`` anyone's."""
-    return session if SEPARATOR in session else f"{OWNER}{SEPARATOR}{session}"
-
-
 def command(args: argparse.Namespace, config: Config) -> int:
-    keep_s = int(config.section("brain", BrainSettings).record.keep_days * 86_400)
+    keep_s = config.section("brain", BrainSettings).record.keep_s
     lines: list[str] = []
     if args.action == "import":
         try:

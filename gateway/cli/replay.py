@@ -19,8 +19,7 @@ from brain.replay import Report, replay
 from brain.worker import default_llm
 from bus.config import Config
 from bus.redis_client import RedisAway
-from gateway.cli.ops import connected_bus
-from gateway.cli.record import qualified
+from gateway.cli.ops import connected_bus, qualified
 from memory.flight import FlightRecorder, RecordError, Step, read_lines
 
 

@@ -17,9 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from bus.config import Config
-from gateway.cli.ops import connected_bus
-from gateway.tokens import OWNER
-from gateway.turns.session_names import SEPARATOR
+from gateway.cli.ops import connected_bus, qualified
 from memory.sessions import SessionStore, TranscriptEntry
 
 
@@ -90,8 +88,7 @@ async def with_children(store: SessionStore, turn: list[TranscriptEntry], start:
 
 async def show_trace(config: Config, session_id: str, *, turn: int | None, as_json: bool) -> int:
     """``session_id``: ``OWNER/NAME``, or a bare ``NAME`` for the owner token's session of that name."""
-    if SEPARATOR not in session_id:
-        session_id = f"{OWNER}{SEPARATOR}{session_id}"
+    session_id = qualified(session_id)
     try:
         async with connected_bus(config) as bus:
             store = SessionStore(bus.redis, bus.keys)

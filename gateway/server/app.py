@@ -59,12 +59,11 @@ from gateway.turns.limits import CallerLimits, Hold
 from gateway.turns.refusal import Refused, redis_away
 from gateway.turns.runner import SendMessage, Turn, TurnRunner
 from gateway.turns.session_names import ALL_OWNERS, SEPARATOR, check_session_name, owner_of, path_of, shown_to
-from memory.flight import FlightRecorder
+from memory.flight import KEEP_DAYS, FlightRecorder
 from memory.jobs import JobStore
 from memory.longterm import LongTermMemory
 from memory.sessions import ForkRefused, SessionStore
 
-RECORD_KEEP_S = 30 * 86_400  # a fork's record when its source's has no expiry
 log = logging.getLogger("gateway.http")
 
 class Fork(BaseModel):
@@ -274,7 +273,8 @@ class Gateway:
         except ForkRefused as exc:
             raise Refused(ErrorCode.CONFLICT if exc.taken else ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
         ids = {str(entry.metadata.get("message_id")) for entry in kept if entry.metadata.get("message_id")}
-        steps = await FlightRecorder(self.bus.redis, self.bus.keys, keep_s=RECORD_KEEP_S).copy(session_id, target, ids)
+        recorder = FlightRecorder(self.bus.redis, self.bus.keys, keep_s=int(KEEP_DAYS * 86_400))
+        steps = await recorder.copy(session_id, target, ids)
         log.info("session forked %s", kv(session=session_id, to=target, at=body.at, by=identity.name))
         return JSONResponse({"session_id": shown_to(identity, target), "from": shown_to(identity, session_id),
                              "at": body.at, "entries": len(kept), "record_steps": steps}, status_code=201)
