@@ -5,7 +5,8 @@ are now. Its model is the record (``RecordedModel``): a request equal to the one
 step is answered with the recorded response, so nothing is spent; the first that differs is
 reported with a readable diff of the two requests, then answered live (``live``) or the replay
 stops there. Tool calls are answered from the record (nothing runs): by the model's call id at the
-same step, else by the same tool and arguments.
+same step, else by the same tool and arguments; or, given ``run_tool`` (hands/scratch.py: a scratch
+copy of the workspace), they run again, and what they return now is what the next request carries.
 
 What is compared is what the provider would read: the messages and the tool list. Call ids are the
 recorded model's own (replayed responses carry them), so they match without normalising; no
@@ -17,6 +18,7 @@ from __future__ import annotations
 import difflib
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +27,18 @@ from brain.config import BrainSettings
 from brain.llm import Attempt, Completion, LLMClient, LLMError, OnText, ToolCall, tool_param
 from brain.turn import Turn, TurnDeps
 from bus.errors import PincerError
-from bus.protocol import ChatMessage, ChatReply, ErrorCode, PriorResult, ResultMetadata, ToolError, ToolResult, ToolSpec
+from bus.protocol import (
+    ChatMessage,
+    ChatReply,
+    ErrorCode,
+    PriorResult,
+    ResultMetadata,
+    ToolError,
+    ToolExecute,
+    ToolResult,
+    ToolSpec,
+    now_ms,
+)
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from memory.flight import Step, canonical, resolved
@@ -33,6 +46,7 @@ from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore, TranscriptEntry
 
 SCRATCH = "replay"  # the owner part of a replay's scratch session
+RunTool = Callable[[ToolExecute], Awaitable[ToolResult]]  # a tool call run now (tools live), not by the pool
 
 
 class Diverged(PincerError):
@@ -69,11 +83,12 @@ class Report:
     diverged: Divergence | None = None
     recorded: dict[str, float] = field(default_factory=dict)  # tokens, cache, cost and time of the recording
     seconds: float = 0.0
+    tools_live: bool = False  # the tools ran again (in a scratch workspace), not answered from the record
 
     def as_json(self) -> dict[str, Any]:
         return {"turns": [{**t.__dict__, "same": t.same} for t in self.turns],
                 "diverged": None if self.diverged is None else self.diverged.__dict__,
-                "recorded": self.recorded, "seconds": round(self.seconds, 3),
+                "recorded": self.recorded, "seconds": round(self.seconds, 3), "tools_live": self.tools_live,
                 "model_calls_matched": sum(t.matched for t in self.turns),
                 "model_calls_live": sum(t.live for t in self.turns)}
 
@@ -188,6 +203,8 @@ class ReplayTurn(Turn):
     async def _call(self, call_id: str, call: ToolCall, specs: dict[str, ToolSpec],
                     prior: list[PriorResult]) -> ToolResult:
         self.model.report.tools.append(call.name)
+        if isinstance(self.hands, ScratchCalls):
+            return await super()._call(call_id, call, specs, prior)
         data = self._recorded_result(call)
         if data is None:
             data = {"success": False, "error_code": ErrorCode.TOOL_NOT_FOUND.value,
@@ -201,15 +218,31 @@ class ReplayTurn(Turn):
 
     def _tool_entry(self, call: ToolCall, result: ToolResult) -> TranscriptEntry:
         entry = super()._tool_entry(call, result)
-        entry.content = str(self.answers[result.call_id].get("result") or "")  # exactly what the model read then
+        if result.call_id in self.answers:
+            entry.content = str(self.answers[result.call_id].get("result") or "")  # exactly what the model read then
         return entry
 
 
+class ScratchCalls:
+    """The turn's tool calls run by ``run_tool`` (in a scratch workspace) instead of by the pool's Hands."""
+
+    def __init__(self, run_tool: RunTool, message: ChatMessage, deadline_s: float) -> None:
+        self.run_tool, self.message, self.deadline_s = run_tool, message, deadline_s
+
+    async def execute(self, call_id: str, tool: str, args: dict[str, Any], prior: list[PriorResult]) -> ToolResult:
+        msg = self.message
+        return await self.run_tool(ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
+                                               agent_id=msg.agent_id, sender=msg.sender, reply_to="replay",
+                                               message_id=msg.message_id, prior=prior, approvals_to="",
+                                               deadline=now_ms() + int(self.deadline_s * 1000)))
+
+
 async def replay(bus: Bus, settings: BrainSettings, steps: list[Step], parts: dict[str, Any], *,
-                 live: LLMClient | None = None) -> Report:
-    """Run the recorded session's messages again in a scratch session (deleted after)."""
+                 live: LLMClient | None = None, run_tool: RunTool | None = None) -> Report:
+    """Run the recorded session's messages again in a scratch session (deleted after). ``run_tool``: tools
+    run again by it (their results now, not the recorded ones)."""
     started = time.perf_counter()
-    report = Report(recorded=totals(steps))
+    report = Report(recorded=totals(steps), tools_live=run_tool is not None)
     scratch = f"{SCRATCH}/{uuid.uuid4().hex[:12]}"
     inbox = ReplyInbox(bus, f"replay-{scratch.rpartition('/')[2]}")
     await inbox.start()
@@ -232,7 +265,10 @@ async def replay(bus: Bus, settings: BrainSettings, steps: list[Step], parts: di
                                   agent_id=str(start.data.get("agent") or "main"),
                                   instructions=start.data.get("instructions"))
             try:
-                outcome = await ReplayTurn(deps, message, model, recorded).run()
+                turn_run = ReplayTurn(deps, message, model, recorded)
+                if run_tool is not None:
+                    turn_run.hands = ScratchCalls(run_tool, message, settings.tool_deadline_s)  # type: ignore[assignment]  # the same seam
+                outcome = await turn_run.run()
             except Diverged as exc:
                 turn.error = str(exc)
                 break

@@ -202,13 +202,7 @@ class Governor:
         return found
 
     def price(self, model: str) -> Price | None:
-        """The configured price, else litellm's table's; the local model is free; None: unknown."""
-        configured = self.settings.prices.get(model)
-        if configured is not None:
-            return Price(configured.input_per_mtok, configured.output_per_mtok, configured.cached_input_per_mtok)
-        if model == LOCAL or model.startswith("local/"):
-            return Price(0.0, 0.0)
-        return table_price(model)
+        return price_of(self.settings, model)
 
     # --- before and after a call ---
 
@@ -355,6 +349,16 @@ async def streamed_bound(pieces: list[str], most: int) -> int:
         return 0
     count = await asyncio.to_thread(tokens, text) if len(text) > THREAD_OVER_CHARS else tokens(text)
     return min(most, math.ceil(count * PROMPT_MARGIN) + MESSAGE_OVERHEAD)
+
+
+def price_of(settings: BrainSettings, model: str) -> Price | None:
+    """The configured price, else litellm's table's; the local model is free; None: unknown."""
+    configured = settings.prices.get(model)
+    if configured is not None:
+        return Price(configured.input_per_mtok, configured.output_per_mtok, configured.cached_input_per_mtok)
+    if model == LOCAL or model.startswith("local/"):
+        return Price(0.0, 0.0)
+    return table_price(model)
 
 
 def table_price(model: str) -> Price | None:

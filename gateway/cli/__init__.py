@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fork": ("fork:command", "a new session from a session's first N messages, no model asked for them"),
     "replay": ("replay:command", "run a recorded session again through the current config, answered from its "
                                  "record: what changed, where it first shows"),
+    "eval": ("evals:command", "run eval cases (YAML) offline against recordings or --live: a table, "
+                              "JUnit XML, regressions against a baseline"),
     "logs": ("runtime:logs", "read the logs `pincer up` writes (runtime.log_dir)"),
     "hands": ("runtime:hands", "run one Hands worker (joins the pool on the configured Redis)"),
     "brain": ("runtime:brain", "run one Brain"),

@@ -20,6 +20,8 @@ from brain.worker import default_llm
 from bus.config import Config
 from bus.redis_client import RedisAway
 from gateway.cli.ops import connected_bus, qualified
+from hands.config import HandsSettings
+from hands.scratch import ScratchHands
 from memory.flight import FlightRecorder, RecordError, Step, read_lines
 
 
@@ -39,7 +41,7 @@ def command(args: argparse.Namespace, config: Config) -> int:
               file=sys.stderr)
         return 2
     try:
-        report = asyncio.run(_replay(config, settings, args.source, recording, live))
+        report = asyncio.run(_replay(config, settings, args.source, recording, live, tools_live=args.tools == "live"))
     except RedisAway as exc:
         print(f"pincer: error: cannot reach Redis (a replay lists tools through the running pool): {exc}",
               file=sys.stderr)
@@ -55,7 +57,8 @@ def command(args: argparse.Namespace, config: Config) -> int:
 
 
 async def _replay(config: Config, settings: BrainSettings, source: str,
-                  recording: tuple[list[Step], dict[str, Any]] | None, live: LLMClient | None) -> Report | None:
+                  recording: tuple[list[Step], dict[str, Any]] | None, live: LLMClient | None, *,
+                  tools_live: bool) -> Report | None:
     async with connected_bus(config) as bus:
         if recording is None:
             recorder = FlightRecorder(bus.redis, bus.keys, keep_s=1)
@@ -64,7 +67,14 @@ async def _replay(config: Config, settings: BrainSettings, source: str,
             if not steps:
                 return None
             recording = steps, await recorder.parts(session)
-        return await replay(bus, settings, recording[0], recording[1], live=live)
+        if not tools_live:
+            return await replay(bus, settings, recording[0], recording[1], live=live)
+        sender = next((str(s.data.get("sender") or "user") for s in recording[0] if s.kind == "turn"), "user")
+        scratch = ScratchHands(config.section("hands", HandsSettings), sender)
+        try:
+            return await replay(bus, settings, recording[0], recording[1], live=live, run_tool=scratch.call)
+        finally:
+            scratch.close()
 
 
 def show(console: Console, report: Report) -> None:
@@ -79,7 +89,9 @@ def show(console: Console, report: Report) -> None:
                   f"({r['cache_hit']:.0%} cached), ${r['cost_usd']:.5f}, {r['model_ms']:,.0f} ms at the model. "
                   f"Replayed in {report.seconds * 1000:.0f} ms.")
     if report.diverged is None:
-        console.print("Every model request matched the recording: no provider was asked, no tool ran.")
+        console.print("Every model request matched the recording: no provider was asked"
+                      + (", the tools ran in a scratch copy of the workspace." if report.tools_live else
+                         ", no tool ran."))
         return
     d = report.diverged
     console.print(f"Diverged at turn {d.turn}, model call {d.step}: the request now differs from the recorded one:")
@@ -94,6 +106,9 @@ def _replay_arguments(parser: argparse.ArgumentParser) -> None:
                         "or a file from `pincer record export`")
     parser.add_argument("--live", action="store_true", help="from the first difference on, ask the configured "
                         "model (this spends); default: stop there, so a replay never spends")
+    parser.add_argument("--tools", choices=("record", "live"), default="record",
+                        help="record (default): tool calls answered from the recording; live: run again, on this "
+                        "machine, in a scratch copy of the sender's workspace (the agent's own files untouched)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--redis", metavar="URL")
 

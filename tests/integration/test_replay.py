@@ -10,7 +10,10 @@ from brain.llm import Completion
 from brain.replay import replay
 from bus.protocol import ChatReply
 from bus.streams import Bus
+from hands.config import HandsSettings
+from hands.scratch import ScratchHands
 from memory.flight import FlightRecorder, read_lines
+from tests.conftest import SHIPPED_SKILLS
 from tests.integration.brain_fakes import FakeLLM, call
 
 
@@ -73,3 +76,52 @@ async def test_an_exported_file_replays_as_the_session_did(bus: Bus, pool, chat)
     steps, parts = read_lines(await recorder.export("s1"))
     report = await replay(bus, BrainSettings(), steps, parts)
     assert report.diverged is None and all(t.same for t in report.turns)
+
+
+def write_then_answer(messages):
+    if messages[-1]["role"] == "tool":
+        return Completion(text=f"wrote: {messages[-1]['content'][:60]}", model="fake")
+    return Completion(tool_calls=[call("write_file", {"path": "b.txt", "content": "new"})], model="fake")
+
+
+def scratch_hands(tmp_path: Path) -> ScratchHands:
+    return ScratchHands(HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS]), "owner")
+
+
+async def test_tools_live_run_in_a_scratch_copy_and_what_they_return_now_is_compared(
+        bus: Bus, pool, chat, tmp_path: Path) -> None:
+    llm = FakeLLM(two_reads_then_answer)
+    recorder = await recorded(bus, pool, chat, llm)
+    steps, parts = await recorder.steps("s1"), await recorder.parts("s1")
+    scratch = scratch_hands(tmp_path)
+    try:
+        same = await replay(bus, BrainSettings(), steps, parts, run_tool=scratch.call)
+        assert same.diverged is None and same.tools_live and same.turns[0].tools == ["read_file", "read_file"]
+        (tmp_path / "ws" / "a.txt").write_text("CHANGED")  # the copy was made before: it still reads alpha
+        assert (await replay(bus, BrainSettings(), steps, parts, run_tool=scratch.call)).diverged is None
+    finally:
+        scratch.close()
+    changed = scratch_hands(tmp_path)  # a copy of the workspace as it is now
+    try:
+        report = await replay(bus, BrainSettings(), steps, parts, run_tool=changed.call)
+    finally:
+        changed.close()
+    assert report.diverged is not None and (report.diverged.turn, report.diverged.step) == (1, 2)
+    assert any(line.startswith("+") and "CHANGED" in line for line in report.diverged.diff.splitlines())
+    assert not changed.root.exists()
+
+
+async def test_a_tool_run_live_writes_the_copy_never_the_agents_files(bus: Bus, pool, chat, tmp_path: Path) -> None:
+    await pool(FakeLLM(write_then_answer))
+    assert isinstance((await chat("write b.txt", sender="owner"))[-1], ChatReply)
+    recorder = FlightRecorder(bus.redis, bus.keys, keep_s=60)
+    (tmp_path / "ws" / "b.txt").unlink()  # written by the recorded turn
+    scratch = scratch_hands(tmp_path)
+    try:
+        report = await replay(bus, BrainSettings(), await recorder.steps("s1"), await recorder.parts("s1"),
+                              run_tool=scratch.call)
+        assert (scratch.workspace / "b.txt").read_text() == "new"  # the copy has it
+    finally:
+        scratch.close()
+    assert report.diverged is None and report.turns[0].tools == ["write_file"], report.diverged
+    assert not (tmp_path / "ws" / "b.txt").exists()  # the agent's own workspace does not
