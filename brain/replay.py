@@ -181,9 +181,13 @@ def _completion(step: Step) -> Completion:
 class ReplayTurn(Turn):
     """A turn whose tool calls are answered from the record instead of by Hands."""
 
-    def __init__(self, deps: TurnDeps, message: ChatMessage, model: RecordedModel, recorded: list[Step]) -> None:
+    def __init__(self, deps: TurnDeps, message: ChatMessage, model: RecordedModel, recorded: list[Step], *,
+                 run_tool: RunTool | None = None) -> None:
         super().__init__(deps, message)
         self.model, self.recorded = model, recorded
+        self.scratch = None if run_tool is None else ScratchCalls(run_tool, message, deps.settings.tool_deadline_s)
+        if self.scratch is not None:
+            self.hands = self.scratch  # type: ignore[assignment]  # the same seam: execute(call_id, tool, args, prior)
         self.answers: dict[str, dict[str, Any]] = {}  # our call id -> the recorded tool step's data
 
     def _recorded_result(self, call: ToolCall) -> dict[str, Any] | None:
@@ -203,7 +207,7 @@ class ReplayTurn(Turn):
     async def _call(self, call_id: str, call: ToolCall, specs: dict[str, ToolSpec],
                     prior: list[PriorResult]) -> ToolResult:
         self.model.report.tools.append(call.name)
-        if isinstance(self.hands, ScratchCalls):
+        if self.scratch is not None:
             return await super()._call(call_id, call, specs, prior)
         data = self._recorded_result(call)
         if data is None:
@@ -237,49 +241,70 @@ class ScratchCalls:
                                                deadline=now_ms() + int(self.deadline_s * 1000)))
 
 
+class Replayer:
+    """Replays that share one reply inbox and tool catalog: a run of many (evals) lists the tools once."""
+
+    def __init__(self, bus: Bus, settings: BrainSettings) -> None:
+        self.bus, self.settings = bus, settings
+        self.inbox = ReplyInbox(bus, f"replay-{uuid.uuid4().hex[:12]}")
+        self.sessions = SessionStore(bus.redis, bus.keys)
+        self.memory = LongTermMemory(bus.redis, bus.keys)
+        self.catalog = ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s)
+
+    async def __aenter__(self) -> Replayer:
+        await self.inbox.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.inbox.close()
+
+    async def replay(self, steps: list[Step], parts: dict[str, Any], *, live: LLMClient | None = None,
+                     run_tool: RunTool | None = None) -> Report:
+        """Run the recorded session's messages again in a scratch session (deleted after). ``run_tool``: tools
+        run again by it (their results now, not the recorded ones)."""
+        started = time.perf_counter()
+        bus, settings = self.bus, self.settings
+        report = Report(recorded=totals(steps), tools_live=run_tool is not None)
+        scratch = f"{SCRATCH}/{uuid.uuid4().hex[:12]}"
+        model = RecordedModel(parts, live)
+        deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=self.sessions, memory=self.memory, catalog=self.catalog,
+                        settings=settings, llm=model)
+        events = f"{bus.keys.prefix}replay:{scratch}:events"
+        try:
+            for number, (start, recorded) in enumerate(turns_of(steps), 1):
+                turn = _turn_report(start, recorded)
+                report.turns.append(turn)
+                model.expect(number, recorded, turn)
+                message = ChatMessage(session_id=scratch, text=turn.text, reply_to=events,
+                                      sender=str(start.data.get("sender") or "user"),
+                                      agent_id=str(start.data.get("agent") or "main"),
+                                      instructions=start.data.get("instructions"))
+                try:
+                    outcome = await ReplayTurn(deps, message, model, recorded, run_tool=run_tool).run()
+                except Diverged as exc:
+                    turn.error = str(exc)
+                    break
+                if isinstance(outcome, ChatReply):
+                    turn.answer = outcome.text
+                else:
+                    turn.error = f"{outcome.code.value}: {outcome.message}"
+        finally:
+            report.diverged = model.diverged
+            await self.sessions.delete(scratch)
+            await bus.redis.delete(events)
+            report.seconds = time.perf_counter() - started
+        return report
+
+
+def _turn_report(start: Step, recorded: list[Step]) -> TurnReport:
+    models = [s for s in recorded if s.kind == "model"]
+    final = (models[-1].data.get("response") or {}).get("text") if models else None
+    return TurnReport(text=str(start.data.get("text") or ""), recorded_answer=final, model_steps=len(models),
+                      recorded_tools=[str(s.data.get("tool")) for s in recorded if s.kind == "tool"])
+
+
 async def replay(bus: Bus, settings: BrainSettings, steps: list[Step], parts: dict[str, Any], *,
                  live: LLMClient | None = None, run_tool: RunTool | None = None) -> Report:
-    """Run the recorded session's messages again in a scratch session (deleted after). ``run_tool``: tools
-    run again by it (their results now, not the recorded ones)."""
-    started = time.perf_counter()
-    report = Report(recorded=totals(steps), tools_live=run_tool is not None)
-    scratch = f"{SCRATCH}/{uuid.uuid4().hex[:12]}"
-    inbox = ReplyInbox(bus, f"replay-{scratch.rpartition('/')[2]}")
-    await inbox.start()
-    sessions = SessionStore(bus.redis, bus.keys)
-    model = RecordedModel(parts, live)
-    deps = TurnDeps(bus=bus, inbox=inbox, sessions=sessions, memory=LongTermMemory(bus.redis, bus.keys),
-                    catalog=ToolCatalog(bus, inbox, timeout_s=settings.tools_list_timeout_s), settings=settings,
-                    llm=model)
-    events = f"{bus.keys.prefix}replay:{scratch}:events"
-    try:
-        for number, (start, recorded) in enumerate(turns_of(steps), 1):
-            models = [s for s in recorded if s.kind == "model"]
-            final = (models[-1].data.get("response") or {}).get("text") if models else None
-            turn = TurnReport(text=str(start.data.get("text") or ""), recorded_answer=final, model_steps=len(models),
-                              recorded_tools=[str(s.data.get("tool")) for s in recorded if s.kind == "tool"])
-            report.turns.append(turn)
-            model.expect(number, recorded, turn)
-            message = ChatMessage(session_id=scratch, text=turn.text, reply_to=events,
-                                  sender=str(start.data.get("sender") or "user"),
-                                  agent_id=str(start.data.get("agent") or "main"),
-                                  instructions=start.data.get("instructions"))
-            try:
-                turn_run = ReplayTurn(deps, message, model, recorded)
-                if run_tool is not None:
-                    turn_run.hands = ScratchCalls(run_tool, message, settings.tool_deadline_s)  # type: ignore[assignment]  # the same seam
-                outcome = await turn_run.run()
-            except Diverged as exc:
-                turn.error = str(exc)
-                break
-            if isinstance(outcome, ChatReply):
-                turn.answer = outcome.text
-            else:
-                turn.error = f"{outcome.code.value}: {outcome.message}"
-    finally:
-        report.diverged = model.diverged
-        await sessions.delete(scratch)
-        await bus.redis.delete(events)
-        await inbox.close()
-        report.seconds = time.perf_counter() - started
-    return report
+    """One replay (``Replayer.replay``) with an inbox and tool catalog of its own."""
+    async with Replayer(bus, settings) as replayer:
+        return await replayer.replay(steps, parts, live=live, run_tool=run_tool)

@@ -15,7 +15,7 @@ from brain.config import BrainSettings
 from brain.evals.cases import Case
 from brain.evals.checks import Outcome
 from brain.llm import LLMClient
-from brain.replay import replay, turns_of
+from brain.replay import Replayer, turns_of
 from brain.spend import MICRO, Governor, price_of
 from brain.turn import Turn, TurnDeps
 from bus.metrics import Meter
@@ -42,10 +42,10 @@ def messages_of(steps: list[Step]) -> list[str]:
     return [str(start.data.get("text") or "") for start, _ in turns_of(steps)]
 
 
-async def offline(bus: Bus, settings: BrainSettings, case: Case) -> Outcome:
+async def offline(replayer: Replayer, case: Case) -> Outcome:
     steps, parts = recording(case)
-    report = await replay(bus, settings, steps, parts)
-    outcome = figures(settings, steps)
+    report = await replayer.replay(steps, parts)
+    outcome = figures(replayer.settings, steps)
     outcome.trajectory = [tool for turn in report.turns for tool in turn.tools]
     outcome.answer = report.turns[-1].answer if report.turns else None
     stopped = next((turn.error for turn in report.turns if turn.error), None)

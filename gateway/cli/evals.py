@@ -19,10 +19,10 @@ from brain.evals.checks import failures
 from brain.evals.report import Result, junit, load_baseline, regressions, save
 from brain.evals.run import live, offline
 from brain.llm import LLMClient
+from brain.replay import Replayer
 from brain.worker import default_llm
 from bus.config import Config
 from bus.redis_client import RedisAway
-from bus.streams import Bus
 from gateway.cli.ops import connected_bus
 from memory.flight import RecordError
 
@@ -40,7 +40,7 @@ def command(args: argparse.Namespace, config: Config) -> int:
     if args.live and model is None:
         return _fail("--live needs a model (brain.model, or a provider key in the environment)", 2)
     try:
-        results = asyncio.run(_run(config, settings, cases, model))
+        results = asyncio.run(_run(config, settings, cases, model, args.jobs))
     except RedisAway as exc:
         return _fail(f"cannot reach Redis (a case runs through the running pool's tool list): {exc}", 1)
     worse = regressions(results, baseline, tolerance=args.tolerance) if baseline is not None else []
@@ -55,19 +55,32 @@ def command(args: argparse.Namespace, config: Config) -> int:
     return 1 if worse or any(r.failures for r in results) else 0
 
 
-async def _run(config: Config, settings: BrainSettings, cases: list[Case], model: LLMClient | None) -> list[Result]:
-    async with connected_bus(config) as bus:
-        return [await run_case(bus, settings, case, model) for case in cases]
+async def _run(config: Config, settings: BrainSettings, cases: list[Case], model: LLMClient | None,
+               jobs: int) -> list[Result]:
+    async with connected_bus(config) as bus, Replayer(bus, settings) as replayer:
+        return await run_cases(replayer, cases, model, jobs=jobs)
 
 
-async def run_case(bus: Bus, settings: BrainSettings, case: Case, model: LLMClient | None) -> Result:
+async def run_cases(replayer: Replayer, cases: list[Case], model: LLMClient | None, *, jobs: int = 1) -> list[Result]:
+    """Every case, ``jobs`` at a time (each its own scratch session), the results in the cases' order."""
+    room = asyncio.Semaphore(max(1, jobs))
+
+    async def one(case: Case) -> Result:
+        async with room:
+            return await run_case(replayer, case, model)
+
+    return list(await asyncio.gather(*(one(case) for case in cases)))
+
+
+async def run_case(replayer: Replayer, case: Case, model: LLMClient | None) -> Result:
     """One case, its failures checked; a recording that does not read fails the case, not the run."""
     mode = "live" if model is not None else "offline"
     if model is None and case.session is None:
         return Result(case.name, case.source, "skipped", skipped=NEEDS_A_MODEL)
     started = time.perf_counter()
     try:
-        outcome = await (live(bus, settings, case, model) if model is not None else offline(bus, settings, case))
+        outcome = await (live(replayer.bus, replayer.settings, case, model) if model is not None
+                         else offline(replayer, case))
     except RecordError as exc:
         return Result(case.name, case.source, mode, failures=[f"the recording: {exc}"])
     return Result(case.name, case.source, mode, outcome, failures(case.expect, outcome),
@@ -119,6 +132,8 @@ def _eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerance", type=float, default=0.1, metavar="SHARE",
                         help="how much more tokens, cost or time (and how much less cache hit) is not yet a "
                         "regression (default 0.1: 10%%)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="cases run at once (default 1; a live run "
+                        "waits on the model, so more at once go faster)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--redis", metavar="URL")
 
