@@ -31,6 +31,7 @@ from bus.replies import ReplyInbox
 from bus.streams import Bus
 from hands.config import AllowEntry, ExecSettings
 from hands.errors import ToolFailure
+from memory.flight import FlightRecorder, Step
 
 log = logging.getLogger("hands.approvals")
 
@@ -185,11 +186,13 @@ class ApprovalGate:
             reply = await self.inbox.request(call.approvals_to, request, request.approval_id, timeout=timeout,
                                              final=(ApprovalDecision,))
         except TimeoutError:
+            await self._record(call, request, "no answer", "")
             raise ToolFailure(ErrorCode.APPROVAL_DENIED, f"no one approved the command within {timeout:g}s; "
                               "it was not run") from None
         finally:
             await self.bus.redis.delete(key)
         assert isinstance(reply, ApprovalDecision)
+        await self._record(call, request, reply.decision, reply.by)
         log.info("approval answered approval=%s decision=%s by=%s", request.approval_id, reply.decision, reply.by)
         if reply.decision == "deny":
             raise ToolFailure(ErrorCode.APPROVAL_DENIED, f"{reply.by or 'the person'} denied running it",
@@ -199,6 +202,14 @@ class ApprovalGate:
                         request.approval_id)
             return "allow-once", reply.by
         return reply.decision, reply.by
+
+    async def _record(self, call: Any, request: ApprovalRequest, decision: str, by: str) -> None:
+        """The decision in the session's flight record (when it keeps one), before the command runs or not."""
+        assert self.bus is not None
+        step = Step(kind="approval", message_id=call.message_id or "",
+                    data={"call_id": call.call_id, "tool": call.tool, "summary": request.summary,
+                          "decision": decision, "by": by, "approval_id": request.approval_id})
+        await FlightRecorder(self.bus.redis, self.bus.keys, keep_s=0).add_if_kept(call.session_id, step)
 
     async def _remember(self, call: ToolExecute, parts: list[Segment], *, by: str) -> None:
         if self.bus is None or not parts:

@@ -24,11 +24,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import now_ms
+from bus.scripts import lua
 from bus.store import RedisStore
 
 FORMAT = 1  # the export's version: a reader refuses a newer one by name
 KEEP_DAYS = 30.0  # a record lapses this long after its last step, unless brain.record.keep_days says
-Kind = Literal["turn", "model", "tool", "compaction", "stop"]
+Kind = Literal["turn", "model", "tool", "compaction", "stop", "approval"]
+
+
+# KEYS: the session's record. ARGV: the step's JSON. A step added only to a record being kept (its first
+# step, the turn's, is the Brain's): a process that does not know brain.record's settings (Hands) never
+# starts one, nor one without an expiry.
+ADD_IF_KEPT = lua("memory.flight.add_if_kept", """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('XADD', KEYS[1], '*', 'e', ARGV[1])
+return 1
+""")
 
 
 class RecordError(PincerError):
@@ -101,6 +112,12 @@ class FlightRecorder:
             pipe.expire(record, self.keep_s)
             pipe.expire(stored, self.keep_s)
         return build
+
+    async def add_if_kept(self, session_id: str, step: Step) -> bool:
+        """``step`` added to the session's record if it keeps one (see ADD_IF_KEPT)."""
+        added = await self.redis.register_script(ADD_IF_KEPT)(keys=[self.keys.session_record(session_id)],
+                                                                args=[step.model_dump_json()])
+        return bool(added)
 
     async def model_call(self, session_id: str, message_id: str, *, messages: list[dict[str, Any]],
                          tools: list[dict[str, Any]], params: dict[str, Any], response: dict[str, Any],

@@ -102,6 +102,9 @@ def summary(step: Step) -> dict[str, Any]:
     elif step.kind == "tool":
         row.update(detail=f"{data.get('tool')}: {'ok' if data.get('success') else data.get('error_code', 'failed')}",
                    worker=data.get("worker_id"), total_ms=data.get("duration_ms"))
+    elif step.kind == "approval":
+        by = f" by {data['by']}" if data.get("by") else ""
+        row.update(detail=f"{data.get('tool')}: {data.get('decision')}{by}")
     elif step.kind == "turn":
         row.update(detail=f"from {data.get('sender')}: {str(data.get('text'))[:60]}")
     else:

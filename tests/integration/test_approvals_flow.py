@@ -11,6 +11,7 @@ from bus.protocol import ApprovalDecision, ApprovalRequest, ErrorCode, ToolExecu
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from hands.approvals import remembered
+from memory.flight import FlightRecorder, Step
 from tests.conftest import identity_tree
 
 
@@ -119,3 +120,20 @@ async def test_allow_always_for_a_call_from_no_identity_is_allow_once(engine, ca
     again, _ = await ask_and_answer(bus, call, person, "date", None, sender="")
     assert again.error.code is ErrorCode.APPROVAL_DENIED
     assert not [k async for k in bus.redis.scan_iter(match=bus.keys.exec_allowlist("main", "*"))]
+
+
+async def test_each_decision_is_in_a_kept_flight_record_with_who_decided(engine, call, person: ReplyInbox,
+                                                                         bus: Bus, ws: Path) -> None:
+    await engine(workspace=ws, sandbox={"allow_degraded": True}, exec={"mode": "ask", "approval_timeout_s": 0.5})
+    recorder = FlightRecorder(bus.redis, bus.keys, keep_s=60)
+    await recorder.write("alice/s", Step(kind="turn", data={"text": "run things"}))  # the Brain's first step
+    await ask_and_answer(bus, call, person, "true", "allow-once", by="alice")
+    await ask_and_answer(bus, call, person, "echo no", "deny", by="bob")
+    await ask_and_answer(bus, call, person, "echo silent", None)
+    decided = [(s.data["decision"], s.data["by"], s.data["summary"].splitlines()[0])
+               for s in await recorder.steps("alice/s") if s.kind == "approval"]
+    assert decided == [("allow-once", "alice", "true"), ("deny", "bob", "echo no"), ("no answer", "", "echo silent")]
+    assert 0 < await bus.redis.ttl(bus.keys.session_record("alice/s")) <= 60  # its expiry is the record's own
+    # a session that keeps no record gets none started by Hands
+    await ask_and_answer(bus, call, person, "true", "allow-once", sender="carol")
+    assert not await bus.redis.exists(bus.keys.session_record("carol/s"))
