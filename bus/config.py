@@ -2,8 +2,11 @@
 
 Each package owns the pydantic model of its own section and asks for it with
 ``Config.section(name, Model)``. Lookup order for the file: ``--config PATH``,
-then ``PINCER_CONFIG``, then ``./config.yaml``, then the defaults shipped in
-the package (``bus/default_config.yaml``, the project's ``config.yaml``). Any key
+then ``PINCER_CONFIG``, then ``config.yaml`` in the data dir (``PINCER_DATA_DIR``,
+else ``~/.pincer``: where ``pincer setup`` writes it), then the defaults shipped in
+the package (``bus/default_config.yaml``, the project's ``config.yaml``). A
+``config.yaml`` in the current directory is never read on its own: it may be
+another project's (the checkout's ``./pincer`` passes its own with ``--config``). Any key
 can be overridden as ``PINCER_<SECTION>__<KEY>``
 (nested keys joined by ``__``); values are text that the section model
 converts (``PINCER_HANDS__CONCURRENCY=4`` is the number 4); lists are
@@ -296,10 +299,15 @@ def _find_file(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> P
         if not chosen.is_file():
             raise ConfigError(f"config file {chosen} does not exist (from --config or PINCER_CONFIG)")
         return chosen
-    for candidate in (Path.cwd() / "config.yaml", DEFAULT_CONFIG):
+    for candidate in (data_dir_config(env), DEFAULT_CONFIG):
         if candidate.is_file():
             return candidate
     return None
+
+
+def data_dir_config(env: Mapping[str, str]) -> Path:
+    """The data dir's own config file (``pincer setup`` writes it there)."""
+    return Path(env.get("PINCER_DATA_DIR") or "~/.pincer").expanduser() / "config.yaml"
 
 
 def _read_yaml(source: Path) -> dict[str, Any]:

@@ -56,7 +56,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _parser(command: str | None) -> argparse.ArgumentParser:
     """Every command with its help; the arguments of ``command`` alone (from its own module)."""
     parser = argparse.ArgumentParser(prog="pincer", description="Pincer agent runtime")
-    parser.add_argument("--config", metavar="PATH", help="config file (default: $PINCER_CONFIG or ./config.yaml)")
+    parser.add_argument("--config", metavar="PATH", help="config file (default: $PINCER_CONFIG, else "
+                        "config.yaml in the data dir, else the packaged defaults)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (target, help_text) in COMMANDS.items():
         own = sub.add_parser(name, help=help_text)

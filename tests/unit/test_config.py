@@ -118,6 +118,25 @@ def test_config_env_var_picks_the_file(tmp_path: Path) -> None:
     assert load_config(env={"PINCER_CONFIG": str(path)}).section("gateway", GatewaySettings).port == 1234
 
 
+def test_the_data_dirs_config_is_found_and_another_projects_in_the_current_directory_never(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "some-ml-project"
+    project.mkdir()
+    (project / "config.yaml").write_text("epochs: 30\nlearning_rate: 0.001\n")  # not Pincer's
+    monkeypatch.chdir(project)
+    data = tmp_path / "data"
+    env = {"PINCER_DATA_DIR": str(data)}
+    default = load_config(env=env)
+    default.check_sections(SECTIONS)  # the packaged defaults: no "unknown section 'epochs'"
+    assert default.source == DEFAULT_CONFIG
+    data.mkdir()
+    (data / "config.yaml").write_text("gateway:\n  port: 4321\n")
+    assert load_config(env=env).section("gateway", GatewaySettings).port == 4321
+    explicit = _write(tmp_path, "gateway:\n  port: 1234\n")
+    assert load_config(explicit, env=env).section("gateway", GatewaySettings).port == 1234
+    assert load_config(env={**env, "PINCER_CONFIG": str(explicit)}).section("gateway", GatewaySettings).port == 1234
+
+
 @pytest.mark.parametrize(
     ("text", "env", "expected"),
     [
