@@ -280,7 +280,7 @@ class Turn:
             cost = 0.0
             if spend is not None:  # no answer, yet the provider may have read the prompt and streamed some
                 cost = await asyncio.shield(settle(None))
-                self.used.cost_usd += cost
+                self._spent(cost)
             failed = {"error": f"{type(exc).__name__}: {exc}"[:2000], "cost_usd": cost, "tries": len(attempts),
                       "total_ms": round((time.monotonic() - started) * 1000, 1)}
             with contextlib.suppress(RedisAway):  # the call's own failure is the one to tell
@@ -292,7 +292,7 @@ class Turn:
             if not attempts:
                 attempts.append(Attempt(model=answered, usage=completion.usage, streamed=[completion.text]))
             cost = await settle(answered)
-            self.used.cost_usd += cost
+            self._spent(cost)
         # In the record before anything acts on it (the transcript keeps it too: a resumed turn never asks again).
         await self._record_model(shown, tools, params, _response(completion, attempts, started, cost))
         self.used.model_calls += 1
@@ -302,6 +302,12 @@ class Turn:
             deps.meter.count("pincer_model_tokens", completion.model, kind,
                              value=completion.usage.get(f"{kind}_tokens") or 0)
         return completion
+
+    def _spent(self, cost: float) -> None:
+        """The call's cost, in the turn's usage and the session's spend (with the next write, not awaited)."""
+        self.used.cost_usd += cost
+        if cost > 0:
+            self.deps.bus.batcher.send(self.deps.sessions.count_spend(self.message.session_id, round(cost * 1_000_000)))
 
     async def _compact(self, messages: list[dict[str, Any]], turn_starts: int) -> int:
         """Replace the earlier turns (``messages[:turn_starts]`` after the instructions) by a note the session

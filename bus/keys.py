@@ -92,6 +92,10 @@ class Keys:
         """Hash of what the record's requests are made of (messages, tool lists), each stored once by digest."""
         return f"{self.prefix}session:{{{session_id}}}:record-parts"
 
+    def session_about(self, session_id: str) -> str:
+        """What a session is, for people: its title (from its first message, or as renamed) and its spend."""
+        return f"{self.prefix}session:{{{session_id}}}:about"
+
     def session_seq(self, session_id: str) -> str:
         """Counter numbering a session's messages as the Gateway takes them."""
         return f"{self.prefix}session:{{{session_id}}}:seq"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgpack
@@ -97,11 +98,33 @@ return 1
 """)
 
 
+# KEYS: the session's about hash, its transcript. ARGV: "first" (a title if it has none) or "name" (a person's),
+# the title. The hash lapses when the transcript does (a session that expires leaves nothing behind).
+ABOUT = lua("memory.sessions.about", """
+if ARGV[1] == 'name' then
+  redis.call('HSET', KEYS[1], 'title', ARGV[2], 'named', '1')
+else
+  redis.call('HSETNX', KEYS[1], 'title', ARGV[2])
+end
+local left = redis.call('PTTL', KEYS[2])
+if left > 0 then redis.call('PEXPIRE', KEYS[1], left) elseif left == -1 then redis.call('PERSIST', KEYS[1]) end
+return 1
+""")
+TITLE_CHARS = 80
+
+
+def title_of(text: str, *, most: int = TITLE_CHARS) -> str:
+    """A title from a message: its first words on one line, at most ``most`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= most else line[:most - 1].rstrip() + "…"
+
+
 class SessionStore:
     def __init__(self, redis: RedisStore, keys: Keys) -> None:
         self.redis, self.keys = redis, keys
         self._claim = redis.register_script(CLAIM_AND_NUMBER)
         self._adopt = redis.register_script(ADOPT)
+        self._about = redis.register_script(ABOUT)
         self.log = MemoryLog(redis, keys)
 
     async def append(self, session_id: str, *entries: TranscriptEntry) -> None:
@@ -111,10 +134,14 @@ class SessionStore:
         findable = [f for n, e in enumerate(entries)
                     if (f := said(session_id, e.role, e.content, e.timestamp, f"{e.timestamp}-{n}",
                                   str(e.metadata.get("message_id") or ""))) is not None]
+        asked = next((e.content for e in entries if e.role == "user" and e.content), None)
         # Not a transaction: the keys live in different cluster slots; the index is a hint.
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.rpush(self.keys.transcript(session_id), *packed)
             pipe.zadd(self.keys.sessions, {session_id: time.time()})
+            if asked is not None:  # titled by its first message, until someone names it
+                await self._about(keys=[self.keys.session_about(session_id), self.keys.transcript(session_id)],
+                                  args=["first", title_of(asked)], client=pipe)
             for fields in findable:  # memory search finds it (memory/recall.py), in the same round trip
                 await self.log.said(pipe, session_id, fields)
             await pipe.execute()
@@ -165,7 +192,8 @@ class SessionStore:
             for key in (self.keys.session_owner(session_id), self.keys.transcript(session_id),
                         self.keys.session_seq(session_id), self.keys.session_done(session_id),
                         self.keys.session_events(session_id), self.keys.session_events_seq(session_id),
-                        self.keys.session_record(session_id), self.keys.session_record_parts(session_id)):
+                        self.keys.session_record(session_id), self.keys.session_record_parts(session_id),
+                        self.keys.session_about(session_id)):
                 pipe.expire(key, ttl_s)
             await pipe.execute()
 
@@ -190,6 +218,33 @@ class SessionStore:
         return [i for n, i in enumerate(ids) if found[2 * n]
                 and (owner is None or (found[2 * n + 1] or b"").decode() == owner)]
 
+    async def about(self, session_ids: list[str]) -> list[dict[str, Any]]:
+        """Each session as a list shows it: its title, when it last changed, its messages and its spend."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in session_ids:
+                pipe.hgetall(self.keys.session_about(session_id))
+                pipe.get(self.keys.session_seq(session_id))
+                pipe.zscore(self.keys.sessions, session_id)
+            found = await pipe.execute()
+        shown = []
+        for n, session_id in enumerate(session_ids):
+            about, seq, updated = found[3 * n], found[3 * n + 1], found[3 * n + 2]
+            shown.append({"id": session_id, "title": (about.get(b"title") or b"").decode(),
+                          "named": about.get(b"named") == b"1", "messages": int(seq or 0),
+                          "updated_at": round(float(updated or 0), 3),
+                          "spend_usd": int(about.get(b"spend_micro") or 0) / 1_000_000})
+        return shown
+
+    async def rename(self, session_id: str, title: str) -> None:
+        """A title a person chose, kept over the first message's."""
+        await self._about(keys=[self.keys.session_about(session_id), self.keys.transcript(session_id)],
+                          args=["name", title])
+
+    def count_spend(self, session_id: str, micro: int) -> Callable[[Any], object]:
+        """Commands adding ``micro`` micro-dollars to the session's spend (for the bus's batcher)."""
+        key = self.keys.session_about(session_id)
+        return lambda pipe: pipe.hincrby(key, "spend_micro", micro)
+
     async def fork(self, source: str, target: str, *, at: int) -> list[TranscriptEntry]:
         """A new session holding ``source``'s first ``at`` messages and everything that answered them, owned
         as ``source`` is; the entries copied. ``ForkRefused`` when ``at`` is out of range or ``target`` exists."""
@@ -206,7 +261,11 @@ class SessionStore:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(self.keys.session_owner(target), owner, nx=True)
                 await pipe.execute()
+        title = await self.redis.hget(self.keys.session_about(source), "title")
         await self.append(target, *kept)
+        if title:
+            suffix = f" (from message {at})"
+            await self.rename(target, title_of(title.decode(), most=TITLE_CHARS - len(suffix)) + suffix)
         return kept
 
     async def delete(self, session_id: str) -> None:
@@ -215,7 +274,8 @@ class SessionStore:
             pipe.delete(self.keys.transcript(session_id), self.keys.session_seq(session_id),
                         self.keys.session_done(session_id), self.keys.session_owner(session_id),
                         self.keys.session_events(session_id), self.keys.session_events_seq(session_id),
-                        self.keys.session_record(session_id), self.keys.session_record_parts(session_id))
+                        self.keys.session_record(session_id), self.keys.session_record_parts(session_id),
+                        self.keys.session_about(session_id))
             pipe.zrem(self.keys.sessions, session_id)
             await self.log.forgotten(pipe, session_id)  # its words leave the memory log and every worker's index
             await pipe.execute()

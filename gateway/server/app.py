@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -62,9 +62,23 @@ from gateway.turns.session_names import ALL_OWNERS, SEPARATOR, check_session_nam
 from memory.flight import KEEP_DAYS, FlightRecorder
 from memory.jobs import JobStore
 from memory.longterm import LongTermMemory
-from memory.sessions import ForkRefused, SessionStore
+from memory.sessions import TITLE_CHARS, ForkRefused, SessionStore
 
 log = logging.getLogger("gateway.http")
+
+class Rename(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(min_length=1, max_length=TITLE_CHARS)
+
+    @field_validator("title")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        line = " ".join(value.split())
+        if not line:
+            raise ValueError("a title needs some text")
+        return line
+
 
 class Fork(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -122,7 +136,8 @@ class Gateway:
         if self.settings.cors and self.settings.allowed_origins:
             # Outermost, so a browser's preflight (which carries no token) is answered before the guard.
             middleware.insert(0, Middleware(
-                CORSMiddleware, allow_origins=self.settings.allowed_origins, allow_methods=["GET", "POST", "DELETE"],
+                CORSMiddleware, allow_origins=self.settings.allowed_origins,
+                allow_methods=["GET", "POST", "PATCH", "DELETE"],
                 allow_headers=["Authorization", "Content-Type", "X-Pincer-Session", "X-OpenWebUI-Chat-Id",
                                "X-Conversation-Id", "Last-Event-ID"], max_age=600))
         return Starlette(
@@ -133,6 +148,7 @@ class Gateway:
                 Route("/v1/sessions/{session_id}/events", self.session_events, methods=["GET"]),
                 Route("/v1/sessions/{session_id}", self.get_session, methods=["GET"]),
                 Route("/v1/sessions/{session_id}", self.delete_session, methods=["DELETE"]),
+                Route("/v1/sessions/{session_id}", self.rename_session, methods=["PATCH"]),
                 Route("/v1/sessions", self.list_sessions, methods=["GET"]),
                 Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
                 Route("/v1/hooks/{name}", self.hook, methods=["POST"]),
@@ -286,7 +302,23 @@ class Gateway:
         if owner != identity.name and not identity.operator:
             raise Refused(ErrorCode.FORBIDDEN, "only an operator token may list another identity's sessions")
         found = await self.sessions.list_sessions(owner=None if owner == ALL_OWNERS else owner)
-        return JSONResponse({"sessions": [shown_to(identity, s) if owner != ALL_OWNERS else s for s in found]})
+        about = await self.sessions.about(found)
+        query = (request.query_params.get("q") or "").casefold()
+        for entry in about:
+            entry["id"] = shown_to(identity, entry["id"]) if owner != ALL_OWNERS else entry["id"]
+        if query:  # search: the name or the title holds it
+            about = [e for e in about if query in e["id"].casefold() or query in e["title"].casefold()]
+        # "sessions": the names, as before; "details": each one's title, messages, last change and spend
+        return JSONResponse({"sessions": [e["id"] for e in about], "details": about})
+
+    async def rename_session(self, request: Request) -> Response:
+        """A session's title, as a person names it (it was its first message)."""
+        session_id = session_id_of(request)
+        identity = caller(request)
+        body = await read_json(request, Rename, example='{"title": "trip to Lisbon"}')
+        await self.turns.own_session(identity, session_id, existing=True)
+        await self.sessions.rename(session_id, body.title)
+        return JSONResponse({"session_id": shown_to(identity, session_id), "title": body.title})
 
     async def live(self, websocket: WebSocket) -> None:
         await LiveSocket(websocket, turns=self.turns, tokens=self.tokens, limits=self.limits,

@@ -97,3 +97,38 @@ def test_a_fork_keeps_the_first_messages_and_asks_no_model_for_them(
     assert strangers.status_code == 404
     recorded = json.loads(processes.run("record", "show", "retry", "--json").stdout)
     assert [r["kind"] for r in recorded] == ["turn", "model"] * 3  # two copied turns, then its own
+
+
+def test_sessions_are_listed_titled_renamed_searched_and_with_their_spend(
+        processes: Processes, pincer_env: dict[str, str], scripted_llm: ScriptedLLM) -> None:
+    priced = {"PINCER_BRAIN__PRICES": json.dumps({"openai/scripted": {"input_per_mtok": 1000,
+                                                                      "output_per_mtok": 1000}})}
+    processes.start("gateway", name="gateway")
+    processes.start("brain", name="brain", extra_env=priced)
+    processes.start("hands", name="hands")
+    wait_until(lambda: stack_healthy(processes.env), timeout=60, what="a healthy stack")
+    with gateway_client(processes.env) as client:
+        for session, text in (("trip", "plan   a trip\nto Lisbon in May " + "please " * 20), ("trip", "and back"),
+                              ("bills", "pay the water bill")):
+            assert client.post(f"/v1/sessions/{session}/messages", json={"text": text}).status_code == 200
+        listed = client.get("/v1/sessions").json()
+        renamed = client.patch("/v1/sessions/bills", json={"title": "  Household\n bills "})
+        empty = client.patch("/v1/sessions/bills", json={"title": " \n "})
+        strangers = client.patch("/v1/sessions/nobody", json={"title": "mine"})
+        found = client.get("/v1/sessions", params={"q": "household"}).json()
+        by_name = client.get("/v1/sessions", params={"q": "TRI"}).json()
+        forked = client.post("/v1/sessions/trip/fork", json={"at": 1, "name": "trip-2"})
+        after = {d["id"]: d for d in client.get("/v1/sessions").json()["details"]}
+    details = {d["id"]: d for d in listed["details"]}
+    assert listed["sessions"] == ["bills", "trip"]  # newest first, as before
+    assert details["trip"]["title"].startswith("plan a trip to Lisbon in May please") and \
+        details["trip"]["title"].endswith("…") and len(details["trip"]["title"]) == 80
+    assert details["trip"]["messages"] == 2 and details["bills"]["messages"] == 1
+    assert details["trip"]["spend_usd"] > details["bills"]["spend_usd"] > 0  # two turns against one
+    assert renamed.status_code == 200 and renamed.json()["title"] == "Household bills"
+    assert empty.status_code == 400 and strangers.status_code == 404
+    assert found["sessions"] == ["bills"] and found["details"][0]["named"] is True
+    assert by_name["sessions"] == ["trip"]
+    assert forked.status_code == 201
+    assert after["trip-2"]["title"].endswith("(from message 1)") and after["trip-2"]["spend_usd"] == 0
+    assert after["bills"]["title"] == "Household bills"
