@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import OWNER_TOKEN, ROOT, Processes
+from tests.conftest import OWNER_TOKEN, ROOT, Processes, gateway_client
+from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
 
@@ -218,10 +219,15 @@ def test_small_screen_and_keyboard_only(page_stack: dict, browser, tmp_path: Pat
     page.keyboard.type("typed only")
     page.keyboard.press("Enter")
     expect(page.locator(".msg.assistant").last).to_contain_text("echo: typed only")
+    expect(page.get_by_role("button", name="Fork from here")).to_have_count(1)
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")  # the fork action fits too
     shoot(page, "phone", tmp_path)
-    for _ in range(12):  # every control is reachable with Tab
+    reached = set()
+    for _ in range(30):  # every control is reachable with Tab (round the page and back)
         page.keyboard.press("Tab")
-    assert page.evaluate("document.activeElement.tagName") in ("BUTTON", "SELECT", "TEXTAREA", "INPUT")
+        reached.add(page.evaluate("document.activeElement.getAttribute('aria-label') || document.activeElement.id"))
+    assert {"new-session", "signout", "agent", "delete-session", "Fork from here (message 1)", "text",
+            "send"} <= reached, reached
     context.close()
 
 
@@ -383,4 +389,58 @@ def test_a_sub_agents_calls_are_cards_inside_its_delegate_card(page_stack: dict,
     finished.get_by_role("button", name="Open the sub-agent's session").click()
     expect(page.locator(".msg.user").first).to_have_text(task)  # the sub-agent's own conversation
     expect(page.locator("details.tool").filter(has_text="exec").last).to_contain_text("sandbox")
+    context.close()
+
+
+def test_fork_from_here_opens_the_first_exchange_and_asks_no_model(page_stack: dict, browser,
+                                                                    scripted_llm: ScriptedLLM) -> None:
+    """Each of the person's messages forks from the keyboard: the fork opens with messages 1..N and their
+    answers (no model asked for them), takes the next message, and a name in use takes the next suffix."""
+    from playwright.sync_api import expect
+
+    context, page = signed_in(browser, page_stack)
+    expect(echoed(page, "first words")).to_contain_text("echo: first words")
+    expect(echoed(page, "second words")).to_contain_text("echo: second words")
+    source = page.evaluate("decodeURIComponent(location.hash.slice(1))")
+    forks = page.get_by_role("button", name="Fork from here")
+    expect(forks).to_have_count(2)  # the transcript is shown again once the turn ends
+    asked = len(scripted_llm.requests)
+
+    page.get_by_role("button", name="Fork from here (message 1)").focus()
+    page.keyboard.press("Enter")
+    fork = f"{source}-fork-1"
+    expect(page.locator("#session-title")).to_have_text(fork)
+    listed = page.locator("#sessions")
+    expect(listed.get_by_role("button", name=fork, exact=True)).to_be_visible()
+    expect(page.locator(".msg.user")).to_have_text(["first words"])
+    expect(page.locator(".msg.assistant")).to_have_text(["echo: first words"])
+    assert len(scripted_llm.requests) == asked  # the copied exchange was asked of no model
+    assert page.evaluate("document.activeElement.id") == "text"
+
+    page.keyboard.type("words in the fork")
+    page.keyboard.press("Enter")
+    expect(page.locator(".msg.assistant").last).to_contain_text("echo: words in the fork")
+    assert len(scripted_llm.requests) == asked + 1
+    sent = [m["content"] for m in scripted_llm.requests[-1]["messages"] if m["role"] != "system"]
+    assert sent == ["first words", "echo: first words", "words in the fork"]
+    with gateway_client(page_stack) as client:
+        said = {name: [e["content"] for e in client.get(f"/v1/sessions/{name}").json()["entries"]
+                       if e["role"] == "user"] for name in (source, fork)}
+    assert said == {source: ["first words", "second words"], fork: ["first words", "words in the fork"]}
+
+    listed.get_by_role("button", name=source, exact=True).click()
+    expect(page.locator(".msg.user")).to_have_text(["first words", "second words"])
+    page.get_by_role("button", name="Fork from here (message 1)").click()  # its first name is taken now
+    expect(page.locator("#session-title")).to_have_text(f"{fork}-2")
+    expect(page.locator(".msg.user")).to_have_text(["first words"])
+    assert len(scripted_llm.requests) == asked + 1
+
+    listed.get_by_role("button", name=source, exact=True).click()
+    expect(page.locator(".msg.user")).to_have_count(2)
+    with gateway_client(page_stack) as client:
+        assert client.delete(f"/v1/sessions/{source}").status_code == 200
+    page.get_by_role("button", name="Fork from here (message 2)").click()
+    expect(page.locator("#status")).to_contain_text(f"no session '{source}'")  # as the page shows other errors
+    expect(page.locator("#status")).to_have_class(re.compile(r"\berror\b"))
+    expect(page.locator("#session-title")).to_have_text(source)
     context.close()

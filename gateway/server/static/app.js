@@ -1,4 +1,4 @@
-// Pincer's chat page: sessions, the transcript, live events over one WebSocket, approvals.
+// Pincer's chat page: sessions, the transcript, live events over one WebSocket, approvals, forks.
 // Everything the model or a tool wrote is untrusted: text goes in as text, markdown through DOMPurify.
 "use strict";
 
@@ -6,7 +6,7 @@
 // in for one, whatever ids it might carry.
 const ui = new Map();
 const $ = (id) => ui.get(id);
-const state = { me: null, session: null, socket: null, live: null, sessions: [], sent: [],
+const state = { me: null, session: null, socket: null, live: null, sessions: [], sent: [], forking: false,
   liveCards: new Map(), approvalCards: new Map() };
 
 function el(tag, props = {}, ...children) {
@@ -74,6 +74,16 @@ function markdown(text) {
 
 // -- rendering -----------------------------------------------------------------------------------
 function userBubble(text) { return el("div", { class: "msg user" }, text); }
+
+// The session's message n as the transcript has it (n counts its user entries, as the fork API does),
+// with "fork from here" beside it. A message sent from this page gets its action when its turn ends and
+// the transcript is shown again: its number is then the transcript's, never a guess.
+function askedBubble(text, n) {
+  return el("div", { class: "asked" }, userBubble(text),
+    el("button", { type: "button", class: "fork", "aria-label": `Fork from here (message ${n})`,
+      title: "A new conversation holding the messages up to this one and their answers",
+      onclick: () => forkAt(n) }, "Fork from here"));
+}
 
 function toolCard(entry, call) {
   const meta = entry.metadata || {};
@@ -151,8 +161,9 @@ function renderTranscript(entries) {
   box.replaceChildren();
   state.liveCards.clear();
   const calls = new Map();
+  let asked = 0;
   for (const entry of entries) {
-    if (entry.role === "user") box.append(userBubble(entry.content || ""));
+    if (entry.role === "user") box.append(askedBubble(entry.content || "", ++asked));
     else if (entry.role === "assistant") {
       for (const call of entry.tool_calls || []) calls.set(call.id, call);
       if (entry.content) box.append(markdown(entry.content));
@@ -187,6 +198,31 @@ async function openSession(id, { fresh = false } = {}) {
   subscribe();
   loadSessions().catch(() => {});
   $("text").focus();
+}
+
+// The fork is named after its source and message (`web-1a2b-fork-2`); a name in use (409) takes the next
+// suffix (`-fork-2-2`, ...). Nothing is asked of the model: the fork opens with the copied history.
+const FORK_TRIES = 20;
+
+async function forkAt(n) {
+  if (state.forking) return;  // one at a time: a double click makes one fork
+  state.forking = true;
+  const source = state.session;
+  try {
+    for (let attempt = 1; attempt <= FORK_TRIES; attempt++) {
+      const suffix = `-fork-${n}${attempt > 1 ? `-${attempt}` : ""}`;
+      const name = source.slice(0, 128 - suffix.length) + suffix;  // session names are at most 128 characters
+      try {
+        const made = await api("POST", `/v1/sessions/${encodeURIComponent(source)}/fork`, { at: n, name });
+        status("");
+        await openSession(made.session_id);
+        return;
+      } catch (error) {
+        if (error.status !== 409) { status(error.message, true); return; }
+      }
+    }
+    status(`No free name for the fork: ${source}-fork-${n} to ${source}-fork-${n}-${FORK_TRIES} are taken.`, true);
+  } finally { state.forking = false; }
 }
 
 function newSessionId() {
