@@ -186,6 +186,10 @@ class BrainSettings(Section):
     # `openai/...` models through the openai SDK itself (which litellm uses for them too), without
     # litellm's wrapper: less CPU per call (docs/brain.md). False: through litellm like every provider.
     openai_direct: bool = True
+    # Mark the prompt's stable head (the tools, the instructions) as a cache breakpoint for the providers that
+    # cache only where a request says so (Anthropic's models, direct, on Bedrock or Vertex AI): later turns read
+    # it at the cached rate (docs/budgets.md). Others cache prefixes themselves and are sent nothing extra.
+    prompt_cache: bool = True
     max_turns: int = Field(default=16, ge=1, le=1000)
     # Messages a Brain holds, besides its turns, while they wait for their session's earlier turn.
     max_waiting: int = Field(default=64, ge=0, le=10_000)

@@ -6,8 +6,8 @@ first (brain/compaction.py); what is still too long is shaped here, in two steps
 1. every tool result longer than its own budget keeps its head and tail, with a
    note in the middle saying how much was cut;
 2. while the whole is still too long, the oldest tool results are compacted to a
-   one-line note, then the oldest earlier exchanges are left out. The system
-   prompt and the current turn's latest results are kept.
+   one-line note, then the oldest earlier exchanges are left out (a system message after the pinned
+   ones says how many). The system prompt and the current turn's latest results are kept.
 The stored transcript is never changed: this shapes only what the model reads.
 """
 
@@ -68,10 +68,10 @@ def fit(messages: list[dict[str, Any]], *, window_tokens: int, result_tokens: in
         end = next((i for i in range(1, keep_from) if rest[i]["role"] == "user"), keep_from)
         total -= count(rest[:end])
         rest, keep_from, dropped = rest[end:], keep_from - end, dropped + end
-    if dropped:
-        system = {**system, "content": f"{system.get('content') or ''}\n\n({dropped} earlier message(s) of this "
-                  "conversation were left out to fit the context window.)"}
-    return [system, *kept, *rest]
+    # Said in a message of its own after the pinned ones: the instructions stay byte for byte as cached.
+    said = [{"role": "system", "content": f"({dropped} earlier message(s) of this conversation were left out to "
+             "fit the context window.)"}] if dropped else []
+    return [system, *kept, *said, *rest]
 
 
 def _cut(message: dict[str, Any], max_chars: int) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from brain.prompt import cache_marked, takes_cache_marks
 from bus.errors import PincerError
 from bus.protocol import ErrorCode, ToolSpec
 
@@ -126,8 +127,9 @@ class LiteLLMClient:
 
     def __init__(self, *, model: str, api_base: str | None, api_key: str | None, timeout_s: float,
                  retries: int, fallbacks: list[str] | None = None, openai_direct: bool = False,
-                 connect_patience_s: float = 0.0) -> None:
+                 connect_patience_s: float = 0.0, prompt_cache: bool = True) -> None:
         self.model, self.api_base, self.api_key = model, api_base, api_key
+        self.prompt_cache = prompt_cache  # mark the stable head for the providers that cache only where marked
         self.timeout_s, self.retries, self.connect_patience_s = timeout_s, retries, connect_patience_s
         self.fallbacks = fallbacks or []
         self.openai_direct = openai_direct
@@ -170,19 +172,7 @@ class LiteLLMClient:
 
     async def _complete(self, model: str, messages: list[dict[str, Any]], tools: list[ToolSpec],
                         on_text: OnText, max_output_tokens: int | None, attempt: Attempt) -> Completion:
-        # No retries inside litellm (num_retries, and max_retries for the SDK under it): each is made above.
-        kwargs: dict[str, Any] = {
-            "model": model, "messages": messages, "stream": True, "timeout": self.timeout_s,
-            "num_retries": 0, "max_retries": 0, "stream_options": {"include_usage": True},
-        }
-        if max_output_tokens is not None:
-            kwargs["max_tokens"] = max_output_tokens
-        if tools:
-            kwargs["tools"] = [tool_param(spec) for spec in tools]
-        if self.api_base:
-            kwargs["api_base"] = self.api_base
-        if self.api_key:
-            kwargs["api_key"] = self.api_key
+        kwargs = self.request(model, messages, tools, max_output_tokens)
         try:
             if takes_litellm(model, openai_direct=self.openai_direct):
                 import litellm  # ~150 MB and seconds: only for a model that takes its road
@@ -197,6 +187,27 @@ class LiteLLMClient:
             attempt.unsent = not attempt.streamed and never_connected(exc)
             raise translate_error(exc) from exc
 
+
+    def request(self, model: str, messages: list[dict[str, Any]], tools: list[ToolSpec],
+                max_output_tokens: int | None = None) -> dict[str, Any]:
+        """What one request to ``model`` is sent with: litellm's arguments (the direct road takes a part)."""
+        wire = [tool_param(spec) for spec in tools]
+        if self.prompt_cache and takes_cache_marks(model):  # a fallback of another provider is sent none
+            messages, wire = cache_marked(messages, wire)
+        # No retries inside litellm (num_retries, and max_retries for the SDK under it): each is made above.
+        kwargs: dict[str, Any] = {
+            "model": model, "messages": messages, "stream": True, "timeout": self.timeout_s,
+            "num_retries": 0, "max_retries": 0, "stream_options": {"include_usage": True},
+        }
+        if max_output_tokens is not None:
+            kwargs["max_tokens"] = max_output_tokens
+        if wire:
+            kwargs["tools"] = wire
+        if self.api_base:
+            kwargs["api_base"] = self.api_base
+        if self.api_key:
+            kwargs["api_key"] = self.api_key
+        return kwargs
 
     async def _direct(self, model: str, kwargs: dict[str, Any]) -> Any:
         """The same request through the openai SDK: what litellm's openai provider sends, minus litellm."""

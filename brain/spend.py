@@ -87,8 +87,8 @@ redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
 return {0}
 """)
 # KEYS: holds, this hold (may be gone), then the budgets. ARGV: cost, hold id, model ('': a hold given
-# back, no call), prompt tokens, output tokens, then each budget's limit (-1: none) and keep s, then the
-# alert shares (per mille).
+# back, no call), prompt tokens, output tokens, cached tokens (of the prompt's), then each budget's limit
+# (-1: none) and keep s, then the alert shares (per mille).
 # Returns {i, per mille, spent} for each alert share newly reached.
 SETTLE = lua("brain.spend.settle", """
 local bound = tonumber(redis.call('HGET', KEYS[2], 'bound') or '0')
@@ -104,12 +104,13 @@ for i = 1, n do
     redis.call('HINCRBY', key, 'calls', 1)
     redis.call('HINCRBY', key, 'input_tokens', ARGV[4])
     redis.call('HINCRBY', key, 'output_tokens', ARGV[5])
+    redis.call('HINCRBY', key, 'cached_tokens', ARGV[6])
     redis.call('HINCRBY', key, 'model:' .. ARGV[3], ARGV[1])
   end
-  redis.call('EXPIRE', key, ARGV[5 + 2 * i])
-  local limit = tonumber(ARGV[4 + 2 * i])
+  redis.call('EXPIRE', key, ARGV[6 + 2 * i])
+  local limit = tonumber(ARGV[5 + 2 * i])
   if limit >= 0 then
-    for s = 6 + 2 * n, #ARGV do
+    for s = 7 + 2 * n, #ARGV do
       local share = tonumber(ARGV[s])
       if spent * 1000 >= limit * share and redis.call('HSETNX', key, 'alerted:' .. share, 1) == 1 then
         table.insert(reached, {i, share, spent})
@@ -297,10 +298,11 @@ class Governor:
                       usage: dict[str, Any]) -> float:
         """One request's cost added to ``budgets`` (and hold ``hold_id`` released, '': none), in one script."""
         prompt, output = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        cached = min(max(int(usage.get("cached_tokens") or 0), 0), prompt)  # of the prompt's, from the cache
         price = self.price(model)
-        cost = price.micro(prompt, output, int(usage.get("cached_tokens") or 0)) if price else 0
+        cost = price.micro(prompt, output, cached) if price else 0
         hold_id = hold_id or uuid.uuid4().hex  # no hold: the script finds none to release
-        args: list[Any] = [cost, hold_id, model, prompt, output]
+        args: list[Any] = [cost, hold_id, model, prompt, output, cached]
         for budget in budgets:
             args.extend((budget.limit, budget.keep_s))
         args.extend(round(share * 1000) for share in self.budget.alerts)
@@ -361,6 +363,11 @@ def price_of(settings: BrainSettings, model: str) -> Price | None:
     return table_price(model)
 
 
+def hit_rate(cached_tokens: float, prompt_tokens: float) -> float | None:
+    """The share of prompt tokens the provider read from its cache (None: no prompt tokens counted)."""
+    return round(cached_tokens / prompt_tokens, 4) if prompt_tokens else None
+
+
 def table_price(model: str) -> Price | None:
     """litellm's price for a model, by its full name or without the provider's prefix."""
     table = price_table()
@@ -376,7 +383,8 @@ def table_price(model: str) -> Price | None:
 
 async def report(bus: Bus, settings: BrainSettings, *, clock: Any = time.time) -> dict[str, Any]:
     """What `pincer budget` shows: this day's and month's spend per scope (the pool, every agent and identity
-    that spent or has a limit), what is left of each limit, and the latest alerts."""
+    that spent or has a limit), what is left of each limit, its tokens and the share of its prompt tokens
+    read from the provider's cache (``cache_hit``), and the latest alerts."""
     governor = Governor(bus, settings, Meter(), clock=clock)
     scopes = {"pool", *(f"agent:{a}" for a in {"main", *settings.agents, *settings.budget.agents}),
               *(f"identity:{i}" for i in settings.budget.identities)}
@@ -401,7 +409,8 @@ async def report(bus: Bus, settings: BrainSettings, *, clock: Any = time.time) -
                          "held_usd": round(got.get("held", 0) / MICRO, 6), "limit_usd": limit,
                          "left_usd": None if limit is None else round(max(0.0, limit - spent), 6),
                          "calls": got.get("calls", 0), "input_tokens": got.get("input_tokens", 0),
-                         "output_tokens": got.get("output_tokens", 0),
+                         "output_tokens": got.get("output_tokens", 0), "cached_tokens": got.get("cached_tokens", 0),
+                         "cache_hit": hit_rate(got.get("cached_tokens", 0), got.get("input_tokens", 0)),
                          "models": {k.removeprefix("model:"): v / MICRO for k, v in got.items()
                                     if k.startswith("model:")}})
     alerts: list[tuple[bytes, dict[bytes, bytes]]] = await bus.redis.xrevrange(bus.keys.alerts, count=20)  # type: ignore[assignment]  # bytes

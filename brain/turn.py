@@ -31,7 +31,7 @@ from brain.llm import (
 )
 from brain.loop_detector import LoopDetector
 from brain.plan import plan
-from brain.prompt import system_prompt
+from brain.prompt import context_prompt, system_prompt
 from brain.resume import call_id_of, finished_answer
 from brain.session_order import Lease
 from brain.spend import BudgetExceeded, Governor
@@ -110,9 +110,10 @@ class Turn:
         self.deadline_ms = 0  # when the turn's time runs out (a sub-agent's: its tree's, if sooner)
         # Compaction (brain/compaction.py): the session's note, the earlier entries it does not cover yet, and
         # whether this turn has compacted (once at most) or retried after the provider said it was too long.
-        self.system: dict[str, Any] = {}
+        self.system: dict[str, Any] = {}  # the stable head: the agent's instructions and skills
+        self.context: list[dict[str, Any]] = []  # what may change between turns: the client's words, memory notes
         self.note: str | None = None
-        self.head = 1  # the messages every request starts with: the instructions, and the note once there is one
+        self.head = 1  # the messages every request starts with: the instructions, the note (once made), the context
         self.live_before: list[TranscriptEntry] = []
         self.history_start = 0
         self.compacted = self.overflowed = False
@@ -132,17 +133,21 @@ class Turn:
             tools, skills = await deps.catalog.lookup(msg.agent_id, msg.sender)
         except NoHandsAvailable as exc:
             return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
+        tools = sorted(tools, key=lambda spec: spec.name)  # one order, whichever Hands worker listed them
         notes = await deps.memory.list(msg.agent_id, owner=msg.sender) \
             if any(t.name == "memory_read" for t in tools) else []
-        self.system = {"role": "system", "content": system_prompt(deps.settings.instructions, skills, notes,
-                                                                   client=msg.instructions)}
+        # The stable head first, byte for byte the same every turn (a provider's prompt cache reads it); what
+        # changes between turns after it (brain/prompt.py).
+        self.system = {"role": "system", "content": system_prompt(deps.settings.instructions, skills)}
+        context = context_prompt(notes, client=msg.instructions)
+        self.context = [{"role": "system", "content": context}] if context else []
         state = live(before, turn)
         self.note, self.live_before, self.compacted = state.note, state.entries, state.compacted_now
         self.history_start = len(before)
-        messages = [self.system, *([note_message(state.note)] if state.note else [])]
-        self.head = len(messages)  # the messages every request starts with: instructions, then the note
+        messages = [self.system, *([note_message(state.note)] if state.note else []), *self.context]
+        self.head = len(messages)  # the messages every request starts with: instructions, the note, the context
         messages += [entry.to_llm() for entry in [*state.entries, *turn] if not is_note(entry)]
-        alone = count(shaped([messages[0], turn[0].to_llm()], deps.settings.tool_result_max_tokens))
+        alone = count(shaped([self.system, *self.context, turn[0].to_llm()], deps.settings.tool_result_max_tokens))
         if alone > limit_of(self.window_tokens):  # no summary or cut can help: say so before any model call
             return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the instructions and this message take {alone:,} "
                                    f"tokens, more than the {limit_of(self.window_tokens):,} the model's window "
@@ -329,8 +334,8 @@ class Turn:
         await self.deps.sessions.append(msg.session_id, entry)
         self.note, self.live_before = entry.content, []
         await self._record("compaction", method=method, replaced=self.history_start)
-        messages[:turn_starts] = [self.system, note_message(entry.content or "")]
-        self.head = 2
+        messages[:turn_starts] = [self.system, note_message(entry.content or ""), *self.context]
+        self.head = 2 + len(self.context)
         log.info("earlier turns compacted %s", kv(session=msg.session_id, entries=self.history_start, method=method))
         return self.head
 

@@ -51,6 +51,7 @@ def default_llm(settings: BrainSettings) -> LLMClient | None:
         connect_patience_s=settings.llm_connect_patience_s,
         fallbacks=settings.fallbacks,
         openai_direct=settings.openai_direct,
+        prompt_cache=settings.prompt_cache,
     )
 
 

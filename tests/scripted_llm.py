@@ -18,6 +18,11 @@ cache when the request continues a conversation (more than the instructions and 
 
 Every request body is kept in ``requests`` for assertions, the moment it arrives (a provider that bills on
 arrival reads the whole prompt then).
+
+It also answers Anthropic's Messages API (``POST .../v1/messages``, what litellm sends an ``anthropic/``
+model), streamed in Anthropic's events: ``echo: <the last user text>``, with 8 of the prompt's tokens read
+from the cache when the request continues a conversation. Those bodies are kept in ``requests`` too, in
+Anthropic's form (``system``, ``messages``, ``tools``, with any ``cache_control`` marks as they arrived).
 """
 
 from __future__ import annotations
@@ -68,6 +73,9 @@ class ScriptedLLM:
             def do_POST(self) -> None:  # http.server's naming
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 script.requests.append(body)
+                if self.path.rstrip("/").endswith("/messages"):
+                    self._events(_anthropic_events(body))
+                    return
                 status, reply = decide(body["messages"], body.get("model", ""))
                 reply["cached"] = 8 if len(body["messages"]) > 2 else 0
                 if reply.get("flaky"):
@@ -92,6 +100,16 @@ class ScriptedLLM:
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _events(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                for name, data in events:
+                    self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                self.wfile.flush()
 
             def _stream(self, model: str, reply: dict[str, Any]) -> None:
                 self.send_response(200)
@@ -188,6 +206,31 @@ def _chunks(model: str, reply: dict[str, Any]) -> list[dict[str, Any]]:
     chunks.append({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": int(time.time()),
                    "model": model, "choices": [], "usage": usage})
     return chunks
+
+
+def _anthropic_events(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """An Anthropic Messages API stream answering ``echo: <the last user text>``."""
+    user = next(m for m in reversed(body["messages"]) if m["role"] == "user")
+    content = user["content"]
+    said = content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
+    cached = 8 if len(body["messages"]) > 1 else 0
+    usage = {"input_tokens": 11 - cached, "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0,
+             "output_tokens": 1}
+    text = f"echo: {said}"
+    return [
+        ("message_start", {"type": "message_start", "message": {
+            "id": "msg_scripted", "type": "message", "role": "assistant", "content": [], "model": body["model"],
+            "stop_reason": None, "stop_sequence": None, "usage": usage}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}}),
+        *[("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": text[i : i + 7]}})
+          for i in range(0, len(text), 7)],
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                           "usage": {"output_tokens": 7}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]
 
 
 def _full(model: str, reply: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """`pincer budget`: what the pool, each agent and each identity spent today and this month, against
-their limits (brain.budget), and the latest alerts."""
+their limits (brain.budget), the share of prompt tokens read from the provider's cache, and the latest
+alerts."""
 
 from __future__ import annotations
 
@@ -39,14 +40,15 @@ async def _report(config: Config, settings: BrainSettings) -> dict[str, Any]:
 
 
 def show(console: Console, found: dict[str, Any]) -> None:
-    table = Table("scope", "period", "spent", "held", "limit", "left", "calls", "tokens in/out",
+    table = Table("scope", "period", "spent", "held", "limit", "left", "calls", "tokens in/out", "cache hit",
                   title=f"Spend (days and months in {found['timezone']})")
     for row in found["budgets"]:
         limit = "-" if row["limit_usd"] is None else f"${row['limit_usd']:.2f}"
         left = "-" if row["left_usd"] is None else f"${row['left_usd']:.4f}"
         table.add_row(row["scope"], row["period"], f"${row['spent_usd']:.4f}",
                       f"${row['held_usd']:.4f}" if row["held_usd"] else "-", limit, left, str(row["calls"]),
-                      f"{row['input_tokens']:,}/{row['output_tokens']:,}")
+                      f"{row['input_tokens']:,}/{row['output_tokens']:,}",
+                      "-" if row["cache_hit"] is None else f"{row['cache_hit']:.0%}")
     console.print(table)
     for alert in found["alerts"]:
         console.print(f"alert: {alert.get('text', '')}")

@@ -53,6 +53,7 @@ class PoolCollector(Collector):
         yield from self._streams()
         yield from self._channels()
         yield from self._counted(inst for role in ROLES for inst in instances[role])
+        yield self._cache_hits(instances["brain"])
 
     def _streams(self) -> Iterator[Metric]:
         labels = ["stream", "group"]
@@ -118,6 +119,23 @@ class PoolCollector(Collector):
                         cumulative[-1] = ("+Inf", values[-1])
                         families[name].add_metric([*map(str, labels), inst["id"]], cumulative, values[-2])
         yield from families.values()
+
+
+    @staticmethod
+    def _cache_hits(brains: Iterable[dict[str, Any]]) -> Metric:
+        """Per model, the share of prompt tokens read from the provider's cache, over the live Brains' counts
+        (``pincer_model_tokens``, kept since each Brain started)."""
+        tokens: dict[str, dict[str, float]] = {}
+        for inst in brains:
+            for model, kind, value in read_snapshot(inst.get("metrics")).get("c", {}).get("pincer_model_tokens", []):
+                by_kind = tokens.setdefault(str(model), {})
+                by_kind[kind] = by_kind.get(kind, 0.0) + float(value)
+        ratio = GaugeMetricFamily("pincer_model_cache_hit_ratio", "Share of prompt tokens the provider read from "
+                                  "its cache, by model, over the live Brains' counts", labels=["model"])
+        for model, by_kind in sorted(tokens.items()):
+            if by_kind.get("prompt"):
+                ratio.add_metric([model], by_kind.get("cached", 0.0) / by_kind["prompt"])
+        return ratio
 
 
 async def metrics_text(bus: Bus) -> tuple[bytes, str]:

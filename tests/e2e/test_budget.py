@@ -92,3 +92,34 @@ def test_a_chat_user_past_their_budget_is_told_so_in_their_chat_and_the_model_is
                       timeout=60, what="the budget told in the chat")
     assert f"telegram:{user}'s day budget is spent" in told.text and "brain.budget.identities" in told.text
     assert len(scripted_llm.requests) == asked + 1  # the third never reached the model
+
+
+def test_a_sessions_second_turn_reads_the_cache_at_its_price_and_the_hit_rate_is_shown(
+        processes: Processes, pincer_env: dict[str, str], scripted_llm: ScriptedLLM) -> None:
+    prices = {"openai/scripted": {"input_per_mtok": 1000, "output_per_mtok": 1000, "cached_input_per_mtok": 100}}
+    processes.env = {**pincer_env, "PINCER_BRAIN__PRICES": json.dumps(prices)}
+    start_stack(processes, hands=1)
+    owner = gateway_client(processes.env, token=OWNER_TOKEN)
+    for text in ("first", "second"):
+        assert owner.post("/v1/sessions/warm/messages", json={"text": text}).json()["text"] == f"echo: {text}"
+    # The scripted cache: the second turn continues the conversation, so 8 of its 11 prompt tokens are cached.
+    assert [len(request["messages"]) for request in scripted_llm.requests] == [2, 4]
+    cold, warm = (11 * 1000 + 7 * 1000) / 1e6, (3 * 1000 + 8 * 100 + 7 * 1000) / 1e6
+
+    shown = processes.run("budget", "--json")
+    assert shown.returncode == 0, shown.stderr
+    rows = {(row["scope"], row["period"].split(":")[0]): row for row in json.loads(shown.stdout)["budgets"]}
+    for period in ("day", "month"):
+        pool = rows[("pool", period)]
+        assert pool["spent_usd"] == pytest.approx(cold + warm)  # the cached 8 at $100, not $1,000, a million
+        assert (pool["input_tokens"], pool["cached_tokens"], pool["cache_hit"]) == (22, 8, round(8 / 22, 4))
+    assert rows[("agent:main", "day")]["cache_hit"] == round(8 / 22, 4)
+    table = processes.run("budget", extra_env={"COLUMNS": "200"})
+    assert "cache hit" in table.stdout and "36%" in table.stdout
+
+    def scraped() -> str | None:  # counters travel with the next heartbeat
+        text = owner.get("/metrics").text
+        return text if 'kind="cached"' in text and "pincer_model_cache_hit_ratio{" in text else None
+
+    text = wait_until(scraped, timeout=20, what="the cache-hit ratio in /metrics")
+    assert sample(text, "pincer_model_cache_hit_ratio") == pytest.approx(8 / 22)

@@ -122,8 +122,8 @@ def test_a_session_header_keeps_pincers_transcript_as_the_record(stack: dict[str
     sent = scripted_llm.requests[-1]["messages"]
     assert [m["content"] for m in sent if m["role"] == "user"] == ["first", "second", "third"]
     assert [m["content"] for m in sent if m["role"] == "assistant"] == ["echo: first", "echo: second"]
-    system = sent[0]["content"]
-    assert system.startswith("You are Pincer") and "Answer like a pirate." in system  # added, not replaced
+    assert sent[0]["content"].startswith("You are Pincer")  # the agent's instructions first, as cached
+    assert "Answer like a pirate." in sent[1]["content"] and sent[1]["role"] == "system"  # added, not replaced
     transcript = httpx.get(f"{gateway_url(stack)}/v1/sessions/owui-chat-1", timeout=10,
                            headers={"Authorization": f"Bearer {OWNER_TOKEN}"}).json()["entries"]
     assert len(transcript) == 6

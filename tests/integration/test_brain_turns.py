@@ -257,7 +257,8 @@ async def test_the_model_reads_big_results_cut_and_its_memory_in_the_prompt(bus:
                tools=[ToolDefinition(name="big", description="big", handler=big, category=Category.SKILL,
                                      parameters={"type": "object"})])
     assert isinstance((await chat("go"))[-1], ChatReply)
-    system = llm.seen[0][0]["content"]
+    assert "favourite-colour" not in llm.seen[0][0]["content"]  # the instructions, the same whatever memory holds
+    system = llm.seen[0][1]["content"]  # memory in a system message after them
     assert "long-term memory" in system and "- favourite-colour: The user likes green.…" in system
     assert "- house (shared): Dinner is at seven." in system and "Someone else" not in system
     shown = llm.seen[-1][-1]["content"]

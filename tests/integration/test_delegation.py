@@ -25,8 +25,13 @@ from tests.conftest import async_wait_until
 SUB = "You are a sub-agent"
 
 
+def system_text(messages: list[dict[str, Any]]) -> str:
+    """Every system message's text: the agent's instructions, then what the turn adds (a sub-agent's role)."""
+    return "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+
+
 def is_child(messages: list[dict[str, Any]]) -> bool:
-    return SUB in messages[0]["content"]
+    return SUB in system_text(messages)
 
 
 def last_user(messages: list[dict[str, Any]]) -> str:
@@ -77,8 +82,8 @@ async def test_one_child_answers_as_the_tool_result_in_a_session_of_its_own(bus:
     assert [(e.role, e.content) for e in child] == [("user", "count to three"), ("assistant", "did: count to three")]
     assert child[0].metadata["sender"] == "alice"
     seen = next(conversation for conversation in llm.seen if is_child(conversation))
-    assert "the person likes Roman numerals" in seen[0]["content"]
-    assert "count to three" not in seen[0]["content"]  # the task is the user's message, not in the instructions
+    assert "the person likes Roman numerals" in system_text(seen)
+    assert "count to three" not in system_text(seen)  # the task is the user's message, not in the instructions
     assert await bus.redis.get(bus.keys.session_owner(child_id)) == await bus.redis.get(
         bus.keys.session_owner("alice/main"))
 

@@ -20,7 +20,7 @@ import pytest
 
 from brain.config import BrainSettings
 from brain.llm import Attempt, warm_up
-from brain.spend import MICRO, Governor
+from brain.spend import MICRO, Governor, report
 from brain.tokens import count, tokens
 from brain.worker import default_llm
 from bus.metrics import Meter
@@ -228,6 +228,10 @@ async def test_cached_prompt_tokens_are_priced_at_the_cached_rate(bus: Bus) -> N
     warm = await governor.settle_call(None, "main", "owner", again, [], [])
     assert cold == pytest.approx((1000 * 2.0 + 10 * 8.0) / MICRO)
     assert warm == pytest.approx((200 * 2.0 + 800 * 0.5 + 10 * 8.0) / MICRO)  # the cache's share at its rate
+    counted = await meter(bus)  # kept per period, for the hit rate `pincer budget` shows
+    assert (counted["input_tokens"], counted["cached_tokens"]) == (2000, 800)
+    row = next(r for r in (await report(bus, BrainSettings()))["budgets"] if r["scope"] == "pool")
+    assert row["cache_hit"] == 0.4
     unpriced_cache = Governor(bus, BrainSettings(model=MODEL, prices={MODEL: {"input_per_mtok": 2.0,
                                                                             "output_per_mtok": 8.0}}), Meter())
     assert await unpriced_cache.settle_call(None, "main", "owner", again, [], []) == pytest.approx(cold)

@@ -9,7 +9,7 @@ import pytest
 from brain.context import fit
 from brain.llm import ToolCall
 from brain.plan import plan
-from brain.prompt import system_prompt
+from brain.prompt import context_prompt, system_prompt
 from brain.tokens import count as estimate_tokens
 from bus.protocol import SkillInfo, ToolSpec
 
@@ -105,22 +105,25 @@ def test_earlier_exchanges_are_left_out_when_compacting_is_not_enough() -> None:
     messages[-3]["content"] = "the question now"
     keep_from = len(messages) - 3
     shown = fit(messages, window_tokens=1_000, result_tokens=1_000, keep_from=keep_from)
-    assert shown[0]["role"] == "system" and "left out to fit" in shown[0]["content"]
-    assert shown[1]["role"] == "user"  # whole exchanges go, a tool result never loses its call
+    assert shown[0] == messages[0]  # the instructions as they are (a provider's cache reads them)
+    assert shown[1]["role"] == "system" and "left out to fit" in shown[1]["content"]
+    assert shown[2]["role"] == "user"  # whole exchanges go, a tool result never loses its call
     assert shown[-3:] == messages[-3:]  # the current turn is kept
     assert estimate_tokens(shown) <= 750
 
 
-def test_the_prompt_lists_skills_and_the_newest_memory_notes() -> None:
+def test_the_prompt_lists_skills_and_the_newest_memory_notes_after_them() -> None:
     notes = [{"key": f"note{i}", "preview": f"about {i}", "updated": i, "chars": 10} for i in range(40)]
-    prompt = system_prompt("Be brief.", [SkillInfo(name="tidy", description="tidies notes", location="/x")], notes)
-    assert prompt.startswith("Be brief.") and "- tidy: tidies notes" in prompt
-    assert "- note39: about 39" in prompt and "note0:" not in prompt and "10 older notes" in prompt
+    prompt = system_prompt("Be brief.", [SkillInfo(name="tidy", description="tidies notes", location="/x")])
+    assert prompt.startswith("Be brief.") and "- tidy: tidies notes" in prompt and "memory" not in prompt
+    context = context_prompt(notes, client="Answer in French.")
+    assert context.startswith("The client application adds these instructions:\nAnswer in French.")
+    assert "- note39: about 39" in context and "note0:" not in context and "10 older notes" in context
 
 
 @pytest.mark.parametrize("notes", [None, []])
 def test_no_memory_no_memory_section(notes) -> None:
-    assert "memory" not in system_prompt("Be brief.", [], notes)
+    assert context_prompt(notes) == ""
 
 
 def test_results_json_survives_cutting() -> None:
