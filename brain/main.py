@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
+from brain import pause
 from brain.config import BrainSettings
 from brain.worker import BrainWorker
 from bus.admission import RateLimits
@@ -17,10 +19,11 @@ def main(config: Config, *, rate: RateLimits) -> int:
     owner's turns; read by the entry point, as the Brain imports nothing of the Gateway."""
     settings = config.section("brain", BrainSettings)
     instance_id = new_instance_id("brain")
+    pause_at = pause.from_environment(os.environ)  # a test seam: empty unless a test sets it
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         worker = BrainWorker(bus, settings, instance_id=instance_id, llm=None,
-                             heartbeat_s=config.runtime.heartbeat_s, rate=rate)
+                             heartbeat_s=config.runtime.heartbeat_s, rate=rate, pause_at=pause_at)
         await worker.run(stop)
 
     return run_service("brain", config, body, instance_id=instance_id)

@@ -30,6 +30,7 @@ from brain.llm import (
     tool_param,
 )
 from brain.loop_detector import LoopDetector
+from brain.pause import pause
 from brain.plan import plan
 from brain.prompt import context_prompt, system_prompt
 from brain.resume import call_id_of, finished_answer
@@ -79,6 +80,7 @@ class TurnDeps:
     # The consumer's slot: a turn waiting on its sub-agents lends it out (they may need it) and takes it back.
     set_aside: Callable[[], bool] = lambda: False
     take_back: Callable[[], Awaitable[None]] = field(default=lambda: _nothing())
+    pause_at: str = ""  # a test seam (brain/pause.py): the point of a turn where this Brain stops for good
 
 
 class Turn:
@@ -238,6 +240,7 @@ class Turn:
             messages.append(assistant.to_llm())
             self.unanswered = list(completion.tool_calls)
             self._number(completion.tool_calls, iteration)
+            await pause("answered", deps.pause_at)
             if final:
                 log.info("turn done %s", kv(session=msg.session_id, message=msg.message_id, iterations=iteration))
                 return ChatReply(session_id=msg.session_id, message_id=msg.message_id, text=completion.text,
@@ -413,7 +416,10 @@ class Turn:
         if aside:
             await self.deps.take_back()
         messages.extend(messages_by_index[index] for index in range(len(calls)))
-        return await self.stop(ErrorCode.LOOP_DETECTED, stop) if stop else None
+        if stop:
+            return await self.stop(ErrorCode.LOOP_DETECTED, stop)
+        await pause("results", self.deps.pause_at)
+        return None
 
     async def _call(self, call_id: str, call: ToolCall, specs: dict[str, ToolSpec],
                     prior: list[PriorResult]) -> ToolResult:

@@ -57,7 +57,7 @@ def default_llm(settings: BrainSettings) -> LLMClient | None:
 
 class BrainWorker:
     def __init__(self, bus: Bus, settings: BrainSettings, *, instance_id: str, llm: LLMClient | None,
-                 heartbeat_s: float = 3.0, rate: RateLimits | None = None) -> None:
+                 heartbeat_s: float = 3.0, rate: RateLimits | None = None, pause_at: str = "") -> None:
         self.bus, self.settings, self.instance_id = bus, settings, instance_id
         self.inbox = ReplyInbox(bus, instance_id)
         meter = Meter()
@@ -67,7 +67,7 @@ class BrainWorker:
                              memory=LongTermMemory(bus.redis, bus.keys),
                              catalog=ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s),
                              settings=settings, llm=llm, meter=meter, spend=Governor(bus, settings, meter),
-                             recorder=recorder)
+                             recorder=recorder, pause_at=pause_at)
         self._llm_override = llm  # one client for every agent (tests' fakes); None: each agent's own model
         self._llms: dict[str, LLMClient | None] = {}
         self.presence = Presence(bus, "brain", instance_id, interval_s=heartbeat_s,

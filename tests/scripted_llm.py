@@ -11,13 +11,15 @@ path runs. The script is written in the user's message, one directive a line:
 - ``DRIP <seconds>``: stream ``drip `` every that many seconds, for as long as the client reads (up to 1,000).
 - ``BREAK <chunks>``: stream that many pieces of the echo, then reset the connection (no usage, no end).
 - ``FLAKY <n>``: the first n requests of this conversation answer 503, the next ones as usual.
+- ``HOLD <chunks>``: the first request of this conversation streams that many chunks of its answer (tool calls
+  included), then holds the stream open until ``release()`` and closes it unfinished; the next ones as usual.
 - anything else: answer ``echo: <text>`` streamed in small pieces.
 
 Usage is reported as a provider with a prompt cache would: 11 prompt tokens, of which 8 came from the
 cache when the request continues a conversation (more than the instructions and one message).
 
 Every request body is kept in ``requests`` for assertions, the moment it arrives (a provider that bills on
-arrival reads the whole prompt then).
+arrival reads the whole prompt then), and in ``answered`` once its whole response is sent.
 
 It also answers Anthropic's Messages API (``POST .../v1/messages``, what litellm sends an ``anthropic/``
 model), streamed in Anthropic's events: ``echo: <the last user text>``, with 8 of the prompt's tokens read
@@ -44,7 +46,11 @@ class ScriptedLLM:
     def __init__(self, port: int = 0) -> None:
         self.requests: list[dict[str, Any]] = []
         self.flaky: dict[str, int] = {}  # FLAKY conversations: requests refused so far, by the user's text
+        self.answered: list[dict[str, Any]] = []  # the request bodies whose whole response was sent
         self.chunks_sent = 0  # streamed chunks written, over every request (a fact a test can wait on)
+        self.holding = 0  # HOLD streams held open so far (a fact a test can wait on)
+        self.held: set[str] = set()  # HOLD conversations whose first request was held
+        self._release = threading.Event()
         self._server = _Server(("127.0.0.1", port), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -57,7 +63,12 @@ class ScriptedLLM:
         self._thread.start()
         return self
 
+    def release(self) -> None:
+        """End the HOLD streams held open (unfinished), and every later one at once."""
+        self._release.set()
+
     def stop(self) -> None:
+        self.release()
         self._server.shutdown()
         self._server.server_close()
 
@@ -82,17 +93,24 @@ class ScriptedLLM:
                     key = json.dumps(body["messages"])
                     refused = script.flaky[key] = script.flaky.get(key, 0) + 1
                     status = 503 if refused <= reply["flaky"] else status
+                if reply.get("hold") is not None:
+                    key = json.dumps(body["messages"])
+                    if key in script.held:
+                        del reply["hold"]
+                    script.held.add(key)
                 time.sleep(reply.pop("sleep", 0))
                 if status != 200:
                     payload = json.dumps({"error": {"message": f"scripted failure {status}", "type": "scripted"}})
                     self._send(status, "application/json", payload.encode())
                     return
                 if body.get("stream"):
-                    self._stream(body.get("model", "scripted"), reply)
+                    if self._stream(body.get("model", "scripted"), reply):
+                        script.answered.append(body)
                 else:
                     self._send(
                         200, "application/json", json.dumps(_full(body.get("model", "scripted"), reply)).encode()
                     )
+                    script.answered.append(body)
 
             def _send(self, status: int, kind: str, data: bytes) -> None:
                 self.send_response(status)
@@ -111,28 +129,34 @@ class ScriptedLLM:
                     self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
                 self.wfile.flush()
 
-            def _stream(self, model: str, reply: dict[str, Any]) -> None:
+            def _stream(self, model: str, reply: dict[str, Any]) -> bool:
+                """Whether the whole response was sent."""
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("connection", "close")
                 self.end_headers()
                 self.close_connection = True
                 chunks = _chunks(model, reply)
-                if reply.get("break") is not None:
-                    chunks = chunks[: 1 + reply["break"]]  # the role's chunk, then the pieces: then nothing
+                cut = reply.get("break", reply.get("hold"))
+                if cut is not None:
+                    chunks = chunks[: 1 + cut]  # the role's chunk, then the pieces: then nothing
                 try:
                     for chunk in chunks:
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                         self.wfile.flush()
                         script.chunks_sent += 1
                         time.sleep(reply.get("drip", 0))
-                    if reply.get("break") is not None:  # closed with a reset: the provider failed mid-stream
+                    if reply.get("hold") is not None:
+                        script.holding += 1
+                        script._release.wait()
+                    if cut is not None:  # closed with a reset: the provider failed mid-stream
                         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                        return
+                        return False
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client went away mid-stream (a cancel): what was sent is sent
+                    return False  # the client went away mid-stream (a cancel): what was sent is sent
+                return True
 
         return Handler
 
@@ -162,11 +186,15 @@ def decide(messages: list[dict[str, Any]], model: str = "") -> tuple[int, dict[s
     flaky = next((int(line.split()[1]) for line in lines if line.startswith("FLAKY ")), 0)
     if flaky:
         return 200, {"text": f"echo: {user.get('content')}", "calls": [], "flaky": flaky}
+    hold = next((int(line.split()[1]) for line in lines if line.startswith("HOLD ")), None)
+    if hold is not None and last["role"] == "user":
+        calls = [_parse_call(line[5:]) for line in lines if line.startswith("CALL ")]
+        return 200, {"text": "" if calls else f"echo: {user.get('content')}", "calls": calls, "hold": hold}
     loops = [_parse_call(line[5:]) for line in lines if line.startswith("LOOP ")]
     if loops:
         return 200, {"text": "", "calls": loops}
     if last["role"] == "tool":
-        results = []
+        results: list[str] = []
         for message in reversed(messages):
             if message["role"] != "tool":
                 break
