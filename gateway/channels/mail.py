@@ -131,7 +131,7 @@ class Email:
                 imap = aioimaplib.IMAP4(settings.imap_host, settings.imap_port, timeout=TIMEOUT_S)
             await imap.wait_hello_from_server()
             if settings.tls == "starttls":
-                await _starttls(imap, settings.imap_host, self._tls())
+                await imap_starttls(imap, settings.imap_host, self._tls())
             login = await imap.login(settings.username, settings.password.get_secret_value())
             if login.result != "OK":
                 raise PlatformRefused(f"email {what}: IMAP login refused for {settings.username} "
@@ -339,7 +339,7 @@ class Email:
                                   sender=settings.address, recipients=[str(message["To"])])
 
 
-async def _starttls(imap: aioimaplib.IMAP4, host: str, context: ssl.SSLContext | None) -> None:
+async def imap_starttls(imap: aioimaplib.IMAP4, host: str, context: ssl.SSLContext | None) -> None:
     """IMAP's STARTTLS (RFC 3501 6.2.1), which aioimaplib names but does not run: the command, then the
     connection's transport upgraded in place, then the capabilities asked again (the old ones are void)."""
     protocol = imap.protocol

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import cast
 
 from bus.config import EX_CONFIG, Config, ConfigError, load_config
+from bus.secrets_file import apply_secrets, private_enough, secrets_path
 
 SECTIONS = {"redis", "runtime", "hands", "brain", "gateway", "channels"}
 
@@ -17,6 +18,8 @@ SECTIONS = {"redis", "runtime", "hands", "brain", "gateway", "channels"}
 # module declares the command's arguments beside the function, in its ARGUMENTS; it is imported only
 # when its command runs (so `pincer chat` never loads the Hands engine).
 COMMANDS: dict[str, tuple[str, str]] = {
+    "setup": ("setup:command", "first run: the model (and its key), a chat app, your name: writes the data dir's "
+                               "config.yaml and secrets.env (0600)"),
     "up": ("runtime:up", "run everything on this machine: Redis, Gateway, Brain, Hands"),
     "stop": ("runtime:stop", "stop the `pincer up` of this data dir (workers drain first)"),
     "restart": ("runtime:stop", "stop, then start again in the background, as it was started"),
@@ -41,7 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("ops:status", "the pool at a glance: instances, queues, pending work, dead letters"),
     "dead": ("ops:dead", "the dead-letter stream: list | show ID | retry ID...|--all | purge ID...|--all"),
     "channel": ("runtime:channel", "run one chat channel's process (as `pincer up` does per enabled one)"),
-    "channels": ("channels:command", "chat channels: list (state) | pair CODE | paired | unpair USER"),
+    "channels": ("channels:command", "chat channels: list (state) | add NAME (check its credentials, save them) "
+                                     "| pair CODE | paired | unpair USER"),
     "hooks": ("hooks:command", "signed webhooks that start turns: add NAME | list | rotate NAME | rm NAME"),
     "cron": ("cron:command", "scheduled jobs: add NAME | list | show | pause | resume | rm | run | runs "
                              "(as the token's identity, through the Gateway)"),
@@ -86,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "listen", None):
         os.environ["PINCER_REDIS__LISTEN"] = args.listen  # the supervisor and its children see the same
     try:
+        read_secrets_file()
         config = load_config(args.config)
         config.check_sections(SECTIONS)
         return runner(args.command)(args, config)
@@ -94,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         return EX_CONFIG
     except KeyboardInterrupt:
         return 130
+
+
+def read_secrets_file() -> None:
+    """The data dir's secrets.env into this process's environment, under what the environment already sets:
+    `pincer up` hands each role its share of both alike (bus/secrets_file.py)."""
+    path = secrets_path(os.environ)
+    if not private_enough(path):
+        print(f"pincer: warning: {path} may be read by others than its owner: chmod 600 {path}", file=sys.stderr)
+    apply_secrets(os.environ, path)
 
 
 def runner(command: str) -> Callable[[argparse.Namespace, Config], int]:

@@ -18,11 +18,16 @@ from bus.redis_client import RedisAway
 from gateway.channels import access
 from gateway.channels.config import KNOWN as KNOWN_CHANNELS
 from gateway.channels.config import ChannelSettings
+from gateway.cli.channel_setup import add_arguments
 from gateway.cli.ops import connected_bus
 from memory.jobs import JobStore
 
 
 def command(args: argparse.Namespace, config: Config) -> int:
+    if args.action == "add":
+        from gateway.cli.channel_setup import add
+
+        return add(args, config)
     return asyncio.run(_channels(config, args.action, args.arg, channel=args.channel, as_json=args.json))
 
 
@@ -97,12 +102,14 @@ def print_channels(console: Console, rows: list[dict[str, Any]]) -> None:
 
 
 def _channels_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", nargs="?", default="list", choices=["list", "pair", "paired", "unpair"])
-    parser.add_argument("arg", nargs="?", metavar="CODE|USER", help="pair: the code a stranger was given; "
-                          "unpair: their user id")
+    parser.add_argument("action", nargs="?", default="list", choices=["list", "add", "pair", "paired", "unpair"])
+    parser.add_argument("arg", nargs="?", metavar="NAME|CODE|USER", help="add: the channel (telegram, slack, "
+                        "discord, matrix, email); pair: the code a stranger was given; unpair: their user id")
     parser.add_argument("--channel", default="telegram", choices=KNOWN_CHANNELS)
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--redis", metavar="URL")
+    parser.add_argument("-y", "--yes", action="store_true", help="add: take every default without asking")
+    add_arguments(parser)
 
 
 ARGUMENTS = {"channels": _channels_arguments}

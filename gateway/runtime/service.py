@@ -148,7 +148,8 @@ WantedBy={target}
 
 
 ENV_TEMPLATE = """\
-# Environment for Pincer's systemd units (readable by its owner only).
+# Environment for Pincer's systemd units (readable by its owner only). What `pincer setup` and
+# `pincer channels add` saved is in <data dir>/secrets.env, which pincer reads itself; a line here wins.
 # PINCER_MODEL=openai/gpt-4o-mini
 # OPENAI_API_KEY=sk-...
 # PINCER_REDIS_URL=redis://:password@redis-host:6379/0   (needed by pincer-hands@ on other hosts)

@@ -1,0 +1,154 @@
+"""`pincer channels add` against the platform fakes: a refused credential saves nothing and says why; a good one
+is saved (config.yaml names it, secrets.env holds it, 0600) and a real channel process, alone or under
+`pincer up`, runs on it."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bus.config import load_config
+from bus.secrets_file import read_secrets, save_secrets
+from gateway.channels.config import ChannelSettings
+from tests.conftest import Processes, wait_until
+from tests.e2e.conftest import descendants
+from tests.fake_discord import TOKEN as DISCORD_TOKEN
+from tests.fake_discord import FakeDiscord
+from tests.fake_slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fake_telegram import TOKEN, FakeTelegram
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def slack() -> Iterator[FakeSlack]:
+    fake = FakeSlack().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def discord_api() -> Iterator[FakeDiscord]:
+    fake = FakeDiscord().start()
+    yield fake
+    fake.stop()
+
+
+def secret_file(tmp_path: Path, name: str, value: str) -> str:
+    path = tmp_path / name
+    path.write_text(value + "\n")
+    return str(path)
+
+
+def nothing_saved(data: Path) -> bool:
+    return not (data / "config.yaml").exists() and not (data / "secrets.env").exists()
+
+
+def test_telegram_a_refused_token_saves_nothing_a_good_one_runs_the_channel(
+        processes: Processes, telegram: FakeTelegram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data"
+    refused = processes.run("channels", "add", "telegram", "--api-url", telegram.api_url,
+                            "--token-file", secret_file(tmp_path, "bad", "123:wrong-token"))
+    assert refused.returncode == 1 and "Telegram getMe: The token" in refused.stderr, refused.stderr
+    assert "rejected by the server" in refused.stderr and "wrong-token" not in refused.stderr  # never echoed
+    assert "nothing was saved" in refused.stderr and nothing_saved(data)
+
+    added = processes.run("channels", "add", "telegram", "--api-url", telegram.api_url, "--allow", "111",
+                          "--token-file", secret_file(tmp_path, "good", TOKEN))
+    assert added.returncode == 0, added.stderr
+    assert "@pincer_test_bot" in added.stdout
+    assert TOKEN not in added.stdout + added.stderr + refused.stdout + refused.stderr
+    text = (data / "config.yaml").read_text()
+    assert TOKEN not in text
+    assert yaml.safe_load(text) == {"channels": {"telegram": {
+        "enabled": True, "bot_token": "${TELEGRAM_BOT_TOKEN}", "api_url": telegram.api_url, "allow_from": ["111"]}}}
+    assert read_secrets(data / "secrets.env") == {"TELEGRAM_BOT_TOKEN": TOKEN}
+    assert (data / "secrets.env").stat().st_mode & 0o777 == 0o600
+
+    config = load_config(env={"PINCER_DATA_DIR": str(data)})
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", read_secrets(data / "secrets.env")["TELEGRAM_BOT_TOKEN"])
+    settings = config.section("channels", ChannelSettings)
+    assert settings.enabled() == ["telegram"] and settings.telegram.bot_token.get_secret_value() == TOKEN
+
+    # The channel's own process: its token from secrets.env, through ${TELEGRAM_BOT_TOKEN} in config.yaml.
+    polls = len(telegram.calls_of("getUpdates"))
+    processes.start("channel", "telegram", name="telegram")
+    wait_until(lambda: len(telegram.calls_of("getUpdates")) > polls, timeout=60, what="the channel polling")
+
+
+def test_pincer_ups_children_get_secrets_env_under_the_environment(
+        processes: Processes, pincer_env: dict[str, str], telegram: FakeTelegram, tmp_path: Path) -> None:
+    env = {k: v for k, v in pincer_env.items() if k not in ("PINCER_REDIS_URL", "PINCER_GATEWAY_TOKEN")}
+    # INFO: at DEBUG python-telegram-bot logs its API URL, which holds the token.
+    processes.env = {**env, "PINCER_REDIS__PREFIX": "pincer:", "OPENAI_API_KEY": "from-the-environment",
+                     "PINCER_RUNTIME__LOG_LEVEL": "INFO"}
+    assert processes.run("channels", "add", "telegram", "--api-url", telegram.api_url,
+                         "--token-file", secret_file(tmp_path, "good", TOKEN)).returncode == 0
+    data = tmp_path / "data"
+    save_secrets(data / "secrets.env", {"OPENAI_API_KEY": "from-the-file", "ANTHROPIC_API_KEY": "file-only"})
+    up = processes.start("up", name="up")
+    log = tmp_path / "up.log"
+    wait_until(lambda: "ready: Gateway on" in log.read_text(), timeout=90, what="pincer up ready")
+    wait_until(lambda: telegram.calls_of("getUpdates"), timeout=60, what="the channel polling with the saved token")
+    state = json.loads((data / "pincer.json").read_text())
+    seen = {role: dict(line.split("=", 1) for line in Path(f"/proc/{proc['pid']}/environ").read_text().split("\0")
+                       if "=" in line) for role, proc in state["children"].items()}
+    assert seen["brain"]["OPENAI_API_KEY"] == "from-the-environment"  # the environment wins over the file
+    assert seen["brain"]["ANTHROPIC_API_KEY"] == "file-only"
+    assert seen["telegram"]["PINCER_CHANNELS__TELEGRAM__BOT_TOKEN"] == TOKEN
+    for role, variables in seen.items():
+        if role != "brain":
+            assert "ANTHROPIC_API_KEY" not in variables, role  # each role its own share, as with the environment
+        if role != "telegram":
+            assert TOKEN not in variables.values(), role
+    assert TOKEN not in log.read_text() and "file-only" not in log.read_text()
+    children = descendants(up.pid)
+    assert processes.stop(up, signal.SIGTERM, timeout=30) == 0
+    assert children
+
+
+def test_slack_checks_both_tokens_then_its_channel_connects(processes: Processes, slack: FakeSlack,
+                                                           tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    common = ("channels", "add", "slack", "--api-url", slack.api_url)
+    bad_bot = processes.run(*common, "--token-file", secret_file(tmp_path, "b1", "xoxb-wrong"),
+                            "--app-token-file", secret_file(tmp_path, "a1", APP_TOKEN))
+    assert bad_bot.returncode == 1 and "auth.test (bot token): invalid_auth" in bad_bot.stderr, bad_bot.stderr
+    bad_app = processes.run(*common, "--token-file", secret_file(tmp_path, "b2", BOT_TOKEN),
+                            "--app-token-file", secret_file(tmp_path, "a2", "xapp-wrong"))
+    assert bad_app.returncode == 1 and "apps.connections.open (app token): invalid_auth" in bad_app.stderr
+    assert nothing_saved(data)
+
+    added = processes.run(*common, "--token-env", "BOT", "--app-token-env", "APP",
+                          extra_env={"BOT": BOT_TOKEN, "APP": APP_TOKEN})
+    assert added.returncode == 0, added.stderr
+    assert read_secrets(data / "secrets.env") == {"SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_APP_TOKEN": APP_TOKEN}
+    text = (data / "config.yaml").read_text()
+    assert BOT_TOKEN not in text and APP_TOKEN not in text and "${SLACK_APP_TOKEN}" in text
+    assert BOT_TOKEN not in added.stdout + added.stderr
+    opened = slack.connections_opened
+    processes.start("channel", "slack", name="slack")
+    wait_until(lambda: slack.connections_opened > opened and "slack: connected" in processes.logs(), timeout=60,
+               what="the channel connected by Socket Mode on the saved tokens")
+
+
+def test_discord_reports_a_refused_token_and_names_the_bot_of_a_good_one(
+        processes: Processes, discord_api: FakeDiscord, tmp_path: Path) -> None:
+    common = ("channels", "add", "discord", "--api-url", discord_api.api_url)
+    refused = processes.run(*common, "--token-file", secret_file(tmp_path, "bad", "not.the.token"))
+    assert refused.returncode == 1 and "the bot token was refused" in refused.stderr, refused.stderr
+    assert nothing_saved(tmp_path / "data")
+    added = processes.run(*common, "--token-file", secret_file(tmp_path, "good", DISCORD_TOKEN))
+    assert added.returncode == 0 and "Discord: the credentials work: @" in added.stdout, added.stderr
+    assert read_secrets(tmp_path / "data" / "secrets.env") == {"DISCORD_BOT_TOKEN": DISCORD_TOKEN}
+
+
+def test_without_a_terminal_channels_add_names_the_flag_it_needs(processes: Processes, tmp_path: Path) -> None:
+    done = processes.run("channels", "add", "matrix", "--homeserver", "http://127.0.0.1:9")
+    assert done.returncode == 2 and "--user-id" in done.stderr, done.stderr
+    assert nothing_saved(tmp_path / "data")
