@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import sys
+from collections.abc import Mapping
 
 _FORMAT = "%(asctime)s %(levelname)-5s %(role)s/%(instance)s %(name)s: %(message)s"
 
@@ -16,6 +19,35 @@ class _Identity(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.role, record.instance = self.role, self.instance
+        return True
+
+
+# Environment variables whose values are credentials (TELEGRAM_BOT_TOKEN, OPENAI_API_KEY, PINCER_..._PASSWORD).
+_SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSPHRASE)(_FILE)?$|_(TOKEN|KEY|SECRET|PASSWORD)_")
+REDACTED = "[redacted]"
+
+
+def secrets_in(env: Mapping[str, str]) -> list[str]:
+    """The credential values of ``env`` long enough to be told apart from ordinary words, longest first."""
+    found = {value for name, value in env.items() if _SECRET_NAME.search(name.upper()) and len(value) >= 8
+             and not name.upper().endswith("_FILE")}
+    return sorted(found, key=len, reverse=True)
+
+
+class _Redact(logging.Filter):
+    """A credential never reaches a log line: a library that logs a URL with a bot token in its path (as
+    python-telegram-bot does at DEBUG) has the token replaced."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if any(secret in message for secret in self.secrets):
+            for secret in self.secrets:
+                message = message.replace(secret, REDACTED)
+            record.msg, record.args = message, ()
         return True
 
 
@@ -34,6 +66,7 @@ def setup_logging(role: str, instance: str, level: str = "INFO", *, fmt: str = "
     """Send every log line to stderr, stamped with who wrote it."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_Identity(role, instance))
+    handler.addFilter(_Redact(secrets_in(os.environ)))
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
