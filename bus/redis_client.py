@@ -185,7 +185,7 @@ def connect_sentinel(sentinels: Sequence[str], master: str, *, password: str | N
 
     addresses = [(host.strip("[]"), int(port)) for host, _, port in (a.rpartition(":") for a in sentinels)]
     sentinel_kwargs = {"password": sentinel_password, "socket_connect_timeout": 2, "socket_timeout": 2}
-    sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_kwargs,  # type: ignore[no-untyped-call]  # unannotated
+    sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_kwargs,  # type: ignore[no-untyped-call,unused-ignore]  # unannotated before redis 8.2
                         socket_connect_timeout=5)
     redis: Redis = sentinel.master_for(
         master, redis_class=Redis, connection_pool_class=WaitingSentinelPool, password=password,
