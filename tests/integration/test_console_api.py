@@ -1,0 +1,114 @@
+"""The HTTP API the web console uses, in-process on a real Redis: spend, channels and pairing, tokens and
+hooks. Each endpoint's happy path, what a chat token is refused or shown, and bad input's 400."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from brain.config import BrainSettings
+from brain.spend import Governor
+from bus.metrics import Meter
+from bus.streams import Bus
+from gateway.config import GatewaySettings
+from gateway.server.app import Gateway
+from gateway.tokens import TokenStore
+from memory.spend import SpendView
+
+OWNER_TOKEN = "pincer_test_owner_token_for_the_console_api_0123"
+MODEL = "fake/priced"
+PRICES = {MODEL: {"input_per_mtok": 1000.0, "output_per_mtok": 3000.0}}
+BUDGET = {"daily_usd": 5.0, "identities": {"alice": {"daily_usd": 0.01}}}
+
+
+@pytest.fixture
+async def api(bus: Bus) -> AsyncIterator[Any]:
+    """``api(token)``: an HTTP client of an in-process Gateway on the test's Redis (the owner's token: an
+    operator's)."""
+    async with contextlib.AsyncExitStack() as stack:
+        settings = GatewaySettings.model_validate({"token": OWNER_TOKEN})
+        gateway = Gateway(bus, settings, instance_id="gw-console", heartbeat_s=0.5,
+                          spend=SpendView.model_validate({"budget": BUDGET}))
+        app = gateway.app()
+        await stack.enter_async_context(gateway.lifespan(app))
+
+        async def client(token: str = OWNER_TOKEN) -> httpx.AsyncClient:
+            return await stack.enter_async_context(httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8780",
+                headers={"Authorization": f"Bearer {token}"}))
+
+        yield client
+
+
+async def _chat_token(bus: Bus, name: str = "alice") -> str:
+    return await TokenStore(bus.redis, bus.keys).create(name, scope="chat")
+
+
+def _refused(answer: httpx.Response, status: int, *words: str) -> None:
+    assert answer.status_code == status, answer.text
+    message = answer.json()["error"]["message"]
+    assert all(word in message for word in words), message
+
+
+# --- /v1/spend ---
+
+
+async def _spent(bus: Bus, identity: str, prompt_tokens: int, *, days_ago: int = 0) -> None:
+    """A model call of ``prompt_tokens`` (at $1000 per million: $0.001 each) settled for ``identity`` by the
+    Brain's own governor, as if ``days_ago`` days ago."""
+    settings = BrainSettings(model=MODEL, prices=PRICES, budget=BUDGET)
+    governor = Governor(bus, settings, Meter(), clock=lambda: time.time() - days_ago * 86_400)
+    await governor.settle(None, "main", identity, MODEL, {"prompt_tokens": prompt_tokens, "completion_tokens": 0})
+
+
+async def test_an_operator_sees_the_pools_spend_and_every_scope(bus: Bus, api) -> None:
+    await _spent(bus, "alice", 10)  # $0.01: alice's whole day, an alert
+    await _spent(bus, "bob", 20)
+    found = (await (await api()).get("/v1/spend")).json()
+    assert found["scope"] == "pool" and found["timezone"] == "UTC"
+    day = {r["scope"]: r for r in found["budgets"] if r["period"].startswith("day:")}
+    assert {"pool", "agent:main", "identity:alice", "identity:bob"} <= set(day)
+    assert day["pool"]["spent_usd"] == 0.03 and day["pool"]["limit_usd"] == 5.0 and day["pool"]["calls"] == 2
+    assert day["identity:alice"]["left_usd"] == 0.0 and day["identity:bob"]["spent_usd"] == 0.02
+    assert [a["scope"] for a in found["alerts"]] == ["identity:alice"] * len(found["alerts"]) and found["alerts"]
+    assert "daily" not in found
+
+
+async def test_a_chat_token_sees_only_its_own_identitys_spend_in_the_same_shape(bus: Bus, api) -> None:
+    await _spent(bus, "alice", 10)
+    await _spent(bus, "bob", 20)
+    mine = (await (await api(await _chat_token(bus, "bob"))).get("/v1/spend?days=2")).json()
+    everything = (await (await api()).get("/v1/spend?days=2")).json()
+    assert set(mine) == set(everything) == {"scope", "timezone", "budgets", "alerts", "daily"}
+    assert mine["scope"] == "identity:bob"
+    assert {r["scope"] for r in mine["budgets"]} == {"identity:bob"}
+    assert {r["period"][:4] for r in mine["budgets"]} == {"day:", "mont"}
+    assert set(mine["budgets"][0]) == set(everything["budgets"][0])
+    assert mine["alerts"] == []  # alice's alert is not bob's business
+    assert [s["scope"] for s in mine["daily"]] == ["identity:bob"]
+    assert mine["daily"][0]["days"][-1]["spent_usd"] == 0.02
+
+
+async def test_the_daily_series_has_each_day_oldest_first_with_gaps_at_zero(bus: Bus, api) -> None:
+    await _spent(bus, "alice", 3, days_ago=2)
+    await _spent(bus, "alice", 5)
+    await _spent(bus, "bob", 7, days_ago=29)
+    daily = (await (await api()).get("/v1/spend?days=30")).json()["daily"]
+    by_scope = {s["scope"]: s["days"] for s in daily}
+    assert daily[0]["scope"] == "pool"
+    pool = by_scope["pool"]
+    assert len(pool) == 30 and [d["day"] for d in pool] == sorted(d["day"] for d in pool)
+    assert pool[-1]["day"] == time.strftime("%Y-%m-%d", time.gmtime())
+    assert [d["spent_usd"] for d in pool if d["spent_usd"]] == [0.007, 0.003, 0.005]
+    assert pool[-3]["spent_usd"] == 0.003 and pool[-2] == {"day": pool[-2]["day"], "spent_usd": 0.0, "calls": 0}
+    assert by_scope["identity:bob"][0]["spent_usd"] == 0.007 and by_scope["identity:alice"][-1]["calls"] == 1
+
+
+@pytest.mark.parametrize("days", ["0", "32", "many", "-3"])
+async def test_a_bad_number_of_days_is_refused_saying_what_fits(api, days: str) -> None:
+    _refused(await (await api()).get(f"/v1/spend?days={days}"), 400, "days must be a whole number from 1 to 31")
