@@ -41,6 +41,7 @@ from bus.protocol import (
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.config import GatewaySettings
+from gateway.server.channels_api import ChannelRoutes
 from gateway.server.connections import Connections
 from gateway.server.errors import REDIS_AWAY, TURN_STATUS, error_response, refusal_response
 from gateway.server.fanout import Fanout
@@ -102,9 +103,11 @@ def _farewell(code: ErrorCode, message: str) -> dict[str, str]:
 
 class Gateway:
     def __init__(self, bus: Bus, settings: GatewaySettings, *, instance_id: str, heartbeat_s: float = 3.0,
-                 tokens: TokenStore | None = None, spend: SpendView | None = None) -> None:
+                 tokens: TokenStore | None = None, spend: SpendView | None = None,
+                 channels: list[str] | None = None) -> None:
         self.bus, self.settings, self.instance_id = bus, settings, instance_id
         self.spend = spend or SpendView()  # the brain section's budgets, which /v1/spend reads against
+        self.channels = channels or []  # the channels the config enables (/v1/channels lists them)
         self.inbox = ReplyInbox(bus, instance_id)
         self.sessions = SessionStore(bus.redis, bus.keys)
         self.tokens = tokens or TokenStore(bus.redis, bus.keys, static=settings.static_token())
@@ -159,6 +162,7 @@ class Gateway:
                 *JobRoutes(JobStore(self.bus), self.turns, self.settings.limits.jobs).routes(),
                 *MemoryRoutes(LongTermMemory(self.bus.redis, self.bus.keys)).routes(),
                 *SpendRoutes(self.bus, self.spend).routes(),
+                *ChannelRoutes(self.bus, self.channels).routes(),
                 WebSocketRoute("/v1/ws", self.live),
                 Route("/v1/me", self.me, methods=["GET"]),
                 Route("/v1/status", self.pool_status, methods=["GET"]),

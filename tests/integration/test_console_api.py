@@ -13,8 +13,10 @@ import pytest
 
 from brain.config import BrainSettings
 from brain.spend import Governor
+from bus.presence import Presence
 from bus.metrics import Meter
 from bus.streams import Bus
+from gateway.channels.access import Access
 from gateway.config import GatewaySettings
 from gateway.server.app import Gateway
 from gateway.tokens import TokenStore
@@ -33,7 +35,7 @@ async def api(bus: Bus) -> AsyncIterator[Any]:
     async with contextlib.AsyncExitStack() as stack:
         settings = GatewaySettings.model_validate({"token": OWNER_TOKEN})
         gateway = Gateway(bus, settings, instance_id="gw-console", heartbeat_s=0.5,
-                          spend=SpendView.model_validate({"budget": BUDGET}))
+                          spend=SpendView.model_validate({"budget": BUDGET}), channels=["email", "telegram"])
         app = gateway.app()
         await stack.enter_async_context(gateway.lifespan(app))
 
@@ -112,3 +114,65 @@ async def test_the_daily_series_has_each_day_oldest_first_with_gaps_at_zero(bus:
 @pytest.mark.parametrize("days", ["0", "32", "many", "-3"])
 async def test_a_bad_number_of_days_is_refused_saying_what_fits(api, days: str) -> None:
     _refused(await (await api()).get(f"/v1/spend?days={days}"), 400, "days must be a whole number from 1 to 31")
+
+
+# --- /v1/channels ---
+
+
+async def test_an_operator_sees_each_channels_state(bus: Bus, api) -> None:
+    heartbeat = {"channel": "telegram", "polling": 1, "last_progress": time.time(), "stall_s": 90,
+                 "username": "pincer_bot", "in": 3, "out": 2, "errors": 1, "last_error": "getUpdates: 502"}
+    telegram = Presence(bus, "channel", "channel-tg-1", interval_s=0.5, details=lambda: heartbeat)
+    await telegram.start()
+    try:
+        rows = {r["channel"]: r for r in (await (await api()).get("/v1/channels")).json()["channels"]}
+    finally:
+        await telegram.stop()
+    assert set(rows) == {"email", "telegram"}
+    assert rows["telegram"]["state"] == "connected" and rows["telegram"]["enabled"] is True
+    assert rows["telegram"]["bot"] == "pincer_bot" and rows["telegram"]["last_progress_s_ago"] is not None
+    assert (rows["telegram"]["in"], rows["telegram"]["errors"], rows["telegram"]["last_error"]) == \
+        (3, 1, "getUpdates: 502")
+    assert rows["email"]["state"] == "not running" and rows["email"]["last_progress_s_ago"] is None
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/channels"), ("GET", "/v1/channels/pairing"),
+                                              ("POST", "/v1/channels/pairing/ABCDEFGH?channel=telegram"),
+                                              ("GET", "/v1/channels/paired"),
+                                              ("DELETE", "/v1/channels/paired/42?channel=telegram")])
+async def test_a_chat_token_is_refused_the_channels(bus: Bus, api, method: str, path: str) -> None:
+    client = await api(await _chat_token(bus))
+    _refused(await client.request(method, path), 403, "operator token")
+
+
+async def test_a_stranger_is_listed_paired_and_unpaired_over_http(bus: Bus, api) -> None:
+    door = Access(bus, "telegram", allow_from=[], agent="main", pairing_ttl_s=600)
+    code, _ = await door.code_for("42", "ann")
+    client = await api()
+    waiting = (await client.get("/v1/channels/pairing")).json()["requests"]
+    assert [(w["channel"], w["code"], w["user"], w["username"]) for w in waiting] == \
+        [("telegram", code, "42", "ann")]
+    assert 0 < waiting[0]["expires_in"] <= 600
+    assert (await client.get("/v1/channels/pairing?channel=email")).json() == {"requests": []}
+    paired = await client.post(f"/v1/channels/pairing/{code}?channel=telegram")
+    assert paired.status_code == 200, paired.text
+    assert paired.json()["identity"] == "telegram:42" and await door.identity("42") is not None
+    assert (await client.get("/v1/channels/pairing")).json() == {"requests": []}
+    _refused(await client.post(f"/v1/channels/pairing/{code}?channel=telegram"), 404, "no pending pairing code")
+    people = (await client.get("/v1/channels/paired")).json()["paired"]
+    assert [(p["channel"], p["user"], p["by"], p["username"]) for p in people] == \
+        [("telegram", "42", "http:owner", "ann")]
+    gone = await client.delete("/v1/channels/paired/42?channel=telegram")
+    assert gone.status_code == 200 and gone.json()["unpaired"] is True, gone.text
+    assert await door.identity("42") is None and (await client.get("/v1/channels/paired")).json() == {"paired": []}
+    _refused(await client.delete("/v1/channels/paired/42?channel=telegram"), 404, "was not paired")
+
+
+@pytest.mark.parametrize(("method", "path", "words"), [
+    ("POST", "/v1/channels/pairing/ABCDEFGH", "say which channel with ?channel="),
+    ("POST", "/v1/channels/pairing/ABCDEFGH?channel=fax", "'fax' is not one"),
+    ("POST", "/v1/channels/pairing/AB-CD?channel=telegram", "is not a pairing code"),
+    ("DELETE", "/v1/channels/paired/42", "say which channel"),
+    ("GET", "/v1/channels/paired?channel=", "say which channel")])
+async def test_bad_channel_input_is_refused_saying_what_fits(api, method: str, path: str, words: str) -> None:
+    _refused(await (await api()).request(method, path), 400, words)
