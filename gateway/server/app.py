@@ -41,6 +41,7 @@ from bus.protocol import (
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.config import GatewaySettings
+from gateway.server.admin_api import AdminRoutes
 from gateway.server.channels_api import ChannelRoutes
 from gateway.server.connections import Connections
 from gateway.server.errors import REDIS_AWAY, TURN_STATUS, error_response, refusal_response
@@ -163,6 +164,7 @@ class Gateway:
                 *MemoryRoutes(LongTermMemory(self.bus.redis, self.bus.keys)).routes(),
                 *SpendRoutes(self.bus, self.spend).routes(),
                 *ChannelRoutes(self.bus, self.channels).routes(),
+                *AdminRoutes(self.bus, self.tokens, static_token=bool(self.settings.static_token())).routes(),
                 WebSocketRoute("/v1/ws", self.live),
                 Route("/v1/me", self.me, methods=["GET"]),
                 Route("/v1/status", self.pool_status, methods=["GET"]),

@@ -13,14 +13,17 @@ import pytest
 
 from brain.config import BrainSettings
 from brain.spend import Governor
-from bus.presence import Presence
 from bus.metrics import Meter
+from bus.presence import Presence
 from bus.streams import Bus
 from gateway.channels.access import Access
 from gateway.config import GatewaySettings
 from gateway.server.app import Gateway
+from gateway.server.hooks import HookStore, signed_headers
 from gateway.tokens import TokenStore
+from memory.jobs import Job, JobStore, Schedule
 from memory.spend import SpendView
+from tests.conftest import async_wait_until
 
 OWNER_TOKEN = "pincer_test_owner_token_for_the_console_api_0123"
 MODEL = "fake/priced"
@@ -49,6 +52,10 @@ async def api(bus: Bus) -> AsyncIterator[Any]:
 
 async def _chat_token(bus: Bus, name: str = "alice") -> str:
     return await TokenStore(bus.redis, bus.keys).create(name, scope="chat")
+
+
+async def _status(client: httpx.AsyncClient, path: str, want: int) -> bool:
+    return (await client.get(path)).status_code == want
 
 
 def _refused(answer: httpx.Response, status: int, *words: str) -> None:
@@ -176,3 +183,86 @@ async def test_a_stranger_is_listed_paired_and_unpaired_over_http(bus: Bus, api)
     ("GET", "/v1/channels/paired?channel=", "say which channel")])
 async def test_bad_channel_input_is_refused_saying_what_fits(api, method: str, path: str, words: str) -> None:
     _refused(await (await api()).request(method, path), 400, words)
+
+
+# --- /v1/tokens and /v1/admin/hooks ---
+
+
+async def _job_of(bus: Bus, owner: str) -> None:
+    await JobStore(bus).add(Job(owner=owner, name="daily", message="hi", schedule=Schedule(kind="every", every_s=3600)),
+                            now=time.time())
+
+
+async def test_a_token_made_over_http_is_shown_once_works_and_is_revoked_with_its_jobs(bus: Bus, api) -> None:
+    client = await api()
+    made = await client.post("/v1/tokens", json={"name": "carol", "agents": ["main"]})
+    assert made.status_code == 201, made.text
+    secret = made.json()["token"]
+    assert secret.startswith("pcr_") and made.json()["scope"] == "chat" and made.json()["agents"] == ["main"]
+    listed = await client.get("/v1/tokens")
+    assert secret not in listed.text and "digest" not in listed.text
+    rows = {t["name"]: t for t in listed.json()["tokens"]}
+    assert rows["carol"]["scope"] == "chat" and rows["owner"]["source"] == "gateway.token"
+    carol = await api(secret)
+    assert (await carol.get("/v1/me")).json()["name"] == "carol"
+    await _job_of(bus, "carol")
+    gone = await client.delete("/v1/tokens/carol")
+    assert gone.status_code == 200 and gone.json()["jobs_removed"] == ["daily"], gone.text
+    await async_wait_until(lambda: _status(carol, "/v1/me", 401), timeout=10)  # each Gateway within seconds
+    _refused(await client.delete("/v1/tokens/carol"), 404, "no token named 'carol'")
+
+
+async def test_a_hook_made_over_http_takes_signed_requests_rotates_and_goes(bus: Bus, api) -> None:
+    client = await api()
+    made = await client.post("/v1/admin/hooks", json={"name": "ci", "template": "CI says: {payload}"})
+    assert made.status_code == 201, made.text
+    secret = made.json()["secret"]
+    assert secret.startswith("whsec_") and made.json()["path"] == "/v1/hooks/ci"
+    listed = await client.get("/v1/admin/hooks")
+    assert [h["name"] for h in listed.json()["hooks"]] == ["ci"] and secret not in listed.text
+    assert (await HookStore(bus.redis, bus.keys).get("ci")) is not None
+    rotated = await client.post("/v1/admin/hooks/ci/rotate", json={"grace_s": 0})
+    assert rotated.status_code == 200 and rotated.json()["secret"] not in (secret, ""), rotated.text
+    body = b'{"build": "green"}'
+    stale = await (await api("")).post("/v1/hooks/ci", content=body, headers=signed_headers(secret, body))
+    assert stale.status_code == 401, stale.text  # the old secret, with no grace, is refused at once
+    await _job_of(bus, "hook:ci")
+    gone = await client.delete("/v1/admin/hooks/ci")
+    assert gone.status_code == 200 and gone.json()["jobs_removed"] == ["daily"], gone.text
+    assert (await client.get("/v1/admin/hooks")).json() == {"hooks": []}
+    _refused(await client.delete("/v1/admin/hooks/ci"), 404, "no hook named 'ci'")
+    _refused(await client.post("/v1/admin/hooks/ci/rotate"), 404, "no hook named 'ci'")
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/tokens"), ("POST", "/v1/tokens"),
+                                              ("DELETE", "/v1/tokens/alice"), ("GET", "/v1/admin/hooks"),
+                                              ("POST", "/v1/admin/hooks"), ("POST", "/v1/admin/hooks/ci/rotate"),
+                                              ("DELETE", "/v1/admin/hooks/ci")])
+async def test_a_chat_token_is_refused_tokens_and_hooks(bus: Bus, api, method: str, path: str) -> None:
+    client = await api(await _chat_token(bus))
+    answer = await client.request(method, path, json={"name": "mallory", "scope": "operator", "template": "x"})
+    _refused(answer, 403, "managed with an operator token")
+    assert [t.name for t in await TokenStore(bus.redis, bus.keys).list()] == ["alice"]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "words"), [
+    ("/v1/tokens", {"name": "no spaces"}, 400, "name: String should match pattern"),
+    ("/v1/tokens", {"name": "dave", "scope": "root"}, 400, "scope: Input should be 'chat' or 'operator'"),
+    ("/v1/tokens", {"name": "dave", "agents": ["../x"]}, 400, "'../x' is not an agent's id"),
+    ("/v1/tokens", {"name": "owner"}, 409, "is the configured token's"),
+    ("/v1/tokens", {"name": "alice"}, 409, "a token named 'alice' exists"),
+    ("/v1/admin/hooks", {"name": "Bad Name", "template": "x"}, 400, "name: String should match pattern"),
+    ("/v1/admin/hooks", {"name": "ci"}, 400, "template: Field required"),
+    ("/v1/admin/hooks", {"name": "ci", "template": "x", "deliver": "ftp://x"}, 400, "deliver:"),
+    ("/v1/admin/hooks/ci/rotate", {"grace_s": -1}, 400, "grace_s: Input should be greater than or equal to 0")])
+async def test_bad_token_and_hook_input_is_refused_saying_what_is_wrong(bus: Bus, api, path: str, body: Any,
+                                                                        status: int, words: str) -> None:
+    await _chat_token(bus)
+    await HookStore(bus.redis, bus.keys).add("ci", agent="main", template="x", deliver=None)
+    _refused(await (await api()).post(path, json=body), status, words)
+
+
+async def test_hooks_are_managed_under_admin_and_need_a_token_there(api) -> None:
+    anonymous = await api("")
+    _refused(await anonymous.get("/v1/admin/hooks"), 401, "")
+    _refused(await anonymous.post("/v1/admin/hooks", json={"name": "ci", "template": "x"}), 401, "")
