@@ -3,7 +3,10 @@ hooks. Each endpoint's happy path, what a chat token is refused or shown, and ba
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,10 +16,13 @@ import pytest
 
 from brain.config import BrainSettings
 from brain.spend import Governor
+from bus.config import Config
 from bus.metrics import Meter
 from bus.presence import Presence
 from bus.streams import Bus
 from gateway.channels.access import Access
+from gateway.cli import budget as budget_cli
+from gateway.cli import channels as channels_cli
 from gateway.config import GatewaySettings
 from gateway.server.app import Gateway
 from gateway.server.hooks import HookStore, signed_headers
@@ -118,6 +124,15 @@ async def test_the_daily_series_has_each_day_oldest_first_with_gaps_at_zero(bus:
     assert by_scope["identity:bob"][0]["spent_usd"] == 0.007 and by_scope["identity:alice"][-1]["calls"] == 1
 
 
+async def test_pincer_budget_shows_what_the_operator_is_shown(bus: Bus, redis_url: str, api, capsys) -> None:
+    await _spent(bus, "alice", 10)
+    config = Config(raw={"redis": {"url": redis_url, "prefix": bus.keys.prefix}, "brain": {"budget": BUDGET}})
+    assert await asyncio.to_thread(budget_cli.command, argparse.Namespace(json=True), config) == 0
+    printed = json.loads(capsys.readouterr().out)
+    shown = (await (await api()).get("/v1/spend")).json()
+    assert printed["budgets"] == shown["budgets"] and printed["alerts"] == shown["alerts"]
+
+
 @pytest.mark.parametrize("days", ["0", "32", "many", "-3"])
 async def test_a_bad_number_of_days_is_refused_saying_what_fits(api, days: str) -> None:
     _refused(await (await api()).get(f"/v1/spend?days={days}"), 400, "days must be a whole number from 1 to 31")
@@ -141,6 +156,29 @@ async def test_an_operator_sees_each_channels_state(bus: Bus, api) -> None:
     assert (rows["telegram"]["in"], rows["telegram"]["errors"], rows["telegram"]["last_error"]) == \
         (3, 1, "getUpdates: 502")
     assert rows["email"]["state"] == "not running" and rows["email"]["last_progress_s_ago"] is None
+
+
+async def test_pincer_channels_shows_what_the_api_does(bus: Bus, redis_url: str, api, capsys) -> None:
+    config = Config(raw={"redis": {"url": redis_url, "prefix": bus.keys.prefix}})
+    await bus.redis.hset(bus.keys.channel_paired("telegram"), "7", "cli 1700000000 @bea")
+    heartbeat = {"channel": "telegram", "polling": 1, "last_progress": time.time(), "stall_s": 90}
+    telegram = Presence(bus, "channel", "channel-tg-1", interval_s=0.5, details=lambda: heartbeat)
+    await telegram.start()
+    try:
+        printed = []
+        for action in ("list", "paired"):
+            assert await asyncio.to_thread(channels_cli.command, argparse.Namespace(
+                action=action, arg=None, channel="telegram", json=True), config) == 0
+            printed.append(json.loads(capsys.readouterr().out))
+        client = await api()
+        rows = (await client.get("/v1/channels")).json()["channels"]
+    finally:
+        await telegram.stop()
+    assert [(r["channel"], r["state"]) for r in printed[0]] == [("telegram", "connected")]
+    assert [(r["channel"], r["state"]) for r in rows if r["channel"] == "telegram"] == [("telegram", "connected")]
+    people = (await client.get("/v1/channels/paired?channel=telegram")).json()["paired"]
+    assert printed[1] == {p["user"]: f"{p['by']} {p['at']} @{p['username']}" for p in people} == \
+        {"7": "cli 1700000000 @bea"}
 
 
 @pytest.mark.parametrize(("method", "path"), [("GET", "/v1/channels"), ("GET", "/v1/channels/pairing"),
