@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from bus.config import Section, time_zone
+from bus.config import Section
 from memory.flight import KEEP_DAYS
 from memory.jobs import parse_duration
+from memory.spend import BudgetSettings
 
 DEFAULT_INSTRUCTIONS = (
     "You are Pincer, a helpful assistant. You can act through the tools you are given; "
@@ -36,58 +37,6 @@ class PriceSettings(Section):
     output_per_mtok: float = Field(ge=0)
     # Prompt tokens the provider read from its cache (reported as cached_tokens); None: at the input price.
     cached_input_per_mtok: float | None = Field(default=None, ge=0)
-
-
-class LimitSettings(Section):
-    """Spend limits over a calendar day and month (None: no limit)."""
-
-    daily_usd: float | None = Field(default=None, ge=0)
-    monthly_usd: float | None = Field(default=None, ge=0)
-
-
-class BudgetSettings(Section):
-    """The spend governor: limits over the pool, each agent and each identity, checked before every call."""
-
-    daily_usd: float | None = Field(default=None, ge=0)  # the whole pool's
-    monthly_usd: float | None = Field(default=None, ge=0)
-    agents: dict[str, LimitSettings] = Field(default_factory=dict)  # by agent id
-    identities: dict[str, LimitSettings] = Field(default_factory=dict)  # by identity name
-    per_identity: LimitSettings = Field(default_factory=LimitSettings)  # every identity not named above
-    # Shares of a limit at which the owner is told, each once per limit and period.
-    alerts: list[float] = Field(default_factory=lambda: [0.5, 0.8, 1.0])
-    # Chats the alerts are also sent to, as CHANNEL:CHAT (telegram:123456789).
-    notify: list[str] = Field(default_factory=list)
-    # Where a day and a month begin (an IANA zone).
-    timezone: str = "UTC"
-    # The most one call may write when a limit applies (sent to the provider as max_tokens): with the
-    # prompt's size it bounds what the call can cost before it is made.
-    max_output_tokens: int = Field(default=4096, ge=16, le=1_000_000)
-
-    @field_validator("alerts")
-    @classmethod
-    def _alerts(cls, value: list[float]) -> list[float]:
-        if any(not 0 < share <= 1 for share in value):
-            raise ValueError(f"alerts are shares of a limit between 0 and 1 (0.5 is half), got {value}")
-        return sorted(set(value))
-
-    @field_validator("notify")
-    @classmethod
-    def _notify(cls, value: list[str]) -> list[str]:
-        for target in value:
-            if not all(target.partition(":")[::2]):
-                raise ValueError(f"notify entries are CHANNEL:CHAT, such as telegram:123456789, got {target!r}")
-        return value
-
-    @field_validator("timezone")
-    @classmethod
-    def _timezone(cls, value: str) -> str:
-        return time_zone(value, "timezone")
-
-    def limited(self) -> bool:
-        """Whether any limit is set (only then is a call's cost bound reserved before it is made)."""
-        groups: list[BudgetSettings | LimitSettings] = [self, self.per_identity, *self.agents.values(),
-                                                         *self.identities.values()]
-        return any(group.daily_usd is not None or group.monthly_usd is not None for group in groups)
 
 
 class SchedulerSettings(Section):

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from brain.config import BrainSettings, LimitSettings
+from brain.config import BrainSettings
 from brain.llm import LOCAL, Attempt, price_table, retry_pause
 from brain.tokens import MESSAGE_OVERHEAD, tokens
 from bus.errors import PincerError
@@ -38,12 +38,11 @@ from bus.protocol import ChannelSend, ToolSpec
 from bus.scripts import lua
 from bus.streams import Bus
 from memory.jobs import Job, JobStore
+from memory.spend import MICRO, Budget, budgets_of
+from memory.spend import report as spend_report
 
 log = logging.getLogger("brain.spend")
 
-MICRO = 1_000_000  # micro-dollars per dollar
-DAY_KEEP_S = 40 * 86_400
-MONTH_KEEP_S = 400 * 86_400
 PROMPT_MARGIN = 1.25  # the counted prompt tokens times this: tokenizers differ from cl100k by less
 THREAD_OVER_CHARS = 50_000  # a prompt longer than this is counted in a thread (it takes milliseconds)
 ALERTS_KEEP = 1000
@@ -141,17 +140,6 @@ class Price:
                          + output_tokens * self.output_per_mtok)
 
 
-@dataclass(frozen=True)
-class Budget:
-    name: str  # as its setting: brain.budget.agents.main.daily_usd
-    what: str  # as people say it: "the agent main's day"
-    key: str
-    limit: int  # micro-dollars; -1: none (only counted)
-    keep_s: int
-    scope: str = ""  # pool, agent:<id>, identity:<name>
-    period: str = ""  # day:2026-12-01, month:2026-12
-
-
 @dataclass
 class Hold:
     hold_id: str
@@ -175,32 +163,8 @@ class Governor:
     def budgets(self, agent: str, identity: str, job: Job | None = None) -> list[Budget]:
         """Every budget a call of ``agent`` for ``identity`` (and ``job``) counts in, limited or only counted,
         day and month."""
-        now = datetime.fromtimestamp(self.clock(), self.zone)
-        day, month = f"day:{now:%Y-%m-%d}", f"month:{now:%Y-%m}"
-        named = self.budget.identities.get(identity)
-        groups: list[tuple[str, str, str, LimitSettings]] = [
-            ("pool", "brain.budget", "the pool's", LimitSettings(daily_usd=self.budget.daily_usd,
-                                                                monthly_usd=self.budget.monthly_usd)),
-            (f"agent:{agent}", f"brain.budget.agents.{agent}", f"the agent {agent}'s",
-             self.budget.agents.get(agent) or LimitSettings()),
-            (f"identity:{identity}",
-             f"brain.budget.identities.{identity}" if named else "brain.budget.per_identity",
-             f"{identity}'s", named or self.budget.per_identity)]
-        if job is not None:
-            groups.append((f"job:{job.id}", f"the job {job.id}", f"the job {job.id}'s",
-                           LimitSettings(daily_usd=job.daily_usd)))
-        found = []
-        for scope, setting, whose, limits in groups:
-            for period, field_name, word, usd, keep in ((day, "daily_usd", "day", limits.daily_usd, DAY_KEEP_S),
-                                                        (month, "monthly_usd", "month", limits.monthly_usd,
-                                                         MONTH_KEEP_S)):
-                named_as = f"{setting}.{field_name}" if job is None or scope != f"job:{job.id}" else \
-                    f"the daily_usd of {setting} (pincer cron add --daily-usd)"
-                found.append(Budget(name=named_as, what=f"{whose} {word}",
-                                    key=self.bus.keys.spend(period, scope),
-                                    limit=-1 if usd is None else round(usd * MICRO), keep_s=keep,
-                                    scope=scope, period=period))
-        return found
+        return budgets_of(self.bus, self.budget, datetime.fromtimestamp(self.clock(), self.zone), agent, identity,
+                          job)
 
     def price(self, model: str) -> Price | None:
         return price_of(self.settings, model)
@@ -319,7 +283,8 @@ class Governor:
                 f"({budget.name})")
         log.warning("budget alert: %s", text)
         self.meter.count("pincer_budget_alerts", budget.name, f"{share:g}")
-        await self.bus.redis.xadd(self.bus.keys.alerts, {"kind": "budget", "budget": budget.name, "share": share,
+        await self.bus.redis.xadd(self.bus.keys.alerts, {"kind": "budget", "budget": budget.name,
+                                                         "scope": budget.scope, "share": share,
                                                          "spent_usd": spent / MICRO, "limit_usd": budget.limit / MICRO,
                                                          "text": text, "at": self.clock()},
                                   maxlen=ALERTS_KEEP, approximate=True)
@@ -363,11 +328,6 @@ def price_of(settings: BrainSettings, model: str) -> Price | None:
     return table_price(model)
 
 
-def hit_rate(cached_tokens: float, prompt_tokens: float) -> float | None:
-    """The share of prompt tokens the provider read from its cache (None: no prompt tokens counted)."""
-    return round(cached_tokens / prompt_tokens, 4) if prompt_tokens else None
-
-
 def table_price(model: str) -> Price | None:
     """litellm's price for a model, by its full name or without the provider's prefix."""
     table = price_table()
@@ -382,37 +342,5 @@ def table_price(model: str) -> Price | None:
 
 
 async def report(bus: Bus, settings: BrainSettings, *, clock: Any = time.time) -> dict[str, Any]:
-    """What `pincer budget` shows: this day's and month's spend per scope (the pool, every agent and identity
-    that spent or has a limit), what is left of each limit, its tokens and the share of its prompt tokens
-    read from the provider's cache (``cache_hit``), and the latest alerts."""
-    governor = Governor(bus, settings, Meter(), clock=clock)
-    scopes = {"pool", *(f"agent:{a}" for a in {"main", *settings.agents, *settings.budget.agents}),
-              *(f"identity:{i}" for i in settings.budget.identities)}
-    now = datetime.fromtimestamp(clock(), governor.zone)
-    for period in (f"day:{now:%Y-%m-%d}", f"month:{now:%Y-%m}"):
-        prefix = bus.keys.spend(period, "")
-        async for key in bus.redis.scan_iter(match=f"{prefix}*", count=500):
-            scopes.add(key.decode().removeprefix(prefix))
-    rows = []
-    for scope in sorted(scopes, key=lambda s: (s != "pool", s)):
-        kind, _, name = scope.partition(":")
-        job = await governor.jobs.get(name) if kind == "job" else None
-        for budget in governor.budgets(name if kind == "agent" else "-", name if kind == "identity" else "-", job):
-            if budget.scope != scope:
-                continue
-            raw: dict[bytes, bytes] = await bus.redis.hgetall(budget.key)  # type: ignore[assignment]  # bytes
-            got = {k.decode(): int(v) for k, v in raw.items() if not k.startswith(b"alerted:")}
-            limit = None if budget.limit < 0 else budget.limit / MICRO
-            spent = got.get("spent", 0) / MICRO
-            rows.append({"scope": scope, "period": budget.period,
-                         "budget": budget.name, "spent_usd": round(spent, 6),
-                         "held_usd": round(got.get("held", 0) / MICRO, 6), "limit_usd": limit,
-                         "left_usd": None if limit is None else round(max(0.0, limit - spent), 6),
-                         "calls": got.get("calls", 0), "input_tokens": got.get("input_tokens", 0),
-                         "output_tokens": got.get("output_tokens", 0), "cached_tokens": got.get("cached_tokens", 0),
-                         "cache_hit": hit_rate(got.get("cached_tokens", 0), got.get("input_tokens", 0)),
-                         "models": {k.removeprefix("model:"): v / MICRO for k, v in got.items()
-                                    if k.startswith("model:")}})
-    alerts: list[tuple[bytes, dict[bytes, bytes]]] = await bus.redis.xrevrange(bus.keys.alerts, count=20)  # type: ignore[assignment]  # bytes
-    return {"timezone": settings.budget.timezone, "budgets": rows,
-            "alerts": [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in alerts]}
+    """What `pincer budget` shows (``memory.spend.report``, which the Gateway's ``/v1/spend`` reads too)."""
+    return await spend_report(bus, settings.budget, settings.agent_ids(), clock=clock)

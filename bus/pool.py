@@ -89,6 +89,16 @@ def channel_states(running: list[dict[str, Any]], *, now: float | None = None) -
     return states
 
 
+async def channel_rows(bus: Bus, enabled: list[str]) -> list[dict[str, Any]]:
+    """What `pincer channels` and ``GET /v1/channels`` show: each channel that runs or is enabled, by name, with
+    its state (``not running`` for an enabled one with no live instance) and whether the config enables it."""
+    found = {row["channel"]: row for row in channel_states(await instances(bus, "channel"))}
+    idle = {"state": "not running", "replicas": 0, "bot": "", "last_progress_s_ago": None, "in": 0, "out": 0,
+            "errors": 0, "last_error": ""}
+    return [{**found.get(name, {"channel": name, **idle}), "enabled": name in enabled}
+            for name in sorted({*enabled, *found})]
+
+
 def _json_field(raw: str | None) -> dict[str, Any]:
     """A heartbeat field written as JSON (MCP server states); empty when absent or garbage."""
     try:

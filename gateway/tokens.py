@@ -27,6 +27,8 @@ from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import ANY_AGENT
 from bus.scripts import lua
+from bus.streams import Bus
+from memory.jobs import JobStore
 
 Scope = Literal["chat", "operator"]
 TOKEN_PREFIX = "pcr_"
@@ -158,6 +160,14 @@ class TokenStore:
                 self._cache.clear()
             self._cache[key] = (now + CACHE_S, identity)
         return identity
+
+
+async def revoke_and_forget(bus: Bus, store: TokenStore, name: str) -> list[str] | None:
+    """Revoke the token named ``name`` and remove its identity's jobs (a job runs as its identity: the
+    scheduler refuses any left over); the jobs removed, or None when no token has that name."""
+    if not await store.revoke(name):
+        return None
+    return await JobStore(bus).remove_owner(name)
 
 
 class WebSessions:

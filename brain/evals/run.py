@@ -16,7 +16,7 @@ from brain.evals.cases import Case
 from brain.evals.checks import Outcome
 from brain.llm import LLMClient
 from brain.replay import Replayer, turns_of
-from brain.spend import MICRO, Governor, price_of
+from brain.spend import Governor, price_of
 from brain.turn import Turn, TurnDeps
 from bus.metrics import Meter
 from bus.protocol import ChatMessage, ChatReply
@@ -25,6 +25,7 @@ from bus.streams import Bus
 from memory.flight import FlightRecorder, RecordError, Step, read_lines
 from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore
+from memory.spend import MICRO
 
 SCRATCH = "eval"  # the owner part of a live case's scratch session
 

@@ -13,6 +13,7 @@ import time
 
 from bus.streams import Bus
 from gateway.tokens import Identity
+from memory.jobs import JobStore
 
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read out loud or typed on a phone
 CODE_LENGTH = 8
@@ -102,3 +103,30 @@ async def unpair(bus: Bus, channel: str, user: str) -> bool:
     if held:
         await bus.redis.hdel(handles, *held)
     return bool(await bus.redis.hdel(bus.keys.channel_paired(channel), user)) or bool(held)
+
+
+async def unpair_and_forget(bus: Bus, channel: str, user: str) -> list[str] | None:
+    """Let the user out and remove their jobs (they run as them; the scheduler refuses a paired owner's left
+    over); the jobs removed, or None when the user was not let in."""
+    if not await unpair(bus, channel, user):
+        return None
+    return await JobStore(bus).remove_owner(identity_name(channel, user))
+
+
+async def pending(bus: Bus, channel: str) -> list[dict[str, str | int]]:
+    """The strangers waiting for an operator to pair them, oldest first: code, user, username, when they
+    asked and how many seconds their code has left."""
+    prefix = bus.keys.channel_pairing(channel, "")
+    keys = [key async for key in bus.redis.scan_iter(match=f"{prefix}*", count=500)]
+    found: list[dict[str, str | int]] = []
+    for key in keys:
+        async with bus.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(key)
+            pipe.ttl(key)
+            raw, ttl = await pipe.execute()
+        if raw:  # paired or lapsed since the scan
+            who = {k.decode(): v.decode() for k, v in raw.items()}
+            found.append({"code": key.decode().removeprefix(prefix), "user": who.get("user", ""),
+                          "username": who.get("username", ""), "asked": int(who.get("asked") or 0),
+                          "expires_in": max(int(ttl), 0)})
+    return sorted(found, key=lambda w: (w["asked"], str(w["code"])))

@@ -12,15 +12,13 @@ from rich.console import Console
 from rich.table import Table
 
 from bus.config import Config
-from bus.pool import channel_states
-from bus.presence import instances
+from bus.pool import channel_rows
 from bus.redis_client import RedisAway
 from gateway.channels import access
 from gateway.channels.config import KNOWN as KNOWN_CHANNELS
 from gateway.channels.config import ChannelSettings
 from gateway.cli.channel_setup import add_arguments
 from gateway.cli.ops import connected_bus
-from memory.jobs import JobStore
 
 
 def command(args: argparse.Namespace, config: Config) -> int:
@@ -52,11 +50,10 @@ async def _channels(config: Config, action: str, arg: str | None, *, channel: st
                 return 0
             if action == "unpair":
                 assert arg is not None
-                if not await access.unpair(bus, channel, arg):
+                stopped = await access.unpair_and_forget(bus, channel, arg)
+                if stopped is None:
                     print(f"pincer: error: {channel} user {arg} was not paired", file=sys.stderr)
                     return 1
-                # Their jobs run as them: they go too (the scheduler refuses a paired owner's left over).
-                stopped = await JobStore(bus).remove_owner(access.identity_name(channel, arg))
                 print(f"{channel} user {arg} is a stranger again (allow_from still lets in whoever it names)"
                       + (f"; their jobs removed: {', '.join(stopped)}" if stopped else ""))
                 return 0
@@ -65,19 +62,14 @@ async def _channels(config: Config, action: str, arg: str | None, *, channel: st
                 print(json.dumps(found, indent=2) if as_json else
                       "\n".join(f"{user}  {how}" for user, how in sorted(found.items())) or "nobody is paired")
                 return 0
-            running = await instances(bus, "channel")
+            rows = await channel_rows(bus, config.section("channels", ChannelSettings).enabled())
     except RedisAway as exc:
         print(f"pincer: error: cannot reach Redis: {exc}", file=sys.stderr)
         return 1
-    return _show(config, running, as_json=as_json)
+    return _show(rows, as_json=as_json)
 
 
-def _show(config: Config, running: list[dict[str, Any]], *, as_json: bool) -> int:
-    enabled = config.section("channels", ChannelSettings).enabled()
-    found = {row["channel"]: row for row in channel_states(running)}
-    rows = [{**found.get(name, {"channel": name, "state": "not running", "replicas": 0, "bot": "",
-                                "last_progress_s_ago": None, "in": 0, "out": 0, "errors": 0, "last_error": ""}),
-             "enabled": name in enabled} for name in sorted({*enabled, *found})]
+def _show(rows: list[dict[str, Any]], *, as_json: bool) -> int:
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0

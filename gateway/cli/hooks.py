@@ -14,8 +14,7 @@ from rich.table import Table
 from bus.config import Config
 from bus.redis_client import RedisAway
 from gateway.cli.ops import connected_bus
-from gateway.server.hooks import HookStore
-from memory.jobs import JobStore
+from gateway.server.hooks import HookStore, remove_and_forget
 
 
 def command(args: argparse.Namespace, config: Config) -> int:
@@ -46,10 +45,10 @@ async def _hooks(config: Config, args: argparse.Namespace) -> int:
                       f"{args.grace:g}s more", file=sys.stderr)
                 return 0
             if args.action == "rm":
-                if not await store.remove(args.name):
+                stopped = await remove_and_forget(bus, store, args.name)
+                if stopped is None:
                     print(f"pincer: error: no hook named {args.name!r}", file=sys.stderr)
                     return 1
-                stopped = await JobStore(bus).remove_owner(f"hook:{args.name}")
                 print(f"hook {args.name!r} removed: its requests are refused from now on"
                       + (f"; its jobs removed: {', '.join(stopped)}" if stopped else ""), file=sys.stderr)
                 return 0

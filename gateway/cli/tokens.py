@@ -15,8 +15,7 @@ from bus.config import Config
 from bus.redis_client import RedisAway, RedisRefused
 from gateway.cli.ops import connected_bus
 from gateway.config import GatewaySettings
-from gateway.tokens import NAME_PATTERN, TokenError, TokenStore
-from memory.jobs import JobStore
+from gateway.tokens import NAME_PATTERN, TokenError, TokenStore, revoke_and_forget
 
 
 async def manage_tokens(config: Config, action: str, name: str | None, *, scope: str, agents: list[str],
@@ -37,11 +36,10 @@ async def manage_tokens(config: Config, action: str, name: str | None, *, scope:
                 return 0
             if action == "revoke":
                 assert name is not None
-                if not await store.revoke(name):
+                stopped = await revoke_and_forget(bus, store, name)
+                if stopped is None:
                     print(f"pincer: error: no token named {name!r} (`pincer token list` shows them)", file=sys.stderr)
                     return 1
-                # A job runs as its identity: it goes with the token (the scheduler refuses any left over).
-                stopped = await JobStore(bus).remove_owner(name)
                 print(f"token {name!r} revoked (Gateways stop accepting it within seconds)"
                       + (f"; its jobs removed: {', '.join(stopped)}" if stopped else ""), file=sys.stderr)
                 return 0

@@ -41,6 +41,8 @@ from bus.protocol import (
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.config import GatewaySettings
+from gateway.server.admin_api import AdminRoutes
+from gateway.server.channels_api import ChannelRoutes
 from gateway.server.connections import Connections
 from gateway.server.errors import REDIS_AWAY, TURN_STATUS, error_response, refusal_response
 from gateway.server.fanout import Fanout
@@ -53,6 +55,7 @@ from gateway.server.memory_api import MemoryRoutes
 from gateway.server.observe import metrics_text, readiness
 from gateway.server.openai_api import OpenAIRoutes
 from gateway.server.page import page_routes
+from gateway.server.spend_api import SpendRoutes
 from gateway.tokens import TokenStore, WebSessions
 from gateway.turns.events import parse_after
 from gateway.turns.limits import CallerLimits, Hold
@@ -63,6 +66,7 @@ from memory.flight import KEEP_DAYS, FlightRecorder
 from memory.jobs import JobStore
 from memory.longterm import LongTermMemory
 from memory.sessions import TITLE_CHARS, ForkRefused, SessionStore
+from memory.spend import SpendView
 
 log = logging.getLogger("gateway.http")
 
@@ -100,8 +104,11 @@ def _farewell(code: ErrorCode, message: str) -> dict[str, str]:
 
 class Gateway:
     def __init__(self, bus: Bus, settings: GatewaySettings, *, instance_id: str, heartbeat_s: float = 3.0,
-                 tokens: TokenStore | None = None) -> None:
+                 tokens: TokenStore | None = None, spend: SpendView | None = None,
+                 channels: list[str] | None = None) -> None:
         self.bus, self.settings, self.instance_id = bus, settings, instance_id
+        self.spend = spend or SpendView()  # the brain section's budgets, which /v1/spend reads against
+        self.channels = channels or []  # the channels the config enables (/v1/channels lists them)
         self.inbox = ReplyInbox(bus, instance_id)
         self.sessions = SessionStore(bus.redis, bus.keys)
         self.tokens = tokens or TokenStore(bus.redis, bus.keys, static=settings.static_token())
@@ -155,6 +162,9 @@ class Gateway:
                 *OpenAIRoutes(self.settings.openai, self.turns, self.connections).routes(),
                 *JobRoutes(JobStore(self.bus), self.turns, self.settings.limits.jobs).routes(),
                 *MemoryRoutes(LongTermMemory(self.bus.redis, self.bus.keys)).routes(),
+                *SpendRoutes(self.bus, self.spend).routes(),
+                *ChannelRoutes(self.bus, self.channels).routes(),
+                *AdminRoutes(self.bus, self.tokens, static_token=bool(self.settings.static_token())).routes(),
                 WebSocketRoute("/v1/ws", self.live),
                 Route("/v1/me", self.me, methods=["GET"]),
                 Route("/v1/status", self.pool_status, methods=["GET"]),

@@ -31,9 +31,11 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from bus.keys import Keys
 from bus.log import kv
 from bus.protocol import ChatError, ChatReply, ErrorCode
+from bus.streams import Bus
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
 from gateway.turns.runner import AGENT_ID, Turn, TurnRunner
+from memory.jobs import JobStore
 
 log = logging.getLogger("gateway.hooks")
 
@@ -108,6 +110,13 @@ class HookStore:
 
     async def remove(self, name: str) -> bool:
         return bool(await self.redis.hdel(self.keys.hooks, name))
+
+
+async def remove_and_forget(bus: Bus, store: HookStore, name: str) -> list[str] | None:
+    """Remove the hook and its identity's jobs; the jobs removed, or None when there is no such hook."""
+    if not await store.remove(name):
+        return None
+    return await JobStore(bus).remove_owner(f"hook:{name}")
 
 
 def _secret() -> str:

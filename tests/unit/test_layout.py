@@ -19,7 +19,9 @@ ALLOWED = {
     "gateway": {"bus", "memory", "gateway.config", "gateway.tokens"},  # what every room shares
     # The turn core both doors share: nothing of either door, nothing of HTTP.
     "gateway.turns": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.turns"},
-    "gateway.server": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.turns", "gateway.server"},
+    # The server reads and writes the channels' pairing through the kit's own store, and names the channels.
+    "gateway.server": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.turns", "gateway.server",
+                       "gateway.channels.access", "gateway.channels.config"},
     "gateway.channels": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.turns", "gateway.channels"},
     # The process runtime starts the other roles, so it may read their settings.
     "gateway.runtime": {"bus", "memory", "gateway.config", "gateway.tokens", "gateway.runtime", "brain", "hands",
