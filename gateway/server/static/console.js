@@ -176,7 +176,7 @@ async function showNotes() {
 
 function noteRow(agent, note) {
   const shared = note.scope === "shared";
-  const row = el("li", { class: "row" },
+  return el("li", { class: "row" },
     el("div", { class: "main" }, el("span", { class: "title" }, note.key), " ", el("small", {}, note.scope)),
     el("div", { class: "facts" }, `${note.chars} characters · ${when(note.updated)}`),
     el("div", { class: "facts message" }, note.preview),
@@ -184,10 +184,9 @@ function noteRow(agent, note) {
       onclick: async () => {
         if (!confirm(`Delete the note "${note.key}"?`)) return;
         const query = `agent=${encodeURIComponent(agent)}${shared ? "&shared=1" : ""}`;
-        try { await api("DELETE", `/v1/memory/${path(note.key)}?${query}`); row.remove(); status(""); }
+        try { await api("DELETE", `/v1/memory/${path(note.key)}?${query}`); status(""); await showNotes(); }
         catch (error) { status(error.message, true); }
       } }, "Delete")));
-  return row;
 }
 
 // -- pool (operators) ----------------------------------------------------------------------------
