@@ -411,9 +411,9 @@ def test_fork_from_here_opens_the_first_exchange_and_asks_no_model(page_stack: d
     page.keyboard.press("Enter")
     fork = f"{source}-fork-1"
     expect(page.locator("#session-name")).to_have_text(fork)
-    expect(page.locator("#session-title")).to_have_text("first words")  # a fork keeps its source's title
+    expect(page.locator("#session-title")).to_have_text("first words (from message 1)")  # titled from its source
     listed = page.locator("#sessions")
-    expect(listed.get_by_role("button", name=f"first words {fork}", exact=True)).to_be_visible()
+    expect(listed.get_by_role("button", name=f"first words (from message 1) {fork}", exact=True)).to_be_visible()
     expect(page.locator(".msg.user")).to_have_text(["first words"])
     expect(page.locator(".msg.assistant")).to_have_text(["echo: first words"])
     assert len(scripted_llm.requests) == asked  # the copied exchange was asked of no model
