@@ -451,7 +451,7 @@ def test_fork_from_here_opens_the_first_exchange_and_asks_no_model(page_stack: d
 HOSTILE = '<img src=x onerror="window.pwned=1"><b id="text">bold</b>'
 
 
-def test_sessions_console_titles_spend_search_rename_delete(page_stack: dict, browser) -> None:
+def test_sessions_console_titles_spend_search_rename_delete(page_stack: dict, browser, tmp_path: Path) -> None:
     """The console's sessions: titled by their first message with their spend, narrowed by a search, renamed
     and deleted through the API the CLI calls; a hostile title is shown as its characters."""
     from playwright.sync_api import expect
@@ -475,6 +475,7 @@ def test_sessions_console_titles_spend_search_rename_delete(page_stack: dict, br
     assert page.evaluate("document.querySelectorAll('#text').length") == 1
     expect(page.locator("#sessions")).to_contain_text("groceries for the week")  # the chat's list has titles too
 
+    shoot(page, "console-sessions", tmp_path)
     page.locator("#session-search").fill("lisbon")
     expect(rows).to_have_count(1)
     expect(rows.first.locator(".title")).to_have_text("plan the trip to Lisbon")
@@ -488,6 +489,7 @@ def test_sessions_console_titles_spend_search_rename_delete(page_stack: dict, br
     box.press("Enter")
     renamed = rows.filter(has_text="Lisbon in May")
     expect(renamed.locator(".sid")).to_have_text("trip")
+    assert page.evaluate("document.activeElement.textContent") == "Rename"  # the keyboard back where it was
     with gateway_client(page_stack) as client:
         titles = {d["id"]: d["title"] for d in client.get("/v1/sessions").json()["details"]}
     assert titles["trip"] == "Lisbon in May"
@@ -526,6 +528,7 @@ def test_jobs_console_create_pause_resume_run_and_runs(page_stack: dict, browser
     assert not paused()
     job.get_by_role("button", name="Pause").click()
     expect(job.locator(".state")).to_have_text("paused")
+    assert page.evaluate("document.activeElement.textContent") == "Resume"  # the row changed in place
     assert paused()
     job.get_by_role("button", name="Resume").click()
     expect(job.locator(".state")).to_have_text("active")
@@ -550,20 +553,23 @@ def test_jobs_console_create_pause_resume_run_and_runs(page_stack: dict, browser
     context.close()
 
 
-def test_memory_console_lists_searches_and_deletes_notes(page_stack: dict, browser) -> None:
+def test_memory_console_lists_searches_and_deletes_notes(page_stack: dict, browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
     with gateway_client(page_stack) as client:
         for key, content in (("gift", "a red scarf for Bob"), ("plants", HOSTILE)):
             write = "CALL memory_write " + json.dumps({"key": key, "content": content})
             assert client.post("/v1/sessions/notes/messages", json={"text": write}).status_code == 200
-    context, page = signed_in(browser, page_stack)
+    context, page = signed_in(browser, page_stack, viewport={"width": 390, "height": 844}, is_mobile=True,
+                              has_touch=True)
     page.on("dialog", lambda dialog: dialog.accept())
     page.locator("#tab-memory").click()
     notes = page.locator("#note-rows > li")
     expect(notes).to_have_count(2)
     expect(notes.filter(has_text="plants").locator(".message")).to_have_text(HOSTILE)
     assert page.evaluate("window.pwned") is None
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    shoot(page, "console-memory-phone", tmp_path)
     page.locator("#memory-search").fill("scarf")
     expect(notes).to_have_count(1)
     expect(notes.first.locator(".title")).to_have_text("gift")

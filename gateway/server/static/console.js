@@ -48,23 +48,29 @@ const sessionsAsked = latest();
 async function showSessions() {
   const query = $("session-search").value.trim();
   await sessionsAsked(() => api("GET", `/v1/sessions${query ? `?q=${encodeURIComponent(query)}` : ""}`),
-    ({ details }) => $("session-rows").replaceChildren(...details.map(sessionRow)));
+    ({ details }) => $("session-rows").replaceChildren(...(details.length ? details.map(sessionRow)
+      : [el("li", { class: "note" }, query ? "No session matches." : "No sessions yet.")])));
   if (!query) loadSessions().catch(() => {});  // the chat's list follows renames and deletions
 }
 
 function sessionRow(about) {
   const row = el("li", { class: "row" });
-  const facts = `${about.messages} message${about.messages === 1 ? "" : "s"} · ${dollars(about.spend_usd)} · ${when(about.updated_at)}`;
-  const shown = () => row.replaceChildren(
-    el("div", { class: "main" }, el("span", { class: "title" }, about.title || about.id), " ",
-      el("small", { class: "sid" }, about.id)),
-    el("div", { class: "facts" }, facts),
-    el("div", { class: "actions" },
-      el("button", { type: "button", onclick: () => { showView("chat"); openSession(about.id); } }, "Open"),
-      el("button", { type: "button", onclick: renaming }, "Rename"),
-      el("button", { type: "button", onclick: remove }, "Delete")));
+  const messages = `${about.messages} message${about.messages === 1 ? "" : "s"}`;
+  const facts = `${messages} · ${dollars(about.spend_usd)} · ${when(about.updated_at)}`;
+  const rename = el("button", { type: "button", onclick: () => renaming() }, "Rename");
+  const shown = ({ refocus = false } = {}) => {
+    row.replaceChildren(
+      el("div", { class: "main" }, el("span", { class: "title" }, about.title || about.id), " ",
+        el("small", { class: "sid" }, about.id)),
+      el("div", { class: "facts" }, facts),
+      el("div", { class: "actions" },
+        el("button", { type: "button", onclick: () => { showView("chat"); openSession(about.id); } }, "Open"),
+        rename,
+        el("button", { type: "button", onclick: () => remove() }, "Delete")));
+    if (refocus) rename.focus();  // back where the person started the rename
+  };
   const renaming = () => {
-    const input = el("input", { type: "text", value: about.title || "", maxlength: "200", "aria-label": "New title",
+    const input = el("input", { type: "text", value: about.title || "", maxlength: "80", "aria-label": "New title",  // the API keeps 80
       required: "" });
     const form = el("form", { class: "rename", onsubmit: async (event) => {
       event.preventDefault();
@@ -72,10 +78,11 @@ function sessionRow(about) {
         const done = await api("PATCH", `/v1/sessions/${path(about.id)}`, { title: input.value.trim() });
         about.title = done.title;
         status("");
-        shown();
+        shown({ refocus: true });
         loadSessions().catch(() => {});
       } catch (error) { status(error.message, true); }
-    } }, input, el("button", { type: "submit" }, "Save"), el("button", { type: "button", onclick: shown }, "Cancel"));
+    } }, input, el("button", { type: "submit" }, "Save"),
+    el("button", { type: "button", onclick: () => shown({ refocus: true }) }, "Cancel"));
     row.replaceChildren(form);
     input.focus();  // the person asked to rename: the title's box is where their keys go next
   };
@@ -102,42 +109,50 @@ async function showJobs() {
 
 function jobRow(job) {
   const runs = el("ul", { class: "runs", hidden: "" });
+  const runsShown = (open) => { runs.hidden = !open; toggle.setAttribute("aria-expanded", String(open)); };
+  const toggle = el("button", { type: "button", "aria-expanded": "false", onclick: async () => {
+    runsShown(runs.hidden);
+    if (!runs.hidden) await showRuns(job, runs).catch((error) => status(error.message, true));
+  } }, "Runs");
   const act = async (action) => {
     try {
-      await api("POST", `/v1/cron/${path(job.name, action)}`);
+      const done = await api("POST", `/v1/cron/${path(job.name, action)}`);
       status("");
-      if (action === "run") await showRuns(job, runs);
-      else await showJobs();
+      if (action === "run") { runsShown(true); await showRuns(job, runs); } else drawn(done);
     } catch (error) { status(error.message, true); }
   };
-  const row = el("li", { class: job.paused ? "row paused" : "row" },
-    el("div", { class: "main" }, el("span", { class: "title" }, job.name), " ",
-      el("small", { class: "state" }, job.paused ? "paused" : "active")),
-    el("div", { class: "facts" }, `${job.schedule} · agent ${job.agent} · next ${job.paused ? "—" : when(job.next_due)}`),
+  // Pause and resume change the row in place: the button the person pressed keeps the keyboard.
+  const state_ = el("small", { class: "state" });
+  const facts = el("div", { class: "facts" });
+  const pause = el("button", { type: "button", onclick: () => act(job.paused ? "resume" : "pause") });
+  const drawn = (changed) => {
+    job = changed;
+    row.classList.toggle("paused", job.paused);
+    state_.textContent = job.paused ? "paused" : "active";
+    pause.textContent = job.paused ? "Resume" : "Pause";
+    facts.textContent = `${job.schedule} · agent ${job.agent} · next ${job.paused ? "—" : when(job.next_due)}`;
+  };
+  const row = el("li", { class: "row" },
+    el("div", { class: "main" }, el("span", { class: "title" }, job.name), " ", state_),
+    facts,
     el("div", { class: "facts message" }, job.message),
     el("div", { class: "actions" },
-      el("button", { type: "button", onclick: () => act(job.paused ? "resume" : "pause") },
-        job.paused ? "Resume" : "Pause"),
+      pause,
       el("button", { type: "button", onclick: () => act("run") }, "Run now"),
-      el("button", { type: "button", "aria-expanded": "false", onclick: async (event) => {
-        const open = runs.hidden;
-        event.currentTarget.setAttribute("aria-expanded", String(open));
-        runs.hidden = !open;
-        if (open) await showRuns(job, runs).catch((error) => status(error.message, true));
-      } }, "Runs"),
+      toggle,
       el("button", { type: "button", onclick: async () => {
         if (!confirm(`Remove the job "${job.name}"?`)) return;
         try { await api("DELETE", `/v1/cron/${path(job.name)}`); row.remove(); status(""); }
         catch (error) { status(error.message, true); }
       } }, "Remove")),
     runs);
+  drawn(job);
   return row;
 }
 
 // Each run as the scheduler recorded it: fired (and how its turn ended), skipped or missed, and why.
 async function showRuns(job, list) {
   const { runs } = await api("GET", `/v1/cron/${path(job.name)}/runs`);
-  list.hidden = false;
   list.replaceChildren(...(runs.length ? runs.map((run) => el("li", { class: `run ${run.status}` },
     el("strong", {}, run.status), ` ${when(run.fired_at || run.due)}`,
     run.reason ? ` · ${run.reason}` : "", run.outcome ? ` · ${run.outcome}` : "",
@@ -178,7 +193,7 @@ function noteRow(agent, note) {
   const shared = note.scope === "shared";
   return el("li", { class: "row" },
     el("div", { class: "main" }, el("span", { class: "title" }, note.key), " ", el("small", {}, note.scope)),
-    el("div", { class: "facts" }, `${note.chars} characters · ${when(note.updated)}`),
+    el("div", { class: "facts" }, `${note.chars} characters · ${when(note.updated / 1000)}`),
     el("div", { class: "facts message" }, note.preview),
     el("div", { class: "actions" }, shared && !state.me.operator ? "" : el("button", { type: "button",
       onclick: async () => {
