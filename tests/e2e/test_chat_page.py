@@ -256,14 +256,15 @@ def test_operators_see_the_pool_and_a_session_can_be_deleted(page_stack: dict, b
     page.on("dialog", lambda dialog: dialog.accept())
     page.goto(sign_in_link(page_stack))
     expect(page.locator("#app")).to_be_visible()
-    page.locator("#toggle-pool").click()  # the owner's token is an operator's
-    pool = page.locator("#pool")
+    page.locator("#tab-pool").click()  # the owner's token is an operator's
+    pool = page.locator("#view-pool")
     expect(pool).to_contain_text("Hands workers")
     workers = pool.locator("table").first
     expect(workers.locator("tr")).to_have_count(2)  # a header and the one worker
     expect(workers.locator("td").first).to_contain_text("hands-")
     expect(pool).to_contain_text("dead letters: 0")
 
+    page.locator("#tab-chat").click()
     page.locator("#text").fill("to be deleted")
     page.locator("#send").click()
     expect(page.locator(".msg.assistant").last).to_contain_text("echo: to be deleted")
@@ -409,9 +410,10 @@ def test_fork_from_here_opens_the_first_exchange_and_asks_no_model(page_stack: d
     page.get_by_role("button", name="Fork from here (message 1)").focus()
     page.keyboard.press("Enter")
     fork = f"{source}-fork-1"
-    expect(page.locator("#session-title")).to_have_text(fork)
+    expect(page.locator("#session-name")).to_have_text(fork)
+    expect(page.locator("#session-title")).to_have_text("first words (from message 1)")  # titled from its source
     listed = page.locator("#sessions")
-    expect(listed.get_by_role("button", name=fork, exact=True)).to_be_visible()
+    expect(listed.get_by_role("button", name=f"first words (from message 1) {fork}", exact=True)).to_be_visible()
     expect(page.locator(".msg.user")).to_have_text(["first words"])
     expect(page.locator(".msg.assistant")).to_have_text(["echo: first words"])
     assert len(scripted_llm.requests) == asked  # the copied exchange was asked of no model
@@ -428,19 +430,151 @@ def test_fork_from_here_opens_the_first_exchange_and_asks_no_model(page_stack: d
                        if e["role"] == "user"] for name in (source, fork)}
     assert said == {source: ["first words", "second words"], fork: ["first words", "words in the fork"]}
 
-    listed.get_by_role("button", name=source, exact=True).click()
+    listed.get_by_role("button", name=f"first words {source}", exact=True).click()
     expect(page.locator(".msg.user")).to_have_text(["first words", "second words"])
     page.get_by_role("button", name="Fork from here (message 1)").click()  # its first name is taken now
-    expect(page.locator("#session-title")).to_have_text(f"{fork}-2")
+    expect(page.locator("#session-name")).to_have_text(f"{fork}-2")
     expect(page.locator(".msg.user")).to_have_text(["first words"])
     assert len(scripted_llm.requests) == asked + 1
 
-    listed.get_by_role("button", name=source, exact=True).click()
+    listed.get_by_role("button", name=f"first words {source}", exact=True).click()
     expect(page.locator(".msg.user")).to_have_count(2)
     with gateway_client(page_stack) as client:
         assert client.delete(f"/v1/sessions/{source}").status_code == 200
     page.get_by_role("button", name="Fork from here (message 2)").click()
     expect(page.locator("#status")).to_contain_text(f"no session '{source}'")  # as the page shows other errors
     expect(page.locator("#status")).to_have_class(re.compile(r"\berror\b"))
-    expect(page.locator("#session-title")).to_have_text(source)
+    expect(page.locator("#session-name")).to_have_text(source)
+    context.close()
+
+
+HOSTILE = '<img src=x onerror="window.pwned=1"><b id="text">bold</b>'
+
+
+def test_sessions_console_titles_spend_search_rename_delete(page_stack: dict, browser, tmp_path: Path) -> None:
+    """The console's sessions: titled by their first message with their spend, narrowed by a search, renamed
+    and deleted through the API the CLI calls; a hostile title is shown as its characters."""
+    from playwright.sync_api import expect
+
+    with gateway_client(page_stack) as client:
+        for name, text in (("trip", "plan the trip to Lisbon"), ("shop", "groceries for the week"),
+                           ("odd", HOSTILE)):
+            assert client.post(f"/v1/sessions/{name}/messages", json={"text": text}).status_code == 200
+        spend = {d["id"]: d["spend_usd"] for d in client.get("/v1/sessions").json()["details"]}
+    context, page = signed_in(browser, page_stack)
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.locator("#tab-sessions").click()
+    rows = page.locator("#session-rows > li")
+    expect(rows).to_have_count(3)
+    trip = rows.filter(has_text="plan the trip to Lisbon")
+    expect(trip.locator(".sid")).to_have_text("trip")  # the title first, its name beneath
+    expect(trip).to_contain_text(f"${spend['trip']:.2f}" if not 0 < spend["trip"] < 0.01 else f"${spend['trip']:.4f}")
+    expect(trip).to_contain_text("1 message ·")  # the person's messages
+    expect(rows.filter(has_text="odd").locator(".title")).to_have_text(HOSTILE)  # text, not markup
+    assert page.evaluate("window.pwned") is None
+    assert page.evaluate("document.querySelectorAll('#text').length") == 1
+    expect(page.locator("#sessions")).to_contain_text("groceries for the week")  # the chat's list has titles too
+
+    shoot(page, "console-sessions", tmp_path)
+    page.locator("#session-search").fill("lisbon")
+    expect(rows).to_have_count(1)
+    expect(rows.first.locator(".title")).to_have_text("plan the trip to Lisbon")
+    page.locator("#session-search").fill("")
+    expect(rows).to_have_count(3)
+
+    trip.get_by_role("button", name="Rename").click()
+    box = page.get_by_role("textbox", name="New title")
+    assert page.evaluate("document.activeElement.getAttribute('aria-label')") == "New title"  # their own click
+    box.fill("Lisbon in May")
+    box.press("Enter")
+    renamed = rows.filter(has_text="Lisbon in May")
+    expect(renamed.locator(".sid")).to_have_text("trip")
+    assert page.evaluate("document.activeElement.textContent") == "Rename"  # the keyboard back where it was
+    with gateway_client(page_stack) as client:
+        titles = {d["id"]: d["title"] for d in client.get("/v1/sessions").json()["details"]}
+    assert titles["trip"] == "Lisbon in May"
+    expect(page.locator("#sessions")).to_contain_text("Lisbon in May")
+
+    rows.filter(has_text="groceries for the week").get_by_role("button", name="Delete").click()
+    expect(rows).to_have_count(2)
+    with gateway_client(page_stack) as client:
+        assert "shop" not in client.get("/v1/sessions").json()["sessions"]
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    context.close()
+
+
+def test_jobs_console_create_pause_resume_run_and_runs(page_stack: dict, browser, tmp_path: Path) -> None:
+    """A job made on the page is the API's; pause, resume and run now act on it, and its runs show how each
+    went. On a phone's width nothing scrolls sideways."""
+    from playwright.sync_api import expect
+
+    context, page = signed_in(browser, page_stack, viewport={"width": 390, "height": 844}, is_mobile=True,
+                              has_touch=True)
+    page.locator("#tab-jobs").click()
+    page.locator("#job-name").fill("morning")
+    page.locator("#job-message").fill(HOSTILE)
+    page.locator("#job-kind").select_option("every")
+    page.locator("#job-when").fill("1h")
+    page.locator("#job-create").click()
+    job = page.locator("#job-rows > li").filter(has_text="morning")
+    expect(job).to_contain_text("every 3600s")
+    expect(job.locator(".message")).to_have_text(HOSTILE)
+    assert page.evaluate("window.pwned") is None
+
+    def paused() -> bool:
+        with gateway_client(page_stack) as client:
+            return bool(client.get("/v1/cron/morning").json()["paused"])
+
+    assert not paused()
+    job.get_by_role("button", name="Pause").click()
+    expect(job.locator(".state")).to_have_text("paused")
+    assert page.evaluate("document.activeElement.textContent") == "Resume"  # the row changed in place
+    assert paused()
+    job.get_by_role("button", name="Resume").click()
+    expect(job.locator(".state")).to_have_text("active")
+    assert not paused()
+
+    job.get_by_role("button", name="Run now").click()
+    run = job.locator(".runs > li")
+    expect(run).to_have_count(1)
+    expect(run).to_contain_text("fired")
+    expect(run).to_contain_text("run by hand")
+    with gateway_client(page_stack) as client:
+        runs = client.get("/v1/cron/morning/runs").json()["runs"]
+    assert [(r["status"], r["reason"]) for r in runs] == [("fired", "run by hand")]
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    shoot(page, "console-jobs-phone", tmp_path)
+
+    page.locator("#job-name").fill("morning")  # a name in use: the API's refusal, in the status line
+    page.locator("#job-message").fill("again")
+    page.locator("#job-create").click()
+    expect(page.locator("#status")).to_have_class(re.compile(r"\berror\b"))
+    expect(page.locator("#status")).to_contain_text("morning")
+    context.close()
+
+
+def test_memory_console_lists_searches_and_deletes_notes(page_stack: dict, browser, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    with gateway_client(page_stack) as client:
+        for key, content in (("gift", "a red scarf for Bob"), ("plants", HOSTILE)):
+            write = "CALL memory_write " + json.dumps({"key": key, "content": content})
+            assert client.post("/v1/sessions/notes/messages", json={"text": write}).status_code == 200
+    context, page = signed_in(browser, page_stack, viewport={"width": 390, "height": 844}, is_mobile=True,
+                              has_touch=True)
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.locator("#tab-memory").click()
+    notes = page.locator("#note-rows > li")
+    expect(notes).to_have_count(2)
+    expect(notes.filter(has_text="plants").locator(".message")).to_have_text(HOSTILE)
+    assert page.evaluate("window.pwned") is None
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    shoot(page, "console-memory-phone", tmp_path)
+    page.locator("#memory-search").fill("scarf")
+    expect(notes).to_have_count(1)
+    expect(notes.first.locator(".title")).to_have_text("gift")
+    notes.first.get_by_role("button", name="Delete").click()
+    expect(notes).to_have_text(["No note matches."])
+    with gateway_client(page_stack) as client:
+        assert [n["key"] for n in client.get("/v1/memory").json()["notes"]] == ["plants"]
     context.close()

@@ -173,22 +173,33 @@ function renderTranscript(entries) {
 }
 
 // -- sessions ------------------------------------------------------------------------------------
+// A session is shown by its title (its first message, or as renamed) with its name beneath: two
+// sessions may share a title (a fork keeps its source's), never a name.
+function sessionLabel(about) {
+  return [el("span", { class: "title" }, about.title || about.id), " ", el("small", { class: "sid" }, about.id)];
+}
+
+function showTitle() {
+  const about = state.sessions.find((s) => s.id === state.session);
+  $("session-title").textContent = about?.title || (about ? about.id : "New chat");
+  $("session-name").textContent = about ? about.id : "";
+}
+
 async function loadSessions() {
-  const { sessions } = await api("GET", "/v1/sessions");
-  state.sessions = sessions;
+  const { details } = await api("GET", "/v1/sessions");
+  state.sessions = details;
   const list = $("sessions");
-  list.replaceChildren(...sessions.map((s) => {
-    const id = s.session_id || s.id || s;
-    return el("li", {}, el("button", { type: "button", "aria-current": String(id === state.session),
-      onclick: () => openSession(id) }, s.title || id));
-  }));
+  list.replaceChildren(...details.map((about) => el("li", {}, el("button", { type: "button",
+    "aria-current": String(about.id === state.session), onclick: () => openSession(about.id) },
+  ...sessionLabel(about)))));
+  showTitle();
 }
 
 async function openSession(id, { fresh = false } = {}) {
   state.session = id;
   state.subscribed = null;
   state.live = null;
-  $("session-title").textContent = fresh ? "New chat" : id;
+  showTitle();
   history.replaceState(null, "", `#${encodeURIComponent(id)}`);
   if (fresh) $("transcript").replaceChildren();
   else {
@@ -309,23 +320,6 @@ function onEvent(event) {
 function busy(on) { $("stop").disabled = !on; $("send").disabled = on; }
 function status(text, failed = false) { const s = $("status"); s.textContent = text; s.classList.toggle("error", failed); }
 
-// -- pool view (operators) -----------------------------------------------------------------------
-async function showPool() {
-  const pool = $("pool");
-  const data = await api("GET", "/v1/status");
-  const table = (head, rows) => el("table", {}, el("tr", {}, ...head.map((h) => el("th", {}, h))),
-    ...rows.map((r) => el("tr", {}, ...r.map((c) => el("td", {}, c ?? "")))));
-  pool.replaceChildren(
-    el("h3", {}, "Hands workers"),
-    table(["worker", "running", "queued", "capacity", "sandbox"], data.instances.hands.map((w) =>
-      [w.id, w.running, w.queued, w.capacity, w.sandbox])),
-    el("h3", {}, "Brains"), table(["brain", "in flight", "capacity"], data.instances.brain.map((b) =>
-      [b.id, b.in_flight, b.capacity])),
-    el("h3", {}, "Queues"), table(["stream", "pending", "undelivered"], data.streams.map((q) =>
-      [q.stream, q.pending, q.undelivered])),
-    el("p", {}, `dead letters: ${data.dead}`));
-}
-
 // -- start ---------------------------------------------------------------------------------------
 async function start() {
   try { state.me = await api("GET", "/v1/me"); }
@@ -334,7 +328,7 @@ async function start() {
   $("app").hidden = false;
   $("whoami").textContent = state.me.name;
   $("agent").replaceChildren(...state.me.agents.map((a) => el("option", { value: a }, a)));
-  if (state.me.operator) $("toggle-pool").hidden = false;
+  if (state.me.operator) $("tab-pool").hidden = false;
   connect();
   const wanted = decodeURIComponent(location.hash.slice(1));
   await openSession(wanted || newSessionId(), { fresh: !wanted });
@@ -368,11 +362,5 @@ document.addEventListener("DOMContentLoaded", () => {
     openSession(newSessionId(), { fresh: true });
   });
   $("signout").addEventListener("click", async () => { await api("POST", "/logout", {}); location.reload(); });
-  $("toggle-pool").addEventListener("click", () => {
-    const pool = $("pool");
-    pool.hidden = !pool.hidden;
-    $("app").classList.toggle("with-pool", !pool.hidden);
-    if (!pool.hidden) showPool().catch((e) => status(e.message, true));
-  });
   start();
 });
