@@ -14,6 +14,11 @@ class Keys:
     prefix: str = DEFAULT_PREFIX
 
     @property
+    def schema(self) -> str:
+        """The layout version of everything stored under the prefix, and its migration lock (bus.schema)."""
+        return f"{self.prefix}schema"
+
+    @property
     def hands_requests(self) -> str:
         return f"{self.prefix}hands:requests"
 

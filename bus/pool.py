@@ -46,7 +46,18 @@ async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
         queues.append(await _stream(bus, key[len(bus.keys.prefix):], key, HANDS_GROUP))
     return {"time": now, "prefix": bus.keys.prefix, "instances": roles, "streams": queues, "backlog": backlog,
             "channels": channel_states(roles["channel"], now=now), "dead": await bus.redis.xlen(bus.keys.dead),
-            "scheduler": await scheduler_state(bus, now)}
+            "scheduler": await scheduler_state(bus, now), "versions": versions(roles),
+            "schema": int(await bus.redis.get(bus.keys.schema) or 1)}
+
+
+def versions(roles: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:
+    """The releases the live processes run (version: instance ids); more than one is a rolling upgrade
+    in progress, or one that stopped half-way (docs/upgrades.md)."""
+    found: dict[str, list[str]] = {}
+    for role in roles.values():
+        for info in role:
+            found.setdefault(str(info.get("version") or "unknown"), []).append(str(info.get("id", "")))
+    return dict(sorted(found.items()))
 
 
 async def scheduler_state(bus: Bus, now: float) -> dict[str, Any]:

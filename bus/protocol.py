@@ -11,7 +11,7 @@ import time
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 
 class ErrorCode(StrEnum):
@@ -57,6 +57,23 @@ RETRYABLE = frozenset(
 )
 
 
+# Every wire model reads a field it does not know as nothing: a release may add optional fields and the
+# previous one still reads its messages (the rule: docs/upgrades.md).
+WIRE = ConfigDict(extra="ignore", frozen=True)
+
+
+KNOWN_CODES = frozenset(code.value for code in ErrorCode)
+
+
+def _known_code(value: Any) -> Any:
+    """A newer release's error code reads as UNHANDLED here (its message says what happened)."""
+    return value if not isinstance(value, str) or value in KNOWN_CODES else ErrorCode.UNHANDLED
+
+
+# The error code a message carries: an unknown one is a newer release's, never a malformed message.
+Code = Annotated[ErrorCode, BeforeValidator(_known_code)]
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -67,7 +84,7 @@ def new_id() -> str:
 
 
 class BaseMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = WIRE
 
     @property
     def correlation_id(self) -> str | None:
@@ -99,7 +116,7 @@ class ToolMeta(BaseModel):
 class ToolSpec(BaseModel):
     """What the LLM may see of a tool: never its handler or permissions."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = WIRE
 
     name: str
     description: str
@@ -116,9 +133,9 @@ class ToolSpec(BaseModel):
 
 
 class ToolError(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = WIRE
 
-    code: ErrorCode
+    code: Code
     message: str
     recoverable: bool = False
     suggestions: list[str] = Field(default_factory=list)
@@ -126,7 +143,7 @@ class ToolError(BaseModel):
 
 
 class ResultMetadata(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = WIRE
 
     tool_name: str
     duration_ms: int = 0
@@ -150,7 +167,7 @@ class ToolsList(BaseMessage):
 class SkillInfo(BaseModel):
     """An instruction skill the model may read: what it is for and where its SKILL.md lies."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = WIRE
 
     name: str
     description: str
@@ -171,7 +188,7 @@ class ToolsAvailable(BaseMessage):
 
 
 class PriorResult(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = WIRE
 
     call_id: str
     tool: str
@@ -243,7 +260,7 @@ def stamp_allows(agents: list[str] | None, own: str, agent: str) -> bool:
 class Delegation(BaseModel):
     """What a sub-agent's turn knows of the turn that delegated to it (``ChatMessage.delegation``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = WIRE
 
     root: str  # the message id of the turn that started the tree: its budgets are shared by the whole tree
     parent_session: str
@@ -334,7 +351,7 @@ class ChatReply(_ChatEvent):
 
 class ChatError(_ChatEvent):
     type: Literal["chat:error"] = "chat:error"
-    code: ErrorCode
+    code: Code
     message: str
 
 
@@ -376,7 +393,7 @@ class ApprovalDecision(BaseMessage):
 class ChannelFile(BaseModel):
     """A file a person sent on a chat platform: the platform's reference to fetch it by, and what it says of it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = WIRE
 
     ref: str = Field(max_length=512)
     name: str = Field(default="", max_length=255)

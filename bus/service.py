@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bus import otel
+from bus import otel, schema
 from bus.config import EX_CONFIG, Config, ConfigError, RedisUnreachable, load_config
 from bus.log import setup_logging
 from bus.streams import Bus
@@ -69,6 +69,9 @@ def run_service(role: str, config: Config, body: Body, *, instance_id: str | Non
     except RedisUnreachable as exc:
         log.error("%s", exc)
         return 1
+    except schema.SchemaTooNew as exc:  # restarting cannot help: say so once and stay down
+        log.error("%s", exc)
+        return EX_CONFIG
 
 
 async def _serve(config: Config, body: Body) -> int:
@@ -79,6 +82,7 @@ async def _serve(config: Config, body: Body) -> int:
     bus = Bus.from_settings(config.redis, redis_url(config))
     try:
         await _wait_for_redis(bus, stop)
+        await schema.ensure_current(bus)
         await body(bus, stop)
     finally:
         with contextlib.suppress(Exception):
