@@ -22,6 +22,7 @@ import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -157,6 +158,27 @@ class RedisSettings(Section):
         return value
 
 
+class BackupSchedule(Section):
+    """``runtime.backup``: `pincer up` takes a `pincer backup` at each instant of ``cron`` (local time)."""
+
+    cron: str = ""  # e.g. "0 3 * * *"; empty: no scheduled backup
+    keep: int = Field(default=7, ge=1, le=1000)  # the newest archives kept in ``dir``
+    dir: Path | None = None  # None: <data_dir>/backups
+    secrets: bool = False  # keep secrets too (--with-secrets)
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        if value:
+            from cronsim import CronSim, CronSimError
+
+            try:
+                CronSim(value, datetime.now())
+            except CronSimError as exc:
+                raise ValueError(f"not a cron expression ({exc}); e.g. '0 3 * * *' for 03:00 every day") from None
+        return value
+
+
 class RuntimeSettings(Section):
     data_dir: Path = Path("~/.pincer")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -172,6 +194,7 @@ class RuntimeSettings(Section):
     otel_exporter: Literal["none", "otlp", "console"] = "none"
     otel_endpoint: str | None = None
     otel_file: str | None = None
+    backup: BackupSchedule = Field(default_factory=BackupSchedule)
 
     @property
     def data_path(self) -> Path:

@@ -54,6 +54,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "budget": ("budget:command", "spend today and this month per pool, agent and identity, against "
                                  "brain.budget's limits"),
     "tools": ("catalog:tools", "list the tools Hands offers"),
+    "backup": ("backup:backup", "one verified archive of everything Pincer keeps (Redis at one instant, the data "
+                                "dir, the workspaces), taken while the pool runs; secrets only if asked"),
+    "restore": ("backup:restore_command", "bring a backup into a fresh data dir and an empty Redis "
+                                          "(--verify-only: check it, change nothing)"),
 }
 
 

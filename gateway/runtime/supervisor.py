@@ -210,8 +210,10 @@ class Supervisor:
                     break
             watchers = [asyncio.create_task(self._watch(child, env)) for child in children if child.process]
             announce = asyncio.create_task(self._announce())
+            backups = asyncio.create_task(self._backups(env))
             await self.stop.wait()
             announce.cancel()
+            backups.cancel()
             say("stopping…")
             for watcher in watchers:
                 watcher.cancel()
@@ -329,6 +331,29 @@ class Supervisor:
                 return True
             await asyncio.sleep(0.5)
         return False
+
+    async def _backups(self, env: dict[str, str]) -> None:
+        """``runtime.backup``: a `pincer backup` at each instant of its cron, as a process of its own."""
+        schedule = self.runtime.backup
+        if not schedule.cron:
+            return
+        from datetime import datetime
+
+        from cronsim import CronSim
+
+        folder = schedule.dir.expanduser() if schedule.dir else self.runtime.data_path / "backups"
+        argv = [sys.executable, "-m", "gateway", "backup", "--dir", str(folder), "--keep", str(schedule.keep),
+                *(["--with-secrets"] if schedule.secrets else [])]
+        while True:
+            now = datetime.now().astimezone()
+            due = next(CronSim(schedule.cron, now))
+            await asyncio.sleep(max(0.0, (due - now).total_seconds()))
+            process = await asyncio.create_subprocess_exec(
+                *argv, env=role_env(env, "hands", withheld=self.withheld), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, preexec_fn=die_with_parent)
+            said, _ = await process.communicate()
+            lines = said.decode(errors="replace").strip().splitlines()
+            say(f"scheduled backup {'done' if process.returncode == 0 else 'FAILED'}: {' | '.join(lines[-3:])}")
 
     async def _announce(self) -> None:
         """Say where the Gateway listens once it answers."""

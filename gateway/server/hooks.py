@@ -111,6 +111,15 @@ class HookStore:
     async def remove(self, name: str) -> bool:
         return bool(await self.redis.hdel(self.keys.hooks, name))
 
+    async def forget_secrets(self) -> int:
+        """Every hook's secret replaced by one nobody is told (a backup without secrets scrubs its copy so):
+        each hook refuses every request until it is rotated. The number of hooks."""
+        hooks = await self.list()
+        for hook in hooks:
+            unknown = hook.model_copy(update={"secret": _secret(), "previous": None, "previous_until": 0.0})
+            await self.redis.hset(self.keys.hooks, hook.name, unknown.model_dump_json())
+        return len(hooks)
+
 
 async def remove_and_forget(bus: Bus, store: HookStore, name: str) -> list[str] | None:
     """Remove the hook and its identity's jobs; the jobs removed, or None when there is no such hook."""

@@ -105,3 +105,28 @@ def test_a_bad_config_in_the_background_says_why_and_exits_78(installed: Install
     env = {**installed_env(tmp_path, scripted_llm), "PINCER_HANDS__CONCURRENCY__GLOBAL": "many"}
     up = run(installed, env, "up", "--detach")
     assert up.returncode == 78 and "hands.concurrency.global" in up.stderr
+
+
+def test_a_scheduled_backup_writes_verified_archives_and_keeps_the_newest(installed: Installed, tmp_path: Path,
+                                                                         scripted_llm: ScriptedLLM) -> None:
+    env = {**installed_env(tmp_path, scripted_llm), "PINCER_RUNTIME__BACKUP__CRON": "*/3 * * * * *",
+           "PINCER_RUNTIME__BACKUP__KEEP": "2"}
+    up = run(installed, env, "up", "--detach", "--hands", "1")
+    assert up.returncode == 0, up.stderr + up.stdout
+    backups = Path(env["PINCER_DATA_DIR"]) / "backups"
+    try:
+        assert run(installed, env, "chat", "-m", "kept in the archive").returncode == 0
+
+        def written() -> int:
+            logs = run(installed, env, "logs", "-n", "400").stdout
+            assert "scheduled backup FAILED" not in logs, logs
+            return logs.count("scheduled backup done")
+
+        wait_until(lambda: written() >= 3, timeout=90, what="three scheduled backups")
+        archives = sorted(backups.glob("pincer-backup-*.tar.gz"))
+        assert 1 <= len(archives) <= 2  # the older ones pruned
+        checked = run(installed, env, "restore", str(archives[-1]), "--verify-only", "--json")
+        assert checked.returncode == 0, checked.stderr
+        assert json.loads(checked.stdout)["redis"]["keys"] > 0
+    finally:
+        assert run(installed, env, "stop").returncode == 0
