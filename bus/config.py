@@ -139,6 +139,10 @@ class RedisSettings(Section):
     # older than this: entries past it go at the next write, and a stream with no write for this long lapses.
     reply_max_age_s: float = Field(default=3600.0, ge=1)
     dead_maxlen: int = Field(default=10_000, ge=100)
+    # How much memory Redis may use, for the warning in `pincer status`, /readyz and /metrics; None: Redis's
+    # own maxmemory (when set). Warned from memory_warn_ratio of it (docs/operations.md, "Redis's memory").
+    memory_bound_mb: float | None = Field(default=None, gt=0)
+    memory_warn_ratio: float = Field(default=0.8, gt=0, le=1)
     # Taking over work from consumers that died (see bus/reaper.py).
     claim_idle_s: float = Field(default=30.0, gt=0)
     reap_interval_s: float = Field(default=5.0, gt=0)

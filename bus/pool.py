@@ -47,7 +47,27 @@ async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
     return {"time": now, "prefix": bus.keys.prefix, "instances": roles, "streams": queues, "backlog": backlog,
             "channels": channel_states(roles["channel"], now=now), "dead": await bus.redis.xlen(bus.keys.dead),
             "scheduler": await scheduler_state(bus, now), "versions": versions(roles),
-            "schema": int(await bus.redis.get(bus.keys.schema) or 1)}
+            "schema": int(await bus.redis.get(bus.keys.schema) or 1), "redis_memory": await redis_memory(bus)}
+
+
+async def redis_memory(bus: Bus) -> dict[str, Any]:
+    """Redis's memory against its bound (``redis.memory_bound_mb``, else Redis's own maxmemory), and a
+    warning from ``redis.memory_warn_ratio`` of it, or when Redis would evict keys (Pincer's streams and
+    records must never be dropped silently: it must refuse writes instead)."""
+    info = await bus.redis.info("memory")
+    used, maxmemory = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+    policy = info.get("maxmemory_policy", "noeviction")
+    policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+    configured = bus.settings.memory_bound_mb
+    bound = int(configured * 2**20) if configured else maxmemory or None
+    warnings = []
+    if bound and used >= bound * bus.settings.memory_warn_ratio:
+        warnings.append(f"Redis uses {used / 2**20:,.0f} MB of its {bound / 2**20:,.0f} MB bound "
+                        f"({used / bound:.0%}): shorten retention or raise the bound (docs/operations.md)")
+    if maxmemory and policy != "noeviction":
+        warnings.append(f"Redis evicts keys when full (maxmemory-policy {policy}): Pincer's data could vanish "
+                        "without a word; set maxmemory-policy noeviction")
+    return {"used_bytes": used, "bound_bytes": bound, "policy": policy, "warnings": warnings}
 
 
 def versions(roles: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:

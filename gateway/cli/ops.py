@@ -117,6 +117,8 @@ async def show_status(config: Config, *, as_json: bool) -> int:
                       f"{scheduler['last_tick_s_ago']}s ago{overdue}")
     dead = found["dead"]
     console.print(f"dead letters: {dead}" + (" (see `pincer dead list`)" if dead else ""))
+    for warning in found["redis_memory"]["warnings"]:
+        console.print(f"[yellow]{warning}[/]")
     if len(found["versions"]) > 1:
         mix = ", ".join(f"{v} ({len(ids)} process{'es' if len(ids) > 1 else ''})"
                         for v, ids in found["versions"].items())

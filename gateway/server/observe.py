@@ -54,6 +54,14 @@ class PoolCollector(Collector):
         yield from self._channels()
         yield from self._counted(inst for role in ROLES for inst in instances[role])
         yield self._cache_hits(instances["brain"])
+        yield from self._redis_memory(self.found["redis_memory"])
+
+    @staticmethod
+    def _redis_memory(memory: dict[str, Any]) -> Iterator[Metric]:
+        yield GaugeMetricFamily("pincer_redis_memory_used_bytes", "Memory Redis uses", value=memory["used_bytes"])
+        if memory["bound_bytes"]:
+            yield GaugeMetricFamily("pincer_redis_memory_bound_bytes", "The bound Pincer warns against "
+                                    "(redis.memory_bound_mb, else Redis's maxmemory)", value=memory["bound_bytes"])
 
     def _streams(self) -> Iterator[Metric]:
         labels = ["stream", "group"]
@@ -168,4 +176,6 @@ async def readiness(bus: Bus, *, max_backlog: int) -> tuple[bool, dict[str, Any]
             "inbox_backlog": inbox["undelivered"], "checked": round(time.time(), 3)}
     if problems:
         body["problems"] = problems
+    if found["redis_memory"]["warnings"]:  # said before the bound is reached; still ready until it is
+        body["warnings"] = found["redis_memory"]["warnings"]
     return not problems, body

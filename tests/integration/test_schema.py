@@ -92,3 +92,4 @@ async def test_status_names_each_release_the_pool_runs_and_its_layout(bus: Bus,
     found = await pool.status(bus)
     assert found["versions"] == {"0.1.0": ["brain-old"], "0.2.0": ["brain-new", "hands-new"]}
     assert found["schema"] == schema.VERSION
+
