@@ -52,6 +52,7 @@ class Snapshot:
     phase: str = ""  # a step within the work whose size is unknown ("building the wheel")
     noun: str = ""  # what an item is ("entries"); bytes need none
     finished: bool = False
+    failed: bool = False  # finished without completing
 
     @property
     def fraction(self) -> float | None:
@@ -84,13 +85,16 @@ class Snapshot:
         if self.rate and not self.phase:
             per = f"{size(round(self.rate))}/s" if self.unit == "bytes" else f"{self.rate:,.0f}/s"
             parts.append(per)
+        if self.failed:
+            return f"{self.what}: failed" + (f" while {self.phase}" if self.phase else "") + \
+                f", after {duration(self.elapsed_s)}"
         if self.finished:
             parts.append(f"done in {duration(self.elapsed_s)}")
         elif self.eta_s is not None:
             parts.append(f"{duration(self.eta_s)} left")
         else:
             parts.append(duration(self.elapsed_s))
-        if self.phase:
+        if self.phase and not self.finished:
             return f"{self.what}: {self.phase}, " + ", ".join(parts)
         return f"{self.what}: " + ", ".join(parts)
 
@@ -197,6 +201,7 @@ class Progress:
     done: int = 0
     phase: str = ""
     finished: bool = False
+    failed: bool = False
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -222,18 +227,18 @@ class Progress:
         """Nothing new is done, but time passed: shown again if due (a build's elapsed time)."""
         self._maybe_show(force=False)
 
-    def finish(self) -> None:
-        """The work is done: its last state is always shown (once)."""
+    def finish(self, *, failed: bool = False) -> None:
+        """The work is done (or ``failed``): its last state is always shown (once)."""
         with self._lock:
             if self.finished:
                 return
-            self.finished = True
+            self.finished, self.failed = True, failed
         self._show(self.clock())
 
     def snapshot(self) -> Snapshot:
         with self._lock:
             return Snapshot(self.what, self.done, self.total, self.unit, self.clock() - self.started,
-                            phase=self.phase, noun=self.noun, finished=self.finished)
+                            phase=self.phase, noun=self.noun, finished=self.finished, failed=self.failed)
 
     def _maybe_show(self, *, force: bool) -> None:
         now = self.clock()

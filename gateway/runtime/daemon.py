@@ -42,6 +42,7 @@ class DaemonState(BaseModel):
     gateway_url: str
     log_dir: str
     ready: bool = False
+    preparing: str = ""  # the local model's first fetch or build while it runs ("fetching the model: 0.4 of 1.1 GB")
     since: float = Field(default_factory=time.time)
     children: dict[str, Proc] = Field(default_factory=dict)  # role -> its current process
 
