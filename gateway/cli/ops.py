@@ -77,12 +77,13 @@ async def show_status(config: Config, *, as_json: bool) -> int:
     console = _console()
     if local is not None:
         _print_local(console, local)
-    workers = Table("hands worker", "host", "pid", "version", "in flight", "running", "queued", "capacity",
+    workers = Table("hands worker", "state", "host", "pid", "version", "in flight", "running", "queued", "capacity",
                     "sandbox", "heartbeat", title="Hands")
     for w in found["instances"]["hands"]:
-        workers.add_row(w["id"], w.get("host", ""), w.get("pid", ""), w.get("version", ""), w.get("in_flight", ""),
-                        w.get("running", ""), w.get("queued", ""), w.get("capacity", ""), w.get("sandbox", ""),
-                        f"{w['last_heartbeat_s']}s ago")
+        state = f"[yellow]indexing {w['indexing']}[/]" if w.get("indexing") else "ready"
+        workers.add_row(w["id"], state, w.get("host", ""), w.get("pid", ""), w.get("version", ""),
+                        w.get("in_flight", ""), w.get("running", ""), w.get("queued", ""), w.get("capacity", ""),
+                        w.get("sandbox", ""), f"{w['last_heartbeat_s']}s ago")
     console.print(workers if found["instances"]["hands"] else "[yellow]no Hands worker alive[/]")
     servers = Table(
         "hands worker", "MCP server", "transport", "state", "tools", "starts", "problem", title="MCP servers"
