@@ -181,6 +181,7 @@ def _run(argv: list[str], progress: Progress, log_file: Path | None = None) -> N
 
 
 TAIL_LINES = 15
+SILENT_TICK_S = 1.0  # while pip says nothing, its progress is looked at again this often (shown as throttled)
 
 
 def open_log(path: Path | None) -> TextIO:
@@ -198,9 +199,9 @@ def _read(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> Non
 
 
 def _next(lines: queue.Queue[str | None], progress: Progress) -> str | None:
-    """pip's next line; while it is silent, the progress is shown again (its elapsed time) each second."""
+    """pip's next line; while it is silent, the progress is shown again (its elapsed time) as it is due."""
     while True:
         try:
-            return lines.get(timeout=1.0)
+            return lines.get(timeout=SILENT_TICK_S)
         except queue.Empty:
             progress.tick()
