@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, TextIO
 
 Unit = Literal["bytes", "items"]
+BAR_ROOM = 23 + 80  # a bar (20 cells, brackets, a space) beside the longest line a piece of work says
 Clock = Callable[[], float]
 
 
@@ -134,8 +135,8 @@ class Lines:
 
 
 class Terminal:
-    """One line on a terminal, redrawn in place (cut to the terminal's width, so it never wraps), with a bar;
-    ended with a newline when the work is done."""
+    """One line on a terminal, redrawn in place (cut to the terminal's width, so it never wraps), with a bar
+    on a terminal wide enough for it beside the words; ended with a newline when the work is done."""
 
     in_place = True
 
@@ -143,11 +144,11 @@ class Terminal:
         self.stream, self.prefix, self.width = stream, prefix, width
 
     def show(self, snapshot: Snapshot) -> None:
-        fraction = snapshot.fraction
-        bar = "" if fraction is None else "[" + "#" * round(fraction * 20) + "." * (20 - round(fraction * 20)) + "] "
-        width = self.width or shutil.get_terminal_size().columns
-        text = (self.prefix + bar + snapshot.line())[:max(width - 1, 10)]
-        self.stream.write(f"\r{text}\x1b[K" + ("\n" if snapshot.finished else ""))
+        line, fraction = snapshot.line(), snapshot.fraction
+        room = (self.width or shutil.get_terminal_size().columns) - 1 - len(self.prefix)
+        if fraction is not None and room >= BAR_ROOM:  # a steady bar, or none: never one that comes and goes
+            line = "[" + "#" * round(fraction * 20) + "." * (20 - round(fraction * 20)) + "] " + line
+        self.stream.write(f"\r{self.prefix}{line[:max(room, 10)]}\x1b[K" + ("\n" if snapshot.finished else ""))
         self.stream.flush()
 
 

@@ -69,10 +69,19 @@ def test_a_terminal_line_is_redrawn_in_place_with_a_bar_and_ended_once_done() ->
     assert redraws[-1].startswith("   pincer | [####################] fetching the model: 4.0 MB of 4.0 MB (100%)")
 
 
-def test_a_terminal_line_never_wraps() -> None:
+def test_a_terminal_line_never_wraps_and_keeps_the_words_over_the_bar() -> None:
     out = io.StringIO()
     Progress("x" * 300, 10, Terminal(out, width=80), clock=FakeClock()).update(1)
     assert len(out.getvalue().split("\r")[1].replace("\x1b[K", "")) == 79
+    narrow, clock = io.StringIO(), FakeClock()  # 80 columns: no bar, rate and time left are worth more
+    progress = Progress("fetching the model", 100_000_000, Terminal(narrow, prefix="   pincer | ", width=80),
+                        unit="bytes", clock=clock)
+    progress.update(0)
+    assert narrow.getvalue().startswith("\r   pincer | fetching the model: 0 B of 100.0 MB")
+    clock.now += 10
+    progress.update(50_000_000)
+    assert narrow.getvalue().split("\r")[-1] == \
+        "   pincer | fetching the model: 50.0 MB of 100.0 MB (50%), 5.0 MB/s, 10 s left\x1b[K"
 
 
 def test_rate_and_time_left_read_as_a_person_would_say_them() -> None:
