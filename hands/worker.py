@@ -271,6 +271,10 @@ class HandsWorker:
         async with contextlib.AsyncExitStack() as services:
             await self.presence.start()
             services.push_async_callback(self.presence.stop)
+            # The index is built first (the heartbeat says "indexing" until it is), and stopped last.
+            recall_stop = asyncio.Event()
+            indexing = asyncio.create_task(self.recall.run(recall_stop), name="recall")
+            services.push_async_callback(_stopped, indexing, recall_stop)
             await self.control.start()
             services.push_async_callback(self.control.close)
             await self.inbox.start()
@@ -286,9 +290,6 @@ class HandsWorker:
             await self.lanes.start()
             services.push_async_callback(self.lanes.close)
             await self.mcp.start()
-            recall_stop = asyncio.Event()
-            indexing = asyncio.create_task(self.recall.run(recall_stop), name="recall")
-            services.push_async_callback(_stopped, indexing, recall_stop)
             for refusal in self.skills.refused:
                 log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
             log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "
