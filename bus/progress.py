@@ -88,9 +88,9 @@ class Snapshot:
         if self.rate and not self.phase:
             per = f"{size(round(self.rate))}/s" if self.unit == "bytes" else f"{self.rate:,.0f}/s"
             parts.append(per)
-        if self.failed:
+        if self.failed:  # how far it came, and how long it ran
             return f"{self.what}: failed" + (f" while {self.phase}" if self.phase else "") + \
-                f", after {duration(self.elapsed_s)}"
+                (f" at {self.amount()}" if self.done or self.total else "") + f", after {duration(self.elapsed_s)}"
         if self.finished:
             parts.append(f"done in {duration(self.elapsed_s)}")
         elif self.eta_s is not None:

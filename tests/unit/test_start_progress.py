@@ -50,7 +50,7 @@ def test_status_says_what_the_first_start_does_while_it_fetches(tmp_path: Path, 
     # Not a terminal: lines, each with the supervisor's prefix (the first before the status was asked for).
     assert table.startswith("   pincer | fetching the model: 412.3 MB of 1.1 GB (37%)")
     printed = capsys.readouterr().out
-    assert "   pincer | fetching the model: failed, after 0 s" in printed
+    assert "   pincer | fetching the model: failed at 412.3 MB of 1.1 GB, after 0 s" in printed
     assert "error: the local model is not ready: stopped here by the test" in printed
 
 
