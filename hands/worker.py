@@ -86,7 +86,9 @@ class HandsWorker:
         # Python 3.11 makes a getpid call to find the running loop; current_task(loop) does not.
         self._loop: asyncio.AbstractEventLoop | None = None
         approvals = ApprovalGate(settings.exec, bus=bus, inbox=self.inbox)
-        self.recall = Recall(bus.redis, bus.keys)  # memory search's index, kept up to date in the background
+        # Memory search's index, kept up to date in the background; built from the log at start, and the
+        # heartbeat says so at once when it is (readiness waits for a worker that is not still building).
+        self.recall = Recall(bus.redis, bus.keys, on_built=lambda: self.presence.beat())
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox,
                                  background=self.background, approvals=approvals, pool=self.pool,
@@ -124,6 +126,7 @@ class HandsWorker:
             "sandbox": self.sandbox.tier,
             "backlog": json.dumps(self.lanes.status()),
             "metrics": self.meter.snapshot(),
+            "indexing": self.recall.building(),  # always written: a heartbeat's hash keeps fields it is not given
             **({"mcp": json.dumps(self.mcp.status())} if self.mcp.connections else {}),
         }
 
@@ -268,6 +271,10 @@ class HandsWorker:
         async with contextlib.AsyncExitStack() as services:
             await self.presence.start()
             services.push_async_callback(self.presence.stop)
+            # The index is built first (the heartbeat says "indexing" until it is), and stopped last.
+            recall_stop = asyncio.Event()
+            indexing = asyncio.create_task(self.recall.run(recall_stop), name="recall")
+            services.push_async_callback(_stopped, indexing, recall_stop)
             await self.control.start()
             services.push_async_callback(self.control.close)
             await self.inbox.start()
@@ -283,9 +290,6 @@ class HandsWorker:
             await self.lanes.start()
             services.push_async_callback(self.lanes.close)
             await self.mcp.start()
-            recall_stop = asyncio.Event()
-            indexing = asyncio.create_task(self.recall.run(recall_stop), name="recall")
-            services.push_async_callback(_stopped, indexing, recall_stop)
             for refusal in self.skills.refused:
                 log.warning("skill refused: %s (%s)", refusal.reason, refusal.location)
             log.info("hands worker ready on %s: %d tools (%d from skills), %d instruction skills, workspace %s, "

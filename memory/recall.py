@@ -21,13 +21,14 @@ import contextlib
 import logging
 import re
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 from bus.keys import Keys
 from bus.log import kv
+from bus.progress import Lines, Progress, Throttle
 from bus.store import RedisStore
 from memory.embedding import DenseIndex
 from memory.embedding import load as load_embedder
@@ -40,6 +41,7 @@ log = logging.getLogger("memory.recall")
 CHUNK_CHARS = 1_000  # a long message is indexed in pieces of about this size
 READ_BATCH = 2_000
 SEARCH_BATCHES = 2  # a search indexes at most this many batches first (a tool call has seconds, not minutes)
+BUILD_THROTTLE = Throttle()  # how often the first build from the log is said in the worker's log
 RRF_K = 60  # reciprocal rank fusion's constant: how little a rank's position counts against being found at all
 # Words a question is made of that say nothing of what it asks: left out of the query (BM25 would weigh them
 # little anyway, but each one makes SQLite walk a long list of every chunk that holds it).
@@ -65,6 +67,14 @@ WHERE chunks MATCH ? AND ((kind = 'note' AND agent = ? AND (owner = ? OR owner =
                           OR (kind = 'conversation' AND owner = ? AND ? != '' AND turn != ?))
 ORDER BY bm25(chunks) LIMIT ?
 """
+
+
+def _said(line: str) -> None:
+    log.info("%s", line)
+
+
+def _quiet(_line: str) -> None:
+    """A build too small to report (one batch)."""
 
 
 def _int(value: str | None) -> int:
@@ -187,13 +197,25 @@ class _Index:
 class Recall:
     """This worker's index of the memory log, kept up to date, and the search over it."""
 
-    def __init__(self, redis: RedisStore, keys: Keys, *, embeddings: bool = True) -> None:
+    def __init__(self, redis: RedisStore, keys: Keys, *, embeddings: bool = True,
+                 on_built: Callable[[], Awaitable[None]] | None = None) -> None:
         self.redis, self.keys, self.embeddings = redis, keys, embeddings
         self.log = MemoryLog(redis, keys)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall")
         self._index: _Index | None = None
         self._last = "0-0"  # the last log entry indexed
         self._lock = asyncio.Lock()
+        # The first build from the log: its progress while it runs (None before it starts), then built.
+        self.build: Progress | None = None
+        self.built = False
+        self._on_built = on_built
+
+    def building(self) -> str:
+        """How far the first build from the log has come ("4,000/10,000 entries", "(starting)"); empty once
+        built."""
+        if self.built:
+            return ""
+        return self.build.snapshot().amount() if self.build is not None else "(starting)"
 
     async def catch_up(self, *, batches: int | None = None) -> int:
         """Index the log entries written since the last one read (at most ``batches`` reads of READ_BATCH);
@@ -202,8 +224,11 @@ class Recall:
         while batches is None or read < batches:
             read += 1
             async with self._lock:
+                if self.build is None:
+                    await self._start_build()
                 found = await self.redis.xrange(self.keys.memory_log, min=f"({self._last}", count=READ_BATCH)
                 if not found:
+                    await self._built()
                     return done
                 entries = [(entry_id.decode(), {k.decode(): v.decode(errors="replace") for k, v in fields.items()})
                            for entry_id, fields in found]
@@ -211,10 +236,36 @@ class Recall:
                 self._last = found[-1][0].decode()
                 if stale:  # what a writer left in the log (an entry from before the log purged itself)
                     await self.redis.xdel(self.keys.memory_log, *stale)
+                if not self.built and self.build is not None:
+                    counted = self.build.done + len(found)
+                    self.build.update(counted, total=max(counted, self.build.total or 0))
             done += len(found)
             if len(found) < READ_BATCH:
+                async with self._lock:
+                    await self._built()
                 return done
         return done
+
+    async def _start_build(self) -> None:
+        """The first read: the log's length is the build's total; a log of more than one batch is reported."""
+        total = int(await self.redis.xlen(self.keys.memory_log))
+        quiet = total <= READ_BATCH  # built in a moment: nothing to watch
+        self.build = Progress("indexing the memory log", total, Lines(_quiet if quiet else _said), noun="entries",
+                              throttle=BUILD_THROTTLE)
+        if not quiet:
+            self.build.update(0)
+
+    async def _built(self) -> None:
+        """The log is read to its end: the first build is over (said once; the heartbeat told at once)."""
+        if self.built or self.build is None:
+            return
+        self.built = True
+        self.build.finish()
+        if self._on_built is not None:
+            try:
+                await self._on_built()
+            except Exception as exc:  # a heartbeat that failed: the next one says it
+                log.info("memory index built; not told at once %s", kv(error=exc))
 
     async def run(self, stop: asyncio.Event, *, every_s: float = 0.5) -> None:
         """Keep the index up to date until ``stop`` (a failed read is retried at the next tick)."""

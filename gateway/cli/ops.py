@@ -50,7 +50,8 @@ def _local_daemon(config: Config) -> dict[str, Any] | None:
     if state is None:
         return None
     return {"pid": state.supervisor.pid, "gateway_url": state.gateway_url, "ready": state.ready,
-            "up_s": round(time.time() - state.since), "log_dir": state.log_dir, "processes": describe(state)}
+            "preparing": state.preparing, "up_s": round(time.time() - state.since), "log_dir": state.log_dir,
+            "processes": describe(state)}
 
 
 async def show_status(config: Config, *, as_json: bool) -> int:
@@ -59,6 +60,13 @@ async def show_status(config: Config, *, as_json: bool) -> int:
         async with connected_bus(config) as bus:
             found = await ops.status(bus)
     except Exception as exc:  # redis-py's connection and auth errors
+        if local is not None and local["preparing"]:  # the first start: Redis and the pool come after the model
+            if as_json:
+                print(json.dumps({"local": local}, indent=2, default=str))
+            else:
+                _print_local(_console(), local)
+                print("the pool starts once the local model is ready")
+            return 0
         if local is not None:
             _print_local(_console(), local)
         return _fail(f"cannot reach Redis: {exc}")
@@ -69,12 +77,13 @@ async def show_status(config: Config, *, as_json: bool) -> int:
     console = _console()
     if local is not None:
         _print_local(console, local)
-    workers = Table("hands worker", "host", "pid", "version", "in flight", "running", "queued", "capacity",
+    workers = Table("hands worker", "state", "host", "pid", "version", "in flight", "running", "queued", "capacity",
                     "sandbox", "heartbeat", title="Hands")
     for w in found["instances"]["hands"]:
-        workers.add_row(w["id"], w.get("host", ""), w.get("pid", ""), w.get("version", ""), w.get("in_flight", ""),
-                        w.get("running", ""), w.get("queued", ""), w.get("capacity", ""), w.get("sandbox", ""),
-                        f"{w['last_heartbeat_s']}s ago")
+        state = f"[yellow]indexing {w['indexing']}[/]" if w.get("indexing") else "ready"
+        workers.add_row(w["id"], state, w.get("host", ""), w.get("pid", ""), w.get("version", ""),
+                        w.get("in_flight", ""), w.get("running", ""), w.get("queued", ""), w.get("capacity", ""),
+                        w.get("sandbox", ""), f"{w['last_heartbeat_s']}s ago")
     console.print(workers if found["instances"]["hands"] else "[yellow]no Hands worker alive[/]")
     servers = Table(
         "hands worker", "MCP server", "transport", "state", "tools", "starts", "problem", title="MCP servers"
@@ -126,10 +135,17 @@ async def show_status(config: Config, *, as_json: bool) -> int:
     return 0
 
 
+def _starting(local: dict[str, Any]) -> str:
+    """How far a start has come: nothing once ready, else "starting" and what it is doing (the local model)."""
+    if local["ready"]:
+        return ""
+    return f", starting: {local['preparing']}" if local.get("preparing") else ", starting"
+
+
 def _print_local(console: Console, local: dict[str, Any]) -> None:
     table = Table("role", "pid", "alive", "resident MB",
                   title=f"This machine: pincer up (pid {local['pid']}, up {local['up_s']}s, Gateway on "
-                        f"{local['gateway_url']}{'' if local['ready'] else ', starting'})")
+                        f"{local['gateway_url']}{_starting(local)})")
     for proc in local["processes"]:
         rss = "" if proc["rss_mb"] is None else f"{proc['rss_mb']:.0f}"
         table.add_row(proc["role"], str(proc["pid"]), "yes" if proc["alive"] else "[red]no[/]", rss)

@@ -42,6 +42,7 @@ class DaemonState(BaseModel):
     gateway_url: str
     log_dir: str
     ready: bool = False
+    preparing: str = ""  # the local model's first fetch or build while it runs ("fetching the model: 0.4 of 1.1 GB")
     since: float = Field(default_factory=time.time)
     children: dict[str, Proc] = Field(default_factory=dict)  # role -> its current process
 
@@ -154,13 +155,16 @@ def detach(argv: list[str], *, data_dir: Path, log_dir: Path, env: dict[str, str
     child = subprocess.Popen([sys.executable, "-m", "gateway", *argv], stdin=subprocess.DEVNULL, stdout=out,
                              stderr=subprocess.STDOUT, start_new_session=True, env=env)
     out.close()
-    deadline = time.monotonic() + timeout_s
+    deadline, said = time.monotonic() + timeout_s, ""
     while time.monotonic() < deadline:
         if child.poll() is not None:
             print(f"pincer: error: pincer up exited with code {child.returncode} before it was ready:\n"
                   f"{_tail(log_dir / 'supervisor.log', 15)}", file=sys.stderr)
             return child.returncode or 1
         state = state_file.read()
+        if state is not None and state.supervisor.pid == child.pid and state.preparing not in ("", said):
+            said = state.preparing  # the local model's first start: a line each time its short form changes
+            print(f"pincer: starting: {said}", flush=True)
         if state is not None and state.supervisor.pid == child.pid and state.ready:
             print(f"pincer is running in the background (pid {child.pid}): Gateway on {state.gateway_url}\n"
                   f"  logs: `pincer logs -f` ({log_dir})   stop: `pincer stop`")

@@ -30,6 +30,7 @@ from brain.llm import LOCAL, NOT_CONFIGURED, resolve_model
 from bus.config import ENV_PREFIX, REFERENCE, Config, ConfigError, RedisSettings, RuntimeSettings, secret_variables
 from bus.private_file import write_private
 from bus.process_guard import die_with_parent
+from bus.progress import Brief, Tee, for_stream
 from bus.redis_server import EmbeddedRedis, free_port
 from gateway.channels.config import ChannelSettings
 from gateway.config import GatewaySettings
@@ -47,8 +48,11 @@ LOCAL_CONNECT_PATIENCE_S = 120.0  # a model server restarted by the supervisor l
 MAX_QUICK_EXITS = 3
 
 
+PREFIX = f"{'pincer':>9} | "
+
+
 def say(line: str) -> None:
-    print(f"{'pincer':>9} | {line}", flush=True)
+    print(f"{PREFIX}{line}", flush=True)
 
 
 # Variables outside Pincer's settings that hold a credential: model providers' keys, cloud credentials.
@@ -156,8 +160,9 @@ class Supervisor:
             self.state_file.write(self.state)
             if self.local_model:
                 try:  # before any child: the first start installs and fetches for minutes
+                    shown = Tee((for_stream(sys.stdout, say, prefix=PREFIX), Brief(self._preparing)))
                     self.model_file = await asyncio.to_thread(
-                        prepare, self.runtime.data_path, self.brain.local.model_path, say, progress=sys.stdout.isatty())
+                        prepare, self.runtime.data_path, self.brain.local.model_path, say, sink=shown)
                 except WeightsError as exc:
                     say(f"error: the local model is not ready: {exc}")
                     return 1
@@ -169,6 +174,11 @@ class Supervisor:
             for role_log in self.logs.values():
                 role_log.close()
             self.lock.release()
+
+    def _preparing(self, brief: str) -> None:
+        """What the local model's first start is doing, for `pincer status` (the state file; empty when done)."""
+        self.state.preparing = brief
+        self.state_file.write(self.state)
 
     async def _run(self) -> int:
         loop = asyncio.get_running_loop()

