@@ -33,6 +33,7 @@ import msgpack
 
 from bus.config import RedisSettings
 from bus.errors import PincerError
+from bus.progress import Progress
 from bus.redis_server import find_redis_server
 from bus.streams import Bus
 
@@ -93,7 +94,8 @@ async def _run(argv: list[str], env: dict[str, str], what: str) -> None:
         raise SnapshotError(f"{what} failed (exit {process.returncode}): {text}")
 
 
-async def take(url: str, prefix: str, out: Path, *, scrub: Scrub | None = None) -> Taken:
+async def take(url: str, prefix: str, out: Path, *, scrub: Scrub | None = None,
+               progress: Progress | None = None) -> Taken:
     """Every key under ``prefix`` in the Redis at ``url``, as at one instant, written to ``out``."""
     args, env, db = _cli_arguments(url)
     with tempfile.TemporaryDirectory(prefix="pincer-snapshot-") as folder:
@@ -105,10 +107,10 @@ async def take(url: str, prefix: str, out: Path, *, scrub: Scrub | None = None) 
             server = (await copy.redis.info("server")).get("redis_version", "")
             if scrub is not None:
                 await scrub(copy)
-            return Taken(*await _dump(copy, prefix, out), server=str(server))
+            return Taken(*await _dump(copy, prefix, out, progress), server=str(server))
 
 
-async def _dump(copy: Bus, prefix: str, out: Path) -> tuple[int, str]:
+async def _dump(copy: Bus, prefix: str, out: Path, progress: Progress | None) -> tuple[int, str]:
     digest, count = hashlib.sha256(), 0
     pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + "*"
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -119,7 +121,12 @@ async def _dump(copy: Bus, prefix: str, out: Path) -> tuple[int, str]:
             if len(batch) >= BATCH:
                 count += await _write(copy, prefix, batch, file, digest)
                 batch = []
+                if progress is not None:
+                    progress.update(count)
         count += await _write(copy, prefix, batch, file, digest)
+    if progress is not None:
+        progress.update(count)
+        progress.finish()
     return count, digest.hexdigest()
 
 
@@ -174,7 +181,8 @@ async def _private_server(folder: Path, db: int, prefix: str) -> Any:
         await process.wait()
 
 
-async def restore(bus: Bus, source: Path, *, now_ms: int | None = None) -> int:
+async def restore(bus: Bus, source: Path, *, now_ms: int | None = None,
+                  progress: Progress | None = None) -> int:
     """Put the keys of ``source`` back under ``bus``'s prefix, which must hold nothing but a layout version
     yet; the number put back."""
     pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in bus.keys.prefix) + "*"
@@ -192,7 +200,13 @@ async def restore(bus: Bus, source: Path, *, now_ms: int | None = None) -> int:
             if len(batch) >= BATCH:
                 restored += await _put(bus, batch)
                 batch = []
-    return restored + await _put(bus, batch)
+                if progress is not None:
+                    progress.update(restored)
+    restored += await _put(bus, batch)
+    if progress is not None:
+        progress.update(restored)
+        progress.finish()
+    return restored
 
 
 async def _put(bus: Bus, batch: list[tuple[bytes, int, bytes]]) -> int:

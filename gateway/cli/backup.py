@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bus.config import Config, ConfigError
 from bus.errors import PincerError
+from bus.progress import for_stream
 from bus.service import redis_url
 from bus.streams import Bus
 from gateway.runtime.backup import BackupError, Places, prune, restore, verify, write
@@ -38,7 +39,7 @@ def backup(args: argparse.Namespace, config: Config) -> int:
     try:
         url = args.redis or redis_url(config)
         path = asyncio.run(write(url, config.redis.prefix, _places(config), folder, secrets=args.with_secrets,
-                                 scrub=scrub, say=_say))
+                                 scrub=scrub, say=_say, sink=for_stream(sys.stderr, _say, prefix="pincer: ")))
         manifest = verify(path)
         gone = prune(folder, args.keep) if args.keep else []
     except (PincerError, OSError) as exc:
@@ -92,7 +93,8 @@ async def _restore(path: Path, config: Config, url: str | None) -> dict[str, obj
             url = embedded.start()
     bus = Bus.from_settings(config.redis.model_copy(update={"sentinels": []}), url)
     try:
-        return await restore(path, bus, _places(config), say=_say)
+        return await restore(path, bus, _places(config), say=_say,
+                             sink=for_stream(sys.stderr, _say, prefix="pincer: "))
     except BackupError:
         raise
     finally:

@@ -37,6 +37,7 @@ from typing import Any
 from bus import schema, snapshot
 from bus.errors import PincerError
 from bus.presence import version
+from bus.progress import Progress, Sink
 from bus.snapshot import Scrub
 from bus.streams import Bus
 
@@ -130,18 +131,21 @@ class _Hashing:
 
 
 async def write(url: str, prefix: str, places: Places, folder: Path, *, secrets: bool, scrub: Scrub | None,
-                say: Callable[[str], None] = lambda _: None) -> Path:
-    """Take the archive into ``folder``; its path once it is written and verified."""
+                say: Callable[[str], None] = lambda _: None, sink: Sink | None = None) -> Path:
+    """Take the archive into ``folder``; its path once it is written and verified. ``sink``: where the
+    progress of the keys and the files is shown (bus/progress.py)."""
     with tempfile.TemporaryDirectory(prefix="pincer-backup-") as scratch:
         keys = Path(scratch) / KEYS
         say("taking Redis's snapshot")
-        taken = await snapshot.take(url, prefix, keys, scrub=None if secrets else scrub)
+        counting = Progress("copying Redis's keys", None, sink, noun="keys") if sink else None
+        taken = await snapshot.take(url, prefix, keys, scrub=None if secrets else scrub, progress=counting)
         say(f"{taken.keys:,} keys under {prefix!r}; reading files")
-        return await asyncio.to_thread(_pack, keys, taken, prefix, places, folder, secrets, say)
+        reading = Progress("archiving files", None, sink, unit="bytes") if sink else None
+        return await asyncio.to_thread(_pack, keys, taken, prefix, places, folder, secrets, say, reading)
 
 
 def _pack(keys: Path, taken: snapshot.Taken, prefix: str, places: Places, folder: Path, secrets: bool,
-          say: Callable[[str], None]) -> Path:
+          say: Callable[[str], None], progress: Progress | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     stamp = datetime.now(UTC)
     final = folder / f"pincer-backup-{stamp:%Y%m%dT%H%M%SZ}.tar.gz"
@@ -150,8 +154,14 @@ def _pack(keys: Path, taken: snapshot.Taken, prefix: str, places: Places, folder
     try:
         with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as archive:
             archive.add(keys, KEYS, recursive=False)
-            files = [entry for name, root, beneath in _sources(places, secrets=secrets)
-                     for entry in _add_tree(archive, name, root, beneath)]
+            files = []
+            for name, root, beneath in _sources(places, secrets=secrets):
+                for entry in _add_tree(archive, name, root, beneath):
+                    files.append(entry)
+                    if progress is not None:
+                        progress.advance(entry["size"])
+            if progress is not None:
+                progress.finish()
             manifest = {
                 "format": FORMAT, "pincer": version(), "schema": schema.VERSION, "prefix": prefix,
                 "created_at": stamp.isoformat(), "redis": {"keys": taken.keys, "sha256": taken.sha256,
@@ -218,8 +228,8 @@ def _member_sha256(archive: tarfile.TarFile, member: tarfile.TarInfo) -> str:
     return digest.hexdigest()
 
 
-async def restore(path: Path, bus: Bus, places: Places,
-                  *, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+async def restore(path: Path, bus: Bus, places: Places, *, say: Callable[[str], None] = lambda _: None,
+                  sink: Sink | None = None) -> dict[str, Any]:
     """Bring the archive at ``path`` into ``places`` and the Redis of ``bus``, all of which must be fresh;
     the manifest. Nothing is written before the archive checks out and every target is found empty."""
     manifest = await asyncio.to_thread(_checked, path, bus.keys.prefix, places)
@@ -228,7 +238,8 @@ async def restore(path: Path, bus: Bus, places: Places,
         await asyncio.to_thread(_extract_keys, path, Path(scratch))
         say(f"restoring {manifest['redis']['keys']:,} keys under {bus.keys.prefix!r}")
         try:
-            await snapshot.restore(bus, keys)
+            await snapshot.restore(bus, keys, progress=Progress(
+                "restoring keys", manifest["redis"]["keys"], sink, noun="keys") if sink else None)
         except snapshot.SnapshotError as exc:
             raise BackupError(str(exc)) from None
     say(f"restoring {len(manifest['files']):,} files")

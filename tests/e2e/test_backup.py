@@ -35,7 +35,7 @@ def test_a_backup_taken_under_load_restores_into_a_fresh_place_and_the_pool_goes
     assert hook.returncode == 0, hook.stderr
     with gateway_client(processes.env, alice) as client:
         assert client.post("/v1/sessions/kept/messages", json={"text": "remember the blue door"}).status_code == 200
-        made = client.post("/v1/cron", json={"name": "daily", "every": "1h", "message": "what changed?"})
+        made = client.post("/v1/cron", json={"name": "daily", "cron": "0 8 1 1 *", "message": "what changed?"})
         assert made.status_code == 201, made.text
         next_due = made.json()["next_due"]
 
@@ -57,6 +57,7 @@ def test_a_backup_taken_under_load_restores_into_a_fresh_place_and_the_pool_goes
         stop.set()
         worker.join(30)
     assert taken.returncode == 0, taken.stderr
+    assert "copying Redis's keys" in taken.stderr and "archiving files" in taken.stderr  # progress, said
     assert set(answered) == {200}
     found = json.loads(taken.stdout)
     archive = Path(found["archive"])
@@ -78,7 +79,7 @@ def test_a_backup_taken_under_load_restores_into_a_fresh_place_and_the_pool_goes
                          "PINCER_WORKSPACE": str(fresh_ws), "PINCER_GATEWAY_PORT": str(free_port())}
         restored = processes.run("restore", str(archive), timeout=120)
         assert restored.returncode == 0, restored.stderr
-        assert "rotate each signed webhook" in restored.stderr
+        assert "rotate each signed webhook" in restored.stderr and "restoring keys" in restored.stderr
         assert (fresh_ws / "plan.md").read_text() == "step one\n"
         assert (fresh_data / "config.yaml").read_text() == "# the operator's own\n"
         assert not (fresh_data / "secrets.env").exists()
