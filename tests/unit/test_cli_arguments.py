@@ -34,3 +34,14 @@ def test_a_client_command_loads_neither_the_engine_nor_the_channels() -> None:
             "print(sorted(m for m in sys.modules if m.startswith(('hands', 'brain', 'gateway.channels'))))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]", loaded
+
+
+def test_version_is_the_installed_release(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    from gateway.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pincer {metadata.version('pincer')}"
