@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bus.config import Config, ConfigError
 from gateway.channels.config import KNOWN as KNOWN_CHANNELS
+
+if TYPE_CHECKING:
+    from gateway.runtime.daemon import StateFile
 
 
 def validate_all(config: Config) -> None:
@@ -53,6 +58,8 @@ def stop(args: argparse.Namespace, config: Config) -> int:
     from gateway.runtime.daemon import StateFile, detach, stop
 
     data_dir = config.runtime.data_path
+    if getattr(args, "rolling", False):
+        return rolling_restart(StateFile(data_dir), timeout_s=args.timeout or 600.0)
     timeout = args.timeout if args.timeout is not None else config.redis.drain_timeout_s + 20
     was = StateFile(data_dir).read()  # before stop removes it: restart starts it as it was started
     code = stop(data_dir, timeout_s=timeout)
@@ -62,6 +69,37 @@ def stop(args: argparse.Namespace, config: Config) -> int:
     if config.source is not None:
         env["PINCER_CONFIG"] = str(Path(config.source).resolve())
     return detach(was.argv if was else ["up"], data_dir=data_dir, log_dir=config.runtime.logs_path, env=env)
+
+
+def rolling_restart(state_file: StateFile, *, timeout_s: float) -> int:
+    """Ask the running `pincer up` to restart its processes one at a time (SIGUSR1), and follow it."""
+    import signal
+    import time
+
+    state = state_file.running()
+    if state is None:
+        print("pincer is not running here (start it with `pincer up --detach`)", file=sys.stderr)
+        return 1
+    rolled, said = state.rolled, ""
+    os.kill(state.supervisor.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = state_file.running()
+        if now is None:
+            print("pincer: error: pincer stopped during the rolling restart (see `pincer logs`)", file=sys.stderr)
+            return 1
+        if now.rolled > rolled:
+            print("rolling restart done: every process restarted, one at a time", file=sys.stderr)
+            return 0
+        if now.rolling.startswith("stopped"):
+            print(f"pincer: error: rolling restart {now.rolling}", file=sys.stderr)
+            return 1
+        if now.rolling and now.rolling != said:
+            said = now.rolling
+            print(said, file=sys.stderr)
+        time.sleep(0.2)
+    print(f"pincer: error: the rolling restart did not finish within {timeout_s:g}s", file=sys.stderr)
+    return 1
 
 
 def service(args: argparse.Namespace, config: Config) -> int:
@@ -139,7 +177,10 @@ def _stop_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _restart_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--timeout", type=float, metavar="S", help="as for stop")
+    parser.add_argument("--timeout", type=float, metavar="S", help="as for stop (with --rolling: for the whole "
+                        "restart, default 600)")
+    parser.add_argument("--rolling", action="store_true", help="restart each process in turn while the rest "
+                        "serve (each drains first; a pool upgraded in place takes the new code, no turn lost)")
 
 
 def _service_arguments(parser: argparse.ArgumentParser) -> None:

@@ -45,6 +45,8 @@ class DaemonState(BaseModel):
     preparing: str = ""  # the local model's first fetch or build while it runs ("fetching the model: 0.4 of 1.1 GB")
     since: float = Field(default_factory=time.time)
     children: dict[str, Proc] = Field(default_factory=dict)  # role -> its current process
+    rolled: int = 0  # rolling restarts finished (`pincer restart --rolling` waits for it to move)
+    rolling: str = ""  # where the rolling restart under way stands, or why the last one stopped
 
 
 class AlreadyRunning(PincerError):

@@ -125,6 +125,8 @@ Wants=network-online.target
 
 [Service]
 ExecStart={command}{config_arg} up --hands {hands}{local_arg}
+# `systemctl reload pincer`: each process restarted in turn, draining first (`pincer restart --rolling`).
+ExecReload=/bin/kill -USR1 $MAINPID
 {service}
 [Install]
 WantedBy={target}

@@ -97,6 +97,9 @@ def referenced_variables(raw: object) -> frozenset[str]:
     return frozenset(REFERENCE.findall(raw)) if isinstance(raw, str) else frozenset()
 
 
+ROLL_WAIT_S = 120.0  # how long a rolling restart waits for each process to be back before it stops
+
+
 @dataclass
 class Child:
     name: str
@@ -107,6 +110,7 @@ class Child:
     started: float = 0.0
     quick_exits: int = 0
     pump: asyncio.Task[None] | None = field(default=None, repr=False)
+    planned: bool = False  # stopped by a rolling restart: started again at once, not counted as a failure
 
 
 def listen_tls(settings: RedisSettings) -> tuple[Path, Path] | None:
@@ -140,6 +144,7 @@ class Supervisor:
         self.runtime = config.runtime
         self.redis: EmbeddedRedis | None = None
         self.stop = asyncio.Event()
+        self.roll = asyncio.Event()
         self.failed: str | None = None
         # Hands drain on SIGTERM for redis.drain_timeout_s; give them that, and a little more.
         self.grace_s = max(10.0, config.redis.drain_timeout_s + 5)
@@ -184,6 +189,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop.set)
+        loop.add_signal_handler(signal.SIGUSR1, self.roll.set)  # `pincer restart --rolling`, systemctl reload
         env = dict(self.env)
         if self.config.redis.sentinels:
             say(f"using the Redis the sentinels name master of {self.config.redis.sentinel_master!r}")
@@ -221,9 +227,11 @@ class Supervisor:
             watchers = [asyncio.create_task(self._watch(child, env)) for child in children if child.process]
             announce = asyncio.create_task(self._announce())
             backups = asyncio.create_task(self._backups(env))
+            rolling = asyncio.create_task(self._rolling(children))
             await self.stop.wait()
             announce.cancel()
             backups.cancel()
+            rolling.cancel()
             say("stopping…")
             for watcher in watchers:
                 watcher.cancel()
@@ -305,6 +313,10 @@ class Supervisor:
                 await child.pump
             if self.stop.is_set():
                 return
+            if child.planned:  # a rolling restart stopped it: the new one starts now
+                child.planned = False
+                await self._start(child, env)
+                continue
             quick = time.monotonic() - child.started < QUICK_EXIT_S
             child.quick_exits = child.quick_exits + 1 if quick else 0
             if child.quick_exits >= MAX_QUICK_EXITS:
@@ -315,6 +327,57 @@ class Supervisor:
             say(f"{child.name} exited with code {code}; restarting in {delay:g}s")
             await asyncio.sleep(delay)
             await self._start(child, env)
+
+    async def _rolling(self, children: list[Child]) -> None:
+        """On SIGUSR1: each process in turn stopped (it drains what it runs: workers finish or hand back
+        their calls, the Gateway its requests) and started again, the next one only once the pool is
+        whole again; so a pool upgraded in place takes the new code with every turn kept."""
+        order = {"hands": 0, "channels": 1, "brain": 2, "gateway": 3}
+        while True:
+            await self.roll.wait()
+            self.roll.clear()
+            for child in sorted((c for c in children if c.role in order), key=lambda c: order[c.role]):
+                self._rolling_state(f"restarting {child.name}")
+                say(f"rolling restart: {child.name}")
+                child.planned = True
+                old = child.process
+                if old is not None and old.returncode is None:
+                    await self._drain(old, child.name)  # its watcher starts the new one once it is gone
+                if not await self._back(child, old.pid if old else None):
+                    self._rolling_state(f"stopped: {child.name} did not come back whole within {ROLL_WAIT_S:g}s")
+                    say(f"rolling restart stopped: {child.name} did not come back within {ROLL_WAIT_S:g}s")
+                    break
+            else:
+                self.state.rolled += 1
+                self._rolling_state("")
+                say("rolling restart done")
+
+    async def _drain(self, process: asyncio.subprocess.Process, name: str) -> None:
+        """SIGTERM (the process drains), and SIGKILL past the grace; its log and restart are its watcher's."""
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), self.grace_s)
+        except TimeoutError:
+            say(f"{name} did not stop within {self.grace_s:g}s; killing it")
+            _signal_group(process.pid, signal.SIGKILL)
+            await process.wait()
+
+    async def _back(self, child: Child, old: int | None) -> bool:
+        """Whether ``child`` runs again as a new process and the pool answers whole within ROLL_WAIT_S."""
+        deadline = time.monotonic() + ROLL_WAIT_S
+        while time.monotonic() < deadline and not self.stop.is_set():
+            process = child.process
+            if process is not None and process.pid != old and process.returncode is None:
+                health = await asyncio.to_thread(_health, f"{self.gateway.url}/healthz")
+                if health.get("status") == "ok" and health.get("hands", 0) >= self.hands \
+                        and health.get("brains", 0) >= 1:
+                    return True
+            await asyncio.sleep(0.2)
+        return False
+
+    def _rolling_state(self, where: str) -> None:
+        self.state.rolling = where
+        self.state_file.write(self.state)
 
     async def _terminate(self, child: Child) -> None:
         process = child.process

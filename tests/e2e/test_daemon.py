@@ -130,3 +130,52 @@ def test_a_scheduled_backup_writes_verified_archives_and_keeps_the_newest(instal
         assert json.loads(checked.stdout)["redis"]["keys"] > 0
     finally:
         assert run(installed, env, "stop").returncode == 0
+
+
+def test_a_rolling_restart_replaces_every_process_while_turns_run_and_loses_none(
+        installed: Installed, tmp_path: Path, scripted_llm: ScriptedLLM) -> None:
+    import threading
+
+    import httpx
+
+    env = installed_env(tmp_path, scripted_llm)
+    up = run(installed, env, "up", "--detach", "--hands", "1")
+    assert up.returncode == 0, up.stderr + up.stdout
+    before = state_of(env)
+    token = (Path(env["PINCER_DATA_DIR"]) / "gateway.token").read_text().strip()
+    client = httpx.Client(base_url=f"http://127.0.0.1:{env['PINCER_GATEWAY_PORT']}",
+                          headers={"Authorization": f"Bearer {token}"}, timeout=120)
+    codes: dict[str, int | str] = {}
+
+    def turn(session: str) -> None:
+        try:
+            codes[session] = client.post(f"/v1/sessions/{session}/messages",
+                                         json={"text": f"SLEEP 2\n{session}"}).status_code
+        except httpx.HTTPError as exc:  # a connection the Gateway's own restart closed: the turn goes on
+            codes[session] = type(exc).__name__
+
+    try:
+        turns = [threading.Thread(target=turn, args=(f"roll-{n}",)) for n in range(6)]
+        for t in turns:
+            t.start()
+        wait_until(lambda: len(scripted_llm.requests) >= 6, timeout=30, what="six turns at the model")
+        rolled = run(installed, env, "restart", "--rolling", timeout=600)
+        assert rolled.returncode == 0, rolled.stderr
+        for name in ("hands-1", "brain", "gateway"):
+            assert f"restarting {name}" in rolled.stderr
+        for t in turns:
+            t.join(120)
+        after = state_of(env)
+        assert after.supervisor.pid == before.supervisor.pid and after.rolled == 1
+        assert all(after.children[n].pid != before.children[n].pid for n in ("gateway", "brain", "hands-1"))
+
+        def answered(session: str) -> bool:
+            entries = client.get(f"/v1/sessions/{session}").json().get("entries", [])
+            return any(m.get("role") == "assistant" and "slept 2s" in (m.get("content") or "") for m in entries)
+
+        for n in range(6):
+            wait_until(lambda n=n: answered(f"roll-{n}"), timeout=60, what=f"turn roll-{n} answered")
+        assert all(code in (200, "RemoteProtocolError", "ReadError") for code in codes.values()), codes
+    finally:
+        client.close()
+        assert run(installed, env, "stop").returncode == 0

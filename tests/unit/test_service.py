@@ -24,6 +24,7 @@ def test_the_units_run_pincer_restart_on_failure_but_never_on_a_bad_config(confi
     stack, hands = units["pincer.service"], units["pincer-hands@.service"]
     assert f"ExecStart={service.pincer_command()} up --hands 3" in stack
     assert f"ExecStart={service.pincer_command()} hands" in hands and "%i" in hands
+    assert "ExecReload=/bin/kill -USR1 $MAINPID" in stack  # systemctl reload: the rolling restart
     for unit in units.values():
         assert "Restart=on-failure" in unit and "RestartPreventExitStatus=78" in unit
         assert "KillMode=mixed" in unit and "TimeoutStopSec=60" in unit and "WantedBy=default.target" in unit
