@@ -1,5 +1,6 @@
 """The HTTP API the web console uses, in-process on a real Redis: spend, channels and pairing, tokens and
-hooks. Each endpoint's happy path, what a chat token is refused or shown, and bad input's 400."""
+hooks, note search and recall. Each endpoint's happy path, what a chat token is refused or shown, and bad
+input's 400."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from gateway.server.app import Gateway
 from gateway.server.hooks import HookStore, signed_headers
 from gateway.tokens import TokenStore
 from memory.jobs import Job, JobStore, Schedule
+from memory.longterm import SHARED, LongTermMemory
 from memory.spend import SpendView
 from tests.conftest import async_wait_until
 
@@ -304,3 +306,40 @@ async def test_hooks_are_managed_under_admin_and_need_a_token_there(api) -> None
     anonymous = await api("")
     _refused(await anonymous.get("/v1/admin/hooks"), 401, "")
     _refused(await anonymous.post("/v1/admin/hooks", json={"name": "ci", "template": "x"}), 401, "")
+
+
+# --- /v1/memory: search and recall ---
+
+
+async def test_notes_are_searched_by_name_and_text_within_the_callers_own(bus: Bus, api) -> None:
+    notes = LongTermMemory(bus.redis, bus.keys)
+    await notes.write("main", "gift", "a red Scarf for Bob", owner="alice")
+    await notes.write("main", "plants", "water the fern", owner="alice")
+    await notes.write("main", "house-rules", "no wet scarf indoors", owner=SHARED)
+    await notes.write("main", "scarf", "bob's own scarf", owner="bob")
+    alice = await api(await _chat_token(bus, "alice"))
+    found = (await alice.get("/v1/memory?q=SCARF")).json()
+    assert found["q"] == "scarf" and [(n["key"], n["scope"]) for n in found["notes"]] == \
+        [("gift", "own"), ("house-rules", "shared")]
+    assert [n["key"] for n in (await alice.get("/v1/memory?q=fern")).json()["notes"]] == ["plants"]
+    assert [n["key"] for n in (await alice.get("/v1/memory?q=%20")).json()["notes"]] == \
+        ["gift", "plants", "house-rules"]  # a blank search is no search
+    _refused(await alice.get("/v1/memory?q=" + "x" * 501), 400, "at most 500")
+
+
+async def test_recall_finds_what_the_agents_search_does_for_the_caller_alone(bus: Bus, api, engine) -> None:
+    await engine()
+    notes = LongTermMemory(bus.redis, bus.keys)
+    await notes.write("main", "gift", "a red scarf for Bob's birthday", owner="alice")
+    await notes.write("main", "secret", "bob hides a scarf under the stairs", owner="bob")
+    alice = await api(await _chat_token(bus, "alice"))
+    found = (await alice.get("/v1/memory/recall?q=which%20scarf")).json()
+    assert found["q"] == "which scarf" and found["agent"] == "main"
+    assert [(h["source"], h["key"], h["scope"]) for h in found["hits"]] == [("note", "gift", "own")]
+    assert "scarf" in found["hits"][0]["excerpt"]
+    operator = await api()
+    hers = (await operator.get("/v1/memory/recall?q=scarf&owner=bob")).json()["hits"]
+    assert [h["key"] for h in hers] == ["secret"]
+    _refused(await alice.get("/v1/memory/recall?q=scarf&owner=bob"), 403, "operator")
+    _refused(await alice.get("/v1/memory/recall"), 400, "?q=")
+    _refused(await alice.get("/v1/memory/recall?q=scarf&limit=51"), 400, "limit")
