@@ -66,8 +66,9 @@ function spendChartDraw(series) {
       { stroke: "#888", grid: { stroke: "#8883" }, ticks: { stroke: "#8883" }, size: 60,
         values: (u, ticks) => ticks.map((v) => dollars(v)) }],
     series: [{ label: "day", value: (u, ts) => (ts === null ? "—" : new Date(ts * 1000).toISOString().slice(0, 10)) },
-      ...shown.map((s, i) => ({ label: scopeName(s.scope), stroke: COLOURS[i % COLOURS.length], width: 2,
-        points: { size: 4 }, value: (u, v) => (v === null ? "—" : dollars(v)) }))],
+      // The pool's line is the widest, under the rest: an agent or identity that spent all of it lies on it.
+      ...shown.map((s, i) => ({ label: scopeName(s.scope), stroke: COLOURS[i % COLOURS.length], width: i ? 2 : 5,
+        points: { size: i ? 4 : 6 }, value: (u, v) => (v === null ? "—" : dollars(v)) }))],
   };
   spendChart = new window.uPlot(options, [days, ...shown.map((s) => s.days.map((d) => d.spent_usd))], holder);
 }
