@@ -20,6 +20,8 @@ from brain.spend import Governor
 from bus.config import Config
 from bus.metrics import Meter
 from bus.presence import Presence
+from bus.protocol import ErrorCode
+from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.channels.access import Access
 from gateway.cli import budget as budget_cli
@@ -27,7 +29,9 @@ from gateway.cli import channels as channels_cli
 from gateway.config import GatewaySettings
 from gateway.server.app import Gateway
 from gateway.server.hooks import HookStore, signed_headers
+from gateway.server.memory_api import PoolRecall
 from gateway.tokens import TokenStore
+from gateway.turns.refusal import Refused
 from memory.jobs import Job, JobStore, Schedule
 from memory.longterm import SHARED, LongTermMemory
 from memory.spend import SpendView
@@ -340,6 +344,20 @@ async def test_recall_finds_what_the_agents_search_does_for_the_caller_alone(bus
     operator = await api()
     hers = (await operator.get("/v1/memory/recall?q=scarf&owner=bob")).json()["hits"]
     assert [h["key"] for h in hers] == ["secret"]
+    await notes.write("main", "rules", "no wet scarf indoors", owner=SHARED)
+    shared = (await operator.get("/v1/memory/recall?q=scarf&shared=1")).json()["hits"]
+    assert [(h["key"], h["scope"]) for h in shared] == [("rules", "shared")]  # the shared notes alone
     _refused(await alice.get("/v1/memory/recall?q=scarf&owner=bob"), 403, "operator")
     _refused(await alice.get("/v1/memory/recall"), 400, "?q=")
     _refused(await alice.get("/v1/memory/recall?q=scarf&limit=51"), 400, "limit")
+
+
+async def test_recall_with_no_hands_worker_says_so(bus: Bus) -> None:
+    inbox = ReplyInbox(bus, "gw-recall", block_ms=100)
+    await inbox.start()
+    try:
+        with pytest.raises(Refused) as refused:
+            await PoolRecall(bus, inbox, timeout_s=0.3).recall("main", "scarf", owner="alice", limit=5)
+    finally:
+        await inbox.close()
+    assert refused.value.code is ErrorCode.SERVICE_UNAVAILABLE and "no Hands worker" in refused.value.message
