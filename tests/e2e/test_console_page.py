@@ -28,8 +28,7 @@ from bus.streams import Bus
 from gateway.channels.access import Access
 from memory.longterm import SHARED, LongTermMemory
 from tests.conftest import ROOT, Processes, gateway_client, wait_until
-from tests.e2e.conftest import create_token, start_stack
-from tests.e2e.test_chat_page import browser, signed_in  # noqa: F401  (browser is a fixture)
+from tests.e2e.conftest import create_token, signed_in, start_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -108,7 +107,7 @@ def both_widths(page: Any, name: str, tmp_path: Path) -> None:
     page.set_viewport_size(DESKTOP)
 
 
-def paste_in(browser: Any, env: dict[str, str], token: str) -> Any:  # noqa: F811
+def paste_in(browser: Any, env: dict[str, str], token: str) -> Any:
     """A new context signed in with a pasted token."""
     from playwright.sync_api import expect
 
@@ -121,7 +120,7 @@ def paste_in(browser: Any, env: dict[str, str], token: str) -> Any:  # noqa: F81
     return context, page
 
 
-def test_an_operator_sees_the_pools_spend_chart_and_alerts(console_stack: dict, browser, tmp_path: Path) -> None:  # noqa: F811
+def test_an_operator_sees_the_pools_spend_chart_and_alerts(console_stack: dict, browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
     seeded(console_stack, spent)
@@ -142,7 +141,7 @@ def test_an_operator_sees_the_pools_spend_chart_and_alerts(console_stack: dict, 
     context.close()
 
 
-def test_a_chat_token_sees_only_its_own_spend_and_no_operator_tab(console_stack: dict, browser, processes: Processes,  # noqa: F811
+def test_a_chat_token_sees_only_its_own_spend_and_no_operator_tab(console_stack: dict, browser, processes: Processes,
                                                                   tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
@@ -164,7 +163,7 @@ def test_a_chat_token_sees_only_its_own_spend_and_no_operator_tab(console_stack:
     context.close()
 
 
-def test_channels_show_state_and_a_hostile_stranger_is_paired_and_unpaired_inert(console_stack: dict, browser,  # noqa: F811
+def test_channels_show_state_and_a_hostile_stranger_is_paired_and_unpaired_inert(console_stack: dict, browser,
                                                                                   tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
@@ -198,7 +197,7 @@ def test_channels_show_state_and_a_hostile_stranger_is_paired_and_unpaired_inert
     context.close()
 
 
-def test_a_token_made_on_the_page_shows_its_secret_once_works_and_is_revoked(console_stack: dict, browser,  # noqa: F811
+def test_a_token_made_on_the_page_shows_its_secret_once_works_and_is_revoked(console_stack: dict, browser,
                                                                              tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
@@ -238,7 +237,7 @@ def test_a_token_made_on_the_page_shows_its_secret_once_works_and_is_revoked(con
     context.close()
 
 
-def test_a_hook_with_a_hostile_message_is_made_rotated_and_removed_inert(console_stack: dict, browser,  # noqa: F811
+def test_a_hook_with_a_hostile_message_is_made_rotated_and_removed_inert(console_stack: dict, browser,
                                                                          tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
@@ -273,7 +272,7 @@ def test_a_hook_with_a_hostile_message_is_made_rotated_and_removed_inert(console
     context.close()
 
 
-def test_memory_search_asks_the_api_and_recall_shows_what_the_agent_would_find(console_stack: dict, browser,  # noqa: F811
+def test_memory_search_asks_the_api_and_recall_shows_what_the_agent_would_find(console_stack: dict, browser,
                                                                                 processes: Processes,
                                                                                 tmp_path: Path) -> None:
     from playwright.sync_api import expect
