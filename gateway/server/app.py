@@ -162,7 +162,7 @@ class Gateway:
                 *OpenAIRoutes(self.settings.openai, self.turns, self.connections).routes(),
                 *JobRoutes(JobStore(self.bus), self.turns, self.settings.limits.jobs).routes(),
                 *MemoryRoutes(LongTermMemory(self.bus.redis, self.bus.keys),
-                             PoolRecall(self.bus, self.inbox)).routes(),
+                             PoolRecall(self.bus, self.inbox), limits=self.limits).routes(),
                 *SpendRoutes(self.bus, self.spend).routes(),
                 *ChannelRoutes(self.bus, self.channels).routes(),
                 *AdminRoutes(self.bus, self.tokens, static_token=bool(self.settings.static_token())).routes(),

@@ -20,6 +20,7 @@ from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.server.handling import caller
+from gateway.turns.limits import CallerLimits
 from gateway.turns.refusal import Refused
 from memory.longterm import SHARED, LongTermMemory
 
@@ -63,8 +64,9 @@ class PoolRecall:
 
 
 class MemoryRoutes:
-    def __init__(self, memory: LongTermMemory, recall: Recaller | None = None) -> None:
-        self.memory, self.recaller = memory, recall
+    def __init__(self, memory: LongTermMemory, recall: Recaller | None = None, *,
+                 limits: CallerLimits | None = None) -> None:
+        self.memory, self.recaller, self.limits = memory, recall, limits
 
     def routes(self) -> list[Route]:
         return [Route("/v1/memory", self.list_notes, methods=["GET"]),
@@ -90,6 +92,8 @@ class MemoryRoutes:
                           f"got {raw[:20]!r}")
         if self.recaller is None:
             raise Refused(ErrorCode.SERVICE_UNAVAILABLE, "recall is not available from this Gateway")
+        if self.limits is not None:  # each recall is work for a Hands worker: it counts as a message does
+            await self.limits.take_message(caller(request).name)
         hits = await self.recaller.recall(agent, query, owner=owner, limit=int(raw))
         return JSONResponse({"agent": agent, "q": query, "hits": hits})
 

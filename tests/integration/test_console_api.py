@@ -361,3 +361,17 @@ async def test_recall_with_no_hands_worker_says_so(bus: Bus) -> None:
     finally:
         await inbox.close()
     assert refused.value.code is ErrorCode.SERVICE_UNAVAILABLE and "no Hands worker" in refused.value.message
+
+
+async def test_recall_counts_against_the_callers_messages_a_minute(bus: Bus, engine) -> None:
+    await engine()
+    settings = GatewaySettings.model_validate({"token": OWNER_TOKEN,
+                                               "limits": {"burst": 1, "messages_per_minute": 1}})
+    gateway = Gateway(bus, settings, instance_id="gw-recall-limits", heartbeat_s=0.5, spend=SpendView(), channels=[])
+    app = gateway.app()
+    async with gateway.lifespan(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8780",
+            headers={"Authorization": f"Bearer {await _chat_token(bus, 'alice')}"}) as alice:
+        assert (await alice.get("/v1/memory/recall?q=scarf")).status_code == 200
+        _refused(await alice.get("/v1/memory/recall?q=scarf"), 429, "messages a minute")
+        assert (await alice.get("/v1/memory?q=scarf")).status_code == 200  # listing asks no worker: not counted
