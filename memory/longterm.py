@@ -65,8 +65,10 @@ class LongTermMemory:
                 return _content(raw), scope
         return None
 
-    async def list(self, agent_id: str, *, owner: str) -> Notes:
-        """``owner``'s notes and the shared ones (a shared note named like one of its own is hidden by it)."""
+    async def list(self, agent_id: str, *, owner: str, holding: str = "") -> Notes:
+        """``owner``'s notes and the shared ones (a shared note named like one of its own is hidden by it);
+        ``holding``: only those whose name or text holds it, ignoring case."""
+        holding = holding.lower()
         listed: Notes = []
         seen: set[str] = set()
         for scope, where in self._scopes(agent_id, owner):
@@ -76,6 +78,8 @@ class LongTermMemory:
                     continue
                 seen.add(key)
                 note = msgpack.unpackb(raw, raw=False)
+                if holding and holding not in key.lower() and holding not in note["content"].lower():
+                    continue
                 first_line = note["content"].strip().split("\n", 1)[0]
                 preview = first_line[:120] + ("…" if len(first_line) > 120 or "\n" in note["content"].strip()
                                               else "")

@@ -51,7 +51,7 @@ from gateway.server.handling import caller, collect_or_cancel, credential, read_
 from gateway.server.hooks import Hooks, HookStore
 from gateway.server.jobs_api import JobRoutes
 from gateway.server.live import LiveSocket
-from gateway.server.memory_api import MemoryRoutes
+from gateway.server.memory_api import MemoryRoutes, PoolRecall
 from gateway.server.observe import metrics_text, readiness
 from gateway.server.openai_api import OpenAIRoutes
 from gateway.server.page import page_routes
@@ -161,7 +161,8 @@ class Gateway:
                 Route("/v1/hooks/{name}", self.hook, methods=["POST"]),
                 *OpenAIRoutes(self.settings.openai, self.turns, self.connections).routes(),
                 *JobRoutes(JobStore(self.bus), self.turns, self.settings.limits.jobs).routes(),
-                *MemoryRoutes(LongTermMemory(self.bus.redis, self.bus.keys)).routes(),
+                *MemoryRoutes(LongTermMemory(self.bus.redis, self.bus.keys),
+                             PoolRecall(self.bus, self.inbox), limits=self.limits).routes(),
                 *SpendRoutes(self.bus, self.spend).routes(),
                 *ChannelRoutes(self.bus, self.channels).routes(),
                 *AdminRoutes(self.bus, self.tokens, static_token=bool(self.settings.static_token())).routes(),

@@ -20,7 +20,7 @@ import pytest
 from bus.presence import alive
 from bus.redis_server import free_port
 from bus.streams import Bus
-from tests.conftest import ROOT, Processes, gateway_client, gateway_health, stack_healthy, wait_until
+from tests.conftest import OWNER_TOKEN, ROOT, Processes, gateway_client, gateway_health, stack_healthy, wait_until
 from tests.fake_telegram import FakeTelegram
 from tests.scripted_llm import ScriptedLLM
 
@@ -188,3 +188,45 @@ def telegram() -> Iterator[FakeTelegram]:
     fake = FakeTelegram().start()
     yield fake
     fake.stop()
+
+
+# -- the page in a browser: the system's Chromium, driven by Playwright ---------------------------------------
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+# As CI runs it (root, no display, a closed network): no sandbox of Chromium's own, nothing phoning home.
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@pytest.fixture
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail("Chromium is not installed: .ci/run installs it (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        yield launched
+        launched.close()
+
+
+def signed_in(browser, env: dict, **options):  # type: ignore[no-untyped-def]
+    """A new browser context and page, signed in through a one-time link."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(**options)
+    page = context.new_page()
+    page.goto(sign_in_link(env))
+    expect(page.locator("#app")).to_be_visible()
+    return context, page
+
+
+def sign_in_link(env: dict) -> str:
+    made = subprocess.run(
+        [sys.executable, "-m", "gateway", "open", "--print"],
+        env={**env, "PINCER_TOKEN": OWNER_TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip().splitlines()[0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,32 +12,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import OWNER_TOKEN, ROOT, Processes, gateway_client
+from tests.e2e.conftest import sign_in_link, signed_in
 from tests.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.e2e
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
-# As CI runs it (root, no display, a closed network): no sandbox of Chromium's own, nothing phoning home.
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
-
 
 @pytest.fixture
 def page_stack(asking_stack: dict[str, str], ws: Path) -> dict[str, str]:
     (ws / "notes.txt").write_text("the page can read this\n")
     return asking_stack
-
-
-@pytest.fixture
-def browser():
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail("Chromium is not installed: .ci/run installs it (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-        yield launched
-        launched.close()
 
 
 def shoot(page, name: str, tmp_path: Path) -> Path:
@@ -49,17 +31,6 @@ def shoot(page, name: str, tmp_path: Path) -> Path:
     page.screenshot(path=str(path))
     assert path.stat().st_size > 5_000  # a page, not a blank
     return path
-
-
-def signed_in(browser, env: dict, **options):  # type: ignore[no-untyped-def]
-    """A new browser context and page, signed in through a one-time link."""
-    from playwright.sync_api import expect
-
-    context = browser.new_context(**options)
-    page = context.new_page()
-    page.goto(sign_in_link(env))
-    expect(page.locator("#app")).to_be_visible()
-    return context, page
 
 
 def requests_elsewhere(page) -> list[str]:  # type: ignore[no-untyped-def]
@@ -75,18 +46,6 @@ def echoed(page, text: str):  # type: ignore[no-untyped-def]
     page.locator("#text").fill(text)
     page.locator("#send").click()
     return page.locator(".msg.assistant").last
-
-
-def sign_in_link(env: dict) -> str:
-    made = subprocess.run(
-        [sys.executable, "-m", "gateway", "open", "--print"],
-        env={**env, "PINCER_TOKEN": OWNER_TOKEN},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert made.returncode == 0, made.stderr
-    return made.stdout.strip().splitlines()[0]
 
 
 def test_sign_in_chat_tools_approval_stop_and_reload(page_stack: dict, browser, tmp_path: Path) -> None:

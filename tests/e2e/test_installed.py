@@ -62,6 +62,8 @@ def test_the_wheel_runs_pincer_up_and_a_tool_turn_from_an_empty_directory(
             assert page.status_code == 200 and '<script src="/static/app.js"' in page.text
             assert browser.get(link.join("/v1/me")).json()["name"] == "owner"  # signed in by the cookie
             assert "DOMPurify" in browser.get(page.url.join("/static/vendor/purify.min.js")).text
+            assert "uPlot" in browser.get(page.url.join("/static/vendor/uPlot.iife.min.js")).text  # the spend chart
+            assert browser.get(page.url.join("/static/vendor/uPlot.min.css")).status_code == 200
     finally:
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0, log.read_text()

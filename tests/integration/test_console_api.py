@@ -1,5 +1,6 @@
 """The HTTP API the web console uses, in-process on a real Redis: spend, channels and pairing, tokens and
-hooks. Each endpoint's happy path, what a chat token is refused or shown, and bad input's 400."""
+hooks, note search and recall. Each endpoint's happy path, what a chat token is refused or shown, and bad
+input's 400."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from brain.spend import Governor
 from bus.config import Config
 from bus.metrics import Meter
 from bus.presence import Presence
+from bus.protocol import ErrorCode
+from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.channels.access import Access
 from gateway.cli import budget as budget_cli
@@ -26,8 +29,11 @@ from gateway.cli import channels as channels_cli
 from gateway.config import GatewaySettings
 from gateway.server.app import Gateway
 from gateway.server.hooks import HookStore, signed_headers
+from gateway.server.memory_api import PoolRecall
 from gateway.tokens import TokenStore
+from gateway.turns.refusal import Refused
 from memory.jobs import Job, JobStore, Schedule
+from memory.longterm import SHARED, LongTermMemory
 from memory.spend import SpendView
 from tests.conftest import async_wait_until
 
@@ -304,3 +310,68 @@ async def test_hooks_are_managed_under_admin_and_need_a_token_there(api) -> None
     anonymous = await api("")
     _refused(await anonymous.get("/v1/admin/hooks"), 401, "")
     _refused(await anonymous.post("/v1/admin/hooks", json={"name": "ci", "template": "x"}), 401, "")
+
+
+# --- /v1/memory: search and recall ---
+
+
+async def test_notes_are_searched_by_name_and_text_within_the_callers_own(bus: Bus, api) -> None:
+    notes = LongTermMemory(bus.redis, bus.keys)
+    await notes.write("main", "gift", "a red Scarf for Bob", owner="alice")
+    await notes.write("main", "plants", "water the fern", owner="alice")
+    await notes.write("main", "house-rules", "no wet scarf indoors", owner=SHARED)
+    await notes.write("main", "scarf", "bob's own scarf", owner="bob")
+    alice = await api(await _chat_token(bus, "alice"))
+    found = (await alice.get("/v1/memory?q=SCARF")).json()
+    assert found["q"] == "scarf" and [(n["key"], n["scope"]) for n in found["notes"]] == \
+        [("gift", "own"), ("house-rules", "shared")]
+    assert [n["key"] for n in (await alice.get("/v1/memory?q=fern")).json()["notes"]] == ["plants"]
+    assert [n["key"] for n in (await alice.get("/v1/memory?q=%20")).json()["notes"]] == \
+        ["gift", "plants", "house-rules"]  # a blank search is no search
+    _refused(await alice.get("/v1/memory?q=" + "x" * 501), 400, "at most 500")
+
+
+async def test_recall_finds_what_the_agents_search_does_for_the_caller_alone(bus: Bus, api, engine) -> None:
+    await engine()
+    notes = LongTermMemory(bus.redis, bus.keys)
+    await notes.write("main", "gift", "a red scarf for Bob's birthday", owner="alice")
+    await notes.write("main", "secret", "bob hides a scarf under the stairs", owner="bob")
+    alice = await api(await _chat_token(bus, "alice"))
+    found = (await alice.get("/v1/memory/recall?q=which%20scarf")).json()
+    assert found["q"] == "which scarf" and found["agent"] == "main"
+    assert [(h["source"], h["key"], h["scope"]) for h in found["hits"]] == [("note", "gift", "own")]
+    assert "scarf" in found["hits"][0]["excerpt"]
+    operator = await api()
+    hers = (await operator.get("/v1/memory/recall?q=scarf&owner=bob")).json()["hits"]
+    assert [h["key"] for h in hers] == ["secret"]
+    await notes.write("main", "rules", "no wet scarf indoors", owner=SHARED)
+    shared = (await operator.get("/v1/memory/recall?q=scarf&shared=1")).json()["hits"]
+    assert [(h["key"], h["scope"]) for h in shared] == [("rules", "shared")]  # the shared notes alone
+    _refused(await alice.get("/v1/memory/recall?q=scarf&owner=bob"), 403, "operator")
+    _refused(await alice.get("/v1/memory/recall"), 400, "?q=")
+    _refused(await alice.get("/v1/memory/recall?q=scarf&limit=51"), 400, "limit")
+
+
+async def test_recall_with_no_hands_worker_says_so(bus: Bus) -> None:
+    inbox = ReplyInbox(bus, "gw-recall", block_ms=100)
+    await inbox.start()
+    try:
+        with pytest.raises(Refused) as refused:
+            await PoolRecall(bus, inbox, timeout_s=0.3).recall("main", "scarf", owner="alice", limit=5)
+    finally:
+        await inbox.close()
+    assert refused.value.code is ErrorCode.SERVICE_UNAVAILABLE and "no Hands worker" in refused.value.message
+
+
+async def test_recall_counts_against_the_callers_messages_a_minute(bus: Bus, engine) -> None:
+    await engine()
+    settings = GatewaySettings.model_validate({"token": OWNER_TOKEN,
+                                               "limits": {"burst": 1, "messages_per_minute": 1}})
+    gateway = Gateway(bus, settings, instance_id="gw-recall-limits", heartbeat_s=0.5, spend=SpendView(), channels=[])
+    app = gateway.app()
+    async with gateway.lifespan(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8780",
+            headers={"Authorization": f"Bearer {await _chat_token(bus, 'alice')}"}) as alice:
+        assert (await alice.get("/v1/memory/recall?q=scarf")).status_code == 200
+        _refused(await alice.get("/v1/memory/recall?q=scarf"), 429, "messages a minute")
+        assert (await alice.get("/v1/memory?q=scarf")).status_code == 200  # listing asks no worker: not counted

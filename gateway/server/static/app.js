@@ -328,7 +328,7 @@ async function start() {
   $("app").hidden = false;
   $("whoami").textContent = state.me.name;
   $("agent").replaceChildren(...state.me.agents.map((a) => el("option", { value: a }, a)));
-  if (state.me.operator) $("tab-pool").hidden = false;
+  showTabs(state.me.operator);  // console.js: an operator's views for operators alone
   connect();
   const wanted = decodeURIComponent(location.hash.slice(1));
   await openSession(wanted || newSessionId(), { fresh: !wanted });

@@ -1,18 +1,25 @@
-// The console beside the chat: a tab per view (sessions, jobs, memory, the pool), each drawn from the same
-// HTTP API the CLI calls. Uses app.js's helpers (el, api, status, $, state). Every name, title, message and
-// note is the server's or a model's text: it goes in as text, and no element is found by it afterwards (each
-// row's buttons keep what they act on in their own handlers).
+// The console beside the chat: a tab per view (sessions, jobs, memory, the pool; spend.js and operator.js add
+// spend, channels, tokens and hooks), each drawn from the same HTTP API the CLI calls. Uses app.js's helpers
+// (el, api, status, $, state). Every name, title, message and note is the server's or a model's text: it goes
+// in as text, and no element is found by it afterwards (each row's buttons keep what they act on in their own
+// handlers).
 "use strict";
 
-// A view is a tab and a section; `show` draws it each time its tab is chosen. A later view (spend,
-// channels, tokens, hooks) is one more entry here, one more tab and section in index.html.
+// A view is a tab and a section; `show` draws it each time its tab is chosen. Another view is one more entry
+// here (or `VIEWS.name = ...` in a later script), one more tab and section in index.html. An operator's view
+// has its tab shown to operators alone (the API refuses anyone else in any case).
 const VIEWS = {
   chat: { show: () => {} },
   sessions: { show: () => showSessions() },
   jobs: { show: () => showJobs() },
   memory: { show: () => showNotes() },
-  pool: { show: () => showPool() },
+  pool: { show: () => showPool(), operator: true },
 };
+
+// The tabs the signed-in identity may use (app.js calls this once /v1/me has answered).
+function showTabs(operator) {
+  for (const [name, view] of Object.entries(VIEWS)) if (view.operator) $(`tab-${name}`).hidden = !operator;
+}
 
 function showView(name) {
   for (const view of Object.keys(VIEWS)) {
@@ -172,21 +179,67 @@ async function createJob(event) {
   } catch (error) { status(error.message, true); }
 }
 
+// Rows of cells as a table (each cell text, or an element made here), inside a box that scrolls sideways on a
+// narrow screen rather than widening the page.
+function grid(table, head, rows) {
+  table.replaceChildren(el("tr", {}, ...head.map((h) => el("th", {}, h))),
+    ...rows.map((r) => el("tr", {}, ...r.map((c) => el("td", {}, c ?? "")))));
+  return table;
+}
+
+// A secret the API shows once (a new token, a hook's secret): in a box the person can select or copy, until
+// they close it. It is never kept: a listing has none, and drawing the view again forgets it.
+function secretBox(holder, label, secret, note) {
+  const box = el("input", { type: "text", readonly: "", value: secret, "aria-label": label, class: "secret-value" });
+  const copy = el("button", { type: "button", onclick: () => {
+    box.select();
+    navigator.clipboard?.writeText(secret).catch(() => {});
+    copy.textContent = "Copied";
+  } }, "Copy");
+  holder.replaceChildren(el("div", { class: "secret", role: "group", "aria-label": label },
+    el("strong", {}, label), el("p", { class: "note" }, note), el("div", { class: "filters" }, box, copy,
+      el("button", { type: "button", onclick: () => holder.replaceChildren() }, "Done"))));
+}
+
 // -- memory --------------------------------------------------------------------------------------
-// The notes the identity keeps with an agent, its own and the shared ones. The API lists and deletes;
-// the search box narrows what it listed (by name or first line).
+// The notes the identity keeps with an agent, its own and the shared ones: listed (the search box asks the
+// API for those whose name or text holds it), deleted; and what the agent's recall finds for a question.
 const notesAsked = latest();
+
+const memoryQuery = (agent) => `agent=${encodeURIComponent(agent)}`;
 
 async function showNotes() {
   pickAgent($("memory-agent"));
   const agent = $("memory-agent").value || "main";
-  await notesAsked(() => api("GET", `/v1/memory?agent=${encodeURIComponent(agent)}`), ({ notes }) => {
-    const query = $("memory-search").value.trim().toLowerCase();
-    const shown = notes.filter((n) => !query || n.key.toLowerCase().includes(query)
-      || n.preview.toLowerCase().includes(query));
-    $("note-rows").replaceChildren(...(shown.length ? shown.map((note) => noteRow(agent, note))
-      : [el("li", { class: "note" }, query ? "No note matches." : "No notes yet.")]));
-  });
+  const query = $("memory-search").value.trim();
+  await notesAsked(() => api("GET", `/v1/memory?${memoryQuery(agent)}${query ? `&q=${encodeURIComponent(query)}` : ""}`),
+    ({ notes }) => $("note-rows").replaceChildren(...(notes.length ? notes.map((note) => noteRow(agent, note))
+      : [el("li", { class: "note" }, query ? "No note matches." : "No notes yet.")])));
+}
+
+const recallAsked = latest();
+
+async function recall(event) {
+  event.preventDefault();
+  const agent = $("memory-agent").value || "main";
+  const query = $("recall-query").value.trim();
+  if (!query) return;
+  $("recall-rows").replaceChildren(el("li", { class: "note" }, "Searching…"));
+  try {
+    await recallAsked(() => api("GET", `/v1/memory/recall?${memoryQuery(agent)}&q=${encodeURIComponent(query)}`),
+      ({ hits }) => $("recall-rows").replaceChildren(...(hits.length ? hits.map(recallRow)
+        : [el("li", { class: "note" }, "Recall finds nothing for this.")])));
+    status("");
+  } catch (error) { $("recall-rows").replaceChildren(); status(error.message, true); }
+}
+
+function recallRow(hit) {
+  const where = hit.source === "note" ? `note ${hit.key} (${hit.scope})`
+    : `conversation ${hit.session}, said by the ${hit.said_by}`;
+  return el("li", { class: "row hit" },
+    el("div", { class: "main" }, el("span", { class: "title" }, where)),
+    el("div", { class: "facts" }, `score ${hit.score}${hit.when ? ` · ${new Date(hit.when).toLocaleString()}` : ""}`),
+    el("div", { class: "facts message" }, hit.excerpt));
 }
 
 function noteRow(agent, note) {
@@ -198,7 +251,7 @@ function noteRow(agent, note) {
     el("div", { class: "actions" }, shared && !state.me.operator ? "" : el("button", { type: "button",
       onclick: async () => {
         if (!confirm(`Delete the note "${note.key}"?`)) return;
-        const query = `agent=${encodeURIComponent(agent)}${shared ? "&shared=1" : ""}`;
+        const query = `${memoryQuery(agent)}${shared ? "&shared=1" : ""}`;
         try { await api("DELETE", `/v1/memory/${path(note.key)}?${query}`); status(""); await showNotes(); }
         catch (error) { status(error.message, true); }
       } }, "Delete")));
@@ -207,9 +260,7 @@ function noteRow(agent, note) {
 // -- pool (operators) ----------------------------------------------------------------------------
 async function showPool() {
   const data = await api("GET", "/v1/status");
-  const table = (head, rows) => el("div", { class: "scroll" }, el("table", {},
-    el("tr", {}, ...head.map((h) => el("th", {}, h))),
-    ...rows.map((r) => el("tr", {}, ...r.map((c) => el("td", {}, c ?? ""))))));
+  const table = (head, rows) => el("div", { class: "scroll" }, grid(el("table", {}), head, rows));
   $("view-pool").replaceChildren(
     el("h2", {}, "Pool"),
     el("h3", {}, "Hands workers"),
@@ -228,7 +279,11 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const view of Object.keys(VIEWS)) $(`tab-${view}`).addEventListener("click", () => showView(view));
   $("session-search").addEventListener("input", () => showSessions().catch((error) => status(error.message, true)));
   $("memory-search").addEventListener("input", () => showNotes().catch((error) => status(error.message, true)));
-  $("memory-agent").addEventListener("change", () => showNotes().catch((error) => status(error.message, true)));
+  $("memory-agent").addEventListener("change", () => {
+    $("recall-rows").replaceChildren();  // what was recalled was another agent's
+    showNotes().catch((error) => status(error.message, true));
+  });
+  $("recall-form").addEventListener("submit", recall);
   $("job-kind").addEventListener("change", () => {
     $("job-when").placeholder = { every: "1h", cron: "0 8 * * 1-5", at: "2026-12-24T18:00" }[$("job-kind").value];
   });
