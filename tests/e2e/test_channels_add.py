@@ -152,3 +152,52 @@ def test_without_a_terminal_channels_add_names_the_flag_it_needs(processes: Proc
     done = processes.run("channels", "add", "matrix", "--homeserver", "http://127.0.0.1:9")
     assert done.returncode == 2 and "--user-id" in done.stderr, done.stderr
     assert nothing_saved(tmp_path / "data")
+
+
+def test_at_a_terminal_the_token_is_asked_hidden_and_checked_before_it_is_saved(
+        processes: Processes, telegram: FakeTelegram, tmp_path: Path) -> None:
+    """Driven through a pty as a person would: a refused token saves nothing, a good one is never echoed."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    def session(token: str) -> tuple[int, bytes]:
+        main, child = pty.openpty()
+        proc = subprocess.Popen([sys.executable, "-m", "gateway", "channels", "add", "telegram", "--api-url",
+                                 telegram.api_url], cwd=tmp_path, env=processes.env, stdin=child, stdout=child,
+                                stderr=child, start_new_session=True)
+        os.close(child)
+        screen, typed = b"", False
+        deadline = time.monotonic() + 60
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                if select.select([main], [], [], 0.2)[0]:
+                    try:
+                        screen += os.read(main, 4096)
+                    except OSError:
+                        break
+                    if not typed and b"typing is not shown" in screen:
+                        os.write(main, token.encode() + b"\n")
+                        typed = True
+                    elif typed and screen.rstrip().endswith((b":", b"]")):
+                        os.write(main, b"\n")  # every other question: its default
+            code = proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            os.close(main)
+        assert typed, screen.decode(errors="replace")
+        return code, screen
+
+    data = tmp_path / "data"
+    code, screen = session("123:wrong-token")
+    assert code == 1 and b"rejected by the server" in screen and b"nothing was saved" in screen
+    assert b"wrong-token" not in screen and nothing_saved(data)
+    code, screen = session(TOKEN)
+    assert code == 0, screen.decode(errors="replace")
+    assert b"@pincer_test_bot" in screen and TOKEN.encode() not in screen
+    assert read_secrets(data / "secrets.env") == {"TELEGRAM_BOT_TOKEN": TOKEN}
