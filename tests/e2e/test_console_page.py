@@ -308,3 +308,30 @@ def test_memory_search_asks_the_api_and_recall_shows_what_the_agent_would_find(c
     page.locator("#recall-ask").click()
     expect(page.locator("#recall-rows > li .title")).to_have_text(["note diary (own)", "note house-rules (shared)"])
     context.close()
+
+
+def test_an_operator_sees_everyones_sessions_and_deletes_one_a_chat_token_sees_no_such_choice(
+        console_stack: dict, browser, processes: Processes) -> None:
+    from playwright.sync_api import expect
+
+    alice = create_token(processes, "alice")
+    with gateway_client(console_stack, alice) as client:
+        assert client.post("/v1/sessions/plans/messages", json={"text": HOSTILE}).status_code == 200
+    context, page = signed_in(browser, console_stack)
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.locator("#tab-sessions").click()
+    expect(page.locator("#session-rows")).not_to_contain_text("alice/plans")  # its own, by default
+    page.locator("#sessions-everyone").check()
+    row = page.locator("#session-rows li", has_text="alice/plans")
+    expect(row).to_contain_text(HOSTILE[:30])  # the title drawn as text
+    assert page.evaluate("window.pwned") is None and page.locator("#session-rows b#text").count() == 0
+    row.get_by_role("button", name="Delete").click()
+    expect(row).to_have_count(0)
+    with gateway_client(console_stack, alice) as client:
+        wait_until(lambda: client.get("/v1/sessions").json()["sessions"] == [], timeout=10, what="alice's gone")
+    context.close()
+    context, page = paste_in(browser, console_stack, alice)
+    page.locator("#tab-sessions").click()
+    expect(page.locator("#sessions-everyone-label")).to_be_hidden()
+    assert page.evaluate("fetch('/v1/sessions?owner=*').then((r) => r.status)") == 403
+    context.close()

@@ -19,6 +19,7 @@ const VIEWS = {
 // The tabs the signed-in identity may use (app.js calls this once /v1/me has answered).
 function showTabs(operator) {
   for (const [name, view] of Object.entries(VIEWS)) if (view.operator) $(`tab-${name}`).hidden = !operator;
+  $("sessions-everyone-label").hidden = !operator;  // an operator may list (and tidy) every identity's
 }
 
 function showView(name) {
@@ -54,10 +55,37 @@ const sessionsAsked = latest();
 
 async function showSessions() {
   const query = $("session-search").value.trim();
-  await sessionsAsked(() => api("GET", `/v1/sessions${query ? `?q=${encodeURIComponent(query)}` : ""}`),
-    ({ details }) => $("session-rows").replaceChildren(...(details.length ? details.map(sessionRow)
+  const everyone = state.me.operator && $("sessions-everyone").checked;
+  const asked = new URLSearchParams();
+  if (query) asked.set("q", query);
+  if (everyone) asked.set("owner", "*");
+  await sessionsAsked(() => api("GET", `/v1/sessions${asked.toString() ? `?${asked}` : ""}`),
+    ({ details }) => $("session-rows").replaceChildren(...(details.length
+      ? details.map((about) => (everyone ? othersRow(about) : sessionRow(about)))
       : [el("li", { class: "note" }, query ? "No session matches." : "No sessions yet.")])));
   if (!query) loadSessions().catch(() => {});  // the chat's list follows renames and deletions
+}
+
+// Another identity's session, as an operator sees it in "everyone's": who, what, its spend; delete. Its id is
+// "owner/name", which the API takes as the name and ?owner= (the chat is its owner's own, so no Open).
+function othersRow(about) {
+  const [owner, ...rest] = about.id.split("/");
+  const name = rest.join("/");
+  const row = el("li", { class: "row" });
+  const messages = `${about.messages} message${about.messages === 1 ? "" : "s"}`;
+  row.append(
+    el("div", { class: "main" }, el("span", { class: "title" }, about.title || name), " ",
+      el("small", { class: "sid" }, about.id)),
+    el("div", { class: "facts" }, `${owner} · ${messages} · ${dollars(about.spend_usd)} · ${when(about.updated_at)}`),
+    el("div", { class: "actions" }, el("button", { type: "button", onclick: async () => {
+      if (!confirm(`Delete ${owner}'s conversation "${about.title || name}"?`)) return;
+      try {
+        await api("DELETE", `/v1/sessions/${path(name)}?owner=${encodeURIComponent(owner)}`);
+        row.remove();
+        status("");
+      } catch (error) { status(error.message, true); }
+    } }, "Delete")));
+  return row;
 }
 
 function sessionRow(about) {
@@ -278,6 +306,7 @@ async function showPool() {
 document.addEventListener("DOMContentLoaded", () => {
   for (const view of Object.keys(VIEWS)) $(`tab-${view}`).addEventListener("click", () => showView(view));
   $("session-search").addEventListener("input", () => showSessions().catch((error) => status(error.message, true)));
+  $("sessions-everyone").addEventListener("change", () => showSessions().catch((error) => status(error.message, true)));
   $("memory-search").addEventListener("input", () => showNotes().catch((error) => status(error.message, true)));
   $("memory-agent").addEventListener("change", () => {
     $("recall-rows").replaceChildren();  // what was recalled was another agent's
