@@ -43,6 +43,7 @@ from hands.lanes import GiveBack, Lanes, Park, Run, Ungated, Unrun
 from hands.mcp.servers import McpServers
 from hands.permissions import PermissionPolicy
 from hands.pool_limits import PoolLimits
+from hands.questions import PersonAsker
 from hands.registry import ToolRegistry
 from hands.sandbox.runner import Sandbox
 from hands.skills import SkillReport, load_skills, skill_reader
@@ -86,10 +87,12 @@ class HandsWorker:
         # Python 3.11 makes a getpid call to find the running loop; current_task(loop) does not.
         self._loop: asyncio.AbstractEventLoop | None = None
         approvals = ApprovalGate(settings.exec, bus=bus, inbox=self.inbox)
+        questions = PersonAsker(bus=bus, inbox=self.inbox, timeout_s=settings.ask_user.timeout_s)
         self.recall = Recall(bus.redis, bus.keys)  # memory search's index, kept up to date in the background
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox,
-                                 background=self.background, approvals=approvals, pool=self.pool,
+                                 background=self.background, approvals=approvals, questions=questions,
+                                 pool=self.pool,
                                  memory=LongTermMemory(bus.redis, bus.keys, recall=self.recall),
                                  progress=self._progress, meter=self.meter, schedules=JobStore(bus))
         self.mcp = McpServers(settings.mcp, self.registry, self.sandbox, bus=bus, worker_id=worker_id,
