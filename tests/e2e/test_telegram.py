@@ -152,6 +152,38 @@ def test_an_approval_is_answered_by_its_own_person_only(
     assert ask.text.startswith("Allowed once.") and not ask.buttons  # the question shows its answer
 
 
+def test_ask_user_is_answered_by_a_button_and_the_next_message_of_its_own_person_only(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram,
+        scripted_llm: ScriptedLLM) -> None:
+    start_channel(processes, telegram)
+    telegram.say(ALICE, 'CALL ask_user {"questions": [{"text": "Which colour?", "choices": ["red", "blue"]}, '
+                        '{"text": "Why that one?"}]}')
+    ask = answer(telegram, ALICE, "❓ Which colour?")  # its own message (the tool's line quotes it too)
+    assert [button["text"] for row in ask.buttons for button in row] == ["red", "blue"]
+    blue = ask.buttons[1][0]["callback_data"]
+    assert len(blue.encode()) <= 64 and blue.startswith("q:") and blue.endswith(":0:1")  # Telegram's limit
+    written = answer(telegram, ALICE, "❓ Why that one?")
+    assert "next message" in written.text and not written.buttons
+    telegram.press(BOB, ask, blue, username="bob_b")  # Bob may talk to the bot, but this is Alice's turn
+    wait_until(lambda: telegram.answers, timeout=30, what="Bob's press answered")
+    assert "not yours" in telegram.answers[0]["text"]
+    telegram.press(STRANGER, ask, blue)
+    wait_until(lambda: len(telegram.answers) == 2, timeout=30, what="the stranger's press answered")
+    assert "not yours" in telegram.answers[1]["text"]
+    telegram.say(BOB, "it is calm, says Bob")  # his own chat: a turn of his, no answer to Alice's question
+    answer(telegram, BOB, "echo: it is calm, says Bob")
+    telegram.press(ALICE, ask, blue)
+    wait_until(lambda: len(telegram.answers) == 3, timeout=30, what="Alice's press answered")
+    assert telegram.answers[2]["text"] == "Answered: blue"
+    assert not [b for b in scripted_llm.requests if any(m.get("role") == "tool" for m in b["messages"])]
+    telegram.say(ALICE, "it is calm")
+    answer(telegram, ALICE, "Noted")
+    done = answer(telegram, ALICE, "RESULT ask_user")
+    assert "blue" in done.text and "it is calm" in done.text
+    results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
+    assert [json.loads(r) for r in results] == [{"answers": ["blue", "it is calm"], "by": f"telegram:{ALICE}"}]
+
+
 def test_in_a_group_only_a_mention_or_a_reply_is_answered(
         processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram) -> None:
     start_channel(processes, telegram)
