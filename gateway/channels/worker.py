@@ -52,6 +52,7 @@ from bus.streams import Bus
 from bus.workspace import PathRefused, Workspace
 from bus.workspaces import Workspaces
 from gateway.channels.access import Access
+from gateway.channels.asking import ChatQuestions
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.intake import ROLE, Intake, Progress
@@ -112,6 +113,7 @@ class ChannelWorker:
         self.lanes = Lanes()
         self.progress = Progress()
         self.counts = self.progress.counts
+        self.questions = ChatQuestions(bus, self.name, self.turns, platform, self.surface, self._say)
 
     # --- the process ---
 
@@ -221,7 +223,7 @@ class ChannelWorker:
         if command in ("/start", "/help"):
             await self._say(update.chat, HELP)
             return
-        if not command and update.text.strip() and await self._answered_in_words(identity, update):
+        if not command and update.text.strip() and await self.questions.answered_in_words(identity, update):
             return
         if not update.text.strip() and not update.files:
             return
@@ -316,7 +318,7 @@ class ChannelWorker:
                 elif isinstance(event, ApprovalRequest):
                     await self._ask(update.chat, event)
                 elif isinstance(event, QuestionRequest):
-                    await self._put_questions(update, event)
+                    await self.questions.put(update, event)
                 elif isinstance(event, ChatReply):
                     answer = event.text
                 elif isinstance(event, ChatError):
@@ -344,75 +346,11 @@ class ChannelWorker:
         await self._say(chat, f"Allow {approval.tool}?\n\n{approval.summary}",
                         buttons=[choices, [("Deny", f"ap:{approval.approval_id}:d")]])
 
-    async def _put_questions(self, update: ChannelUpdate, request: QuestionRequest) -> None:
-        """The agent's questions, each a message: its choices as buttons (``q:<id>:<question>:<choice>``, within
-        Telegram's 64 bytes), or, without choices, answered by the person's next message in this chat."""
-        count = len(request.questions)
-        for n, question in enumerate(request.questions):
-            head = f"❓ {question.text}" + (f"  ({n + 1}/{count})" if count > 1 else "")
-            if question.choices:
-                await self._say(update.chat, head, buttons=[[(choice, f"q:{request.question_id}:{n}:{c}")]
-                                                            for c, choice in enumerate(question.choices)])
-            else:
-                await self._say(update.chat, f"{head}\n\n(Answer with your next message here.)")
-        if any(not q.choices for q in request.questions):
-            left_s = max(1, (request.expires_at - int(time.time() * 1000)) // 1000 + 1)
-            await self.bus.redis.set(self.bus.keys.channel_awaiting(self.name, update.user, update.chat),
-                                     request.question_id, ex=left_s)
-
-    async def _answered_in_words(self, identity: Identity, update: ChannelUpdate) -> bool:
-        """Whether the message answers a question of this person's waiting in this chat for written words."""
-        key = self.bus.keys.channel_awaiting(self.name, update.user, update.chat)
-        raw: bytes | None = await self.bus.redis.get(key)  # type: ignore[assignment]  # bytes
-        if raw is None:
-            return False
-        question_id = raw.decode()
-        waiting = await self.turns.questions.unanswered(question_id)
-        open_text = [n for n in waiting[1] if not waiting[0].questions[n].choices] if waiting else []
-        if waiting is None or not open_text:
-            await self.bus.redis.delete(key)
-            return False
-        given: list[str | None] = [None] * len(waiting[0].questions)
-        given[open_text[0]] = update.text.strip()
-        try:
-            await self.turns.answer_question(identity, question_id, given)
-        except Refused as exc:
-            await self._say(update.chat, f"⚠ {exc.message}")
-            return True
-        if len(open_text) == 1:
-            await self.bus.redis.delete(key)
-        await self._say(update.chat, "✓ Noted.")
-        return True
-
-    async def _pressed_choice(self, identity: Identity | None, update: ChannelUpdate) -> None:
-        """A choice of an agent's question: answered for its own person only, as an approval is."""
-        _, question_id, index, choice = [*update.data.split(":"), "", "", ""][:4]
-        said, chosen = "This is not yours to answer, or it was answered already.", ""
-        if identity is not None and index.isdigit() and choice.isdigit():
-            try:
-                waiting = await self.turns.questions.unanswered(question_id)
-                if waiting is None or int(index) >= len(waiting[0].questions) or \
-                        int(choice) >= len(waiting[0].questions[int(index)].choices):
-                    raise Refused(ErrorCode.NOT_FOUND, "gone")
-                chosen = waiting[0].questions[int(index)].choices[int(choice)]
-                given: list[str | None] = [None] * len(waiting[0].questions)
-                given[int(index)] = chosen
-                await self.turns.answer_question(identity, question_id, given)
-                said = f"Answered: {chosen}"
-            except Refused:
-                chosen = ""
-        await patiently(lambda: self.platform.answer_press(update.press or "", said), what="answer")
-        if chosen and update.platform_message:
-            who = f"@{update.username}" if update.username else identity.name if identity else ""
-            with contextlib.suppress(PlatformRefused):
-                await self.surface.edit(update.chat, update.platform_message,
-                                        self.surface.render(f"{said} ({who})")[0])
-
     async def _pressed(self, identity: Identity | None, update: ChannelUpdate) -> None:
         """A button: checked against who pressed it (only the turn's own person may answer)."""
         assert update.press is not None
         if update.data.startswith("q:"):
-            await self._pressed_choice(identity, update)
+            await self.questions.pressed(identity, update)
             return
         kind, _, rest = update.data.partition(":")
         approval_id, _, choice = rest.partition(":")

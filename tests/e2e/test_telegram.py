@@ -155,7 +155,9 @@ def test_an_approval_is_answered_by_its_own_person_only(
 def test_ask_user_is_answered_by_a_button_and_the_next_message_of_its_own_person_only(
         processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram,
         scripted_llm: ScriptedLLM) -> None:
-    start_channel(processes, telegram)
+    """Pressed by its own person only; the written answer taken by a channel started after the one that asked
+    was killed -9 (the question waits in Redis, not in the channel), and the turn's answer shown once."""
+    start_channel(processes, telegram, name="telegram-1")
     telegram.say(ALICE, 'CALL ask_user {"questions": [{"text": "Which colour?", "choices": ["red", "blue"]}, '
                         '{"text": "Why that one?"}]}')
     ask = answer(telegram, ALICE, "❓ Which colour?")  # its own message (the tool's line quotes it too)
@@ -175,11 +177,16 @@ def test_ask_user_is_answered_by_a_button_and_the_next_message_of_its_own_person
     telegram.press(ALICE, ask, blue)
     wait_until(lambda: len(telegram.answers) == 3, timeout=30, what="Alice's press answered")
     assert telegram.answers[2]["text"] == "Answered: blue"
+    assert ask.text.startswith("❓ Which colour?") and "Answered: blue" in ask.text and not ask.buttons
     assert not [b for b in scripted_llm.requests if any(m.get("role") == "tool" for m in b["messages"])]
+    first = next(proc for name, proc, _ in processes.started if name == "telegram-1")
+    processes.stop(first, sig=signal.SIGKILL)
+    start_channel(processes, telegram, name="telegram-2")
     telegram.say(ALICE, "it is calm")
     answer(telegram, ALICE, "Noted")
-    done = answer(telegram, ALICE, "RESULT ask_user")
+    done = answer(telegram, ALICE, "RESULT ask_user", timeout=120)
     assert "blue" in done.text and "it is calm" in done.text
+    assert sum("RESULT ask_user" in s.text for s in telegram.to(ALICE)) == 1
     results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
     assert [json.loads(r) for r in results] == [{"answers": ["blue", "it is calm"], "by": f"telegram:{ALICE}"}]
 
