@@ -32,8 +32,9 @@ class ChatQuestions:
         for n, question in enumerate(request.questions):
             head = f"❓ {question.text}" + (f"  ({n + 1}/{count})" if count > 1 else "")
             if question.choices:
-                await self.say(update.chat, head, buttons=[[(choice, f"q:{request.question_id}:{n}:{c}")]
-                                                            for c, choice in enumerate(question.choices)])
+                pressed = [(choice, f"q:{request.question_id}:{n}:{c}") for c, choice in enumerate(question.choices)]
+                # two a row: six choices stay within Discord's five rows and fit a phone's width
+                await self.say(update.chat, head, buttons=[pressed[i:i + 2] for i in range(0, len(pressed), 2)])
             else:
                 await self.say(update.chat, f"{head}\n\n(Answer with your next message here.)")
         if any(not q.choices for q in request.questions):

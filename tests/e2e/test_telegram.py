@@ -162,7 +162,7 @@ def test_ask_user_is_answered_by_a_button_and_the_next_message_of_its_own_person
                         '{"text": "Why that one?"}]}')
     ask = answer(telegram, ALICE, "❓ Which colour?")  # its own message (the tool's line quotes it too)
     assert [button["text"] for row in ask.buttons for button in row] == ["red", "blue"]
-    blue = ask.buttons[1][0]["callback_data"]
+    blue = ask.buttons[0][1]["callback_data"]
     assert len(blue.encode()) <= 64 and blue.startswith("q:") and blue.endswith(":0:1")  # Telegram's limit
     written = answer(telegram, ALICE, "❓ Why that one?")
     assert "next message" in written.text and not written.buttons
