@@ -44,7 +44,7 @@ from hands.mcp.servers import McpServers
 from hands.permissions import PermissionPolicy
 from hands.pool_limits import PoolLimits
 from hands.questions import PersonAsker
-from hands.registry import ToolRegistry
+from hands.registry import Category, ToolRegistry
 from hands.sandbox.runner import Sandbox
 from hands.skills import SkillReport, load_skills, skill_reader
 from hands.tools import builtin_tools
@@ -55,16 +55,18 @@ from memory.recall import Recall
 log = logging.getLogger("hands.worker")
 
 
-def build_registry() -> ToolRegistry:
+def build_registry(settings: HandsSettings | None = None) -> ToolRegistry:
     registry = ToolRegistry()
     for tool in builtin_tools():
+        if settings is not None and tool.category is Category.PERSON:  # how long it waits, for the Brain to read
+            tool = tool.model_copy(update={"timeout_s": settings.ask_user.timeout_s})
         registry.register(tool)
     return registry
 
 
 def load_registry(settings: HandsSettings) -> tuple[ToolRegistry, SkillReport]:
     """Built-in tools plus the skills of the configured directories."""
-    registry = build_registry()
+    registry = build_registry(settings)
     registry.register(skill_reader(registry))
     policy = PermissionPolicy(settings.policy, settings.workspace)
     return registry, load_skills(settings.skill_dirs, registry, policy)

@@ -66,5 +66,6 @@ PERSON_TOOLS = [
                      "\"reason\": ...} when nobody answered in time or nobody is there (a scheduled job): then "
                      "go on with your best judgement and say what you assumed."),
         parameters=PARAMETERS, handler=ask_user, category=Category.PERSON, idempotent=False,
+        timeout_s=300.0,  # hands.ask_user.timeout_s's default; a worker lists its own setting (the Brain reads it)
     ),
 ]

@@ -17,7 +17,7 @@ import pytest
 
 from bus.codec import decode
 from bus.presence import alive
-from bus.protocol import ToolExecute
+from bus.protocol import ToolExecute, now_ms
 from bus.streams import Bus
 from tests.conftest import Processes, async_wait_until, gateway_client, gateway_health, wait_until
 from tests.scripted_llm import ScriptedLLM
@@ -30,7 +30,7 @@ ASK = 'CALL ask_user {"questions": [{"text": "Ship it?", "choices": ["yes", "not
 @pytest.fixture
 def restart_env(processes: Processes, pincer_env: dict[str, str]) -> dict[str, str]:
     processes.env = {**pincer_env, "PINCER_REDIS__CLAIM_IDLE_S": "1", "PINCER_REDIS__REAP_INTERVAL_S": "0.3",
-                     "PINCER_BRAIN__SESSION_LEASE_S": "1", "PINCER_BRAIN__TOOL_DEADLINE_S": "300"}
+                     "PINCER_BRAIN__SESSION_LEASE_S": "1"}
     return processes.env
 
 
@@ -78,6 +78,8 @@ async def test_a_question_outlives_its_brain_and_the_answer_ends_the_turn_once(
 
     again = await async_wait_until(sent_twice, timeout=60, what="brain B sending the same call again")
     assert again[0].call_id == again[1].call_id and not answer.done()
+    # brain.tool_deadline_s is 60 s, but a question may wait hands.ask_user.timeout_s (300 s): its calls say so
+    assert all(call.deadline - now_ms() > 240_000 for call in again)
     assert await pending_questions(bus) == [question_id]  # the same question still waits: nobody asked twice
 
     with gateway_client(restart_env) as client:

@@ -110,3 +110,17 @@ def test_a_pending_question_reads_back_with_its_answers_so_far() -> None:
     assert PendingQuestion.decode(raw) == pending
     assert PendingQuestion.answered(raw) == {1: "because ✓"}
     assert PendingQuestion.decode({}) is None and PendingQuestion.decode({b"questions": b"not json"}) is None
+
+
+def test_a_call_that_waits_for_a_person_may_take_as_long_as_hands_says_within_the_turn() -> None:
+    from brain.hands_calls import call_deadline_s
+    from bus.protocol import ToolSpec
+
+    asking = ToolSpec(name="ask_user", description="d", parameters={"type": "object"},
+                      metadata={"category": "person_interaction", "timeout_s": 300})
+    plain = ToolSpec(name="read_file", description="d", parameters={"type": "object"},
+                     metadata={"category": "file_operation", "timeout_s": 300})
+    assert call_deadline_s(asking, 60, turn_left_s=900) == 305  # the question's wait, and time to say no_answer
+    assert call_deadline_s(asking, 60, turn_left_s=100) == 100  # never past the turn's own end ...
+    assert call_deadline_s(asking, 60, turn_left_s=10) == 60  # ... nor shorter than any call's
+    assert call_deadline_s(plain, 60, turn_left_s=900) == 60 and call_deadline_s(None, 60, turn_left_s=900) == 60
