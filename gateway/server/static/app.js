@@ -156,7 +156,7 @@ function questionCard(event) {
   const submit = el("button", { type: "button", disabled: "" }, "Send answers");
   const answer = () => {
     card.querySelectorAll("button, input").forEach((b) => { b.disabled = true; });
-    send({ type: "answer", question_id: event.question_id, answers });
+    send({ type: "answer", question_id: event.question_id, answers, ref: `answer:${event.question_id}` });
   };
   const ready = () => { submit.disabled = answers.some((a) => a === null); };
   const one = event.questions.length === 1 && event.questions[0].choices.length > 0;  // a tap answers it
@@ -179,10 +179,25 @@ function questionCard(event) {
   submit.addEventListener("click", answer);
   const card = el("div", { class: "question-card", role: "group", "aria-label": "The agent asks you" },
     el("strong", {}, "The agent asks:"), ...parts, one ? "" : el("div", { class: "actions" }, submit));
-  state.questionCards.set(event.question_id, card);
+  // After a refused answer: open again, Send only once every question has an answer.
+  const reopen = () => { card.querySelectorAll("button, input").forEach((b) => { b.disabled = false; }); ready(); };
+  state.questionCards.set(event.question_id, { card, reopen });
   append(card);
   // Said, not focused: a key meant for the message box must never answer a question.
   status("The agent asks you something: answer in the conversation.");
+}
+
+// An answer the Gateway refused: a question gone (answered elsewhere, expired) leaves a note; otherwise the
+// card may be answered again. The turn runs on either way.
+function answerRefused(frame) {
+  const id = frame.ref.slice("answer:".length);
+  const asked = state.questionCards.get(id);
+  status(`${frame.code}: ${frame.message}`, true);
+  if (!asked) return;
+  if (frame.code === "NOT_FOUND") {
+    state.questionCards.delete(id);
+    asked.card.replaceWith(el("p", { class: "note" }, "This question was answered elsewhere, or it expired."));
+  } else asked.reopen();
 }
 
 function append(node) {
@@ -310,6 +325,7 @@ function onFrame(frame) {
     case "resync": if (frame.session === state.session) openSession(state.session); break;
     case "error":
       if (frame.ref === "subscribe" && frame.code === "NOT_FOUND") break;  // a new chat: see subscribe()
+      if (typeof frame.ref === "string" && frame.ref.startsWith("answer:")) { answerRefused(frame); break; }
       status(`${frame.code}: ${frame.message}`, true); busy(false); break;
     case "accepted":
       busy(true);
@@ -344,9 +360,9 @@ function onEvent(event) {
     }
     case "question": questionCard(event); break;
     case "question_answered": {
-      const card = state.questionCards.get(event.question_id);
+      const asked = state.questionCards.get(event.question_id);
       state.questionCards.delete(event.question_id);
-      if (card) card.replaceWith(el("p", { class: "note" }, `answered by ${event.by}: ${event.answers.join(" · ")}`));
+      if (asked) asked.card.replaceWith(el("p", { class: "note" }, `answered by ${event.by}: ${event.answers.join(" · ")}`));
       status("");
       break;
     }
