@@ -207,6 +207,10 @@ class ChannelWorker:
         if identity is None:
             await self._stranger(update)
             return
+        # A written answer the agent waits for from this person here (in a group too: no mention needed).
+        if update.text.strip() and not update.text.lstrip().startswith("/") and \
+                await self.questions.answered_in_words(identity, update):
+            return
         if update.group and self.settings.require_mention and not update.mentioned:
             return
         words = update.text.strip().split(maxsplit=1)
@@ -222,8 +226,6 @@ class ChannelWorker:
             return
         if command in ("/start", "/help"):
             await self._say(update.chat, HELP)
-            return
-        if not command and update.text.strip() and await self.questions.answered_in_words(identity, update):
             return
         if not update.text.strip() and not update.files:
             return
