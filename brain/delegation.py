@@ -35,6 +35,7 @@ from bus.protocol import (
     Delegation,
     ErrorCode,
     Message,
+    QuestionRequest,
     ResultMetadata,
     ToolResult,
     ToolSpec,
@@ -215,11 +216,11 @@ class Delegations:
         await self.sessions.adopt(child.session_id, like=msg.session_id)
 
         async def relay(event: Message) -> None:
-            """The child's tool calls and approvals, shown in this turn's stream under the delegate call."""
+            """The child's tool calls, approvals and questions, shown in this turn's stream under the delegate call."""
             if isinstance(event, ChatTool):
                 await publish(event.model_copy(update={"session_id": msg.session_id, "message_id": msg.message_id,
                                                        "parent_call_id": event.parent_call_id or call_id}))
-            elif isinstance(event, ApprovalRequest):
+            elif isinstance(event, (ApprovalRequest, QuestionRequest)):
                 await publish(event.model_copy(update={"session_id": msg.session_id, "message_id": msg.message_id}))
 
         started = time.monotonic()

@@ -19,11 +19,24 @@ from bus.protocol import (
     ToolExecute,
     ToolProgress,
     ToolResult,
+    ToolSpec,
     now_ms,
 )
 from bus.streams import Bus
 
 log = logging.getLogger("brain.turn")
+
+PERSON = "person_interaction"  # ask_user's category in Hands' listing: its call waits for a person
+PERSON_MARGIN_S = 5.0  # past the question's own wait: its no_answer still reaches the turn
+
+
+def call_deadline_s(spec: ToolSpec | None, tool_deadline_s: float, turn_left_s: float) -> float:
+    """How long a call may take: ``brain.tool_deadline_s``, or for a tool that waits for a person, as long as
+    Hands says it waits (within what is left of the turn), never less."""
+    meta = spec.meta if spec is not None else None
+    if meta is None or meta.category != PERSON or meta.timeout_s is None:
+        return tool_deadline_s
+    return max(tool_deadline_s, min(meta.timeout_s + PERSON_MARGIN_S, turn_left_s))
 
 
 class HandsCalls:
@@ -32,8 +45,9 @@ class HandsCalls:
         self.bus, self.inbox, self.message, self.deadline_s, self.publish = bus, inbox, message, deadline_s, publish
         self.in_flight: set[str] = set()  # our call ids Hands is working on
 
-    async def execute(self, call_id: str, tool: str, args: dict[str, Any], prior: list[PriorResult]) -> ToolResult:
-        msg, deadline_s = self.message, self.deadline_s
+    async def execute(self, call_id: str, tool: str, args: dict[str, Any], prior: list[PriorResult], *,
+                      deadline_s: float | None = None) -> ToolResult:
+        msg, deadline_s = self.message, deadline_s or self.deadline_s
         # A job's turn has nobody to ask: a command that needs a person's approval is refused at once.
         request = ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
                               agent_id=msg.agent_id, sender=msg.sender, agents=msg.agents,

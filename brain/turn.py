@@ -16,7 +16,7 @@ from brain.compaction import is_note, live, note_message, note_text, smaller, su
 from brain.config import BrainSettings
 from brain.context import fit, limit_of, shaped
 from brain.delegation import Delegations, child_session, is_delegate
-from brain.hands_calls import HandsCalls
+from brain.hands_calls import HandsCalls, call_deadline_s
 from brain.llm import (
     LOCAL,
     NOT_CONFIGURED,
@@ -447,7 +447,8 @@ class Turn:
                 result = await self.delegations.run(call_id, args, specs[call.name], self.used.totals(), self._publish,
                                                     self.deadline_ms)
             else:
-                result = await self.hands.execute(call_id, call.name, args, prior)
+                result = await self.hands.execute(call_id, call.name, args, prior, deadline_s=call_deadline_s(
+                    specs[call.name], self.hands.deadline_s, (self.deadline_ms - now_ms()) / 1000))
         error = result.error
         answered = result.data.get("answer") if error is None and isinstance(result.data, dict) and \
             is_delegate(specs.get(call.name)) else None

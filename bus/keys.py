@@ -171,6 +171,15 @@ class Keys:
         """Hash of a pending approval: where to send the decision, what it is for, when it expires."""
         return f"{self.prefix}approval:{approval_id}"
 
+    def question(self, question_id: str) -> str:
+        """Hash of a pending ``ask_user`` question (``bus.records.PendingQuestion``): where the answers go,
+        whose session it is, what was asked, and the answers given so far."""
+        return f"{self.prefix}question:{question_id}"
+
+    def channel_awaiting(self, channel: str, user: str, chat: str) -> str:
+        """The question (its id) whose free-text answer is a person's next message in one chat of a channel."""
+        return f"{self.prefix}channel:{channel}:awaiting:{user}:{chat}"
+
     def exec_allowlist(self, agent_id: str, identity: str) -> str:
         """Hash of the always-rules that cover one identity on one agent, on top of hands.exec.allowlist:
         entry (JSON) -> who allowed it and when (JSON)."""

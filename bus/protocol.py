@@ -387,6 +387,48 @@ class ApprovalDecision(BaseMessage):
         return self.approval_id
 
 
+# --- questions to the person (the ask_user tool) -----------------------------
+
+
+class Question(BaseModel):
+    """One question put to a person: its text, and the choices that answer it (none: any text does)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str = Field(min_length=1, max_length=2_000)
+    choices: list[str] = Field(default_factory=list, max_length=6)
+
+
+class QuestionRequest(BaseMessage):
+    """An ``ask_user`` call's questions, sent where the person of its turn listens (``approvals_to``)."""
+
+    type: Literal["question:request"] = "question:request"
+    question_id: str = Field(default_factory=new_id)
+    call_id: str
+    session_id: str
+    message_id: str = ""  # the chat turn it belongs to: the Gateway shows it in that turn's stream
+    questions: list[Question] = Field(min_length=1, max_length=3)
+    expires_at: int
+    reply_to: str
+
+    @property
+    def correlation_id(self) -> str:
+        return self.message_id
+
+
+class QuestionAnswer(BaseMessage):
+    """The person's answers, one per question, in order."""
+
+    type: Literal["question:answer"] = "question:answer"
+    question_id: str
+    answers: list[str]
+    by: str
+
+    @property
+    def correlation_id(self) -> str:
+        return self.question_id
+
+
 # --- chat channels ------------------------------------------------------------
 
 
@@ -448,6 +490,8 @@ Message = Annotated[
     | ChatError
     | ApprovalRequest
     | ApprovalDecision
+    | QuestionRequest
+    | QuestionAnswer
     | ChannelUpdate
     | ChannelSend,
     Field(discriminator="type"),

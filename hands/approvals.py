@@ -129,11 +129,17 @@ def remembered_entry(segment: Segment) -> dict[str, str]:
     return {"path": segment.path}
 
 
+def made_visible(text: str, *, keep: str = "\n\t") -> str:
+    """``text`` with every control character but those in ``keep`` written out (``\\x1b``): what a person
+    is shown of a model's words never drives their terminal or fakes a line."""
+    return "".join(c if c in keep or (32 <= ord(c) != 127 and not 0x80 <= ord(c) < 0xA0)
+                   else f"\\x{ord(c):02x}" for c in text)
+
+
 def shown(summary: str) -> tuple[str, bool]:
     """The summary a person reads: control characters made visible (an escape sequence must not
     reach their terminal), whole up to SUMMARY_CHARS or plainly cut; and whether it is whole."""
-    visible = "".join(c if c in "\n\t" or (32 <= ord(c) != 127 and not 0x80 <= ord(c) < 0xA0)
-                      else f"\\x{ord(c):02x}" for c in summary)
+    visible = made_visible(summary)
     if len(visible) <= SUMMARY_CHARS:
         return visible, True
     cut = len(visible) - SUMMARY_CHARS

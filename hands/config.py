@@ -109,11 +109,11 @@ class WebSettings(Section):
 # Each group is every tool of one category (hands.registry.Category's values).
 GROUP_CATEGORIES = {"group:fs": "file_operation", "group:runtime": "code_execution", "group:web": "network_request",
                     "group:memory": "memory_operation", "group:skills": "skill",
-                    "group:agents": "agent_delegation"}
+                    "group:agents": "agent_delegation", "group:people": "person_interaction"}
 GROUP_NAMES = tuple(GROUP_CATEGORIES)
 PROFILES = {
-    "minimal": ["group:memory", "group:skills"],
-    "coding": ["group:fs", "group:runtime", "group:memory", "group:skills", "group:agents"],
+    "minimal": ["group:memory", "group:skills", "group:people"],
+    "coding": ["group:fs", "group:runtime", "group:memory", "group:skills", "group:agents", "group:people"],
     "full": ["*"],
 }
 
@@ -178,6 +178,12 @@ class ExecSettings(Section):
     mode: Literal["deny", "allowlist", "ask", "full"] = "full"
     allowlist: list[AllowEntry] = Field(default_factory=list)
     approval_timeout_s: float = Field(default=45.0, gt=0, le=3600)
+
+
+class AskUserSettings(Section):
+    """The ask_user tool: how long a question waits for its person (never past the call's deadline)."""
+
+    timeout_s: float = Field(default=300.0, gt=0, le=86_400)
 
 
 MCP_SERVER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
@@ -270,6 +276,7 @@ class HandsSettings(Section):
     web: WebSettings = Field(default_factory=WebSettings)
     background: BackgroundSettings = Field(default_factory=BackgroundSettings)
     exec: ExecSettings = Field(default_factory=ExecSettings)
+    ask_user: AskUserSettings = Field(default_factory=AskUserSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     skill_dirs: list[Path] = Field(default_factory=lambda: [SHIPPED_SKILLS, Path("~/.pincer/skills")])

@@ -45,7 +45,7 @@ from hands.timeouts import time_limit
 from hands.toolpolicy import ToolPolicy
 
 if TYPE_CHECKING:  # the worker's services, passed in (they import nothing of the executor)
-    from hands.seams import ApprovalAsking, BackgroundKeeping, NoteKeeping, PoolGates, Sandboxing
+    from hands.seams import ApprovalAsking, BackgroundKeeping, NoteKeeping, PoolGates, QuestionAsking, Sandboxing
     from memory.jobs import JobStore
 
 log = logging.getLogger("hands.executor")
@@ -74,6 +74,7 @@ class Executor:
     def __init__(self, registry: ToolRegistry, settings: HandsSettings, *, worker_id: str,
                  memory: NoteKeeping | None = None, sandbox: Sandboxing | None = None,
                  background: BackgroundKeeping | None = None, approvals: ApprovalAsking | None = None,
+                 questions: QuestionAsking | None = None,
                  pool: PoolGates | None = None, progress: ProgressSink = _drop_progress, meter: Meter | None = None,
                  schedules: JobStore | None = None) -> None:
         self.registry, self.settings, self.worker_id = registry, settings, worker_id
@@ -87,7 +88,7 @@ class Executor:
         self.memory, self.sandbox, self.background, self.progress = memory, sandbox, background, progress
         self.schedules = schedules
         self.meter = meter or Meter()  # what /metrics shows of this worker's calls (sent with its heartbeat)
-        self.approvals = approvals
+        self.approvals, self.questions = approvals, questions
         self.pool = pool  # limits across every worker, when configured
         self._admitted: set[tuple[str, str, str]] = set()
         self._wanted: dict[str, float] = {}  # tool name -> its time limit before the call's deadline
@@ -234,6 +235,8 @@ class Executor:
             default: float = getattr(self.settings.timeouts, tool.category.key, MIN_TIMEOUT_S)
             wanted = self._wanted[tool.name] = tool.timeout_s or default
         left = (call.deadline - now_ms()) / 1000
+        if tool.category is Category.PERSON:  # a person answers at their pace: only the call's deadline bounds it
+            return max(MIN_TIMEOUT_S, left)
         return max(MIN_TIMEOUT_S, min(wanted, MAX_TIMEOUT_S, left))
 
     def _context(self, call: ToolExecute) -> ToolContext:
@@ -244,8 +247,8 @@ class Executor:
                                self.memory, owner=call.sender, turn=call.message_id or "",
                                may_share=call.sender in self.settings.tools.owners),
                            sandbox=self.sandbox, policy=self.policy, background=self.background,
-                           approvals=self.approvals, call=call, send_progress=self._progress_sender(call),
-                           schedules=self.schedules)
+                           approvals=self.approvals, questions=self.questions, call=call,
+                           send_progress=self._progress_sender(call), schedules=self.schedules)
 
     def _progress_sender(self, call: ToolExecute) -> Callable[[str], Awaitable[Any]]:
         started = time.monotonic()

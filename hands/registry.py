@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the services a handler may use, as Protocols (hands/seams.p
     from bus.protocol import ToolExecute
     from hands.notes import CallersNotes
     from hands.permissions import PermissionPolicy
-    from hands.seams import ApprovalAsking, BackgroundKeeping, Sandboxing
+    from hands.seams import ApprovalAsking, BackgroundKeeping, QuestionAsking, Sandboxing
     from memory.jobs import JobStore
 
 class Category(StrEnum):
@@ -35,6 +35,7 @@ class Category(StrEnum):
     MEMORY = "memory_operation"
     SKILL = "skill"
     AGENT = "agent_delegation"  # run by the Brain itself (a sub-agent's turn), never by a Hands worker
+    PERSON = "person_interaction"  # waits for the person of the turn (ask_user): bounded by the call's deadline
 
     @property
     def key(self) -> str:
@@ -73,6 +74,7 @@ class ToolContext:
     background: BackgroundKeeping | None = None  # for commands that outlive their call
     schedules: JobStore | None = None  # the scheduled jobs (the schedule tool)
     approvals: ApprovalAsking | None = None  # for commands that may need a person's yes
+    questions: QuestionAsking | None = None  # for questions to the person of the turn (ask_user)
     call: ToolExecute | None = None  # the tool:execute being served
     send_progress: SendProgress | None = None
     notes: dict[str, Any] = field(default_factory=dict)  # e.g. {"sandbox": "bwrap"}, copied into the metadata

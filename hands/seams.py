@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from bus.protocol import ToolExecute
+    from bus.protocol import Question, ToolExecute
     from bus.workspace import Shared
     from hands.background import BackgroundProcess
+    from hands.questions import Asked
     from hands.sandbox.runner import Extras, Running, RunResult
 
 Notes = list[dict[str, Any]]  # a method named list would shadow the builtin in the annotations below
@@ -31,6 +32,12 @@ class ApprovalAsking(Protocol):
     """Exec approvals (``hands.approvals.ApprovalGate``): returns when a command may run, raises when not."""
 
     async def check(self, *, command: str | None, argv: list[str] | None, call: ToolExecute, summary: str) -> None: ...
+
+
+class QuestionAsking(Protocol):
+    """Questions to the call's person (``hands.questions.PersonAsker``): their answers, or why there are none."""
+
+    async def ask(self, call: ToolExecute, questions: list[Question]) -> Asked: ...
 
 
 class Sandboxing(Protocol):

@@ -43,7 +43,8 @@ from hands.lanes import GiveBack, Lanes, Park, Run, Ungated, Unrun
 from hands.mcp.servers import McpServers
 from hands.permissions import PermissionPolicy
 from hands.pool_limits import PoolLimits
-from hands.registry import ToolRegistry
+from hands.questions import PersonAsker
+from hands.registry import Category, ToolRegistry
 from hands.sandbox.runner import Sandbox
 from hands.skills import SkillReport, load_skills, skill_reader
 from hands.tools import builtin_tools
@@ -54,16 +55,18 @@ from memory.recall import Recall
 log = logging.getLogger("hands.worker")
 
 
-def build_registry() -> ToolRegistry:
+def build_registry(settings: HandsSettings | None = None) -> ToolRegistry:
     registry = ToolRegistry()
     for tool in builtin_tools():
+        if settings is not None and tool.category is Category.PERSON:  # how long it waits, for the Brain to read
+            tool = tool.model_copy(update={"timeout_s": settings.ask_user.timeout_s})
         registry.register(tool)
     return registry
 
 
 def load_registry(settings: HandsSettings) -> tuple[ToolRegistry, SkillReport]:
     """Built-in tools plus the skills of the configured directories."""
-    registry = build_registry()
+    registry = build_registry(settings)
     registry.register(skill_reader(registry))
     policy = PermissionPolicy(settings.policy, settings.workspace)
     return registry, load_skills(settings.skill_dirs, registry, policy)
@@ -86,12 +89,14 @@ class HandsWorker:
         # Python 3.11 makes a getpid call to find the running loop; current_task(loop) does not.
         self._loop: asyncio.AbstractEventLoop | None = None
         approvals = ApprovalGate(settings.exec, bus=bus, inbox=self.inbox)
+        questions = PersonAsker(bus=bus, inbox=self.inbox, timeout_s=settings.ask_user.timeout_s)
         # Memory search's index, kept up to date in the background; built from the log at start, and the
         # heartbeat says so at once when it is (readiness waits for a worker that is not still building).
         self.recall = Recall(bus.redis, bus.keys, on_built=lambda: self.presence.beat())
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox,
-                                 background=self.background, approvals=approvals, pool=self.pool,
+                                 background=self.background, approvals=approvals, questions=questions,
+                                 pool=self.pool,
                                  memory=LongTermMemory(bus.redis, bus.keys, recall=self.recall),
                                  progress=self._progress, meter=self.meter, schedules=JobStore(bus))
         self.mcp = McpServers(settings.mcp, self.registry, self.sandbox, bus=bus, worker_id=worker_id,

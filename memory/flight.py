@@ -29,7 +29,7 @@ from bus.store import RedisStore
 
 FORMAT = 1  # the export's version: a reader refuses a newer one by name
 KEEP_DAYS = 30.0  # a record lapses this long after its last step, unless brain.record.keep_days says
-Kind = Literal["turn", "model", "tool", "compaction", "stop", "approval"]
+Kind = Literal["turn", "model", "tool", "compaction", "stop", "approval", "question"]
 
 
 # KEYS: the session's record. ARGV: the step's JSON. A step added only to a record being kept (its first

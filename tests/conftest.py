@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 OWNER_TOKEN = f"pcr_test-owner-{uuid.uuid4().hex}"
 SHIPPED_SKILLS = ROOT / "skills"
 # What a Hands worker offers with the shipped skills only (to a sender who is not an owner) ...
-TOOL_NAMES = ["delegate", "exec", "execute_python", "list_directory", "memory_delete", "memory_read", "memory_search",
-              "memory_write", "process", "read_file", "read_files", "read_skill", "web_fetch", "web_search",
-              "word_count", "write_file"]
+TOOL_NAMES = ["ask_user", "delegate", "exec", "execute_python", "list_directory", "memory_delete", "memory_read",
+              "memory_search", "memory_write", "process", "read_file", "read_files", "read_skill", "web_fetch",
+              "web_search", "word_count", "write_file"]
 # ... and to the owner: the owner-only tools too (hands.tools.owner_only).
 OWNER_TOOL_NAMES = sorted([*TOOL_NAMES, "schedule"])
 

@@ -14,10 +14,11 @@ import fakeredis
 
 from bus.config import RedisSettings
 from bus.keys import Keys
-from bus.protocol import ErrorCode, ToolExecute
+from bus.protocol import ErrorCode, Question, ToolExecute
 from bus.store import RedisStore
 from bus.streams import Bus
 from hands.errors import ToolFailure
+from hands.questions import Asked
 from hands.sandbox.runner import Extras, Running, RunResult, run_to_end
 from hands.testing import MemoryNotes
 
@@ -47,6 +48,20 @@ class FakeApprovals:
         self.asked.append(summary)
         if not self.allow:
             raise ToolFailure(ErrorCode.APPROVAL_DENIED, "denied by the fake person", recoverable=False)
+
+
+class FakeQuestions:
+    """Answers every question with ``answers`` (None: nobody answers), and remembers what it was asked."""
+
+    def __init__(self, answers: list[str] | None, *, by: str = "alice") -> None:
+        self.answers, self.by = answers, by
+        self.asked: list[list[Question]] = []
+
+    async def ask(self, call: ToolExecute, questions: list[Question]) -> Asked:
+        self.asked.append(questions)
+        if self.answers is None:
+            return Asked(None, reason="the fake person is away")
+        return Asked(list(self.answers), by=self.by)
 
 
 class FakeSandbox:
@@ -99,11 +114,12 @@ class FakePoolGates:
 
 
 def _satisfies() -> Any:  # checked by mypy: each fake fits its seam
-    from hands.seams import ApprovalAsking, NoteKeeping, PoolGates, Sandboxing
+    from hands.seams import ApprovalAsking, NoteKeeping, PoolGates, QuestionAsking, Sandboxing
 
     notes: NoteKeeping = FakeNotes()
     approvals: ApprovalAsking = FakeApprovals(allow=True)
+    questions: QuestionAsking = FakeQuestions(["yes"])
     sandbox: Sandboxing = FakeSandbox(Path("."))
     pool: PoolGates = FakePoolGates({})
     store: RedisStore = fake_redis()
-    return notes, approvals, sandbox, pool, store
+    return notes, approvals, questions, sandbox, pool, store

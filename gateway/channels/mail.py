@@ -300,12 +300,14 @@ class Email:
         if buttons:
             choices = [label.upper() for row in buttons for label, _ in row]
             body += "\n\nReply to this mail with one of: " + ", ".join(choices)
+            body += " (or its number: " + ", ".join(f"{n} {c}" for n, c in enumerate(choices, 1)) + ")"
         message = mailtext.answer(own=self.settings.address, to=thread.to, subject=thread.subject,
                                   references=thread.references, body=body, quoted=thread.quoted,
                                   quoted_from=thread.to, quoted_date=thread.quoted_date)
         message_id = str(message["Message-ID"])
         if buttons:
-            await self.questions.ask(message_id, first_word_choices(buttons))
+            numbered = {str(n): data for n, (_, data) in enumerate((b for row in buttons for b in row), 1)}
+            await self.questions.ask(message_id, {**numbered, **first_word_choices(buttons)})
         await self._send(message, "send an answer")
         return message_id
 

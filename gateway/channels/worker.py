@@ -43,6 +43,7 @@ from bus.protocol import (
     ChatTool,
     ErrorCode,
     Message,
+    QuestionRequest,
 )
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
@@ -51,6 +52,7 @@ from bus.streams import Bus
 from bus.workspace import PathRefused, Workspace
 from bus.workspaces import Workspaces
 from gateway.channels.access import Access
+from gateway.channels.asking import ChatQuestions
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.intake import ROLE, Intake, Progress
@@ -111,6 +113,7 @@ class ChannelWorker:
         self.lanes = Lanes()
         self.progress = Progress()
         self.counts = self.progress.counts
+        self.questions = ChatQuestions(bus, self.name, self.turns, platform, self.surface, self._say)
 
     # --- the process ---
 
@@ -203,6 +206,10 @@ class ChannelWorker:
             return
         if identity is None:
             await self._stranger(update)
+            return
+        # A written answer the agent waits for from this person here (in a group too: no mention needed).
+        if update.text.strip() and not update.text.lstrip().startswith("/") and \
+                await self.questions.answered_in_words(identity, update):
             return
         if update.group and self.settings.require_mention and not update.mentioned:
             return
@@ -312,6 +319,8 @@ class ChannelWorker:
                     reply.tool(event)
                 elif isinstance(event, ApprovalRequest):
                     await self._ask(update.chat, event)
+                elif isinstance(event, QuestionRequest):
+                    await self.questions.put(update, event)
                 elif isinstance(event, ChatReply):
                     answer = event.text
                 elif isinstance(event, ChatError):
@@ -342,6 +351,9 @@ class ChannelWorker:
     async def _pressed(self, identity: Identity | None, update: ChannelUpdate) -> None:
         """A button: checked against who pressed it (only the turn's own person may answer)."""
         assert update.press is not None
+        if update.data.startswith("q:"):
+            await self.questions.pressed(identity, update)
+            return
         kind, _, rest = update.data.partition(":")
         approval_id, _, choice = rest.partition(":")
         decision = {"o": "allow-once", "a": "allow-always", "d": "deny"}.get(choice)

@@ -85,6 +85,11 @@ class ChatClient:
                     self.out.print()
                     streamed = False
                 self._approve(data)
+            elif event.event == "question":
+                if streamed:
+                    self.out.print()
+                    streamed = False
+                self._answer(data)
             elif event.event == "reply":
                 if streamed:
                     self.out.print()
@@ -117,6 +122,37 @@ class ChatClient:
             decision = "deny"  # asked for what was not offered: no
         response = httpx.post(f"{self.base_url}/v1/approvals/{request['approval_id']}",
                               json={"decision": decision}, headers=self.headers, timeout=10)
+        if response.status_code != 200:
+            self.err.print(f"  (not recorded: {_http_error(response)})", markup=False, highlight=False)
+
+    def _answer(self, request: dict[str, Any]) -> None:
+        """Put the agent's questions to the person at the terminal (a choice by its number or its words), then
+        send the answers to the Gateway."""
+        answers: list[str | None] = []
+        for question in request["questions"]:
+            choices = [plain(c) for c in question.get("choices") or ()]
+            self.err.print(Text("? ", style="bold yellow") + Text(plain(question["text"])), highlight=False)
+            for n, choice in enumerate(choices, 1):
+                self.err.print(f"  {n}. {choice}", markup=False, highlight=False)
+            answer = None
+            while answer is None:
+                self.err.print("> ", end="", markup=False, highlight=False)
+                try:
+                    said = input().strip()
+                except EOFError:
+                    return  # nobody at the terminal: the question times out, and the agent goes on
+                if not choices:
+                    answer = said or None
+                elif said.isdigit() and 1 <= int(said) <= len(choices):
+                    answer = question["choices"][int(said) - 1]
+                else:
+                    answer = next((c for c in question["choices"] if c.lower() == said.lower()), None)
+                if answer is None:
+                    self.err.print("  (type an answer)" if not choices else
+                                   f"  (one of 1-{len(choices)})", markup=False, highlight=False)
+            answers.append(answer)
+        response = httpx.post(f"{self.base_url}/v1/questions/{request['question_id']}",
+                              json={"answers": answers}, headers=self.headers, timeout=10)
         if response.status_code != 200:
             self.err.print(f"  (not recorded: {_http_error(response)})", markup=False, highlight=False)
 

@@ -105,6 +105,11 @@ def summary(step: Step) -> dict[str, Any]:
     elif step.kind == "approval":
         by = f" by {data['by']}" if data.get("by") else ""
         row.update(detail=f"{data.get('tool')}: {data.get('decision')}{by}")
+    elif step.kind == "question":
+        answers = data.get("answers")
+        said = "; ".join(map(str, answers)) if answers is not None else "no answer"
+        by = f" by {data['by']}" if data.get("by") else ""
+        row.update(detail=f"asked {len(data.get('questions') or ())}: {said[:60]}{by}")
     elif step.kind == "turn":
         row.update(detail=f"from {data.get('sender')}: {str(data.get('text'))[:60]}")
     else:

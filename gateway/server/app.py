@@ -37,6 +37,7 @@ from bus.protocol import (
     ChatReply,
     ChatTool,
     ErrorCode,
+    QuestionRequest,
 )
 from bus.replies import ReplyInbox
 from bus.streams import Bus
@@ -95,6 +96,12 @@ class Decide(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     decision: Literal["allow-once", "allow-always", "deny"]
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    answers: list[str | None]  # one per question, in order; null for one not answered yet
 
 
 def _farewell(code: ErrorCode, message: str) -> dict[str, str]:
@@ -158,6 +165,7 @@ class Gateway:
                 Route("/v1/sessions/{session_id}", self.rename_session, methods=["PATCH"]),
                 Route("/v1/sessions", self.list_sessions, methods=["GET"]),
                 Route("/v1/approvals/{approval_id}", self.decide, methods=["POST"]),
+                Route("/v1/questions/{question_id}", self.answer, methods=["POST"]),
                 Route("/v1/hooks/{name}", self.hook, methods=["POST"]),
                 *OpenAIRoutes(self.settings.openai, self.turns, self.connections).routes(),
                 *JobRoutes(JobStore(self.bus), self.turns, self.settings.limits.jobs).routes(),
@@ -218,7 +226,7 @@ class Gateway:
 
     async def _sse(self, turn: Turn) -> AsyncIterator[dict[str, str]]:
         names = {ChatDelta: "delta", ChatTool: "tool", ChatReply: "reply", ChatError: "error",
-                 ApprovalRequest: "approval"}
+                 ApprovalRequest: "approval", QuestionRequest: "question"}
         try:
             async for event in turn.events():
                 name = names.get(type(event))
@@ -269,6 +277,12 @@ class Gateway:
         body = await read_json(request, Decide, example='{"decision": "allow-once"}')
         return JSONResponse(await self.turns.decide_approval(caller(request), request.path_params["approval_id"],
                                                        body.decision))
+
+    async def answer(self, request: Request) -> Response:
+        """Answer a pending ask_user question of a session the caller owns (or any, for an operator)."""
+        body = await read_json(request, Answer, example='{"answers": ["yes"]}')
+        return JSONResponse(await self.turns.answer_question(caller(request), request.path_params["question_id"],
+                                                             body.answers))
 
     async def get_session(self, request: Request) -> Response:
         session_id = session_id_of(request)

@@ -184,9 +184,13 @@ class LiveSocket:
                 decided = await self.turns.decide_approval(identity, str(frame.get("approval_id", "")),
                                                              frame.get("decision"))
                 await self.outbox.put({"type": "decided", **decided, "ref": ref})
+            case "answer":
+                answered = await self.turns.answer_question(identity, str(frame.get("question_id", "")),
+                                                            frame.get("answers"))
+                await self.outbox.put({"type": "answered", **answered, "ref": ref})
             case _:
                 raise Refused(ErrorCode.BAD_REQUEST, f"unknown frame type {kind!r}: use subscribe, "
-                              "unsubscribe, send, cancel or decide")
+                              "unsubscribe, send, cancel, decide or answer")
 
     async def _follow(self, session: str, where: dict[str, Any], after: str) -> None:
         """Frames name the session as the client did (``where``: its name, and owner if not the client)."""

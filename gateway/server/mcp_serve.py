@@ -56,6 +56,9 @@ from gateway.turns.refusal import Refused
 log = logging.getLogger("gateway.mcp")
 
 LIST_TIMEOUT_S = 10.0
+# Tools that only make sense inside a chat turn: delegate (a Brain starts the sub-agent) and ask_user (a
+# person of the turn answers): an MCP client is neither.
+IN_A_TURN = frozenset({"agent_delegation", "person_interaction"})
 
 
 class PoolTools:
@@ -92,7 +95,7 @@ class PoolTools:
         assert isinstance(reply, ToolsAvailable)
         return types.ListToolsResult(tools=[
             types.Tool(name=spec.name, description=spec.description, input_schema=spec.parameters)
-            for spec in reply.tools if spec.meta.category != "agent_delegation"])  # those run in a Brain's turn
+            for spec in reply.tools if spec.meta.category not in IN_A_TURN])
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams

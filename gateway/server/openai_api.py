@@ -25,7 +25,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bus.protocol import ApprovalRequest, ChatDelta, ChatError, ChatMessage, ChatReply, ChatTool, ErrorCode, new_id
+from bus.protocol import (
+    ApprovalRequest,
+    ChatDelta,
+    ChatError,
+    ChatMessage,
+    ChatReply,
+    ChatTool,
+    ErrorCode,
+    QuestionRequest,
+    new_id,
+)
 from gateway.server.errors import TURN_STATUS, error_body, error_response
 from gateway.server.handling import caller, collect_or_cancel, credential, read_json
 from gateway.turns.refusal import Refused, not_found
@@ -196,7 +206,7 @@ class _Turn:
         tools: list[dict[str, Any]] = []
         try:
             async for event in self.turn.events():
-                if isinstance(event, (ChatTool, ApprovalRequest)):
+                if isinstance(event, (ChatTool, ApprovalRequest, QuestionRequest)):
                     line, extension = self._tool(event)
                     content.append(line)
                     if isinstance(event, ChatTool) and event.status == "finished":
@@ -226,7 +236,7 @@ class _Turn:
                 if isinstance(event, ChatDelta) and event.text:
                     self.line_open = not event.text.endswith("\n")
                     yield self._chunk({"content": event.text}, include_usage=include_usage)
-                elif isinstance(event, (ChatTool, ApprovalRequest)):
+                elif isinstance(event, (ChatTool, ApprovalRequest, QuestionRequest)):
                     line, extension = self._tool(event)
                     yield self._chunk({"content": line} if line else {}, include_usage=include_usage,
                                       pincer=extension)
@@ -242,8 +252,14 @@ class _Turn:
             await self.turn.close()
             await self._expire()
 
-    def _tool(self, event: ChatTool | ApprovalRequest) -> tuple[str, dict[str, Any]]:
+    def _tool(self, event: ChatTool | ApprovalRequest | QuestionRequest) -> tuple[str, dict[str, Any]]:
         """The readable line (maybe empty) and the machine-readable extension for a tool event."""
+        if isinstance(event, QuestionRequest):
+            extension = {"question": {"question_id": event.question_id, "expires_at": event.expires_at,
+                                      "questions": [q.model_dump() for q in event.questions]}}
+            asked = " / ".join(_one_line(q.text) + (f" [{', '.join(q.choices)}]" if q.choices else "")
+                               for q in event.questions)
+            return self._line(f"❓ {asked} (POST /v1/questions/{event.question_id})"), extension
         if isinstance(event, ApprovalRequest):
             extension = {"approval": {"approval_id": event.approval_id, "tool": event.tool,
                                       "summary": event.summary, "expires_at": event.expires_at}}

@@ -26,13 +26,16 @@ from bus.protocol import (
     ChatTool,
     ErrorCode,
     Message,
+    QuestionAnswer,
+    QuestionRequest,
 )
 from bus.scripts import lua
 from bus.streams import Bus
 
 # The event types a client sees, in order within a turn: message, then deltas, tool events and
-# approvals as they happen, then exactly one of reply, error or cancelled.
-KINDS = ("message", "delta", "tool", "approval", "approval_decided", "reply", "error", "cancelled")
+# approvals and questions as they happen, then exactly one of reply, error or cancelled.
+KINDS = ("message", "delta", "tool", "approval", "approval_decided", "question", "question_answered", "reply",
+         "error", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,13 @@ def describe(message: Message) -> tuple[str, dict[str, Any]] | None:
         case ApprovalDecision():
             return "approval_decided", {"approval_id": message.approval_id, "decision": message.decision,
                                         "by": message.by}
+        case QuestionRequest():
+            return "question", {"message_id": message.message_id, "question_id": message.question_id,
+                                "call_id": message.call_id, "expires_at": message.expires_at,
+                                "questions": [q.model_dump() for q in message.questions]}
+        case QuestionAnswer():
+            return "question_answered", {"question_id": message.question_id, "answers": message.answers,
+                                         "by": message.by}
         case ChatReply():
             return "reply", {"message_id": message.message_id, "text": message.text, "model": message.model,
                              "usage": message.usage}

@@ -27,7 +27,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bus import otel, trace
 from bus.log import kv
 from bus.presence import instances
-from bus.protocol import ApprovalDecision, ChatCancel, ChatError, ChatMessage, ChatReply, ErrorCode, Message
+from bus.protocol import (
+    ApprovalDecision,
+    ChatCancel,
+    ChatError,
+    ChatMessage,
+    ChatReply,
+    ErrorCode,
+    Message,
+    QuestionAnswer,
+)
 from bus.records import PendingApproval
 from bus.redis_client import RedisAway
 from bus.replies import ReplyInbox
@@ -36,6 +45,7 @@ from gateway.config import GatewaySettings
 from gateway.tokens import Identity
 from gateway.turns.events import SessionEvents
 from gateway.turns.limits import CallerLimits, Hold
+from gateway.turns.questions import PendingQuestions, checked_answers, gone
 from gateway.turns.refusal import Refused, not_found
 from gateway.turns.session_names import owner_of, shown_to
 from memory.sessions import SessionStore
@@ -71,6 +81,7 @@ class TurnRunner:
         self._followers: set[asyncio.Task[None]] = set()
         self._brains: tuple[float, Brains] = (0.0, Brains(0, frozenset()))
         self._cancels: set[asyncio.Task[None]] = set()
+        self.questions = PendingQuestions(bus)
 
     async def brains(self) -> Brains:
         """The live Brains and the agents they run (every Brain announces its agents)."""
@@ -120,6 +131,23 @@ class TurnRunner:
         await self.log.append(pending.session_id, decided)
         log.info("approval decided %s", kv(approval=approval_id, decision=decision, by=identity.name))
         return {"approval_id": approval_id, "decision": decision, "by": identity.name}
+
+    async def answer_question(self, identity: Identity, question_id: str, given: Any) -> dict[str, Any]:
+        """Answer an ask_user call's questions (``given``: one per question, None for one not answered yet), as
+        for an approval: only the session's owner (or an operator) may; anyone else finds no such question."""
+        pending = await self.questions.find(question_id)
+        if not identity.may_see(await self.sessions.owner(pending.session_id)):
+            raise gone(question_id)  # not the caller's: as if it did not exist
+        answers = checked_answers(pending.questions, given)
+        complete = await self.questions.add(question_id, len(pending.questions), answers)
+        if complete is None:
+            log.info("question partly answered %s", kv(question=question_id, by=identity.name))
+            return {"question_id": question_id, "answered": sorted(answers), "complete": False, "by": identity.name}
+        answered = QuestionAnswer(question_id=question_id, answers=complete, by=identity.name)
+        await self.bus.publish(pending.reply_to, answered)
+        await self.log.append(pending.session_id, answered)
+        log.info("question answered %s", kv(question=question_id, by=identity.name))
+        return {"question_id": question_id, "answers": complete, "complete": True, "by": identity.name}
 
     async def own_session(self, identity: Identity, session_id: str, *, existing: bool = False) -> None:
         """Refuse (404, as if it did not exist) a session that is not the caller's."""

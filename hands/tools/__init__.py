@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hands.registry import ToolDefinition
 from hands.tools.agents import AGENT_TOOLS
+from hands.tools.ask import PERSON_TOOLS
 from hands.tools.code import CODE_TOOLS
 from hands.tools.files import FILE_TOOLS
 from hands.tools.memory import MEMORY_TOOLS
@@ -12,4 +13,4 @@ from hands.tools.web import WEB_TOOLS
 
 
 def builtin_tools() -> list[ToolDefinition]:
-    return [*FILE_TOOLS, *MEMORY_TOOLS, *SCHEDULE_TOOLS, *CODE_TOOLS, *WEB_TOOLS, *AGENT_TOOLS]
+    return [*FILE_TOOLS, *MEMORY_TOOLS, *SCHEDULE_TOOLS, *CODE_TOOLS, *WEB_TOOLS, *AGENT_TOOLS, *PERSON_TOOLS]

@@ -292,6 +292,38 @@ def test_an_approval_card_announces_itself_and_never_takes_the_keyboard(page_sta
     context.close()
 
 
+ASK = ('CALL ask_user {"questions": [{"text": "Which colour?", "choices": ["red", "blue"]}, '
+       '{"text": "Why \\u001b[31mthat?"}]}')
+
+
+def test_ask_user_is_answered_on_the_page_and_the_model_reads_the_answers(page_stack: dict, browser,
+                                                                          scripted_llm: ScriptedLLM) -> None:
+    """A question card in the conversation: a choice is a button, a question without choices a text box; it
+    never takes the keyboard; the answers reach the model's next request as the tool's result."""
+    from playwright.sync_api import expect
+
+    context, page = signed_in(browser, page_stack)
+    page.locator("#text").fill(ASK)
+    page.keyboard.press("Enter")
+    card = page.locator(".question-card")
+    expect(card).to_contain_text("Which colour?")
+    expect(card).to_contain_text("Why \\x1b[31mthat?")  # the escape is shown, not obeyed
+    expect(page.locator("#status")).to_contain_text("asks you")  # announced, not focused
+    assert page.evaluate("document.activeElement.id") == "text"
+    send = card.get_by_role("button", name="Send answers")
+    expect(send).to_be_disabled()  # until every question has an answer
+    card.get_by_role("button", name="blue").click()
+    expect(send).to_be_disabled()
+    card.get_by_role("textbox", name="Answer 2").fill("it is calm")
+    send.click()
+    reply = page.locator(".msg.assistant").last
+    expect(reply).to_contain_text("RESULT ask_user")
+    expect(reply).to_contain_text("it is calm")
+    results = [m["content"] for body in scripted_llm.requests for m in body["messages"] if m.get("role") == "tool"]
+    assert [json.loads(r) for r in results] == [{"answers": ["blue", "it is calm"], "by": "owner"}]
+    context.close()
+
+
 def test_pincer_open_hands_the_code_to_the_browser_off_the_command_line(page_stack: dict, browser,
                                                                          tmp_path: Path) -> None:
     """What a local user sees of `pincer open`: the browser's command line holds a file's name, never the code;

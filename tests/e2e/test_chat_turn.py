@@ -167,6 +167,22 @@ def test_exec_approval_is_asked_inline_by_pincer_chat(processes: Processes, pinc
         shutil.rmtree(workspace, ignore_errors=True)
 
 
+def test_ask_user_is_asked_in_the_terminal_by_pincer_chat(processes: Processes, pincer_env: dict[str, str],
+                                                          scripted_llm: ScriptedLLM) -> None:
+    processes.env = pincer_env
+    start_stack(processes, hands=1)
+    ask = ('CALL ask_user {"questions": [{"text": "Which \\u001b[2Jcolour?", "choices": ["red", "blue"]}, '
+           '{"text": "Why?"}]}')
+    # "green" is no choice: asked again; "2" picks blue; the written answer is any line
+    answered = processes.run("chat", "-m", ask, "--session", "q1", input="green\n2\nit is calm\n")
+    assert answered.returncode == 0, answered.stderr
+    assert "Which \\x1b[2Jcolour?" in answered.stderr and "\x1b" not in answered.stderr  # never drives it
+    assert "1. red" in answered.stderr and "(one of 1-2)" in answered.stderr and "Why?" in answered.stderr
+    assert '"answers": ["blue", "it is calm"]' in answered.stdout
+    results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
+    assert [json.loads(r) for r in results] == [{"answers": ["blue", "it is calm"], "by": "owner"}]
+
+
 def test_cancel_through_the_gateway_kills_the_running_command(processes: Processes,
                                                              pincer_env: dict[str, str]) -> None:
     import shutil

@@ -117,6 +117,25 @@ def test_an_approval_is_pressed_by_its_own_person_only(
     assert ask.content.startswith("Allowed once.") and not ask.buttons
 
 
+def test_six_choices_fit_discords_rows_and_only_their_person_picks_one(
+        processes: Processes, discord_env: dict[str, str], discord: FakeDiscord, scripted_llm: ScriptedLLM) -> None:
+    start_channel(processes, discord)
+    dm = discord.dm(ALICE)
+    choices = ["one", "two", "three", "four", "five", "six"]
+    discord.say(ALICE, "CALL ask_user " + json.dumps({"questions": [{"text": "How many?", "choices": choices}]}))
+    ask = answer(discord, dm, "❓ How many?")
+    assert [b["label"] for b in ask.buttons] == choices
+    six = ask.buttons[5]["custom_id"]
+    discord.press(BOB, ask, six)
+    wait_until(lambda: discord.followups, timeout=30, what="Bob's press answered to him alone")
+    assert "not yours" in discord.followups[0]["content"]
+    discord.press(ALICE, ask, six)
+    done = answer(discord, dm, "RESULT ask_user")
+    assert '"answers": ["six"]' in done.content.replace("\\", "")
+    results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
+    assert [json.loads(r)["answers"] for r in results] == [["six"]]
+
+
 def test_in_a_server_a_mention_is_needed_and_a_thread_is_its_own_session(
         processes: Processes, discord_env: dict[str, str], discord: FakeDiscord,
         scripted_llm: ScriptedLLM) -> None:

@@ -122,6 +122,28 @@ def test_an_approval_is_answered_by_reply_from_its_own_person_only(
     assert "approved" in done.text and (alices(ws) / "out.txt").read_text() == "approved\n"
 
 
+def test_ask_user_is_answered_by_reply_with_a_choice_and_in_words(
+        processes: Processes, mail_env: dict[str, str], dovecot: Dovecot, smtp: SmtpSink,
+        scripted_llm: ScriptedLLM) -> None:
+    start_channel(processes, dovecot)
+    dovecot.deliver(mail(ALICE, 'CALL ask_user {"questions": [{"text": "Which colour?", "choices": ["red", "blue"]},'
+                                ' {"text": "Why that one?"}]}'))
+    question = answer(smtp, ALICE, "❓ Which colour?")
+    assert "Reply to this mail with one of: RED, BLUE (or its number: 1 RED, 2 BLUE)" in question.text
+    written = answer(smtp, ALICE, "❓ Why that one?")
+    dovecot.deliver(mail(BOB, "red", reply_to=question.message))  # Bob may write, but this is not his
+    refused = answer(smtp, BOB, "not yours")
+    assert refused.recipients == [BOB]
+    dovecot.deliver(mail(ALICE, "2\n\nOn Tuesday, the agent wrote:\n> Which colour?", reply_to=question.message))
+    answer(smtp, ALICE, "Answered: blue")
+    dovecot.deliver(mail(ALICE, "it is calm", reply_to=written.message))
+    answer(smtp, ALICE, "Noted")
+    done = answer(smtp, ALICE, "RESULT ask_user")
+    assert "blue" in done.text and "it is calm" in done.text
+    results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
+    assert [json.loads(r) for r in results] == [{"answers": ["blue", "it is calm"], "by": f"email:{ALICE}"}]
+
+
 def test_attachments_land_in_the_workspace_and_go_back_out(
         processes: Processes, mail_env: dict[str, str], dovecot: Dovecot, smtp: SmtpSink, ws: Path) -> None:
     start_channel(processes, dovecot)

@@ -149,6 +149,35 @@ def test_in_a_group_a_mention_is_needed_and_an_approval_is_its_own_persons(
     assert answer(alice, room, "echo: and")["content"]["body"] == "echo: and then?"
 
 
+def test_ask_user_is_answered_by_a_numbered_reaction_and_a_next_message(
+        processes: Processes, matrix_env: dict[str, str], people: dict[str, Person],
+        scripted_llm: ScriptedLLM) -> None:
+    alice, bot = people["alice"], people["bot"]
+    start_channel(processes)
+    room = direct_room(alice, bot)
+    alice.say(room, 'CALL ask_user {"questions": [{"text": "Which colour?", "choices": ["red", "blue"]}, '
+                    '{"text": "Why that one?"}]}')
+    ask = answer(alice, room, "❓ Which colour?")
+    assert "React with 1\N{COMBINING ENCLOSING KEYCAP} red · 2\N{COMBINING ENCLOSING KEYCAP} blue" in \
+        ask["content"]["body"]
+    answer(alice, room, "❓ Why that one?")
+
+    def choices() -> list[dict[str, Any]] | None:  # the bot reacts once per choice, one after another
+        found = [m for m in alice.messages(room) if m["type"] == "m.reaction"
+                 and m["content"]["m.relates_to"]["event_id"] == ask["event_id"]]
+        return found if len(found) == 2 else None
+
+    wait_until(choices, timeout=30, what="the bot's two reactions as the choices")
+    alice.react(room, ask["event_id"], "2\N{COMBINING ENCLOSING KEYCAP}")
+    answer(alice, room, "Answered: blue")
+    alice.say(room, "it is calm")
+    answer(alice, room, "Noted")
+    done = answer(alice, room, "RESULT ask_user")
+    assert "blue" in done["content"]["body"] and "it is calm" in done["content"]["body"]
+    results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
+    assert [json.loads(r)["answers"] for r in results] == [["blue", "it is calm"]]
+
+
 def test_files_both_ways_and_an_encrypted_room_is_declined_plainly(
         processes: Processes, matrix_env: dict[str, str], people: dict[str, Person], ws: Path,
         scripted_llm: ScriptedLLM) -> None:

@@ -109,6 +109,27 @@ def test_a_delegation_shows_as_a_tool_with_its_sub_agents_calls_nested(stack: di
     assert read.status_code == 200 and read.json()["entries"][0]["content"] == task
 
 
+def test_a_sub_agents_question_reaches_the_stream_and_is_answered_over_http(stack: dict[str, str]) -> None:
+    """ask_user in a delegated turn: relayed into the parent's stream as a line and ``pincer.question``; the
+    answer, posted by the stream's own client, reaches the sub-agent and comes back through its answer."""
+    api = client(stack, default_headers={"X-OpenWebUI-Chat-Id": "owui-asking"})
+    task = 'CALL ask_user {"questions": [{"text": "Ship it?", "choices": ["yes", "not yet"]}]}'
+    messages = [{"role": "user", "content": "CALL delegate " + json.dumps({"task": task})}]
+    streamed, asked = "", []
+    for chunk in api.chat.completions.create(model="pincer", messages=messages, stream=True):  # type: ignore[arg-type]
+        streamed += chunk.choices[0].delta.content or "" if chunk.choices else ""
+        question = (chunk.model_extra or {}).get("pincer", {}).get("question")
+        if question:
+            asked.append(question)
+            answered = httpx.post(f"{gateway_url(stack)}/v1/questions/{question['question_id']}",
+                                  json={"answers": ["not yet"]}, headers={"Authorization": f"Bearer {OWNER_TOKEN}"},
+                                  timeout=10)
+            assert answered.status_code == 200, answered.text
+    assert [q["questions"] for q in asked] == [[{"text": "Ship it?", "choices": ["yes", "not yet"]}]]
+    assert f"❓ Ship it? [yes, not yet] (POST /v1/questions/{asked[0]['question_id']})" in streamed
+    assert '"answers": ["not yet"]' in streamed.replace('\\"', '"')  # the sub-agent's answer quotes its result
+
+
 def test_a_session_header_keeps_pincers_transcript_as_the_record(stack: dict[str, str],
                                                                  scripted_llm: ScriptedLLM) -> None:
     api = client(stack, default_headers={"X-OpenWebUI-Chat-Id": "owui-chat-1"})

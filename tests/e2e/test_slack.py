@@ -127,6 +127,31 @@ def test_an_approval_is_pressed_by_its_own_person_only(
     assert ask.text.startswith("Allowed once.") and not ask.buttons  # the question shows its answer
 
 
+def test_ask_user_in_a_thread_is_answered_by_its_own_person_only(
+        processes: Processes, slack_env: dict[str, str], slack: FakeSlack, scripted_llm: ScriptedLLM) -> None:
+    start_channel(processes, slack)
+    ask_text = ('CALL ask_user {"questions": [{"text": "Which colour?", "choices": ["red", "blue"]}, '
+                '{"text": "Why that one?"}]}')
+    top = slack.say(ALICE, f"<@{BOT_USER}> {ask_text}", channel="C0GENERAL")
+    ask = answer(slack, "C0GENERAL", "❓ Which colour?")
+    assert ask.thread_ts == top and [b["text"]["text"] for b in ask.buttons] == ["red", "blue"]
+    answer(slack, "C0GENERAL", "❓ Why that one?")
+    blue = ask.buttons[1]["value"]
+    slack.press(BOB, ask, blue)  # Bob is in the channel, but this is Alice's question
+    wait_until(lambda: slack.ephemeral, timeout=30, what="Bob's press answered to him alone")
+    assert slack.ephemeral[0]["user"] == BOB and "not yours" in slack.ephemeral[0]["text"]
+    slack.say(BOB, "calm, says Bob", channel="C0GENERAL", thread_ts=top)  # his own turn, not her answer
+    answer(slack, "C0GENERAL", "echo: calm, says Bob")
+    slack.press(ALICE, ask, blue)
+    wait_until(lambda: len(slack.ephemeral) == 2, timeout=30, what="Alice's press answered")
+    slack.say(ALICE, "it is calm", channel="C0GENERAL", thread_ts=top)  # in the thread, no mention needed
+    answer(slack, "C0GENERAL", "Noted")
+    done = answer(slack, "C0GENERAL", "RESULT ask_user")
+    assert "blue" in done.text and "it is calm" in done.text
+    results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
+    assert [json.loads(r)["answers"] for r in results] == [["blue", "it is calm"]]
+
+
 def test_in_a_channel_a_mention_opens_a_thread_that_is_its_own_session(
         processes: Processes, slack_env: dict[str, str], slack: FakeSlack, scripted_llm: ScriptedLLM) -> None:
     start_channel(processes, slack)

@@ -152,6 +152,45 @@ def test_an_approval_is_answered_by_its_own_person_only(
     assert ask.text.startswith("Allowed once.") and not ask.buttons  # the question shows its answer
 
 
+def test_ask_user_is_answered_by_a_button_and_the_next_message_of_its_own_person_only(
+        processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram,
+        scripted_llm: ScriptedLLM) -> None:
+    """Pressed by its own person only; the written answer taken by a channel started after the one that asked
+    was killed -9 (the question waits in Redis, not in the channel), and the turn's answer shown once."""
+    start_channel(processes, telegram, name="telegram-1")
+    telegram.say(ALICE, 'CALL ask_user {"questions": [{"text": "Which colour?", "choices": ["red", "blue"]}, '
+                        '{"text": "Why that one?"}]}')
+    ask = answer(telegram, ALICE, "❓ Which colour?")  # its own message (the tool's line quotes it too)
+    assert [button["text"] for row in ask.buttons for button in row] == ["red", "blue"]
+    blue = ask.buttons[0][1]["callback_data"]
+    assert len(blue.encode()) <= 64 and blue.startswith("q:") and blue.endswith(":0:1")  # Telegram's limit
+    written = answer(telegram, ALICE, "❓ Why that one?")
+    assert "next message" in written.text and not written.buttons
+    telegram.press(BOB, ask, blue, username="bob_b")  # Bob may talk to the bot, but this is Alice's turn
+    wait_until(lambda: telegram.answers, timeout=30, what="Bob's press answered")
+    assert "not yours" in telegram.answers[0]["text"]
+    telegram.press(STRANGER, ask, blue)
+    wait_until(lambda: len(telegram.answers) == 2, timeout=30, what="the stranger's press answered")
+    assert "not yours" in telegram.answers[1]["text"]
+    telegram.say(BOB, "it is calm, says Bob")  # his own chat: a turn of his, no answer to Alice's question
+    answer(telegram, BOB, "echo: it is calm, says Bob")
+    telegram.press(ALICE, ask, blue)
+    wait_until(lambda: len(telegram.answers) == 3, timeout=30, what="Alice's press answered")
+    assert telegram.answers[2]["text"] == "Answered: blue"
+    assert ask.text.startswith("❓ Which colour?") and "Answered: blue" in ask.text and not ask.buttons
+    assert not [b for b in scripted_llm.requests if any(m.get("role") == "tool" for m in b["messages"])]
+    first = next(proc for name, proc, _ in processes.started if name == "telegram-1")
+    processes.stop(first, sig=signal.SIGKILL)
+    start_channel(processes, telegram, name="telegram-2")
+    telegram.say(ALICE, "it is calm")
+    answer(telegram, ALICE, "Noted")
+    done = answer(telegram, ALICE, "RESULT ask_user", timeout=120)
+    assert "blue" in done.text and "it is calm" in done.text
+    assert sum("RESULT ask_user" in s.text for s in telegram.to(ALICE)) == 1
+    results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
+    assert [json.loads(r) for r in results] == [{"answers": ["blue", "it is calm"], "by": f"telegram:{ALICE}"}]
+
+
 def test_in_a_group_only_a_mention_or_a_reply_is_answered(
         processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram) -> None:
     start_channel(processes, telegram)

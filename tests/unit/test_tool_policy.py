@@ -21,9 +21,12 @@ def allowed(settings: dict, *, agent: str = "main", sender: str = "") -> list[st
 def test_profiles() -> None:
     assert allowed({}, sender="owner") == ALL  # full by default
     assert allowed({}) == [n for n in ALL if n != "schedule"]  # owner-only by default: jobs run unattended
-    assert allowed({"profile": "minimal"}) == ["memory_delete", "memory_read", "memory_search", "memory_write"]
+    # asking the person is in every profile: it reaches no file, command or network
+    assert allowed({"profile": "minimal"}) == ["ask_user", "memory_delete", "memory_read", "memory_search",
+                                               "memory_write"]
     coding = allowed({"profile": "coding"})
-    assert "exec" in coding and "read_file" in coding and "web_fetch" not in coding
+    assert "exec" in coding and "read_file" in coding and "ask_user" in coding and "web_fetch" not in coding
+    assert "ask_user" not in allowed({"deny": ["group:people"]})
 
 
 def test_allow_deny_globs_and_groups() -> None:

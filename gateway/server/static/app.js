@@ -7,7 +7,7 @@
 const ui = new Map();
 const $ = (id) => ui.get(id);
 const state = { me: null, session: null, socket: null, live: null, sessions: [], sent: [], forking: false,
-  liveCards: new Map(), approvalCards: new Map() };
+  liveCards: new Map(), approvalCards: new Map(), questionCards: new Map() };
 
 function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
@@ -149,6 +149,57 @@ function approvalCard(event) {
   status(`${event.tool} waits for your approval: Allow or Deny in the conversation.`);
 }
 
+// The agent's questions (ask_user): a choice is a button, a question without choices a text box. Every
+// word of them goes in as text; the answers are kept by this card's own handlers, never read from the page.
+function questionCard(event) {
+  const answers = event.questions.map(() => null);
+  const submit = el("button", { type: "button", disabled: "" }, "Send answers");
+  const answer = () => {
+    card.querySelectorAll("button, input").forEach((b) => { b.disabled = true; });
+    send({ type: "answer", question_id: event.question_id, answers, ref: `answer:${event.question_id}` });
+  };
+  const ready = () => { submit.disabled = answers.some((a) => a === null); };
+  const one = event.questions.length === 1 && event.questions[0].choices.length > 0;  // a tap answers it
+  const parts = event.questions.map((question, index) => {
+    if (question.choices.length === 0) {
+      const box = el("input", { type: "text", maxlength: "2000", "aria-label": `Answer ${index + 1}`,
+        oninput: () => { answers[index] = box.value.trim() || null; ready(); },
+        onkeydown: (e) => { if (e.key === "Enter" && !submit.disabled) { e.preventDefault(); answer(); } } });
+      return el("div", { class: "question" }, el("p", {}, question.text), box);
+    }
+    const buttons = question.choices.map((choice) => el("button", { type: "button", "aria-pressed": "false",
+      onclick: () => {
+        answers[index] = choice;
+        buttons.forEach((b) => b.setAttribute("aria-pressed", String(b === buttonOf.get(choice))));
+        if (one) answer(); else ready();
+      } }, choice));
+    const buttonOf = new Map(question.choices.map((choice, n) => [choice, buttons[n]]));
+    return el("div", { class: "question" }, el("p", {}, question.text), el("div", { class: "actions" }, ...buttons));
+  });
+  submit.addEventListener("click", answer);
+  const card = el("div", { class: "question-card", role: "group", "aria-label": "The agent asks you" },
+    el("strong", {}, "The agent asks:"), ...parts, one ? "" : el("div", { class: "actions" }, submit));
+  // After a refused answer: open again, Send only once every question has an answer.
+  const reopen = () => { card.querySelectorAll("button, input").forEach((b) => { b.disabled = false; }); ready(); };
+  state.questionCards.set(event.question_id, { card, reopen });
+  append(card);
+  // Said, not focused: a key meant for the message box must never answer a question.
+  status("The agent asks you something: answer in the conversation.");
+}
+
+// An answer the Gateway refused: a question gone (answered elsewhere, expired) leaves a note; otherwise the
+// card may be answered again. The turn runs on either way.
+function answerRefused(frame) {
+  const id = frame.ref.slice("answer:".length);
+  const asked = state.questionCards.get(id);
+  status(`${frame.code}: ${frame.message}`, true);
+  if (!asked) return;
+  if (frame.code === "NOT_FOUND") {
+    state.questionCards.delete(id);
+    asked.card.replaceWith(el("p", { class: "note" }, "This question was answered elsewhere, or it expired."));
+  } else asked.reopen();
+}
+
 function append(node) {
   const box = $("transcript");
   const atEnd = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
@@ -274,6 +325,7 @@ function onFrame(frame) {
     case "resync": if (frame.session === state.session) openSession(state.session); break;
     case "error":
       if (frame.ref === "subscribe" && frame.code === "NOT_FOUND") break;  // a new chat: see subscribe()
+      if (typeof frame.ref === "string" && frame.ref.startsWith("answer:")) { answerRefused(frame); break; }
       status(`${frame.code}: ${frame.message}`, true); busy(false); break;
     case "accepted":
       busy(true);
@@ -303,6 +355,14 @@ function onEvent(event) {
       const card = state.approvalCards.get(event.approval_id);
       state.approvalCards.delete(event.approval_id);
       if (card) card.replaceWith(el("p", { class: "note" }, `${event.decision} by ${event.by}`));
+      status("");
+      break;
+    }
+    case "question": questionCard(event); break;
+    case "question_answered": {
+      const asked = state.questionCards.get(event.question_id);
+      state.questionCards.delete(event.question_id);
+      if (asked) asked.card.replaceWith(el("p", { class: "note" }, `answered by ${event.by}: ${event.answers.join(" · ")}`));
       status("");
       break;
     }
