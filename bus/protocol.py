@@ -393,7 +393,7 @@ class ApprovalDecision(BaseMessage):
 class Question(BaseModel):
     """One question put to a person: its text, and the choices that answer it (none: any text does)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = WIRE
 
     text: str = Field(min_length=1, max_length=2_000)
     choices: list[str] = Field(default_factory=list, max_length=6)
