@@ -27,6 +27,7 @@ from bus.presence import Presence
 from bus.streams import Bus
 from gateway.channels.access import Access
 from memory.longterm import SHARED, LongTermMemory
+from memory.sessions import SessionStore, TranscriptEntry
 from tests.conftest import ROOT, Processes, gateway_client, wait_until
 from tests.e2e.conftest import create_token, signed_in, start_stack
 
@@ -311,27 +312,52 @@ def test_memory_search_asks_the_api_and_recall_shows_what_the_agent_would_find(c
 
 
 def test_an_operator_sees_everyones_sessions_and_deletes_one_a_chat_token_sees_no_such_choice(
-        console_stack: dict, browser, processes: Processes) -> None:
+        console_stack: dict, browser, processes: Processes, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    alice = create_token(processes, "alice")
-    with gateway_client(console_stack, alice) as client:
-        assert client.post("/v1/sessions/plans/messages", json={"text": HOSTILE}).status_code == 200
+    carol = create_token(processes, "carol")
+
+    async def conversation(bus: Bus) -> None:  # as a turn leaves it (the stack's budgets price no scripted turn)
+        store = SessionStore(bus.redis, bus.keys)
+        assert await store.claim_and_number("carol/plans", "carol") == 1
+        await store.append("carol/plans", TranscriptEntry(role="user", content=HOSTILE),
+                           TranscriptEntry(role="assistant", content="noted"))
+
+    seeded(console_stack, conversation)
     context, page = signed_in(browser, console_stack)
     page.on("dialog", lambda dialog: dialog.accept())
     page.locator("#tab-sessions").click()
-    expect(page.locator("#session-rows")).not_to_contain_text("alice/plans")  # its own, by default
+    expect(page.locator("#session-rows")).not_to_contain_text("carol/plans")  # its own, by default
     page.locator("#sessions-everyone").check()
-    row = page.locator("#session-rows li", has_text="alice/plans")
+    row = page.locator("#session-rows li", has_text="carol/plans")
     expect(row).to_contain_text(HOSTILE[:30])  # the title drawn as text
     assert page.evaluate("window.pwned") is None and page.locator("#session-rows b#text").count() == 0
+    both_widths(page, "sessions", tmp_path)
     row.get_by_role("button", name="Delete").click()
     expect(row).to_have_count(0)
-    with gateway_client(console_stack, alice) as client:
-        wait_until(lambda: client.get("/v1/sessions").json()["sessions"] == [], timeout=10, what="alice's gone")
+    with gateway_client(console_stack, carol) as client:
+        wait_until(lambda: client.get("/v1/sessions").json()["sessions"] == [], timeout=10, what="carol's gone")
     context.close()
-    context, page = paste_in(browser, console_stack, alice)
+    context, page = paste_in(browser, console_stack, carol)
     page.locator("#tab-sessions").click()
     expect(page.locator("#sessions-everyone-label")).to_be_hidden()
     assert page.evaluate("fetch('/v1/sessions?owner=*').then((r) => r.status)") == 403
+    context.close()
+
+
+def test_the_jobs_and_pool_views_show_what_the_api_says(console_stack: dict, browser, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    with gateway_client(console_stack) as client:
+        made = client.post("/v1/cron", json={"name": "standup", "cron": "0 9 * * 1-5", "message": HOSTILE})
+        assert made.status_code == 201, made.text
+    context, page = signed_in(browser, console_stack, viewport=DESKTOP)
+    page.locator("#tab-jobs").click()
+    row = page.locator("#job-rows li", has_text="standup")
+    expect(row).to_contain_text(HOSTILE[:30])  # the job's message drawn as text
+    assert page.evaluate("window.pwned") is None
+    both_widths(page, "jobs", tmp_path)
+    page.locator("#tab-pool").click()
+    expect(page.locator("#view-pool")).to_contain_text("hands")
+    both_widths(page, "pool", tmp_path)
     context.close()
