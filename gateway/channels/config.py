@@ -7,7 +7,7 @@ import re
 from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SecretStr, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 
 from bus.config import Section, from_environment
 
@@ -330,3 +330,20 @@ class ChannelSettings(Section):
 
 
 KNOWN = ("telegram", "slack", "discord", "matrix", "email")  # the order `pincer channels` lists them in
+
+
+def enabled_names(raw: object) -> list[str]:
+    """The channels switched on in a configuration's ``channels`` section, read without validating their
+    settings: a Gateway is never handed a channel's token, so it must not resolve its ``${NAME}``."""
+    section = raw if isinstance(raw, dict) else {}
+    switched = TypeAdapter(bool)
+    on = []
+    for name in KNOWN:
+        settings = section.get(name)
+        if isinstance(settings, dict):
+            try:
+                if switched.validate_python(settings.get("enabled", False)):
+                    on.append(name)
+            except ValidationError:
+                continue  # the channel's own process says what is wrong with it
+    return on

@@ -12,7 +12,7 @@ import uvicorn
 from bus.config import Config, ConfigError
 from bus.service import new_instance_id, run_service
 from bus.streams import Bus
-from gateway.channels.config import ChannelSettings
+from gateway.channels.config import enabled_names
 from gateway.config import GatewaySettings
 from gateway.server.app import Gateway
 from memory.spend import SpendView
@@ -29,7 +29,7 @@ def main(config: Config, *, port: int | None = None) -> int:
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         gateway = Gateway(bus, settings, instance_id=instance_id, heartbeat_s=config.runtime.heartbeat_s,
                           spend=config.section("brain", SpendView),
-                          channels=config.section("channels", ChannelSettings).enabled())
+                          channels=enabled_names(config.raw.get("channels")))
         if not settings.loopback_only and not await gateway.tokens.configured():
             raise ConfigError(f"refusing to listen on {settings.host} with no token: anyone who reaches it could "
                               "run commands as this agent. Create one with `pincer token create NAME` or set "

@@ -224,3 +224,12 @@ def test_one_resolver_reads_every_reference_and_names_a_missing_one(monkeypatch:
     assert isinstance(missing.value, ConfigError) and isinstance(missing.value, ValueError)  # pydantic reports it
     assert str(missing.value).startswith("channels.slack.bot_token names ${PINCER_TEST_GONE}, but PINCER_TEST_GONE "
                                          "is not set in the environment of the channel: export PINCER_TEST_GONE")
+
+
+def test_the_gateway_reads_which_channels_are_on_without_their_secrets() -> None:
+    from gateway.channels.config import enabled_names
+
+    raw = {"telegram": {"enabled": True, "bot_token": "${NOT_IN_THIS_PROCESS}"}, "slack": {"enabled": "false"},
+           "email": {"enabled": "yes"}, "matrix": "not a mapping", "discord": {"enabled": "maybe"}}
+    assert enabled_names(raw) == ["telegram", "email"]
+    assert enabled_names(None) == []
