@@ -233,12 +233,13 @@ class ScratchCalls:
     def __init__(self, run_tool: RunTool, message: ChatMessage, deadline_s: float) -> None:
         self.run_tool, self.message, self.deadline_s = run_tool, message, deadline_s
 
-    async def execute(self, call_id: str, tool: str, args: dict[str, Any], prior: list[PriorResult]) -> ToolResult:
+    async def execute(self, call_id: str, tool: str, args: dict[str, Any], prior: list[PriorResult], *,
+                      deadline_s: float | None = None) -> ToolResult:
         msg = self.message
         return await self.run_tool(ToolExecute(call_id=call_id, tool=tool, args=args, session_id=msg.session_id,
                                                agent_id=msg.agent_id, sender=msg.sender, reply_to="replay",
                                                message_id=msg.message_id, prior=prior, approvals_to="",
-                                               deadline=now_ms() + int(self.deadline_s * 1000)))
+                                               deadline=now_ms() + int((deadline_s or self.deadline_s) * 1000)))
 
 
 class Replayer:
