@@ -383,13 +383,7 @@ class Supervisor:
         process = child.process
         if process is None or process.returncode is not None:
             return
-        _signal_group(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), self.grace_s)
-        except TimeoutError:
-            say(f"{child.name} did not stop within {self.grace_s:g}s; killing it")
-            _signal_group(process.pid, signal.SIGKILL)
-            await process.wait()
+        await self._drain(process, child.name)
         if child.pump:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(child.pump, 2)
