@@ -10,6 +10,7 @@ import pytest
 
 from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
+from bus.redis_client import RedisRefused
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from tests.conftest import Processes, async_wait_until, make_skill, nothing_pending
@@ -53,7 +54,11 @@ async def test_a_call_survives_its_worker(bus: Bus, processes: Processes, takeov
             await bus.publish(bus.keys.hands_requests, call)
 
             async def worker_a_runs_it() -> bool:  # facts, not a pause: A holds the entry, and has started it
-                pending = await bus.redis.xpending_range(bus.keys.hands_requests, "hands", min="-", max="+", count=10)
+                try:
+                    pending = await bus.redis.xpending_range(bus.keys.hands_requests, "hands", min="-", max="+",
+                                                             count=10)
+                except RedisRefused:  # alive before its group is made: the worker makes it as it opens its lanes
+                    return False
                 holds = any(p["consumer"].decode() == worker_a for p in pending)
                 return holds and (taken_over or bool(await bus.redis.exists(bus.keys.call_record(call.call_id))))
 
