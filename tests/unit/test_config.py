@@ -186,6 +186,16 @@ def test_hands_jobs_and_hands_background_at_once_are_refused(tmp_path: Path) -> 
         load_config(DEFAULT_CONFIG, env=env)
 
 
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path: Path) -> None:
+    twice = _write(tmp_path, "runtime:\n  log_level: INFO\n  heartbeat_s: 2\n  log_level: DEBUG\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line 4, column 3: 'log_level' is given twice"):
+        load_config(twice, env={})
+    sections = _write(tmp_path, "runtime: {}\nhands: {}\nruntime: {log_level: DEBUG}\n")
+    with pytest.raises(ConfigError, match=r"line 3, column 1: 'runtime' is given twice"):
+        load_config(sections, env={})
+    assert load_config(DEFAULT_CONFIG, env={}).runtime.backup.keep == 7  # the shipped file has each key once
+
+
 def test_broken_yaml_says_where(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"not valid YAML at line 3, column 1"):
         load_config(_write(tmp_path, "gateway:\n  port: [1,\n"), env={})
