@@ -186,6 +186,13 @@ class AskUserSettings(Section):
     timeout_s: float = Field(default=300.0, gt=0, le=86_400)
 
 
+class RecallSettings(Section):
+    """Memory search's indexes in each worker: one per scope searched lately, built on demand (memory/recall.py)."""
+
+    max_chunks: int = Field(default=200_000, ge=1_000)  # held across scopes before the least recent are evicted
+    log_keep_s: float = Field(default=86_400.0, ge=600)  # how long the memory log keeps a change
+
+
 MCP_SERVER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
 
 
@@ -277,6 +284,7 @@ class HandsSettings(Section):
     background: BackgroundSettings = Field(default_factory=BackgroundSettings)
     exec: ExecSettings = Field(default_factory=ExecSettings)
     ask_user: AskUserSettings = Field(default_factory=AskUserSettings)
+    recall: RecallSettings = Field(default_factory=RecallSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     skill_dirs: list[Path] = Field(default_factory=lambda: [SHIPPED_SKILLS, Path("~/.pincer/skills")])

@@ -90,9 +90,10 @@ class HandsWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         approvals = ApprovalGate(settings.exec, bus=bus, inbox=self.inbox)
         questions = PersonAsker(bus=bus, inbox=self.inbox, timeout_s=settings.ask_user.timeout_s)
-        # Memory search's index, kept up to date in the background; built from the log at start, and the
-        # heartbeat says so at once when it is (readiness waits for a worker that is not still building).
-        self.recall = Recall(bus.redis, bus.keys, on_built=lambda: self.presence.beat())
+        # Memory search's indexes, one per scope searched lately, kept up to date from the log in the background;
+        # the heartbeat says how far a long build has come, and at once when it is done.
+        self.recall = Recall(bus.redis, bus.keys, max_chunks=settings.recall.max_chunks,
+                             log_keep_s=settings.recall.log_keep_s, on_built=lambda: self.presence.beat())
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox,
                                  background=self.background, approvals=approvals, questions=questions,
@@ -276,7 +277,7 @@ class HandsWorker:
         async with contextlib.AsyncExitStack() as services:
             await self.presence.start()
             services.push_async_callback(self.presence.stop)
-            # The index is built first (the heartbeat says "indexing" until it is), and stopped last.
+            # The index's feed starts first and stops last.
             recall_stop = asyncio.Event()
             indexing = asyncio.create_task(self.recall.run(recall_stop), name="recall")
             services.push_async_callback(_stopped, indexing, recall_stop)

@@ -1,13 +1,19 @@
 """Recall: search over an identity's notes and its past conversations, ranked by BM25.
 
+Each Hands worker keeps an index per scope (one agent's notes for one identity, with
+the agent's shared notes, and that identity's conversations) in SQLite's FTS5 (whose
+``bm25()`` ranks, with the Porter stemmer), built on demand from what Redis keeps: the
+notes' hashes and the identity's transcripts. Scopes not searched lately are evicted
+once the worker holds more than ``max_chunks`` chunks, so its memory grows with the
+people it serves at once, not with everyone the pool ever served; a new worker has
+nothing to build before its first search but that one identity's scope.
+
 Whatever should be findable (a note written or deleted, a person's message, the
-agent's words in a turn) is also added to one Redis stream, ``memory:log``, in
-the same round trip as the write itself (``memory/log.py``, which also removes
-the copies a new version or a deletion makes stale). Each Hands worker keeps a local index
-of that stream in SQLite's FTS5 (whose ``bm25()`` ranks, with the Porter
-stemmer): a background task adds entries as they are written, and a search
-first reads whatever arrived since, so it sees everything written before it.
-The index lives in memory; a new worker builds it from the stream.
+agent's words in a turn) is also added to one Redis stream, ``memory:log``, in the
+same round trip as the write itself (``memory/log.py``). The log is the index's feed
+of changes: a worker reads it from where it started, applies each entry to the scopes
+it holds and skips the rest, and a search first reads whatever arrived since, so it
+sees everything written before it. The log keeps ``log_keep_s`` of changes.
 
 Scoping is in the query: an identity finds its own notes and the agent's shared
 ones, and its own conversations, never another identity's. A conversation hit
@@ -21,16 +27,21 @@ import contextlib
 import logging
 import re
 import sqlite3
+import time
+import zlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+import msgpack
+
 from bus.keys import Keys
 from bus.log import kv
 from bus.progress import Lines, Progress, Throttle
 from bus.store import RedisStore
-from memory.embedding import DenseIndex
+from memory.embedding import DenseIndex, Embedder
 from memory.embedding import load as load_embedder
 from memory.log import MemoryLog, session_forgotten
 from memory.log import note_deleted as note_deleted  # the log's entries, named where the index reads them
@@ -41,7 +52,9 @@ log = logging.getLogger("memory.recall")
 CHUNK_CHARS = 1_000  # a long message is indexed in pieces of about this size
 READ_BATCH = 2_000
 SEARCH_BATCHES = 2  # a search indexes at most this many batches first (a tool call has seconds, not minutes)
-BUILD_THROTTLE = Throttle()  # how often the first build from the log is said in the worker's log
+BUILD_THROTTLE = Throttle()  # how often a long build of one scope is said in the worker's log
+MAX_CHUNKS = 200_000  # chunks a worker holds across its scopes (about 1 KB each, with vectors) before evicting
+LOG_KEEP_S = 86_400  # the change feed's reach: a worker that falls further behind rebuilds what it holds
 RRF_K = 60  # reciprocal rank fusion's constant: how little a rank's position counts against being found at all
 # Words a question is made of that say nothing of what it asks: left out of the query (BM25 would weigh them
 # little anyway, but each one makes SQLite walk a long list of every chunk that holds it).
@@ -90,17 +103,57 @@ def _scope(kind: str, agent: str, owner: str) -> str:
     return f"c:{owner}" if kind == "conversation" else f"n:{agent}/{owner}"
 
 
+def _ref(entry: Fields) -> str:
+    """What a new version replaces: a note's ref; for words said, their content and place, so the same message
+    read from its transcript (a scope's build) and from the log (the feed) is indexed once."""
+    if entry.get("kind") != "conversation":
+        return entry.get("ref", "")
+    text = entry.get("text", "")
+    return f"said:{entry.get('place', '')}:{entry.get('at', '')}:{entry.get('role', '')}:{zlib.crc32(text.encode())}"
+
+
+def _concerns(entry: Fields, agent: str, owner: str) -> bool:
+    """Whether a log entry changes the scope of ``agent``'s notes for ``owner`` (with the shared ones) and
+    ``owner``'s conversations."""
+    op = entry.get("op")
+    if op == "forget":
+        return bool(owner) and entry.get("place", "").partition("/")[0] == owner
+    if op == "drop":
+        return entry.get("ref", "").startswith(f"note:{agent}/")
+    if op != "put":
+        return False
+    if entry.get("kind") == "note":
+        return entry.get("agent") == agent and entry.get("owner") in (owner, "")
+    return bool(owner) and entry.get("owner") == owner
+
+
+def _glob(text: str) -> str:
+    """``text`` matched literally by a Redis MATCH pattern."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def _ms(entry_id: str) -> int:
+    return _id(entry_id)[0]
+
+
+def _id(entry_id: str | bytes | None) -> tuple[int, int]:
+    """A stream entry id, comparable."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id or "0-0"
+    ms, _, seq = text.partition("-")
+    return _int(ms), _int(seq)
+
+
 class _Index:
     """The FTS5 index, and the chunks' vectors when the embedding model is installed; used from one thread
     only (SQLite's connection is not shared)."""
 
-    def __init__(self, embeddings: bool) -> None:
+    def __init__(self, embedder: Embedder | None) -> None:
         self.db = sqlite3.connect(":memory:")
         self.db.executescript(SCHEMA)
-        embedder = load_embedder() if embeddings else None
         self.dense = DenseIndex(embedder) if embedder is not None else None
         self._new: list[tuple[int, str, str, str]] = []  # chunks added in this batch, for their vectors
         self._rows = 0
+        self.chunks = 0  # held now (what eviction weighs)
 
     def apply(self, entries: Iterable[tuple[str, Fields]]) -> list[str]:
         """Index ``(entry id, fields)`` in order; the ids of the log entries they made stale (an earlier version
@@ -110,21 +163,22 @@ class _Index:
         stale: list[str] = []
         with db:
             for entry_id, entry in entries:
-                op = entry.get("op")
+                op, ref = entry.get("op"), _ref(entry)
                 if op in ("put", "drop"):
-                    stale += self._drop(entry.get("ref", ""))
+                    stale += self._drop(ref)
                 if op == "put":
                     text = entry.get("text", "")
                     for start in range(0, max(len(text), 1), CHUNK_CHARS):
                         self._rows += 1  # ids never reused (SQLite would reuse a deleted last one): vectors key on them
+                        self.chunks += 1
                         cursor = db.execute(
                             "INSERT INTO chunks (rowid, text, kind, owner, agent, place, role, at, ref, turn) "
                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             (self._rows, text[start:start + CHUNK_CHARS], entry.get("kind", ""), entry.get("owner", ""),
                              entry.get("agent", ""), entry.get("place", ""), entry.get("role", ""),
-                             _int(entry.get("at")), entry.get("ref", ""), entry.get("turn", "")))
+                             _int(entry.get("at")), ref, entry.get("turn", "")))
                         db.execute("INSERT INTO refs (ref, row, entry) VALUES (?, ?, ?)",
-                                   (entry.get("ref", ""), cursor.lastrowid, entry_id))
+                                   (ref, cursor.lastrowid, entry_id))
                         self._new.append((int(cursor.lastrowid or 0), _scope(entry.get("kind", ""),
                                           entry.get("agent", ""), entry.get("owner", "")), entry.get("turn", ""),
                                           text[start:start + CHUNK_CHARS]))
@@ -135,6 +189,7 @@ class _Index:
                     stale += self._entries(gone)
                     db.executemany("DELETE FROM refs WHERE row = ?", [(r,) for r in gone])
                     db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in gone])
+                    self.chunks -= len(gone)
                     self._forget_vectors(gone)
         if self.dense is not None:
             self.dense.add(self._new)
@@ -147,6 +202,7 @@ class _Index:
         stale = self._entries(rows)
         self.db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in rows])
         self.db.execute("DELETE FROM refs WHERE ref = ?", (ref,))
+        self.chunks -= len(rows)
         self._forget_vectors(rows)
         return stale
 
@@ -190,87 +246,88 @@ class _Index:
         ordered = sorted((rowid for rowid in fused if rowid in rows), key=lambda r: -fused[r])
         return [(*rows[r][1:7], fused[r] * 100) for r in ordered[:limit]]
 
-    def size(self) -> int:
-        return int(self.db.execute("SELECT count(*) FROM chunks").fetchone()[0])
 
 
 class Recall:
-    """This worker's index of the memory log, kept up to date, and the search over it."""
+    """This worker's indexes, one per scope searched lately, kept up to date from the log, and the search."""
 
-    def __init__(self, redis: RedisStore, keys: Keys, *, embeddings: bool = True,
-                 on_built: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(self, redis: RedisStore, keys: Keys, *, embeddings: bool = True, max_chunks: int = MAX_CHUNKS,
+                 log_keep_s: float = LOG_KEEP_S, on_built: Callable[[], Awaitable[None]] | None = None) -> None:
         self.redis, self.keys, self.embeddings = redis, keys, embeddings
+        self.max_chunks, self.log_keep_s = max_chunks, log_keep_s
         self.log = MemoryLog(redis, keys)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall")
-        self._index: _Index | None = None
-        self._last = "0-0"  # the last log entry indexed
+        # (agent, owner) -> its index, least recently searched first. Changed only under the lock, in the thread.
+        self._scopes: OrderedDict[tuple[str, str], _Index] = OrderedDict()
+        self._embedder: Embedder | None = None
+        self._last: str | None = None  # the last log entry read; None: not started (it starts at the log's end)
         self._lock = asyncio.Lock()
-        # The first build from the log: its progress while it runs (None before it starts), then built.
-        self.build: Progress | None = None
-        self.built = False
+        self.build: Progress | None = None  # a long build of one scope, while it runs
         self._on_built = on_built
 
     def building(self) -> str:
-        """How far the first build from the log has come ("4,000/10,000 entries", "(starting)"); empty once
-        built."""
-        if self.built:
-            return ""
-        return self.build.snapshot().amount() if self.build is not None else "(starting)"
+        """How far the build of a large scope has come ("4,000/10,000 entries"); empty when none runs."""
+        return self.build.snapshot().amount() if self.build is not None else ""
 
     async def catch_up(self, *, batches: int | None = None) -> int:
-        """Index the log entries written since the last one read (at most ``batches`` reads of READ_BATCH);
-        how many. The lock is held per batch, so a search is not kept waiting by a long first build."""
+        """Apply the log entries written since the last one read (at most ``batches`` reads of READ_BATCH) to the
+        scopes held; how many were read. A new worker starts at the log's end: what came before is in the
+        notes and transcripts a scope is built from."""
         done, read = 0, 0
         while batches is None or read < batches:
             read += 1
             async with self._lock:
-                if self.build is None:
-                    await self._start_build()
+                if self._last is None or await self._fell_behind(self._last):
+                    self._last = await self._log_end()
+                    await self._run(self._scopes.clear)  # whatever they missed: built again when searched
+                    return done
                 found = await self.redis.xrange(self.keys.memory_log, min=f"({self._last}", count=READ_BATCH)
                 if not found:
-                    await self._built()
                     return done
                 entries = [(entry_id.decode(), {k.decode(): v.decode(errors="replace") for k, v in fields.items()})
                            for entry_id, fields in found]
-                stale = await self._run(lambda batch=entries: self._ready().apply(batch))
+                stale = await self._run(lambda batch=entries: self._apply(batch))
                 self._last = found[-1][0].decode()
                 if stale:  # what a writer left in the log (an entry from before the log purged itself)
                     await self.redis.xdel(self.keys.memory_log, *stale)
-                if not self.built and self.build is not None:
-                    counted = self.build.done + len(found)
-                    self.build.update(counted, total=max(counted, self.build.total or 0))
             done += len(found)
             if len(found) < READ_BATCH:
-                async with self._lock:
-                    await self._built()
                 return done
         return done
 
-    async def _start_build(self) -> None:
-        """The first read: the log's length is the build's total; a log of more than one batch is reported."""
-        total = int(await self.redis.xlen(self.keys.memory_log))
-        quiet = total <= READ_BATCH  # built in a moment: nothing to watch
-        self.build = Progress("indexing the memory log", total, Lines(_quiet if quiet else _said), noun="entries",
-                              throttle=BUILD_THROTTLE)
-        if not quiet:
-            self.build.update(0)
+    async def _log_end(self) -> str:
+        last = await self.redis.xrevrange(self.keys.memory_log, count=1)
+        return str(last[0][0].decode()) if last else "0-0"
 
-    async def _built(self) -> None:
-        """The log is read to its end: the first build is over (said once; the heartbeat told at once)."""
-        if self.built or self.build is None:
-            return
-        self.built = True
-        self.build.finish()
-        if self._on_built is not None:
-            try:
-                await self._on_built()
-            except Exception as exc:  # a heartbeat that failed: the next one says it
-                log.info("memory index built; not told at once %s", kv(error=exc))
+    async def _fell_behind(self, last: str) -> bool:
+        """The log was trimmed past the last entry read (a worker stopped longer than the log keeps)."""
+        if not self._scopes or _ms(last) > time.time() * 1000 - self.log_keep_s * 500:
+            return False
+        try:
+            info = await self.redis.xinfo_stream(self.keys.memory_log)
+        except Exception:  # no log at all: nothing written, nothing missed
+            return False
+        first, newest = info.get("first-entry"), _id(info.get("last-generated-id"))
+        return _id(first[0]) > _id(last) if first else newest > _id(last)
 
-    async def run(self, stop: asyncio.Event, *, every_s: float = 0.5) -> None:
-        """Keep the index up to date until ``stop`` (a failed read is retried at the next tick)."""
+    def _apply(self, entries: list[tuple[str, Fields]]) -> list[str]:
+        """Each entry to the scopes it changes (in the index's thread)."""
+        stale: list[str] = []
+        for (agent, owner), index in self._scopes.items():
+            mine = [(entry_id, entry) for entry_id, entry in entries if _concerns(entry, agent, owner)]
+            if mine:
+                stale += index.apply(mine)
+        return list(dict.fromkeys(stale))
+
+    async def run(self, stop: asyncio.Event, *, every_s: float = 0.5, trim_every_s: float = 60.0) -> None:
+        """Keep the scopes held up to date until ``stop``, and the log within ``log_keep_s`` (a failed read is
+        retried at the next tick)."""
+        trimmed = 0.0
         while not stop.is_set():
             try:
+                if time.monotonic() - trimmed > trim_every_s:
+                    await self.trim()
+                    trimmed = time.monotonic()
                 if await self.catch_up():
                     continue
             except Exception as exc:  # Redis away: searches catch up themselves when it is back
@@ -278,6 +335,11 @@ class Recall:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every_s)
         self._thread.shutdown(wait=False)
+
+    async def trim(self) -> None:
+        """Drop the log's entries older than ``log_keep_s``: what they changed is in the notes and transcripts."""
+        oldest = int(time.time() * 1000 - self.log_keep_s * 1000)
+        await self.redis.xtrim(self.keys.memory_log, minid=oldest, approximate=False)
 
     async def search(self, agent_id: str, query: str, *, owner: str, limit: int = 10,
                      turn: str = "") -> list[dict[str, Any]]:
@@ -287,13 +349,14 @@ class Recall:
         words = [w for w in dict.fromkeys(found) if w not in STOP_WORDS][:64] or found[:64]
         if not words:
             return []
-        # What was written before this search is indexed first, unless the worker is still building its index
-        # (a new worker reading a long log): then the search answers from what is indexed so far.
+        # What was written before this search is applied first, unless the feed is far behind (a burst of
+        # writes): then the search answers from what is applied so far.
         if await self.catch_up(batches=SEARCH_BATCHES) >= SEARCH_BATCHES * READ_BATCH:
-            log.info("memory search answered while the index is still being built %s", kv(owner=owner))
+            log.info("memory search answered while the index catches up %s", kv(owner=owner))
+        index = await self._scope(agent_id, owner)
         match = " OR ".join(f'"{w}"' for w in words)
-        rows = await self._run(lambda: self._ready().query(match, query, agent_id=agent_id, owner=owner,
-                                                           limit=limit * 2, turn=turn or "-"))
+        rows = await self._run(lambda: index.query(match, query, agent_id=agent_id, owner=owner,
+                                                   limit=limit * 2, turn=turn or "-"))
         gone = await self._lapsed({place for kind, place, *_ in rows if kind == "conversation"})
         hits: list[dict[str, Any]] = []
         for kind, place, role, at, whose, excerpt, score in rows:
@@ -309,8 +372,99 @@ class Recall:
         return hits[:limit]
 
     async def size(self) -> int:
-        count: int = await self._run(lambda: self._ready().size())
-        return count
+        """Chunks held across the scopes."""
+        return sum(index.chunks for index in list(self._scopes.values()))
+
+    def scopes(self) -> int:
+        return len(self._scopes)
+
+    async def _scope(self, agent_id: str, owner: str) -> _Index:
+        """The index of this scope: held (now the most recently used), or built from the notes and transcripts."""
+        key = (agent_id, owner)
+        async with self._lock:
+            index = self._scopes.get(key)
+            if index is not None:
+                await self._run(lambda: self._scopes.move_to_end(key))
+                return index
+            return await self._build(key)
+
+    async def _build(self, key: tuple[str, str]) -> _Index:
+        """Read the scope from what Redis keeps (under the lock: the feed adds nothing meanwhile, and what it
+        adds later is applied on top, each version replacing the one read here)."""
+        agent_id, owner = key
+        index: _Index = await self._run(lambda: self._open(key))
+        notes = await self._notes(agent_id, owner)
+        sessions = await self._sessions(owner)
+        total = len(notes) + sum(length for _, length in sessions)
+        self.build = Progress(f"indexing the memory of {owner or 'the shared notes'}", total,
+                              Lines(_said if total > READ_BATCH else _quiet), noun="entries", throttle=BUILD_THROTTLE)
+        try:
+            if total > READ_BATCH:
+                self.build.update(0)
+            if notes:
+                await self._run(lambda: index.apply(notes))
+                self.build.update(len(notes))
+            for session_id, length in sessions:
+                for start in range(0, length, READ_BATCH):
+                    raw = await self.redis.lrange(self.keys.transcript(session_id), start, start + READ_BATCH - 1)
+                    said_here = _transcript_entries(session_id, raw)
+                    await self._run(lambda batch=said_here: index.apply(batch))
+                    self.build.update(self.build.done + len(raw))
+            self.build.finish()
+        finally:
+            reported, self.build = total > READ_BATCH, None
+        await self._run(lambda: self._evict(keep=key))
+        if reported and self._on_built is not None:
+            try:
+                await self._on_built()
+            except Exception as exc:  # a heartbeat that failed: the next one says it
+                log.info("memory scope built; not told at once %s", kv(error=exc))
+        return index
+
+    def _open(self, key: tuple[str, str]) -> _Index:
+        """A new empty scope, held from now on (in the index's thread, where SQLite is used)."""
+        if self.embeddings and self._embedder is None:
+            self._embedder = load_embedder()
+            self.embeddings = self._embedder is not None
+        index = self._scopes[key] = _Index(self._embedder)
+        return index
+
+    def _evict(self, *, keep: tuple[str, str]) -> None:
+        """The scopes searched longest ago leave while the worker holds more than ``max_chunks``."""
+        held = sum(index.chunks for index in self._scopes.values())
+        for key in list(self._scopes):
+            if held <= self.max_chunks:
+                break
+            if key != keep:
+                held -= self._scopes.pop(key).chunks
+
+    async def _notes(self, agent_id: str, owner: str) -> list[tuple[str, Fields]]:
+        """The agent's notes of ``owner`` and its shared ones, as log entries."""
+        entries: list[tuple[str, Fields]] = []
+        for whose in dict.fromkeys([owner, ""]):
+            for key, raw in (await self.redis.hgetall(self.keys.memory(agent_id, whose))).items():
+                note = _unpacked(raw)
+                if isinstance(note.get("content"), str):
+                    fields = note_written(agent_id, whose, key.decode(errors="replace"), note["content"])
+                    entries.append(("", {**fields, "at": str(_int(str(note.get("updated") or 0)))}))
+        return entries
+
+    async def _sessions(self, owner: str) -> list[tuple[str, int]]:
+        """``owner``'s sessions and their transcripts' lengths."""
+        if not owner:
+            return []
+        found = [member.decode(errors="replace") async for member, _ in
+                 self.redis.zscan_iter(self.keys.sessions, match=f"{_glob(owner)}/*", count=1_000)]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in found:
+                pipe.llen(self.keys.transcript(session_id))
+                pipe.exists(self.keys.memory_log_session(session_id))
+            read = await pipe.execute()
+        lengths, logged = read[::2], read[1::2]
+        lapsed = [s for s, n, words in zip(found, lengths, logged, strict=True) if not n and words]
+        if lapsed:  # their transcripts are gone: so are their words from the log
+            await self.log.forget(*lapsed)
+        return [(s, int(n)) for s, n in zip(found, lengths, strict=True) if n]
 
     async def _lapsed(self, sessions: set[str]) -> set[str]:
         """The sessions among ``sessions`` whose transcript is gone; forgotten from the index."""
@@ -323,16 +477,36 @@ class Recall:
             exists = await pipe.execute()
         gone = {s for s, there in zip(ordered, exists, strict=True) if not there}
         if gone:
-            stale = await self._run(lambda: self._ready().apply(("", session_forgotten(s)) for s in gone))
+            async with self._lock:
+                stale = await self._run(lambda: self._apply([("", session_forgotten(s)) for s in sorted(gone)]))
             await self.log.forget(*sorted(gone))  # the lapsed session's words leave the log, and every index
             if stale:
                 await self.redis.xdel(self.keys.memory_log, *stale)
         return gone
 
-    def _ready(self) -> _Index:
-        if self._index is None:  # made in the index's own thread, where it is always used
-            self._index = _Index(self.embeddings)
-        return self._index
-
     async def _run(self, work: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._thread, work)
+
+
+def _unpacked(raw: bytes) -> dict[str, Any]:
+    """A note as stored (msgpack), or nothing for what anyone with Redis wrote otherwise."""
+    try:
+        value = msgpack.unpackb(raw, raw=False)
+    except Exception:  # malformed: never stops a build
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _transcript_entries(session_id: str, raw: list[bytes]) -> list[tuple[str, Fields]]:
+    """What of a transcript's entries memory search finds, as log entries."""
+    entries: list[tuple[str, Fields]] = []
+    for n, item in enumerate(raw):
+        entry = _unpacked(item)
+        content, at = entry.get("content"), _int(str(entry.get("timestamp") or 0))
+        metadata = entry.get("metadata")
+        metadata = metadata if isinstance(metadata, dict) else {}
+        fields = said(session_id, str(entry.get("role") or ""), content if isinstance(content, str) else None, at,
+                      f"{at}-{n}", str(metadata.get("message_id") or ""))
+        if fields is not None:
+            entries.append(("", fields))
+    return entries

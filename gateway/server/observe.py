@@ -166,9 +166,8 @@ async def readiness(bus: Bus, *, max_backlog: int) -> tuple[bool, dict[str, Any]
     problems = [why for bad, why in ((not brains, "no Brain alive"), (not hands, "no Hands worker alive"),
                                      (inbox["undelivered"] >= max_backlog, "the Brain inbox is too far behind"))
                 if bad]
+    # A worker building one identity's search index serves every other call meanwhile: counted, not a problem.
     indexing = [h["indexing"] for h in found["instances"]["hands"] if h.get("indexing")]
-    if hands and len(indexing) == hands:  # a worker still building answers searches from part of the memory
-        problems.append(f"every Hands worker is still indexing the memory log ({indexing[0]})")
     problems += [f"the {c['channel']} channel is {c['state']}" for c in found["channels"] if c["state"] != "connected"]
     scheduler = found["scheduler"]
     if scheduler["state"] == "stalled":

@@ -1,11 +1,11 @@
 """What is deleted is gone, on a real Redis: a note overwritten or deleted and a session deleted (or lapsed)
 leave no copy in ``memory:log``; a worker already running forgets them, and a worker started later never
-indexes them (its search does not find them). Entries from before the log purged itself go as a worker
-indexes what made them stale."""
+indexes them (its search does not find them). Entries from before the log purged itself leave it by age.""" 
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from bus.streams import Bus
 from memory.log import note_written, said
@@ -70,20 +70,24 @@ async def test_a_lapsed_session_found_by_a_search_leaves_the_log_too(bus: Bus) -
     assert "pin is 4321" not in await log_text(bus)
 
 
-async def test_a_worker_removes_copies_written_before_the_log_purged_itself(bus: Bus) -> None:
-    # As an older Pincer wrote them: plain XADDs, no record of which entry is a note's live one.
-    for version in (PIN, "the pin changed to 5555"):
-        await bus.redis.xadd(bus.keys.memory_log, note_written("main", "ana", "bank", version))  # type: ignore[arg-type]
-    await bus.redis.xadd(bus.keys.memory_log, said("ana/x", "user", "old words: 7777", 1, "1-0"))  # type: ignore[arg-type]
-    await bus.redis.xadd(bus.keys.memory_log, {"op": "forget", "place": "ana/x"})
-    worker = Recall(bus.redis, bus.keys, embeddings=False)
+async def test_copies_an_older_release_left_in_the_log_leave_it_by_age(bus: Bus) -> None:
+    # As an older Pincer wrote them: plain XADDs, no record of which entry is a note's live one (given a day's
+    # age by their ids: a log cannot take entries older than its newest, so they are written first).
+    day_ago = int(time.time() * 1000) - 86_400_000
+    for n, version in enumerate((PIN, "the pin changed to 5555")):
+        await bus.redis.xadd(bus.keys.memory_log, note_written("main", "ana", "bank", version),  # type: ignore[arg-type]
+                             id=f"{day_ago}-{n}")
+    await bus.redis.xadd(bus.keys.memory_log, said("ana/x", "user", "old words: 7777", 1, "1-0"),  # type: ignore[arg-type]
+                         id=f"{day_ago}-2")
+    await LongTermMemory(bus.redis, bus.keys).write("main", "bank", "the pin changed to 5555", owner="ana")
+    worker = Recall(bus.redis, bus.keys, embeddings=False, log_keep_s=3_600)
     stop = asyncio.Event()
     running = asyncio.create_task(worker.run(stop, every_s=0.05))
     try:
         async def purged() -> bool:
             text = await log_text(bus)
             return "pin is 4321" not in text and "words: 7777" not in text
-        await async_wait_until(purged, timeout=10, what="the stale copies gone from the log")
+        await async_wait_until(purged, timeout=10, what="the old copies gone from the log")
         assert "changed to 5555" in await log_text(bus)  # the note's latest version stays
     finally:
         stop.set()

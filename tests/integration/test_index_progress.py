@@ -1,6 +1,7 @@
-"""A Hands worker that builds its memory search index from a long memory log says how far it has come: in its
+"""A Hands worker that builds one identity's search index from a long history says how far it has come: in its
 log (a few lines, not one per batch), in its heartbeat, so `pincer status` shows "indexing 2,000/12,000
-entries" for it, and in readiness (a pool whose every worker is still building is not ready yet)."""
+entries" for it, and in readiness, which counts it without calling the pool unready (it serves everyone else
+meanwhile)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from bus.streams import Bus
 from gateway.cli.ops import show_status
 from gateway.server.observe import readiness
 from memory import recall
+from memory.sessions import SessionStore, TranscriptEntry
 from tests.conftest import async_wait_until
 
 ENTRIES = 12_000  # six batches of the index's reads
@@ -48,11 +50,11 @@ def held_build(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
 
 
 async def written(bus: Bus, count: int) -> None:
-    async with bus.redis.pipeline(transaction=False) as pipe:
-        for n in range(count):
-            pipe.xadd(bus.keys.memory_log, {"op": "put", "kind": "note", "ref": f"note:main/ana/n{n}", "owner": "ana",
-                                            "agent": "main", "place": f"n{n}", "at": "1", "text": f"fact {n}"})
-        await pipe.execute()
+    """A session of Ana's ``count`` messages long."""
+    sessions = SessionStore(bus.redis, bus.keys)
+    for start in range(0, count, 1_000):
+        await sessions.append("ana/long", *(TranscriptEntry(role="user", content=f"fact {n}")
+                                            for n in range(start, min(count, start + 1_000))))
 
 
 def pincer_status(redis_url: str, bus: Bus, data_dir: Path, capsys: pytest.CaptureFixture[str], *,
@@ -63,12 +65,13 @@ def pincer_status(redis_url: str, bus: Bus, data_dir: Path, capsys: pytest.Captu
     return capsys.readouterr().out
 
 
-async def test_a_worker_building_its_index_says_how_far_in_its_log_heartbeat_status_and_readiness(
+async def test_a_worker_building_a_scope_says_how_far_in_its_log_heartbeat_status_and_readiness(
         bus: Bus, engine: Any, held_build: threading.Event, redis_url: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="memory.recall")
     await written(bus, ENTRIES)
-    await engine()
+    worker = await engine()
+    search = asyncio.create_task(worker.recall.search("main", "fact 11999", owner="ana"))
 
     async def indexing() -> str:
         found = await ops.status(bus)
@@ -79,21 +82,22 @@ async def test_a_worker_building_its_index_says_how_far_in_its_log_heartbeat_sta
     assert json.loads(as_json)["instances"]["hands"][0]["indexing"] == "2,000/12,000 entries"
     table = await asyncio.to_thread(pincer_status, redis_url, bus, tmp_path, capsys, as_json=False)
     assert "indexing 2,000/12,000 entries" in table
-    ready, body = await readiness(bus, max_backlog=100)
-    assert not ready and body["hands_indexing"] == 1
-    assert "every Hands worker is still indexing the memory log (2,000/12,000 entries)" in body["problems"]
+    _, body = await readiness(bus, max_backlog=100)
+    assert body["hands_indexing"] == 1 and not any("indexing" in p for p in body["problems"])
     said = [r.getMessage() for r in caplog.records if r.name == "memory.recall"]
-    assert said[0].startswith("indexing the memory log: 0/12,000 entries (0%)")
-    assert said[1].startswith("indexing the memory log: 2,000/12,000 entries (17%)")
+    assert said[0].startswith("indexing the memory of ana: 0/12,000 entries (0%)")
+    assert said[1].startswith("indexing the memory of ana: 2,000/12,000 entries (17%)")
 
     held_build.set()
+    hits = await asyncio.wait_for(search, 60)
+    assert hits[0]["excerpt"] == "fact 11999" and hits[0]["session"] == "long"
     await async_wait_until(lambda: _equals(indexing(), ""), what="the heartbeat saying the index is built")
     table = await asyncio.to_thread(pincer_status, redis_url, bus, tmp_path, capsys, as_json=False)
     assert "indexing" not in table and "ready" in table
-    ready, body = await readiness(bus, max_backlog=100)
+    _, body = await readiness(bus, max_backlog=100)
     assert body["hands_indexing"] == 0 and not any("indexing" in p for p in body["problems"])  # no Brain: not ready
     said = [r.getMessage() for r in caplog.records if r.name == "memory.recall"]
-    assert said[-1].startswith("indexing the memory log: 12,000/12,000 entries (100%)") and " done in " in said[-1]
+    assert said[-1].startswith("indexing the memory of ana: 12,000/12,000 entries (100%)") and " done in " in said[-1]
     assert len(said) <= 12  # a line a tenth at most, not one a batch or an entry
 
 

@@ -86,25 +86,66 @@ async def test_what_was_changed_deleted_or_lapsed_is_not_found(bus: Bus) -> None
     assert not any("zebra" in h["excerpt"] for h in await recall.search("main", "zebra crossing", owner="ana"))
 
 
-async def test_a_worker_started_later_builds_its_index_from_the_log_and_keeps_it_up(bus: Bus) -> None:
+async def test_a_worker_started_later_indexes_only_whom_it_is_asked_about_and_keeps_it_up(bus: Bus) -> None:
     memory = LongTermMemory(bus.redis, bus.keys)  # a writer without an index, as the Brain and Gateway are
     await bus.redis.xadd(bus.keys.memory_log, {"op": "put", "kind": "conversation", "at": "not a number",
                                                "text": "a malformed entry", "owner": "ana", "place": "ana/x"})
     await bus.redis.xadd(bus.keys.memory_log, {"nonsense": "entirely"})
+    await bus.redis.hset(bus.keys.memory("main", "ana"), "garbage", b"\xc1 not msgpack")  # anyone with Redis
     for n in range(30):
         await memory.write("main", f"note-{n}", f"fact number {n} about the garden", owner="ana")
-    late = Recall(bus.redis, bus.keys)
+        await memory.write("main", f"note-{n}", f"ben's fact {n} about the garden", owner="ben")
+    await said(bus, "ana/earlier", ("user", "The garden gate squeaks."), ("assistant", "Oil it."))
+    late = Recall(bus.redis, bus.keys, embeddings=False)
     stop = asyncio.Event()
     running = asyncio.create_task(late.run(stop, every_s=0.05))
     try:
-        await async_wait_until(lambda: _indexed(late, 31), timeout=20, what="the log indexed in the background")
+        hits = await late.search("main", "garden gate", owner="ana", limit=40)
+        assert hits[0]["source"] == "conversation" and hits[0]["session"] == "earlier"
+        assert len([h for h in hits if h["source"] == "note"]) == 30 and not any("ben" in h["excerpt"] for h in hits)
+        assert (late.scopes(), await late.size()) == (1, 32)  # Ana's 30 notes and 2 messages; Ben's not read
         await said(bus, "ana/plans", ("user", "Plant tulips in the garden in October."))
-        await async_wait_until(lambda: _indexed(late, 32), timeout=20, what="a new message indexed as it is written")
+        await async_wait_until(lambda: _indexed(late, 33), timeout=20, what="a new message indexed as it is written")
         hits = await late.search("main", "tulips garden", owner="ana")
         assert hits[0]["source"] == "conversation" and hits[0]["session"] == "plans"
+        assert await late.size() == 33  # read from the feed and by the search: indexed once
     finally:
         stop.set()
         await running
+
+
+async def test_the_least_recently_searched_scopes_leave_past_the_bound_and_come_back_whole(bus: Bus) -> None:
+    memory = LongTermMemory(bus.redis, bus.keys)
+    for person in ("ana", "ben", "carol"):
+        for n in range(400):
+            await memory.write("main", f"n{n}", f"{person} keeps fact {n} about boats", owner=person)
+    recall = Recall(bus.redis, bus.keys, embeddings=False, max_chunks=1_000)
+    for person in ("ana", "ben", "carol"):
+        assert len(await recall.search("main", "boats", owner=person, limit=500)) == 400
+    assert (recall.scopes(), await recall.size()) == (2, 800)  # Ana's, searched longest ago, left
+    await memory.write("main", "n0", "ana now keeps a canoe", owner="ana")  # while her scope is away
+    hits = await recall.search("main", "canoe boats", owner="ana", limit=500)
+    assert hits[0]["excerpt"] == "ana now keeps a canoe" and len(hits) == 400
+    assert (recall.scopes(), await recall.size()) == (2, 800)  # back, and Ben's went instead
+
+
+async def test_a_feed_trimmed_past_a_stopped_worker_makes_it_read_its_scopes_again(bus: Bus) -> None:
+    memory = LongTermMemory(bus.redis, bus.keys)
+    await memory.write("main", "pet", "The dog is called Rex.", owner="ana")
+    recall = Recall(bus.redis, bus.keys, embeddings=False, log_keep_s=600)
+    assert len(await recall.search("main", "dog", owner="ana")) == 1
+    recall._last = "1-0"  # as if stopped long before the log's oldest entry: what changed meanwhile is lost
+    await memory.write("main", "pet", "The cat is called Tom.", owner="ana")
+    await bus.redis.xtrim(bus.keys.memory_log, maxlen=0)  # the change trimmed away unread
+    hits = await recall.search("main", "cat dog", owner="ana")
+    assert [h["excerpt"] for h in hits] == ["The cat is called Tom."]
+
+
+async def test_the_log_keeps_log_keep_s_of_changes(bus: Bus) -> None:
+    await bus.redis.xadd(bus.keys.memory_log, {"op": "drop", "ref": "note:main/ana/old"}, id="1000-0")  # 1970
+    await LongTermMemory(bus.redis, bus.keys).write("main", "new", "kept", owner="ana")
+    await Recall(bus.redis, bus.keys, embeddings=False, log_keep_s=600).trim()
+    assert [f[b"ref"] for _, f in await bus.redis.xrange(bus.keys.memory_log)] == [b"note:main/ana/new"]
 
 
 async def _indexed(recall: Recall, n: int) -> bool:
