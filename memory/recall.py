@@ -54,6 +54,7 @@ READ_BATCH = 2_000
 SEARCH_BATCHES = 2  # a search indexes at most this many batches first (a tool call has seconds, not minutes)
 BUILD_THROTTLE = Throttle()  # how often a long build of one scope is said in the worker's log
 MAX_CHUNKS = 200_000  # chunks a worker holds across its scopes (about 1 KB each, with vectors) before evicting
+MAX_SCOPES = 500  # and scopes: each is a SQLite database of its own, about 95 KB when nearly empty
 LOG_KEEP_S = 86_400  # the change feed's reach: a worker that falls further behind rebuilds what it holds
 RRF_K = 60  # reciprocal rank fusion's constant: how little a rank's position counts against being found at all
 # Words a question is made of that say nothing of what it asks: left out of the query (BM25 would weigh them
@@ -252,9 +253,10 @@ class Recall:
     """This worker's indexes, one per scope searched lately, kept up to date from the log, and the search."""
 
     def __init__(self, redis: RedisStore, keys: Keys, *, embeddings: bool = True, max_chunks: int = MAX_CHUNKS,
-                 log_keep_s: float = LOG_KEEP_S, on_built: Callable[[], Awaitable[None]] | None = None) -> None:
+                 max_scopes: int = MAX_SCOPES, log_keep_s: float = LOG_KEEP_S,
+                 on_built: Callable[[], Awaitable[None]] | None = None) -> None:
         self.redis, self.keys, self.embeddings = redis, keys, embeddings
-        self.max_chunks, self.log_keep_s = max_chunks, log_keep_s
+        self.max_chunks, self.max_scopes, self.log_keep_s = max_chunks, max_scopes, log_keep_s
         self.log = MemoryLog(redis, keys)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall")
         # (agent, owner) -> its index, least recently searched first. Changed only under the lock, in the thread.
@@ -430,10 +432,11 @@ class Recall:
         return index
 
     def _evict(self, *, keep: tuple[str, str]) -> None:
-        """The scopes searched longest ago leave while the worker holds more than ``max_chunks``."""
+        """The scopes searched longest ago leave while the worker holds more than ``max_chunks`` or
+        ``max_scopes``."""
         held = sum(index.chunks for index in self._scopes.values())
         for key in list(self._scopes):
-            if held <= self.max_chunks:
+            if held <= self.max_chunks and len(self._scopes) <= self.max_scopes:
                 break
             if key != keep:
                 held -= self._scopes.pop(key).chunks
