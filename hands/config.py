@@ -190,7 +190,6 @@ class RecallSettings(Section):
     """Memory search's indexes in each worker: one per scope searched lately, built on demand (memory/recall.py)."""
 
     max_chunks: int = Field(default=200_000, ge=1_000)  # held across scopes before the least recent are evicted
-    max_scopes: int = Field(default=500, ge=1)  # and scopes held (each a small database: about 95 KB)
     log_keep_s: float = Field(default=86_400.0, ge=600)  # how long the memory log keeps a change
 
 

@@ -93,7 +93,6 @@ class HandsWorker:
         # Memory search's indexes, one per scope searched lately, kept up to date from the log in the background;
         # the heartbeat says how far a long build has come, and at once when it is done.
         self.recall = Recall(bus.redis, bus.keys, max_chunks=settings.recall.max_chunks,
-                             max_scopes=settings.recall.max_scopes,
                              log_keep_s=settings.recall.log_keep_s, on_built=lambda: self.presence.beat())
         self.pool = PoolLimits(bus, settings.pool_limits, lease_s=settings.pool_lease_s, wait_s=settings.queue.wait_s)
         self.executor = Executor(self.registry, settings, worker_id=worker_id, sandbox=self.sandbox,

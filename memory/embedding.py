@@ -108,6 +108,12 @@ class DenseIndex:
             if found is not None:
                 self.scopes[found[0]].alive[found[1]] = False
 
+    def drop(self, scope: str) -> None:
+        """A whole scope's vectors leave (its chunks were evicted)."""
+        held = self.scopes.pop(scope, None)
+        for rowid in held.ids if held is not None else []:
+            self.where.pop(rowid, None)
+
     def nearest(self, query: str, scopes: list[str], k: int, *, turn: str = "") -> list[int]:
         """The ``k`` chunks of ``scopes`` nearest to ``query``, nearest first (turn ``turn``'s left out)."""
         import numpy

@@ -53,8 +53,7 @@ CHUNK_CHARS = 1_000  # a long message is indexed in pieces of about this size
 READ_BATCH = 2_000
 SEARCH_BATCHES = 2  # a search indexes at most this many batches first (a tool call has seconds, not minutes)
 BUILD_THROTTLE = Throttle()  # how often a long build of one scope is said in the worker's log
-MAX_CHUNKS = 200_000  # chunks a worker holds across its scopes (about 1 KB each, with vectors) before evicting
-MAX_SCOPES = 500  # and scopes: each is a SQLite database of its own, about 95 KB when nearly empty
+MAX_CHUNKS = 200_000  # chunks a worker holds (about 1 KB each, with vectors) before evicting the least recent
 LOG_KEEP_S = 86_400  # the change feed's reach: a worker that falls further behind rebuilds what it holds
 RRF_K = 60  # reciprocal rank fusion's constant: how little a rank's position counts against being found at all
 # Words a question is made of that say nothing of what it asks: left out of the query (BM25 would weigh them
@@ -72,8 +71,11 @@ SCHEMA = """
 CREATE VIRTUAL TABLE chunks USING fts5(text, kind UNINDEXED, owner UNINDEXED, agent UNINDEXED,
                                        place UNINDEXED, role UNINDEXED, at UNINDEXED, ref UNINDEXED,
                                        turn UNINDEXED, tokenize = 'porter unicode61');
-CREATE TABLE refs (ref TEXT NOT NULL, row INTEGER NOT NULL, entry TEXT NOT NULL DEFAULT '');
+CREATE TABLE refs (ref TEXT NOT NULL, row INTEGER NOT NULL, entry TEXT NOT NULL DEFAULT '', unit TEXT NOT NULL,
+                   place TEXT NOT NULL);
 CREATE INDEX refs_by_ref ON refs (ref);
+CREATE INDEX refs_by_unit ON refs (unit);
+CREATE INDEX refs_by_place ON refs (place);
 """
 QUERY = """
 SELECT rowid, kind, place, role, at, owner, snippet(chunks, 0, '', '', ' … ', 24), -bm25(chunks) FROM chunks
@@ -99,9 +101,16 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def _scope(kind: str, agent: str, owner: str) -> str:
-    """Which vectors a chunk is among: an identity's conversations, or one agent's notes of one owner."""
+def _unit(kind: str, agent: str, owner: str) -> str:
+    """What a chunk is loaded and evicted with (and which vectors it is among): an identity's conversations, or
+    one agent's notes of one owner (owner "": its shared notes)."""
     return f"c:{owner}" if kind == "conversation" else f"n:{agent}/{owner}"
+
+
+def _units(agent: str, owner: str) -> list[str]:
+    """What a search by ``owner`` of ``agent``'s memory reads: its notes, the shared ones, its conversations."""
+    return list(dict.fromkeys([_unit("note", agent, owner), _unit("note", agent, ""),
+                               *([_unit("conversation", "", owner)] if owner else [])]))
 
 
 def _ref(entry: Fields) -> str:
@@ -113,19 +122,14 @@ def _ref(entry: Fields) -> str:
     return f"said:{entry.get('place', '')}:{entry.get('at', '')}:{entry.get('role', '')}:{zlib.crc32(text.encode())}"
 
 
-def _concerns(entry: Fields, agent: str, owner: str) -> bool:
-    """Whether a log entry changes the scope of ``agent``'s notes for ``owner`` (with the shared ones) and
-    ``owner``'s conversations."""
+def _wanted(entry: Fields, units: dict[str, None]) -> bool:
+    """Whether a log entry changes what is loaded: a put or forget of a unit held (a drop finds its ref or not)."""
     op = entry.get("op")
-    if op == "forget":
-        return bool(owner) and entry.get("place", "").partition("/")[0] == owner
     if op == "drop":
-        return entry.get("ref", "").startswith(f"note:{agent}/")
-    if op != "put":
-        return False
-    if entry.get("kind") == "note":
-        return entry.get("agent") == agent and entry.get("owner") in (owner, "")
-    return bool(owner) and entry.get("owner") == owner
+        return True
+    if op == "forget":
+        return _unit("conversation", "", entry.get("place", "").partition("/")[0]) in units
+    return op == "put" and _unit(entry.get("kind", ""), entry.get("agent", ""), entry.get("owner", "")) in units
 
 
 def _glob(text: str) -> str:
@@ -145,8 +149,8 @@ def _id(entry_id: str | bytes | None) -> tuple[int, int]:
 
 
 class _Index:
-    """The FTS5 index, and the chunks' vectors when the embedding model is installed; used from one thread
-    only (SQLite's connection is not shared)."""
+    """The FTS5 index of every unit loaded, and the chunks' vectors when the embedding model is installed; used
+    from one thread only (SQLite's connection is not shared)."""
 
     def __init__(self, embedder: Embedder | None) -> None:
         self.db = sqlite3.connect(":memory:")
@@ -172,21 +176,22 @@ class _Index:
                     for start in range(0, max(len(text), 1), CHUNK_CHARS):
                         self._rows += 1  # ids never reused (SQLite would reuse a deleted last one): vectors key on them
                         self.chunks += 1
+                        unit = _unit(entry.get("kind", ""), entry.get("agent", ""), entry.get("owner", ""))
+                        unit = _unit(entry.get("kind", ""), entry.get("agent", ""), entry.get("owner", ""))
                         cursor = db.execute(
                             "INSERT INTO chunks (rowid, text, kind, owner, agent, place, role, at, ref, turn) "
                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             (self._rows, text[start:start + CHUNK_CHARS], entry.get("kind", ""), entry.get("owner", ""),
                              entry.get("agent", ""), entry.get("place", ""), entry.get("role", ""),
                              _int(entry.get("at")), ref, entry.get("turn", "")))
-                        db.execute("INSERT INTO refs (ref, row, entry) VALUES (?, ?, ?)",
-                                   (ref, cursor.lastrowid, entry_id))
-                        self._new.append((int(cursor.lastrowid or 0), _scope(entry.get("kind", ""),
-                                          entry.get("agent", ""), entry.get("owner", "")), entry.get("turn", ""),
+                        db.execute("INSERT INTO refs (ref, row, entry, unit, place) VALUES (?, ?, ?, ?, ?)",
+                                   (ref, cursor.lastrowid, entry_id, unit, entry.get("place", "")))
+                        self._new.append((int(cursor.lastrowid or 0), unit, entry.get("turn", ""),
                                           text[start:start + CHUNK_CHARS]))
                 elif op == "forget":
                     place = entry.get("place", "")
-                    gone = [r for (r,) in db.execute("SELECT rowid FROM chunks WHERE place = ? AND "
-                                                     "kind = 'conversation'", (place,))]
+                    gone = [r for (r,) in db.execute("SELECT row FROM refs WHERE place = ? AND unit = ?",
+                                                     (place, _unit("conversation", "", place.partition("/")[0])))]
                     stale += self._entries(gone)
                     db.executemany("DELETE FROM refs WHERE row = ?", [(r,) for r in gone])
                     db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in gone])
@@ -216,6 +221,16 @@ class _Index:
                 f"SELECT DISTINCT entry FROM refs WHERE row IN ({','.join('?' * len(part))})", part)]
         return found
 
+    def evict(self, unit: str) -> None:
+        """A unit's chunks and vectors leave (it is read again from Redis when next searched)."""
+        rows = [r for (r,) in self.db.execute("SELECT row FROM refs WHERE unit = ?", (unit,))]
+        with self.db:
+            self.db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in rows])
+            self.db.execute("DELETE FROM refs WHERE unit = ?", (unit,))
+        self.chunks -= len(rows)
+        if self.dense is not None:
+            self.dense.drop(unit)
+
     def _forget_vectors(self, rows: list[int]) -> None:
         """Chunks gone: their vectors too, and those not made yet (added earlier in this batch) never made."""
         gone = set(rows)
@@ -230,9 +245,7 @@ class _Index:
         lexical = self.db.execute(QUERY, (match, agent_id, owner, owner, owner, turn, limit)).fetchall()
         if self.dense is None:
             return [row[1:] for row in lexical]
-        scopes = list(dict.fromkeys([_scope("note", agent_id, owner), _scope("note", agent_id, ""),
-                                     *([_scope("conversation", "", owner)] if owner else [])]))
-        near = self.dense.nearest(text, scopes, limit, turn=turn)
+        near = self.dense.nearest(text, _units(agent_id, owner), limit, turn=turn)
         fused: dict[int, float] = {}
         for ranked in ([row[0] for row in lexical], near):
             for rank, rowid in enumerate(ranked):
@@ -250,18 +263,17 @@ class _Index:
 
 
 class Recall:
-    """This worker's indexes, one per scope searched lately, kept up to date from the log, and the search."""
+    """This worker's index of the units searched lately, kept up to date from the log, and the search."""
 
     def __init__(self, redis: RedisStore, keys: Keys, *, embeddings: bool = True, max_chunks: int = MAX_CHUNKS,
-                 max_scopes: int = MAX_SCOPES, log_keep_s: float = LOG_KEEP_S,
-                 on_built: Callable[[], Awaitable[None]] | None = None) -> None:
+                 log_keep_s: float = LOG_KEEP_S, on_built: Callable[[], Awaitable[None]] | None = None) -> None:
         self.redis, self.keys, self.embeddings = redis, keys, embeddings
-        self.max_chunks, self.max_scopes, self.log_keep_s = max_chunks, max_scopes, log_keep_s
+        self.max_chunks, self.log_keep_s = max_chunks, log_keep_s
         self.log = MemoryLog(redis, keys)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall")
-        # (agent, owner) -> its index, least recently searched first. Changed only under the lock, in the thread.
-        self._scopes: OrderedDict[tuple[str, str], _Index] = OrderedDict()
-        self._embedder: Embedder | None = None
+        self._index: _Index | None = None  # made in its own thread, where SQLite is used
+        # The units loaded, least recently searched first (changed under the lock only).
+        self._units: OrderedDict[str, None] = OrderedDict()
         self._last: str | None = None  # the last log entry read; None: not started (it starts at the log's end)
         self._lock = asyncio.Lock()
         self.build: Progress | None = None  # a long build of one scope, while it runs
@@ -281,7 +293,8 @@ class Recall:
             async with self._lock:
                 if self._last is None or await self._fell_behind(self._last):
                     self._last = await self._log_end()
-                    await self._run(self._scopes.clear)  # whatever they missed: built again when searched
+                    self._units.clear()  # whatever they missed: read again when searched
+                    await self._run(self._reset)
                     return done
                 found = await self.redis.xrange(self.keys.memory_log, min=f"({self._last}", count=READ_BATCH)
                 if not found:
@@ -303,7 +316,7 @@ class Recall:
 
     async def _fell_behind(self, last: str) -> bool:
         """The log was trimmed past the last entry read (a worker stopped longer than the log keeps)."""
-        if not self._scopes or _ms(last) > time.time() * 1000 - self.log_keep_s * 500:
+        if not self._units or _ms(last) > time.time() * 1000 - self.log_keep_s * 500:
             return False
         try:
             info = await self.redis.xinfo_stream(self.keys.memory_log)
@@ -313,13 +326,19 @@ class Recall:
         return _id(first[0]) > _id(last) if first else newest > _id(last)
 
     def _apply(self, entries: list[tuple[str, Fields]]) -> list[str]:
-        """Each entry to the scopes it changes (in the index's thread)."""
-        stale: list[str] = []
-        for (agent, owner), index in self._scopes.items():
-            mine = [(entry_id, entry) for entry_id, entry in entries if _concerns(entry, agent, owner)]
-            if mine:
-                stale += index.apply(mine)
-        return list(dict.fromkeys(stale))
+        """The entries that change what is loaded, applied (in the index's thread)."""
+        wanted = [(entry_id, entry) for entry_id, entry in entries if _wanted(entry, self._units)]
+        return self._ready().apply(wanted) if wanted else []
+
+    def _ready(self) -> _Index:
+        if self._index is None:
+            embedder = load_embedder() if self.embeddings else None
+            self.embeddings = embedder is not None
+            self._index = _Index(embedder)
+        return self._index
+
+    def _reset(self) -> None:
+        self._index = None
 
     async def run(self, stop: asyncio.Event, *, every_s: float = 0.5, trim_every_s: float = 60.0) -> None:
         """Keep the scopes held up to date until ``stop``, and the log within ``log_keep_s`` (a failed read is
@@ -355,7 +374,7 @@ class Recall:
         # writes): then the search answers from what is applied so far.
         if await self.catch_up(batches=SEARCH_BATCHES) >= SEARCH_BATCHES * READ_BATCH:
             log.info("memory search answered while the index catches up %s", kv(owner=owner))
-        index = await self._scope(agent_id, owner)
+        index = await self._loaded(agent_id, owner)
         match = " OR ".join(f'"{w}"' for w in words)
         rows = await self._run(lambda: index.query(match, query, agent_id=agent_id, owner=owner,
                                                    limit=limit * 2, turn=turn or "-"))
@@ -374,29 +393,42 @@ class Recall:
         return hits[:limit]
 
     async def size(self) -> int:
-        """Chunks held across the scopes."""
-        return sum(index.chunks for index in list(self._scopes.values()))
+        """Chunks held."""
+        return self._index.chunks if self._index is not None else 0
 
-    def scopes(self) -> int:
-        return len(self._scopes)
+    def held(self) -> list[str]:
+        """The units loaded, least recently searched first: ``n:<agent>/<owner>`` notes (owner "": the shared
+        ones), ``c:<owner>`` conversations."""
+        return list(self._units)
 
-    async def _scope(self, agent_id: str, owner: str) -> _Index:
-        """The index of this scope: held (now the most recently used), or built from the notes and transcripts."""
-        key = (agent_id, owner)
+    async def _loaded(self, agent_id: str, owner: str) -> _Index:
+        """The index, holding what this search reads (now the most recently used), each missing unit read from
+        the notes and transcripts."""
+        units = _units(agent_id, owner)
         async with self._lock:
-            index = self._scopes.get(key)
-            if index is not None:
-                await self._run(lambda: self._scopes.move_to_end(key))
-                return index
-            return await self._build(key)
+            missing = [unit for unit in units if unit not in self._units]
+            if missing:
+                await self._build(agent_id, owner, missing)
+            for unit in units:
+                self._units[unit] = None
+                self._units.move_to_end(unit)
+            index: _Index = await self._run(self._ready)
+            for unit in await self._run(lambda: self._evict(keep=units)):
+                del self._units[unit]
+        return index
 
-    async def _build(self, key: tuple[str, str]) -> _Index:
-        """Read the scope from what Redis keeps (under the lock: the feed adds nothing meanwhile, and what it
-        adds later is applied on top, each version replacing the one read here)."""
-        agent_id, owner = key
-        index: _Index = await self._run(lambda: self._open(key))
-        notes = await self._notes(agent_id, owner)
-        sessions = await self._sessions(owner)
+    async def _build(self, agent_id: str, owner: str, missing: list[str]) -> None:
+        """Read the missing units from what Redis keeps (under the lock: the feed adds nothing meanwhile, and
+        what it adds later is applied on top, each version replacing the one read here). Each unit is held
+        from here on, so the feed keeps it up."""
+        notes: list[tuple[str, Fields]] = []
+        for unit in missing:
+            if unit.startswith("n:"):
+                notes += await self._notes(agent_id, unit.partition("/")[2])
+        sessions = await self._sessions(owner) if _unit("conversation", "", owner) in missing else []
+        for unit in missing:
+            self._units[unit] = None
+        index: _Index = await self._run(self._ready)
         total = len(notes) + sum(length for _, length in sessions)
         self.build = Progress(f"indexing the memory of {owner or 'the shared notes'}", total,
                               Lines(_said if total > READ_BATCH else _quiet), noun="entries", throttle=BUILD_THROTTLE)
@@ -415,41 +447,31 @@ class Recall:
             self.build.finish()
         finally:
             reported, self.build = total > READ_BATCH, None
-        await self._run(lambda: self._evict(keep=key))
         if reported and self._on_built is not None:
             try:
                 await self._on_built()
             except Exception as exc:  # a heartbeat that failed: the next one says it
                 log.info("memory scope built; not told at once %s", kv(error=exc))
-        return index
 
-    def _open(self, key: tuple[str, str]) -> _Index:
-        """A new empty scope, held from now on (in the index's thread, where SQLite is used)."""
-        if self.embeddings and self._embedder is None:
-            self._embedder = load_embedder()
-            self.embeddings = self._embedder is not None
-        index = self._scopes[key] = _Index(self._embedder)
-        return index
-
-    def _evict(self, *, keep: tuple[str, str]) -> None:
-        """The scopes searched longest ago leave while the worker holds more than ``max_chunks`` or
-        ``max_scopes``."""
-        held = sum(index.chunks for index in self._scopes.values())
-        for key in list(self._scopes):
-            if held <= self.max_chunks and len(self._scopes) <= self.max_scopes:
+    def _evict(self, *, keep: list[str]) -> list[str]:
+        """The units searched longest ago leave while more than ``max_chunks`` are held; which (in the thread)."""
+        index, gone = self._ready(), []
+        for unit in list(self._units):
+            if index.chunks <= self.max_chunks:
                 break
-            if key != keep:
-                held -= self._scopes.pop(key).chunks
+            if unit not in keep:
+                index.evict(unit)
+                gone.append(unit)
+        return gone
 
-    async def _notes(self, agent_id: str, owner: str) -> list[tuple[str, Fields]]:
-        """The agent's notes of ``owner`` and its shared ones, as log entries."""
+    async def _notes(self, agent_id: str, whose: str) -> list[tuple[str, Fields]]:
+        """The agent's notes of ``whose`` ("": its shared ones), as log entries."""
         entries: list[tuple[str, Fields]] = []
-        for whose in dict.fromkeys([owner, ""]):
-            for key, raw in (await self.redis.hgetall(self.keys.memory(agent_id, whose))).items():
-                note = _unpacked(raw)
-                if isinstance(note.get("content"), str):
-                    fields = note_written(agent_id, whose, key.decode(errors="replace"), note["content"])
-                    entries.append(("", {**fields, "at": str(_int(str(note.get("updated") or 0)))}))
+        for key, raw in (await self.redis.hgetall(self.keys.memory(agent_id, whose))).items():
+            note = _unpacked(raw)
+            if isinstance(note.get("content"), str):
+                fields = note_written(agent_id, whose, key.decode(errors="replace"), note["content"])
+                entries.append(("", {**fields, "at": str(_int(str(note.get("updated") or 0)))}))
         return entries
 
     async def _sessions(self, owner: str) -> list[tuple[str, int]]:

@@ -103,7 +103,8 @@ async def test_a_worker_started_later_indexes_only_whom_it_is_asked_about_and_ke
         hits = await late.search("main", "garden gate", owner="ana", limit=40)
         assert hits[0]["source"] == "conversation" and hits[0]["session"] == "earlier"
         assert len([h for h in hits if h["source"] == "note"]) == 30 and not any("ben" in h["excerpt"] for h in hits)
-        assert (late.scopes(), await late.size()) == (1, 32)  # Ana's 30 notes and 2 messages; Ben's not read
+        assert late.held() == ["n:main/ana", "n:main/", "c:ana"]  # Ben's not read
+        assert await late.size() == 32  # Ana's 30 notes and 2 messages
         await said(bus, "ana/plans", ("user", "Plant tulips in the garden in October."))
         await async_wait_until(lambda: _indexed(late, 33), timeout=20, what="a new message indexed as it is written")
         hits = await late.search("main", "tulips garden", owner="ana")
@@ -122,11 +123,11 @@ async def test_the_least_recently_searched_scopes_leave_past_the_bound_and_come_
     recall = Recall(bus.redis, bus.keys, embeddings=False, max_chunks=1_000)
     for person in ("ana", "ben", "carol"):
         assert len(await recall.search("main", "boats", owner=person, limit=500)) == 400
-    assert (recall.scopes(), await recall.size()) == (2, 800)  # Ana's, searched longest ago, left
+    assert "n:main/ana" not in recall.held() and await recall.size() == 800  # Ana's, searched longest ago, left
     await memory.write("main", "n0", "ana now keeps a canoe", owner="ana")  # while her scope is away
     hits = await recall.search("main", "canoe boats", owner="ana", limit=500)
     assert hits[0]["excerpt"] == "ana now keeps a canoe" and len(hits) == 400
-    assert (recall.scopes(), await recall.size()) == (2, 800)  # back, and Ben's went instead
+    assert "n:main/ben" not in recall.held() and await recall.size() == 800  # back, and Ben's went instead
 
 
 async def test_a_feed_trimmed_past_a_stopped_worker_makes_it_read_its_scopes_again(bus: Bus) -> None:

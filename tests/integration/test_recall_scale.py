@@ -45,14 +45,12 @@ async def test_a_new_worker_reads_only_the_askers_scope_and_stays_within_its_bou
     recall = Recall(bus.redis, bus.keys, embeddings=False, max_chunks=1_000)
     hits = await recall.search("main", "which drawer is item 2 in", owner="p7777")
     assert hits[0]["source"] == "note" and hits[0]["excerpt"] == f"p7777 keeps item 2 in drawer {7777 * 7 + 2}"
-    assert (recall.scopes(), await recall.size()) == (1, NOTES + MESSAGES)  # one identity's, of 10,000
+    assert recall.held() == ["n:main/p7777", "n:main/", "c:p7777"]  # one identity's, of 10,000
+    assert await recall.size() == NOTES + MESSAGES
     boats = await recall.search("main", "where is the boat moored", owner="p42")
     assert {h["session"] for h in boats} == {"chat"} and all("p42 says" in h["excerpt"] for h in boats)
     for n in range(0, PEOPLE, 50):  # 200 identities asked about in turn
         assert (await recall.search("main", "drawer", owner=f"p{n}"))[0]["excerpt"].startswith(f"p{n} keeps")
-    held = await recall.size()
-    assert held <= 1_000 and recall.scopes() == held // (NOTES + MESSAGES)  # the bound, in whole scopes
-    few = Recall(bus.redis, bus.keys, embeddings=False, max_scopes=20)
-    for n in range(0, PEOPLE, 100):
-        assert (await few.search("main", "boat", owner=f"p{n}"))[0]["excerpt"].startswith(f"p{n} says")
-    assert few.scopes() == 20  # and at most max_scopes of them, however small
+    held = recall.held()
+    assert await recall.size() <= 1_000 and held[-3:] == ["n:main/p9950", "n:main/", "c:p9950"]
+    assert len(held) == 1 + 2 * (1_000 // (NOTES + MESSAGES))  # the shared notes, and the latest identities'
