@@ -26,11 +26,9 @@ import asyncio
 import contextlib
 import logging
 import re
-import sqlite3
 import time
-import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -41,21 +39,19 @@ from bus.keys import Keys
 from bus.log import kv
 from bus.progress import Lines, Progress, Throttle
 from bus.store import RedisStore
-from memory.embedding import DenseIndex, Embedder
 from memory.embedding import load as load_embedder
+from memory.index import Fields, Index, int_of, unit_of, units_of, wanted
 from memory.log import MemoryLog, session_forgotten
 from memory.log import note_deleted as note_deleted  # the log's entries, named where the index reads them
 from memory.log import note_written as note_written
 from memory.log import said as said
 
 log = logging.getLogger("memory.recall")
-CHUNK_CHARS = 1_000  # a long message is indexed in pieces of about this size
 READ_BATCH = 2_000
 SEARCH_BATCHES = 2  # a search indexes at most this many batches first (a tool call has seconds, not minutes)
 BUILD_THROTTLE = Throttle()  # how often a long build of one scope is said in the worker's log
 MAX_CHUNKS = 200_000  # chunks a worker holds (about 1 KB each, with vectors) before evicting the least recent
 LOG_KEEP_S = 86_400  # the change feed's reach: a worker that falls further behind rebuilds what it holds
-RRF_K = 60  # reciprocal rank fusion's constant: how little a rank's position counts against being found at all
 # Words a question is made of that say nothing of what it asks: left out of the query (BM25 would weigh them
 # little anyway, but each one makes SQLite walk a long list of every chunk that holds it).
 STOP_WORDS = frozenset([
@@ -65,24 +61,6 @@ STOP_WORDS = frozenset([
     "there", "these", "they", "this", "to", "us", "was", "we", "were", "what", "when", "where", "which", "who",
     "why", "will", "with", "would", "you", "your",
 ])
-Fields = dict[str, str]
-
-SCHEMA = """
-CREATE VIRTUAL TABLE chunks USING fts5(text, kind UNINDEXED, owner UNINDEXED, agent UNINDEXED,
-                                       place UNINDEXED, role UNINDEXED, at UNINDEXED, ref UNINDEXED,
-                                       turn UNINDEXED, tokenize = 'porter unicode61');
-CREATE TABLE refs (ref TEXT NOT NULL, row INTEGER NOT NULL, entry TEXT NOT NULL DEFAULT '', unit TEXT NOT NULL,
-                   place TEXT NOT NULL);
-CREATE INDEX refs_by_ref ON refs (ref);
-CREATE INDEX refs_by_unit ON refs (unit);
-CREATE INDEX refs_by_place ON refs (place);
-"""
-QUERY = """
-SELECT rowid, kind, place, role, at, owner, snippet(chunks, 0, '', '', ' … ', 24), -bm25(chunks) FROM chunks
-WHERE chunks MATCH ? AND ((kind = 'note' AND agent = ? AND (owner = ? OR owner = ''))
-                          OR (kind = 'conversation' AND owner = ? AND ? != '' AND turn != ?))
-ORDER BY bm25(chunks) LIMIT ?
-"""
 
 
 def _said(line: str) -> None:
@@ -91,45 +69,6 @@ def _said(line: str) -> None:
 
 def _quiet(_line: str) -> None:
     """A build too small to report (one batch)."""
-
-
-def _int(value: str | None) -> int:
-    """A number from the log, which anyone with Redis may write: a malformed one reads as 0, never stops indexing."""
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
-
-
-def _unit(kind: str, agent: str, owner: str) -> str:
-    """What a chunk is loaded and evicted with (and which vectors it is among): an identity's conversations, or
-    one agent's notes of one owner (owner "": its shared notes)."""
-    return f"c:{owner}" if kind == "conversation" else f"n:{agent}/{owner}"
-
-
-def _units(agent: str, owner: str) -> list[str]:
-    """What a search by ``owner`` of ``agent``'s memory reads: its notes, the shared ones, its conversations."""
-    return list(dict.fromkeys([_unit("note", agent, owner), _unit("note", agent, ""),
-                               *([_unit("conversation", "", owner)] if owner else [])]))
-
-
-def _ref(entry: Fields) -> str:
-    """What a new version replaces: a note's ref; for words said, their content and place, so the same message
-    read from its transcript (a scope's build) and from the log (the feed) is indexed once."""
-    if entry.get("kind") != "conversation":
-        return entry.get("ref", "")
-    text = entry.get("text", "")
-    return f"said:{entry.get('place', '')}:{entry.get('at', '')}:{entry.get('role', '')}:{zlib.crc32(text.encode())}"
-
-
-def _wanted(entry: Fields, units: dict[str, None]) -> bool:
-    """Whether a log entry changes what is loaded: a put or forget of a unit held (a drop finds its ref or not)."""
-    op = entry.get("op")
-    if op == "drop":
-        return True
-    if op == "forget":
-        return _unit("conversation", "", entry.get("place", "").partition("/")[0]) in units
-    return op == "put" and _unit(entry.get("kind", ""), entry.get("agent", ""), entry.get("owner", "")) in units
 
 
 def _glob(text: str) -> str:
@@ -145,121 +84,7 @@ def _id(entry_id: str | bytes | None) -> tuple[int, int]:
     """A stream entry id, comparable."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id or "0-0"
     ms, _, seq = text.partition("-")
-    return _int(ms), _int(seq)
-
-
-class _Index:
-    """The FTS5 index of every unit loaded, and the chunks' vectors when the embedding model is installed; used
-    from one thread only (SQLite's connection is not shared)."""
-
-    def __init__(self, embedder: Embedder | None) -> None:
-        self.db = sqlite3.connect(":memory:")
-        self.db.executescript(SCHEMA)
-        self.dense = DenseIndex(embedder) if embedder is not None else None
-        self._new: list[tuple[int, str, str, str]] = []  # chunks added in this batch, for their vectors
-        self._rows = 0
-        self.chunks = 0  # held now (what eviction weighs)
-
-    def apply(self, entries: Iterable[tuple[str, Fields]]) -> list[str]:
-        """Index ``(entry id, fields)`` in order; the ids of the log entries they made stale (an earlier version
-        of a note, a forgotten session's words), for the log to lose too."""
-        db = self.db
-        self._new = []
-        stale: list[str] = []
-        with db:
-            for entry_id, entry in entries:
-                op, ref = entry.get("op"), _ref(entry)
-                if op in ("put", "drop"):
-                    stale += self._drop(ref)
-                if op == "put":
-                    text = entry.get("text", "")
-                    for start in range(0, max(len(text), 1), CHUNK_CHARS):
-                        self._rows += 1  # ids never reused (SQLite would reuse a deleted last one): vectors key on them
-                        self.chunks += 1
-                        unit = _unit(entry.get("kind", ""), entry.get("agent", ""), entry.get("owner", ""))
-                        unit = _unit(entry.get("kind", ""), entry.get("agent", ""), entry.get("owner", ""))
-                        cursor = db.execute(
-                            "INSERT INTO chunks (rowid, text, kind, owner, agent, place, role, at, ref, turn) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            (self._rows, text[start:start + CHUNK_CHARS], entry.get("kind", ""), entry.get("owner", ""),
-                             entry.get("agent", ""), entry.get("place", ""), entry.get("role", ""),
-                             _int(entry.get("at")), ref, entry.get("turn", "")))
-                        db.execute("INSERT INTO refs (ref, row, entry, unit, place) VALUES (?, ?, ?, ?, ?)",
-                                   (ref, cursor.lastrowid, entry_id, unit, entry.get("place", "")))
-                        self._new.append((int(cursor.lastrowid or 0), unit, entry.get("turn", ""),
-                                          text[start:start + CHUNK_CHARS]))
-                elif op == "forget":
-                    place = entry.get("place", "")
-                    gone = [r for (r,) in db.execute("SELECT row FROM refs WHERE place = ? AND unit = ?",
-                                                     (place, _unit("conversation", "", place.partition("/")[0])))]
-                    stale += self._entries(gone)
-                    db.executemany("DELETE FROM refs WHERE row = ?", [(r,) for r in gone])
-                    db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in gone])
-                    self.chunks -= len(gone)
-                    self._forget_vectors(gone)
-        if self.dense is not None:
-            self.dense.add(self._new)
-        return list(dict.fromkeys(e for e in stale if e))
-
-    def _drop(self, ref: str) -> list[str]:
-        rows = [r for (r,) in self.db.execute("SELECT row FROM refs WHERE ref = ?", (ref,))]
-        if not rows:
-            return []
-        stale = self._entries(rows)
-        self.db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in rows])
-        self.db.execute("DELETE FROM refs WHERE ref = ?", (ref,))
-        self.chunks -= len(rows)
-        self._forget_vectors(rows)
-        return stale
-
-    def _entries(self, rows: list[int]) -> list[str]:
-        """The log entries these chunks were indexed from."""
-        found: list[str] = []
-        for start in range(0, len(rows), 500):
-            part = rows[start:start + 500]
-            found += [e for (e,) in self.db.execute(
-                f"SELECT DISTINCT entry FROM refs WHERE row IN ({','.join('?' * len(part))})", part)]
-        return found
-
-    def evict(self, unit: str) -> None:
-        """A unit's chunks and vectors leave (it is read again from Redis when next searched)."""
-        rows = [r for (r,) in self.db.execute("SELECT row FROM refs WHERE unit = ?", (unit,))]
-        with self.db:
-            self.db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in rows])
-            self.db.execute("DELETE FROM refs WHERE unit = ?", (unit,))
-        self.chunks -= len(rows)
-        if self.dense is not None:
-            self.dense.drop(unit)
-
-    def _forget_vectors(self, rows: list[int]) -> None:
-        """Chunks gone: their vectors too, and those not made yet (added earlier in this batch) never made."""
-        gone = set(rows)
-        self._new = [new for new in self._new if new[0] not in gone]
-        if self.dense is not None:
-            self.dense.remove(rows)
-
-    def query(self, match: str, text: str, *, agent_id: str, owner: str, limit: int,
-              turn: str) -> list[tuple[Any, ...]]:
-        """Rows ``(kind, place, role, at, owner, excerpt, score)``, best first: BM25's, or (with the embedding
-        model) BM25's and the nearest vectors' fused by reciprocal rank."""
-        lexical = self.db.execute(QUERY, (match, agent_id, owner, owner, owner, turn, limit)).fetchall()
-        if self.dense is None:
-            return [row[1:] for row in lexical]
-        near = self.dense.nearest(text, _units(agent_id, owner), limit, turn=turn)
-        fused: dict[int, float] = {}
-        for ranked in ([row[0] for row in lexical], near):
-            for rank, rowid in enumerate(ranked):
-                fused[rowid] = fused.get(rowid, 0.0) + 1 / (RRF_K + rank)
-        rows = {row[0]: row for row in lexical}
-        missing = [rowid for rowid in near if rowid not in rows]
-        if missing:
-            marks = ",".join("?" * len(missing))
-            rows.update((row[0], row) for row in self.db.execute(
-                f"SELECT rowid, kind, place, role, at, owner, substr(text, 1, 300), 0 FROM chunks "
-                f"WHERE rowid IN ({marks})", missing))
-        ordered = sorted((rowid for rowid in fused if rowid in rows), key=lambda r: -fused[r])
-        return [(*rows[r][1:7], fused[r] * 100) for r in ordered[:limit]]
-
+    return int_of(ms), int_of(seq)
 
 
 class Recall:
@@ -271,7 +96,7 @@ class Recall:
         self.max_chunks, self.log_keep_s = max_chunks, log_keep_s
         self.log = MemoryLog(redis, keys)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall")
-        self._index: _Index | None = None  # made in its own thread, where SQLite is used
+        self._index: Index | None = None  # made in its own thread, where SQLite is used
         # The units loaded, least recently searched first (changed under the lock only).
         self._units: OrderedDict[str, None] = OrderedDict()
         self._last: str | None = None  # the last log entry read; None: not started (it starts at the log's end)
@@ -327,14 +152,14 @@ class Recall:
 
     def _apply(self, entries: list[tuple[str, Fields]]) -> list[str]:
         """The entries that change what is loaded, applied (in the index's thread)."""
-        wanted = [(entry_id, entry) for entry_id, entry in entries if _wanted(entry, self._units)]
-        return self._ready().apply(wanted) if wanted else []
+        changes = [(entry_id, entry) for entry_id, entry in entries if wanted(entry, self._units)]
+        return self._ready().apply(changes) if changes else []
 
-    def _ready(self) -> _Index:
+    def _ready(self) -> Index:
         if self._index is None:
             embedder = load_embedder() if self.embeddings else None
             self.embeddings = embedder is not None
-            self._index = _Index(embedder)
+            self._index = Index(embedder)
         return self._index
 
     def _reset(self) -> None:
@@ -401,10 +226,10 @@ class Recall:
         ones), ``c:<owner>`` conversations."""
         return list(self._units)
 
-    async def _loaded(self, agent_id: str, owner: str) -> _Index:
+    async def _loaded(self, agent_id: str, owner: str) -> Index:
         """The index, holding what this search reads (now the most recently used), each missing unit read from
         the notes and transcripts."""
-        units = _units(agent_id, owner)
+        units = units_of(agent_id, owner)
         async with self._lock:
             missing = [unit for unit in units if unit not in self._units]
             if missing:
@@ -412,7 +237,7 @@ class Recall:
             for unit in units:
                 self._units[unit] = None
                 self._units.move_to_end(unit)
-            index: _Index = await self._run(self._ready)
+            index: Index = await self._run(self._ready)
             for unit in await self._run(lambda: self._evict(keep=units)):
                 del self._units[unit]
         return index
@@ -425,10 +250,10 @@ class Recall:
         for unit in missing:
             if unit.startswith("n:"):
                 notes += await self._notes(agent_id, unit.partition("/")[2])
-        sessions = await self._sessions(owner) if _unit("conversation", "", owner) in missing else []
+        sessions = await self._sessions(owner) if unit_of("conversation", "", owner) in missing else []
         for unit in missing:
             self._units[unit] = None
-        index: _Index = await self._run(self._ready)
+        index: Index = await self._run(self._ready)
         total = len(notes) + sum(length for _, length in sessions)
         self.build = Progress(f"indexing the memory of {owner or 'the shared notes'}", total,
                               Lines(_said if total > READ_BATCH else _quiet), noun="entries", throttle=BUILD_THROTTLE)
@@ -471,7 +296,7 @@ class Recall:
             note = _unpacked(raw)
             if isinstance(note.get("content"), str):
                 fields = note_written(agent_id, whose, key.decode(errors="replace"), note["content"])
-                entries.append(("", {**fields, "at": str(_int(str(note.get("updated") or 0)))}))
+                entries.append(("", {**fields, "at": str(int_of(str(note.get("updated") or 0)))}))
         return entries
 
     async def _sessions(self, owner: str) -> list[tuple[str, int]]:
@@ -527,7 +352,7 @@ def _transcript_entries(session_id: str, raw: list[bytes]) -> list[tuple[str, Fi
     entries: list[tuple[str, Fields]] = []
     for n, item in enumerate(raw):
         entry = _unpacked(item)
-        content, at = entry.get("content"), _int(str(entry.get("timestamp") or 0))
+        content, at = entry.get("content"), int_of(str(entry.get("timestamp") or 0))
         metadata = entry.get("metadata")
         metadata = metadata if isinstance(metadata, dict) else {}
         fields = said(session_id, str(entry.get("role") or ""), content if isinstance(content, str) else None, at,

@@ -21,7 +21,7 @@ from bus.progress import Throttle
 from bus.streams import Bus
 from gateway.cli.ops import show_status
 from gateway.server.observe import readiness
-from memory import recall
+from memory import index, recall
 from memory.sessions import SessionStore, TranscriptEntry
 from tests.conftest import async_wait_until
 
@@ -34,7 +34,7 @@ def held_build(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """The build's second batch waits (in the index's own thread) until the test lets it go: the first batch
     indexed and counted, the rest not yet, a state the test can look at for as long as it needs."""
     go_on, batches = threading.Event(), []
-    apply = recall._Index.apply
+    apply = index.Index.apply
 
     def held(index: Any, entries: Iterable[tuple[str, dict[str, str]]]) -> list[str]:
         batches.append(1)
@@ -42,7 +42,7 @@ def held_build(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
             go_on.wait(60)
         return apply(index, entries)
 
-    monkeypatch.setattr(recall._Index, "apply", held)
+    monkeypatch.setattr(index.Index, "apply", held)
     # Each tenth said however quick the first batch was (the time rule is the unit tests' to check).
     monkeypatch.setattr(recall, "BUILD_THROTTLE", Throttle(min_s=0))
     yield go_on
