@@ -189,7 +189,7 @@ class AskUserSettings(Section):
 class RecallSettings(Section):
     """Memory search's indexes in each worker: one per scope searched lately, built on demand (memory/recall.py)."""
 
-    max_chunks: int = Field(default=200_000, ge=1_000)  # held across scopes before the least recent are evicted
+    max_chunks: int = Field(default=50_000, ge=1_000)  # held across scopes before the least recent are evicted
     log_keep_s: float = Field(default=86_400.0, ge=600)  # how long the memory log keeps a change
 
 

@@ -50,7 +50,7 @@ log = logging.getLogger("memory.recall")
 READ_BATCH = 2_000
 SEARCH_BATCHES = 2  # a search indexes at most this many batches first (a tool call has seconds, not minutes)
 BUILD_THROTTLE = Throttle()  # how often a long build of one scope is said in the worker's log
-MAX_CHUNKS = 200_000  # chunks a worker holds (about 1 KB each, with vectors) before evicting the least recent
+MAX_CHUNKS = 50_000  # chunks a worker holds (1.2 KB each, 2 KB with vectors) before evicting the least recent
 LOG_KEEP_S = 86_400  # the change feed's reach: a worker that falls further behind rebuilds what it holds
 # Words a question is made of that say nothing of what it asks: left out of the query (BM25 would weigh them
 # little anyway, but each one makes SQLite walk a long list of every chunk that holds it).
