@@ -8,7 +8,9 @@ files belong; the lease makes it once per pool, not once per replica.
   then removed from Redis by ``SessionStore.delete`` (the one way a session goes: its transcript,
   event log, flight record, title, and its words in the memory log). The file is written and fsynced
   before anything is removed, and rewriting it merges (each entry once): a pass killed between the
-  two is finished by the next one, nothing lost and nothing twice.
+  two is finished by the next one, nothing lost and nothing twice. The session's own keys go first,
+  in one script that checks no message came since the file was written; a pass killed after that is
+  finished by the next too (the session is still listed: ``delete`` takes it off and forgets it).
 - Dead letters and alerts older than their days are trimmed (``XTRIM MINID``); their lengths are
   capped where they are written (``redis.dead_maxlen``, ``redis.alerts_maxlen``).
 
@@ -28,9 +30,11 @@ from dataclasses import dataclass
 from redis import exceptions as redis_errors
 
 from bus.config import RetentionSettings
+from bus.keys import Keys
 from bus.lease import Lease
 from bus.log import kv
 from bus.loops import every, finish
+from bus.scripts import lua
 from bus.streams import Bus
 from memory.archive import Archived, SessionArchive
 from memory.flight import FlightRecorder
@@ -38,6 +42,21 @@ from memory.sessions import SessionStore
 
 log = logging.getLogger("memory.retention")
 DAY_S = 86_400
+
+# KEYS: the transcript, then the session's other keys (one slot: all are tagged with its id). ARGV: the
+# entries archived. Removed only if no message came since the file was written (checked and done at once).
+REMOVE_IF_UNCHANGED = lua("memory.retention.remove_if_unchanged", """
+if redis.call('LLEN', KEYS[1]) ~= tonumber(ARGV[1]) then return 0 end
+redis.call('DEL', unpack(KEYS))
+return 1
+""")
+
+
+def session_keys(keys: Keys, session_id: str) -> list[str]:
+    """Every key of a session but its transcript (those ``SessionStore.delete`` removes)."""
+    return [keys.session_seq(session_id), keys.session_done(session_id), keys.session_owner(session_id),
+            keys.session_events(session_id), keys.session_events_seq(session_id), keys.session_record(session_id),
+            keys.session_record_parts(session_id), keys.session_about(session_id)]
 
 
 @dataclass
@@ -54,6 +73,7 @@ class Archiver:
         self.bus, self.archive, self.clock = bus, archive, clock
         self.sessions = SessionStore(bus.redis, bus.keys)
         self.record = FlightRecorder(bus.redis, bus.keys, keep_s=0)
+        self._remove_if_unchanged = bus.redis.register_script(REMOVE_IF_UNCHANGED)
 
     async def idle(self, keep_days: float, *, most: int) -> list[str]:
         """Sessions with no message for ``keep_days``, the longest idle first."""
@@ -75,15 +95,16 @@ class Archiver:
                           after_write: Callable[[], Awaitable[None]] | None = None) -> bool:
         """Archive the session then remove it from Redis; whether it was archived now."""
         gathered = await self.gather(session_id)
-        if gathered is None:  # lapsed, or removed by a pass that died before taking it off the list
-            await self.bus.redis.zrem(self.bus.keys.sessions, session_id)
+        if gathered is None:  # lapsed, or its keys removed by a pass that died before the rest: finish
+            await self.sessions.delete(session_id)
             return False
         self.archive.write(gathered)  # fsynced: from here the session is safe on disk
         if after_write is not None:
             await after_write()  # tests stop here, as a kill -9 would, or speak meanwhile
-        if await self.bus.redis.llen(self.bus.keys.transcript(session_id)) != len(gathered.entries):
+        keys = [self.bus.keys.transcript(session_id), *session_keys(self.bus.keys, session_id)]
+        if not await self._remove_if_unchanged(keys=keys, args=[len(gathered.entries)]):
             return False  # a message came meanwhile: not idle any more; the file merges it next time
-        await self.sessions.delete(session_id)
+        await self.sessions.delete(session_id)  # the rest: off the list, and its words out of the memory log
         log.info("session archived %s", kv(session=session_id, entries=len(gathered.entries)))
         return True
 

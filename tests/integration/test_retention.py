@@ -100,6 +100,21 @@ async def test_a_pass_killed_between_file_and_removal_is_finished_once(bus: Bus,
     assert await bus.redis.exists(*session_keys(bus, "alice/old")) == 0
 
 
+async def test_a_pass_killed_after_removing_the_keys_is_finished_by_the_next(bus: Bus, tmp_path: Path) -> None:
+    await talk(bus, "alice/old", "alice", "my locker code is 7781")
+    archiver = later(bus, tmp_path)
+    gathered = await archiver.gather("alice/old")
+    assert gathered is not None
+    archiver.archive.write(gathered)
+    await bus.redis.delete(*session_keys(bus, "alice/old"))  # the keys went, then the kill: listed, words kept
+    assert "locker code" in await memory_log_text(bus)
+    assert (await sweep(archiver, RetentionSettings())).archived == 0
+    assert await bus.redis.zscore(bus.keys.sessions, "alice/old") is None
+    assert "locker code" not in await memory_log_text(bus)
+    found = archiver.read("alice", "alice/old")
+    assert found is not None and [e.content for e in found.entries] == ["my locker code is 7781"]
+
+
 async def test_a_session_spoken_to_as_it_is_archived_stays_and_its_file_merges_later(bus: Bus,
                                                                                       tmp_path: Path) -> None:
     await talk(bus, "alice/old", "alice", "one")
