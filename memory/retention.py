@@ -27,6 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from pydantic import ValidationError
 from redis import exceptions as redis_errors
 
 from bus.config import RetentionSettings
@@ -139,7 +140,10 @@ async def sweep(archiver: Archiver, settings: RetentionSettings) -> Swept:
     swept, now = Swept(), archiver.clock()
     if settings.transcript_days is not None:
         for session_id in await archiver.idle(settings.transcript_days, most=settings.batch):
-            swept.archived += await archiver.archive_one(session_id)
+            try:
+                swept.archived += await archiver.archive_one(session_id)
+            except (ValidationError, ValueError) as exc:  # one unreadable session must not stop the rest
+                log.warning("session not archived %s", kv(session=session_id, error=exc))
     keys = archiver.bus.keys
     if settings.dead_letter_days is not None:
         swept.dead_letters = await trim_older(archiver.bus, keys.dead, settings.dead_letter_days, now=now)

@@ -133,6 +133,16 @@ async def test_a_session_spoken_to_as_it_is_archived_stays_and_its_file_merges_l
     assert found is not None and [e.content for e in found.entries] == ["one", "two"]
 
 
+async def test_an_unreadable_session_is_left_and_the_others_archived(bus: Bus, tmp_path: Path) -> None:
+    await talk(bus, "alice/a", "alice", "one")
+    await bus.redis.rpush(bus.keys.transcript("alice/a"), b"not msgpack of an entry")
+    await bus.redis.zadd(bus.keys.sessions, {"alice/a": time.time() - 2 * LATER})  # the longest idle: first
+    await talk(bus, "alice/b", "alice", "two")
+    assert (await sweep(later(bus, tmp_path), RetentionSettings())).archived == 1
+    assert await bus.redis.exists(bus.keys.transcript("alice/a"))  # kept where it is, said in the log
+    assert not await bus.redis.exists(bus.keys.transcript("alice/b"))
+
+
 async def test_old_dead_letters_and_alerts_are_trimmed_new_ones_kept(bus: Bus, tmp_path: Path) -> None:
     now_ms = int(time.time() * 1000)
     for stream in (bus.keys.dead, bus.keys.alerts):
