@@ -38,7 +38,7 @@ from bus.loops import every, finish
 from bus.scripts import lua
 from bus.streams import Bus
 from memory.archive import Archived, SessionArchive
-from memory.flight import FlightRecorder
+from memory.flight import KEEP_DAYS, FlightRecorder
 from memory.sessions import SessionStore
 
 log = logging.getLogger("memory.retention")
@@ -123,7 +123,7 @@ class Archiver:
         if archived.about.get("named") and archived.about.get("title"):
             await self.sessions.rename(session_id, str(archived.about["title"]))
         if archived.record:
-            await FlightRecorder(self.bus.redis, self.bus.keys, keep_s=30 * DAY_S).import_lines(
+            await FlightRecorder(self.bus.redis, self.bus.keys, keep_s=int(KEEP_DAYS * DAY_S)).import_lines(
                 session_id, archived.record)
         self.archive.remove(owner, session_id)
         return True

@@ -61,3 +61,13 @@ def test_retention_defaults_are_the_packaged_config(tmp_path: Path) -> None:
     assert (packaged.transcript_days, packaged.dead_letter_days, packaged.alert_days) == (90, 30, 30)
     forever = Config({"runtime": {"retention": {"transcript_days": None}}}).runtime.retention
     assert forever.transcript_days is None
+
+
+def test_record_export_reads_an_archived_sessions_record_from_the_data_dir(tmp_path: Path) -> None:
+    from gateway.cli.record import _archived_record
+
+    config = Config({"runtime": {"data_dir": str(tmp_path)}})
+    archive = SessionArchive(config.runtime.archive_path)
+    archive.write(Archived("alice/trip", "alice", {}, [entry("hi", 1)], ['{"session": "alice/trip"}']))
+    assert _archived_record(config, "alice/trip") == ['{"session": "alice/trip"}']
+    assert _archived_record(config, "bob/trip") == []
