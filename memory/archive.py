@@ -87,6 +87,9 @@ class SessionArchive:
         path = self.path(archived.owner, archived.session_id)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)  # a data dir not made yet is made here
         path.parent.mkdir(mode=0o700, exist_ok=True)
+        for directory in (self.root, path.parent):  # one made wider (a restore's, by hand) is narrowed
+            if directory.stat().st_mode & 0o077:
+                directory.chmod(0o700)
         whole = merged(self.read(archived.owner, archived.session_id), archived)
         lines = [json.dumps(whole.header(), ensure_ascii=False)]
         lines += [json.dumps({"entry": e.model_dump(mode="json", exclude_none=True)}, ensure_ascii=False)

@@ -53,6 +53,9 @@ def test_archiving_again_keeps_each_entry_once_and_adds_what_is_new(tmp_path: Pa
     assert found is not None and [e.content for e in found.entries] == ["one", "two", "three"]
     assert found.about["messages"] == 2
     assert merged(None, first) is first
+    (tmp_path / "archive" / "alice").chmod(0o755)  # as a restore's tar may leave it
+    archive.write(first)
+    assert (tmp_path / "archive" / "alice").stat().st_mode & 0o777 == 0o700
 
 
 def test_retention_defaults_are_the_packaged_config(tmp_path: Path) -> None:
