@@ -341,6 +341,11 @@ class Gateway:
     async def delete_session(self, request: Request) -> Response:
         session_id = session_id_of(request)
         identity = caller(request)
+        archived = await self._archived(identity, session_id)
+        if archived is not None and self.archiver is not None:  # deleting an archived one deletes its file
+            self.archiver.archive.remove(archived.owner, session_id)
+            log.info("archived session deleted %s", kv(session=session_id, by=identity.name))
+            return JSONResponse({"session_id": shown_to(identity, session_id), "deleted": True})
         await self.turns.own_session(identity, session_id, existing=True)
         await self.sessions.delete(session_id)
         log.info("session deleted %s", kv(session=session_id, by=identity.name))

@@ -224,6 +224,8 @@ async def test_an_archived_session_is_listed_read_and_restored_by_its_owner_only
         assert answer.status_code in (400, 404), (hostile, answer.text)
         assert "Lisbon" not in answer.text
     assert (await bob.post("/v1/sessions/trip/restore?owner=alice")).status_code in (403, 404)
+    assert (await bob.delete("/v1/sessions/trip?owner=alice")).status_code in (403, 404)
+    assert archiver.read("alice", "alice/trip") is not None  # bob's tries changed nothing of alice's
 
     operator = await api()
     everyone = (await operator.get("/v1/sessions?owner=*")).json()["sessions"]
@@ -236,3 +238,9 @@ async def test_an_archived_session_is_listed_read_and_restored_by_its_owner_only
     assert archiver.read("alice", "alice/trip") is None
     again = (await alice.get("/v1/sessions")).json()["details"]
     assert [d for d in again if d["id"] == "trip"] and all("archived" not in d for d in again)
+
+    assert await archiver.archive_one("alice/today")
+    assert (await alice.delete("/v1/sessions/today")).json()["deleted"] is True  # its file goes
+    assert archiver.read("alice", "alice/today") is None
+    assert "today" not in (await alice.get("/v1/sessions")).json()["sessions"]
+    assert (await alice.get("/v1/sessions/today")).status_code == 404
