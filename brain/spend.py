@@ -45,7 +45,6 @@ log = logging.getLogger("brain.spend")
 
 PROMPT_MARGIN = 1.25  # the counted prompt tokens times this: tokenizers differ from cl100k by less
 THREAD_OVER_CHARS = 50_000  # a prompt longer than this is counted in a thread (it takes milliseconds)
-ALERTS_KEEP = 1000
 HELD_PAUSE_S = 0.05  # first wait for calls in flight to settle, doubling to 1 s
 
 # KEYS: holds, this hold, then the budgets. ARGV: now, deadline, bound, hold id, hold key prefix, floor (what
@@ -287,7 +286,7 @@ class Governor:
                                                          "scope": budget.scope, "share": share,
                                                          "spent_usd": spent / MICRO, "limit_usd": budget.limit / MICRO,
                                                          "text": text, "at": self.clock()},
-                                  maxlen=ALERTS_KEEP, approximate=True)
+                                  maxlen=self.bus.settings.alerts_maxlen, approximate=True)
         for target in self.budget.notify:  # the channel sends it once (the key), whoever tells it again
             channel, _, chat = target.partition(":")
             await self.bus.publish(self.bus.keys.channel_outbox(channel), ChannelSend(

@@ -139,6 +139,7 @@ class RedisSettings(Section):
     # older than this: entries past it go at the next write, and a stream with no write for this long lapses.
     reply_max_age_s: float = Field(default=3600.0, ge=1)
     dead_maxlen: int = Field(default=10_000, ge=100)
+    alerts_maxlen: int = Field(default=1000, ge=10)  # the alerts stream (budget and job alerts)
     # How much memory Redis may use, for the warning in `pincer status`, /readyz and /metrics; None: Redis's
     # own maxmemory (when set). Warned from memory_warn_ratio of it (docs/operations.md, "Redis's memory").
     memory_bound_mb: float | None = Field(default=None, gt=0)
@@ -183,6 +184,17 @@ class BackupSchedule(Section):
         return value
 
 
+class RetentionSettings(Section):
+    """``runtime.retention``: how long what Pincer keeps in Redis lives (docs/operations.md, "Retention").
+    One Gateway of the pool (a lease) enforces it every ``interval_s``; None: kept for ever."""
+
+    transcript_days: float | None = Field(default=90.0, gt=0)  # idle this long: archived to the data dir
+    dead_letter_days: float | None = Field(default=30.0, gt=0)  # dead letters older than this are trimmed
+    alert_days: float | None = Field(default=30.0, gt=0)  # alerts older than this are trimmed
+    interval_s: float = Field(default=3600.0, ge=1)
+    batch: int = Field(default=100, ge=1, le=10_000)  # sessions archived at most per pass
+
+
 class RuntimeSettings(Section):
     data_dir: Path = Path("~/.pincer")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -199,10 +211,16 @@ class RuntimeSettings(Section):
     otel_endpoint: str | None = None
     otel_file: str | None = None
     backup: BackupSchedule = Field(default_factory=BackupSchedule)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
+
+    @property
+    def archive_path(self) -> Path:
+        """Where idle sessions are archived (memory/archive.py)."""
+        return self.data_path / "archive"
 
     @property
     def logs_path(self) -> Path:

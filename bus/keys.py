@@ -346,3 +346,8 @@ class Keys:
     def scheduler_tick(self) -> str:
         """When the scheduler holding the lease last looked at the due set (its liveness)."""
         return f"{self.prefix}jobs:tick"
+
+    @property
+    def retention_lease(self) -> str:
+        """Held by the one Gateway that archives idle sessions and trims old dead letters and alerts."""
+        return f"{self.prefix}retention:lease"

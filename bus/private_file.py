@@ -8,16 +8,26 @@ from pathlib import Path
 from typing import IO, Any
 
 
-def write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str, *, durable: bool = False) -> None:
     """Replace ``path`` whole with ``text``, mode 0600: written aside (``O_EXCL | O_NOFOLLOW``, so a link
     planted there is not followed), then renamed over it (a link at ``path`` is replaced, not written
-    through); a reader sees the old file or the new one, never half of one."""
+    through); a reader sees the old file or the new one, never half of one. ``durable``: the file and
+    its directory are fsynced before this returns (what is removed elsewhere next must be on disk)."""
     aside = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(aside, path)
+        if durable:
+            directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
     except BaseException:
         aside.unlink(missing_ok=True)
         raise

@@ -17,7 +17,8 @@ from brain.config import BrainSettings
 from bus.config import Config
 from bus.redis_client import RedisAway
 from gateway.cli.ops import connected_bus, qualified
-from gateway.turns.session_names import SEPARATOR
+from gateway.turns.session_names import SEPARATOR, owner_of
+from memory.archive import SessionArchive
 from memory.flight import FlightRecorder, RecordError, Step
 
 
@@ -55,6 +56,9 @@ async def _run(args: argparse.Namespace, config: Config, keep_s: int, lines: lis
             return await _import(recorder, args, lines), None
         session = qualified(args.target)
         steps = await recorder.steps(session)
+        archived = _archived_record(config, session) if not steps and args.action == "export" else None
+        if archived:  # an idle session's record, archived to the data dir (memory/retention.py)
+            return 0, "\n".join(archived) + "\n"
         if not steps:
             print(f"pincer: error: session {session!r} has no flight record (none kept, lapsed after "
                   "brain.record.keep_days, or brain.record.enabled is off)", file=sys.stderr)
@@ -67,6 +71,13 @@ async def _run(args: argparse.Namespace, config: Config, keep_s: int, lines: lis
         else:
             show(Console(), session, rows)
         return 0, None
+
+
+def _archived_record(config: Config, session: str) -> list[str]:
+    """The flight record of an archived session (the CLI runs beside the data dir, as an operator)."""
+    archive = SessionArchive(config.runtime.archive_path)
+    found = archive.read(owner_of(session), session) or archive.read("", session)
+    return found.record if found else []
 
 
 async def _import(recorder: FlightRecorder, args: argparse.Namespace, lines: list[str]) -> int:

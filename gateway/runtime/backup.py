@@ -5,8 +5,9 @@ An archive (``pincer-backup-<UTC time>.tar.gz``, 0600) holds:
 - ``manifest.json``: the release and layout version that wrote it, the prefix, when, each member's
   size and SHA-256, the Redis snapshot's key count, and what was left out;
 - ``redis.keys``: every key under the prefix as at one instant (``bus.snapshot``);
-- ``data/``: the data dir's own files (its ``config.yaml``; with secrets, ``secrets.env``, the owner's
-  ``gateway.token``, ``redis.password`` and the Matrix channel's keys); what is rebuilt or fetched again
+- ``data/``: the data dir's own files (its ``config.yaml``, ``archive/``: the sessions retention moved out
+  of Redis; with secrets, ``secrets.env``, the owner's ``gateway.token``, ``redis.password`` and the
+  Matrix channel's keys); what is rebuilt or fetched again
   (logs, the local model, the embedded Redis's files, sign-in links, state) is not kept;
 - ``workspace/`` and ``identities/``: the agent's workspace and every identity's own tree.
 
@@ -44,7 +45,7 @@ from bus.streams import Bus
 FORMAT = 1
 KEYS = "redis.keys"
 MANIFEST = "manifest.json"
-DATA_FILES = ("config.yaml",)  # the data dir's files every archive keeps
+DATA_FILES = ("config.yaml", "archive")  # the data dir's files every archive keeps (archive/: idle sessions)
 SECRET_FILES = ("secrets.env", "gateway.token", "redis.password", "matrix")  # only with secrets
 CHUNK = 1 << 20
 

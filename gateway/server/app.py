@@ -27,6 +27,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from bus import pool as ops
+from bus.config import RetentionSettings
 from bus.log import kv
 from bus.metrics import Meter
 from bus.presence import Presence, alive
@@ -57,19 +58,24 @@ from gateway.server.observe import metrics_text, readiness
 from gateway.server.openai_api import OpenAIRoutes
 from gateway.server.page import page_routes
 from gateway.server.spend_api import SpendRoutes
-from gateway.tokens import TokenStore, WebSessions
+from gateway.tokens import Identity, TokenStore, WebSessions
 from gateway.turns.events import parse_after
 from gateway.turns.limits import CallerLimits, Hold
-from gateway.turns.refusal import Refused, redis_away
+from gateway.turns.refusal import Refused, not_found, redis_away
 from gateway.turns.runner import SendMessage, Turn, TurnRunner
 from gateway.turns.session_names import ALL_OWNERS, SEPARATOR, check_session_name, owner_of, path_of, shown_to
+from memory.archive import Archived, SessionArchive
 from memory.flight import KEEP_DAYS, FlightRecorder
 from memory.jobs import JobStore
 from memory.longterm import LongTermMemory
+from memory.retention import Archiver, RetentionLoop
 from memory.sessions import TITLE_CHARS, ForkRefused, SessionStore
 from memory.spend import SpendView
 
 log = logging.getLogger("gateway.http")
+# What a list shows of an archived session, read from its file's header (memory/archive.py).
+ARCHIVED_SHOWN = ("title", "named", "messages", "updated_at", "spend_usd", "archived_at")
+
 
 class Rename(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -112,8 +118,13 @@ def _farewell(code: ErrorCode, message: str) -> dict[str, str]:
 class Gateway:
     def __init__(self, bus: Bus, settings: GatewaySettings, *, instance_id: str, heartbeat_s: float = 3.0,
                  tokens: TokenStore | None = None, spend: SpendView | None = None,
-                 channels: list[str] | None = None) -> None:
+                 channels: list[str] | None = None, archive: SessionArchive | None = None,
+                 retention: RetentionSettings | None = None) -> None:
         self.bus, self.settings, self.instance_id = bus, settings, instance_id
+        # Idle sessions archived to the data dir (memory/retention.py): still listed and readable here.
+        self.archiver = Archiver(bus, archive) if archive is not None else None
+        self.retention = RetentionLoop(self.archiver, retention, holder=instance_id) \
+            if self.archiver is not None and retention is not None else None
         self.spend = spend or SpendView()  # the brain section's budgets, which /v1/spend reads against
         self.channels = channels or []  # the channels the config enables (/v1/channels lists them)
         self.inbox = ReplyInbox(bus, instance_id)
@@ -135,9 +146,13 @@ class Gateway:
         await self.inbox.start()
         await self.presence.start()
         await self.connections.start()
+        if self.retention is not None:
+            await self.retention.start()
         try:
             yield
         finally:
+            if self.retention is not None:
+                await self.retention.close()
             await self.connections.close()
             await self.fanout.close()
             await self.hooks.close()
@@ -160,6 +175,7 @@ class Gateway:
                 Route("/v1/sessions/{session_id}/cancel", self.cancel, methods=["POST"]),
                 Route("/v1/sessions/{session_id}/fork", self.fork_session, methods=["POST"]),
                 Route("/v1/sessions/{session_id}/events", self.session_events, methods=["GET"]),
+                Route("/v1/sessions/{session_id}/restore", self.restore_session, methods=["POST"]),
                 Route("/v1/sessions/{session_id}", self.get_session, methods=["GET"]),
                 Route("/v1/sessions/{session_id}", self.delete_session, methods=["DELETE"]),
                 Route("/v1/sessions/{session_id}", self.rename_session, methods=["PATCH"]),
@@ -287,14 +303,49 @@ class Gateway:
     async def get_session(self, request: Request) -> Response:
         session_id = session_id_of(request)
         identity = caller(request)
+        archived = await self._archived(identity, session_id)
+        if archived is not None:  # idle past runtime.retention.transcript_days: read from its file
+            return JSONResponse({"session_id": shown_to(identity, session_id), "archived": True,
+                                 "entries": [e.model_dump(mode="json", exclude_none=True) for e in archived.entries],
+                                 "record": archived.record})
         await self.turns.own_session(identity, session_id, existing=True)
         entries = await self.sessions.load(session_id)
         return JSONResponse({"session_id": shown_to(identity, session_id),
                              "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries]})
 
+    async def _archived(self, identity: Identity, session_id: str) -> Archived | None:
+        """The caller's archived session of that id, when it has left Redis. The archive is looked up under
+        the session's owner as its id says (checked in the file too): another's is never found."""
+        if self.archiver is None or await self.sessions.exists(session_id):
+            return None
+        owner = owner_of(session_id)
+        if not identity.may_see(owner):
+            return None
+        found = self.archiver.read(owner, session_id)
+        if found is None and identity.operator:  # a session from before owners is the operators'
+            found = self.archiver.read("", session_id)
+        return found
+
+    async def restore_session(self, request: Request) -> Response:
+        """An archived session back in Redis, to go on with it."""
+        session_id = session_id_of(request)
+        identity = caller(request)
+        archived = await self._archived(identity, session_id)
+        if archived is None or self.archiver is None:
+            raise not_found(f"no archived session {shown_to(identity, session_id)!r}")
+        if not await self.archiver.restore(archived.owner, session_id):
+            raise Refused(ErrorCode.CONFLICT, "a session of that name exists again: it was not restored")
+        log.info("session restored %s", kv(session=session_id, by=identity.name))
+        return JSONResponse({"session_id": shown_to(identity, session_id), "restored": True})
+
     async def delete_session(self, request: Request) -> Response:
         session_id = session_id_of(request)
         identity = caller(request)
+        archived = await self._archived(identity, session_id)
+        if archived is not None and self.archiver is not None:  # deleting an archived one deletes its file
+            self.archiver.archive.remove(archived.owner, session_id)
+            log.info("archived session deleted %s", kv(session=session_id, by=identity.name))
+            return JSONResponse({"session_id": shown_to(identity, session_id), "deleted": True})
         await self.turns.own_session(identity, session_id, existing=True)
         await self.sessions.delete(session_id)
         log.info("session deleted %s", kv(session=session_id, by=identity.name))
@@ -328,6 +379,12 @@ class Gateway:
             raise Refused(ErrorCode.FORBIDDEN, "only an operator token may list another identity's sessions")
         found = await self.sessions.list_sessions(owner=None if owner == ALL_OWNERS else owner)
         about = await self.sessions.about(found)
+        if self.archiver is not None:  # archived ones too, marked (their ids are not in Redis any more)
+            live = set(found)
+            about += [{**{k: v for k, v in header.items() if k in ARCHIVED_SHOWN}, "id": header["session_id"],
+                       "archived": True}
+                      for header in self.archiver.archive.listed(None if owner == ALL_OWNERS else owner)
+                      if header.get("session_id") not in live]
         query = (request.query_params.get("q") or "").casefold()
         for entry in about:
             entry["id"] = shown_to(identity, entry["id"]) if owner != ALL_OWNERS else entry["id"]

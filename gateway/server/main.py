@@ -15,6 +15,7 @@ from bus.streams import Bus
 from gateway.channels.config import enabled_names
 from gateway.config import GatewaySettings
 from gateway.server.app import Gateway
+from memory.archive import SessionArchive
 from memory.spend import SpendView
 
 log = logging.getLogger("gateway")
@@ -29,7 +30,8 @@ def main(config: Config, *, port: int | None = None) -> int:
     async def body(bus: Bus, stop: asyncio.Event) -> None:
         gateway = Gateway(bus, settings, instance_id=instance_id, heartbeat_s=config.runtime.heartbeat_s,
                           spend=config.section("brain", SpendView),
-                          channels=enabled_names(config.raw.get("channels")))
+                          channels=enabled_names(config.raw.get("channels")),
+                          archive=SessionArchive(config.runtime.archive_path), retention=config.runtime.retention)
         if not settings.loopback_only and not await gateway.tokens.configured():
             raise ConfigError(f"refusing to listen on {settings.host} with no token: anyone who reaches it could "
                               "run commands as this agent. Create one with `pincer token create NAME` or set "

@@ -83,7 +83,7 @@ async def announce(store: JobStore, job: Job, targets: list[str]) -> list[str]:
         await store.bus.publish(store.keys.channel_outbox(channel), ChannelSend(
             channel=channel, chat=chat, text=text, key=f"job-made:{job.id}:{job.created_at:.3f}:{target}"))
     await store.bus.redis.xadd(store.keys.alerts, {"kind": "job", "job": job.id, "text": text, "at": time.time()},
-                               maxlen=1000, approximate=True)
+                               maxlen=store.bus.settings.alerts_maxlen, approximate=True)
     return told
 
 

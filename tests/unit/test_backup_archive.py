@@ -27,6 +27,8 @@ def packed(tmp_path: Path, *, secrets: bool = False) -> Path:
     (here.data / "matrix").mkdir()
     (here.data / "matrix" / "device.db").write_text("keys")
     (here.data / "pincer.json").write_text("{}")  # state: rebuilt, never kept
+    (here.data / "archive" / "alice").mkdir(parents=True)  # sessions retention moved out of Redis
+    (here.data / "archive" / "alice" / "s.jsonl").write_text('{"pincer_archive": 1}\n')
     (here.workspace / "a.txt").write_text("a")
     (here.workspace / "link").symlink_to("/etc/passwd")  # a link the model made: not followed
     (here.identities / "bob").mkdir()
@@ -41,7 +43,8 @@ def packed(tmp_path: Path, *, secrets: bool = False) -> Path:
 def test_an_archive_keeps_the_data_and_workspaces_and_secrets_only_when_asked(tmp_path: Path) -> None:
     with tarfile.open(packed(tmp_path)) as tar:
         names = set(tar.getnames())
-    assert names == {"manifest.json", "redis.keys", "data/config.yaml", "workspace/a.txt", "identities/bob/b.txt"}
+    assert names == {"manifest.json", "redis.keys", "data/config.yaml", "data/archive/alice/s.jsonl",
+                     "workspace/a.txt", "identities/bob/b.txt"}
     with tarfile.open(packed(tmp_path / "with", secrets=True)) as tar:
         assert {"data/secrets.env", "data/matrix/device.db"} <= set(tar.getnames())
 
@@ -76,6 +79,7 @@ def test_a_restore_goes_only_into_fresh_places_and_the_same_prefix(tmp_path: Pat
     assert backup._checked(archive, "p:", target)["prefix"] == "p:"
     backup._extract_files(archive, target)
     assert (target.identities / "bob" / "b.txt").read_text() == "b"
+    assert (target.data / "archive" / "alice" / "s.jsonl").read_text() == '{"pincer_archive": 1}\n'
     assert not (target.workspace / "link").exists()
 
 

@@ -227,7 +227,10 @@ function renderTranscript(entries) {
 // A session is shown by its title (its first message, or as renamed) with its name beneath: two
 // sessions may share a title (a fork keeps its source's), never a name.
 function sessionLabel(about) {
-  return [el("span", { class: "title" }, about.title || about.id), " ", el("small", { class: "sid" }, about.id)];
+  const label = [el("span", { class: "title" }, about.title || about.id), " ", el("small", { class: "sid" }, about.id)];
+  // An archived session (idle past runtime.retention.transcript_days) reads from the data dir.
+  if (about.archived) label.push(" ", el("small", { class: "sid" }, "archived"));
+  return label;
 }
 
 function showTitle() {
