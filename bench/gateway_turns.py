@@ -59,7 +59,8 @@ class ScriptedModel:
         self.proc.wait(10)
 
 
-def start_stack(tmp: Path, redis_url: str, llm: ScriptedModel) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+def start_stack(tmp: Path, redis_url: str, llm: ScriptedModel,
+                extra: dict[str, str] | None = None) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
     workspace = tmp / "workspace"
     workspace.mkdir()
     (workspace / "notes.txt").write_text("the secret word is pincer-42\n")
@@ -76,6 +77,7 @@ def start_stack(tmp: Path, redis_url: str, llm: ScriptedModel) -> tuple[dict[str
         "PINCER_GATEWAY__LIMITS__MESSAGES_PER_MINUTE": "10000000", "PINCER_GATEWAY__LIMITS__BURST": "100000",
         "PINCER_BRAIN__MAX_TURNS": "64", "PINCER_BRAIN__MAX_WAITING": "256",
     })
+    env.update(extra or {})
     procs = [subprocess.Popen([sys.executable, "-m", "gateway", role], env=env, cwd=tmp,
                               stdout=subprocess.DEVNULL, stderr=(tmp / f"{role}.log").open("wb"))
              for role in ("gateway", "brain", "hands")]

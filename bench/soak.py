@@ -4,8 +4,9 @@ A private redis-server, the tests' scripted model in its own process, and real `
 `hands` processes. ``--people`` identities (a chat token each) take turns through the Gateway's HTTP API for
 ``--minutes``: plain chat, a memory note written, a memory search, a file read, each conversation
 ``--session-turns`` long before the person starts a new one; each person also keeps a job that fires every
-minute. Retention is set short (``--keep-s``: the memory log's reach, and the transcripts' when the
-retention settings exist), so a day's turnover happens in the run. Every ``--sample-s`` the bench reads each
+minute. Retention is set short (``--keep-s``: the memory log's reach, a quiet session's event log, how
+long a session stays in Redis before it is archived, and its flight record), so a day's turnover happens
+in the run. Every ``--sample-s`` the bench reads each
 process's RSS from /proc and Redis's used_memory, the memory log's length and the sessions kept; it prints
 the samples and compares the end with the end of warm-up (the first fifth). At the end each person searches
 for a note written in the last minutes: retention must keep what it promises.
@@ -137,9 +138,13 @@ def main() -> None:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         redis_url = redis.start()
-        os.environ.update({"PINCER_HANDS__RECALL__LOG_KEEP_S": str(args.keep_s),
-                           "PINCER_GATEWAY__LIMITS__MESSAGES_PER_MINUTE": "100000"})
-        env, procs = start_stack(tmp, redis_url, llm)
+        days = str(args.keep_s / 86_400)
+        short = {"PINCER_HANDS__RECALL__LOG_KEEP_S": str(args.keep_s),
+                 "PINCER_GATEWAY__EVENTS__KEEP_S": str(args.keep_s),
+                 "PINCER_RUNTIME__RETENTION__TRANSCRIPT_DAYS": days,
+                 "PINCER_RUNTIME__RETENTION__INTERVAL_S": "60",
+                 "PINCER_BRAIN__RECORD__KEEP_DAYS": days}
+        env, procs = start_stack(tmp, redis_url, llm, short)
         url = f"http://127.0.0.1:{env['PINCER_GATEWAY_PORT']}"
         wait_healthy(url)
         pids = {"gateway": procs[0].pid, "brain": procs[1].pid, "hands": procs[2].pid}
