@@ -190,7 +190,7 @@ class RecallSettings(Section):
     """Memory search's indexes in each worker: one per scope searched lately, built on demand (memory/recall.py)."""
 
     max_chunks: int = Field(default=50_000, ge=1_000)  # held across scopes before the least recent are evicted
-    log_keep_s: float = Field(default=86_400.0, ge=600)  # how long the memory log keeps a change
+    log_keep_s: float = Field(default=86_400.0, ge=60)  # how long the memory log keeps a change
 
 
 MCP_SERVER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
