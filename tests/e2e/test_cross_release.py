@@ -153,6 +153,7 @@ def test_the_previous_release_runs_as_one_role_beside_this_one(processes: Proces
     assert set(versions) == {old.version, VERSION}, versions
     assert [i.split("-")[0] for i in versions[old.version]] == [old_role], versions
     assert sorted(i.split("-")[0] for i in versions[VERSION]) == sorted(set(ROLES) - {old_role}), versions
+    assert _status(processes)["dead"] == 0  # nothing either release wrote was dropped by the other as malformed
     shown = processes.run("status")
     assert re.search(rf"versions differ: .*{re.escape(old.version)}.*{re.escape(VERSION)}",
                      " ".join(shown.stdout.split())), shown.stdout
