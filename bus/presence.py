@@ -15,12 +15,12 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any
 
 from redis import exceptions as redis_errors
 
 from bus.loops import every, finish
+from bus.release import VERSION
 from bus.streams import Bus
 
 log = logging.getLogger("bus.presence")
@@ -31,10 +31,8 @@ Details = Callable[[], dict[str, Any]]
 
 
 def version() -> str:
-    try:
-        return metadata.version("pincer")
-    except metadata.PackageNotFoundError:
-        return "dev"
+    """The release this code is (bus/release.py), not what the installed package's metadata says."""
+    return VERSION
 
 
 class Presence:

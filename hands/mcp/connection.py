@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -20,6 +19,7 @@ from mcp import ClientSession, types
 
 from bus.config import ConfigError
 from bus.protocol import ErrorCode
+from bus.release import VERSION
 from hands.config import McpServerSettings
 from hands.errors import ToolFailure
 from hands.mcp.translate import TOOLS_LIMIT, protocol_failure, screen_tool_list
@@ -28,7 +28,7 @@ from hands.sandbox.runner import Running, Sandbox
 
 log = logging.getLogger("hands.mcp")
 
-CLIENT = types.Implementation(name="pincer", version=importlib.metadata.version("pincer"))
+CLIENT = types.Implementation(name="pincer", version=VERSION)
 ProgressNote = Callable[[str], Awaitable[Any]]
 
 

@@ -36,12 +36,17 @@ def test_a_client_command_loads_neither_the_engine_nor_the_channels() -> None:
     assert loaded.strip() == "[]", loaded
 
 
-def test_version_is_the_installed_release(capsys: pytest.CaptureFixture[str]) -> None:
-    from importlib import metadata
+def test_version_is_the_release_this_code_is(capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+    from pathlib import Path
 
+    from bus.release import VERSION
     from gateway.cli import main
 
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0
-    assert capsys.readouterr().out.strip() == f"pincer {metadata.version('pincer')}"
+    assert capsys.readouterr().out.strip() == f"pincer {VERSION}"
+    # a built wheel's metadata takes the same one
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "bus.release.VERSION"}
