@@ -1,8 +1,9 @@
-"""Across releases: the previous tagged release, built from its tag, runs as each role beside this code.
+"""Across releases: the previous release's wheel runs as each role beside this code.
 
 docs/upgrades.md promises that two releases next to each other read each other's messages and stored data, so
-a pool can be upgraded one process at a time. Here the previous release's wheel is built from its git tag
-(``PINCER_PREVIOUS_RELEASE``, ``v0.2.0`` by default), unpacked, and put first on the ``PYTHONPATH`` of one role's
+a pool can be upgraded one process at a time. Here the previous release's wheel (v0.2.0's, kept in tests/releases
+as it was built from its tag; or one built from the tag ``PINCER_PREVIOUS_RELEASE`` names) is unpacked, and put
+first on the ``PYTHONPATH`` of one role's
 process (the same installed dependencies serve both); the other two roles run this tree. Each role takes its turn
 as the old one: plain, tool and streamed turns are answered through the Gateway, and ``pincer status`` shows both
 releases with its warning. When this tree's stored layout is newer than the old release's, the promise is the
@@ -34,6 +35,7 @@ from tests.e2e.conftest import send
 pytestmark = pytest.mark.e2e
 
 PREVIOUS = "v0.2.0"  # the release before this one; PINCER_PREVIOUS_RELEASE names another tag
+SHIPPED = ROOT / "tests" / "releases"  # the previous release's wheel as published: a clone needs no tags or history
 EX_CONFIG = 78  # a process that must not be restarted: here, data newer than it knows
 ROLES = ("gateway", "brain", "hands")
 
@@ -51,15 +53,27 @@ class Release:
 
 @pytest.fixture(scope="session")
 def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Release:
-    """The previous release's wheel, built from its tag (once per test session) and unpacked."""
-    tag = os.environ.get("PINCER_PREVIOUS_RELEASE", PREVIOUS)
+    """The previous release's wheel, unpacked (once per test session): the one kept in tests/releases, as
+    published, or one built from the tag ``PINCER_PREVIOUS_RELEASE`` names."""
+    tag = os.environ.get("PINCER_PREVIOUS_RELEASE")
+    where = tmp_path_factory.mktemp(f"release-{tag or PREVIOUS}")
+    wheel = _built(tag, where) if tag else SHIPPED / f"pincer-{PREVIOUS.removeprefix('v')}-py3-none-any.whl"
+    unpacked = where / "unpacked"
+    with zipfile.ZipFile(wheel) as archive_file:
+        archive_file.extractall(unpacked)
+    info = next(unpacked.glob("pincer-*.dist-info"))
+    version = info.name.removeprefix("pincer-").removesuffix(".dist-info")
+    return Release(tag or PREVIOUS, version, unpacked, _layout_version(unpacked / "bus" / "schema.py"))
+
+
+def _built(tag: str, where: Path) -> Path:
+    """A release's wheel built from its git tag (the build tests/releases/README.md describes)."""
     found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}"], cwd=ROOT,
                            capture_output=True, text=True)
     if found.returncode != 0:
         pytest.fail(f"the release tag {tag} is not in this clone ({ROOT}): fetch the tags (git fetch --tags "
                     "origin) and run again; a shallow clone needs --unshallow too", pytrace=False)
-    where = tmp_path_factory.mktemp(f"release-{tag}")
-    source, dist, unpacked = where / "source", where / "dist", where / "unpacked"
+    source, dist = where / "source", where / "dist"
     source.mkdir()
     archive = subprocess.run(["git", "archive", "--format=tar", tag], cwd=ROOT, capture_output=True, check=True,
                              timeout=120)
@@ -69,12 +83,7 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Release:
                             "--no-deps", "-w", str(dist), str(source)],
                            cwd=where, capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, f"building {tag}'s wheel failed:\n{built.stdout}\n{built.stderr}"
-    wheel = next(dist.glob("pincer-*.whl"))
-    with zipfile.ZipFile(wheel) as archive_file:
-        archive_file.extractall(unpacked)
-    info = next(unpacked.glob("pincer-*.dist-info"))
-    version = info.name.removeprefix("pincer-").removesuffix(".dist-info")
-    return Release(tag, version, unpacked, _layout_version(unpacked / "bus" / "schema.py"))
+    return next(dist.glob("pincer-*.whl"))
 
 
 def _layout_version(path: Path) -> int:
