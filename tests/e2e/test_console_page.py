@@ -364,7 +364,7 @@ def test_the_jobs_and_pool_views_show_what_the_api_says(console_stack: dict, bro
 
 
 def test_an_operator_sees_everyones_jobs_and_acts_on_one_a_chat_token_sees_no_such_choice(
-        console_stack: dict, browser, processes: Processes) -> None:
+        console_stack: dict, browser, processes: Processes, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
     carol = create_token(processes, "carol")
@@ -380,13 +380,16 @@ def test_an_operator_sees_everyones_jobs_and_acts_on_one_a_chat_token_sees_no_su
     expect(row.locator(".facts").first).to_contain_text("carol · every")  # whose job it is
     expect(row.locator(".message")).to_have_text(HOSTILE)  # drawn as text
     assert page.evaluate("window.pwned") is None and page.locator("#job-rows b#text").count() == 0
+    both_widths(page, "jobs-everyone", tmp_path)
 
     row.get_by_role("button", name="Pause").click()
     expect(row.locator(".state")).to_have_text("paused")
     with gateway_client(console_stack, carol) as client:
         assert client.get("/v1/cron/carols-digest").json()["paused"] is True  # carol's own job, paused
     row.get_by_role("button", name="Run now").click()
-    expect(row.locator(".runs li").first).to_contain_text("fired")
+    expect(row.locator(".runs li.run")).to_have_count(1)  # fired (or failed by now: the stack prices no model)
+    with gateway_client(console_stack, carol) as client:
+        assert len(client.get("/v1/cron/carols-digest/runs").json()["runs"]) == 1  # carol's job ran once
     row.get_by_role("button", name="Remove").click()
     expect(row).to_have_count(0)
     with gateway_client(console_stack, carol) as client:
@@ -401,7 +404,7 @@ def test_an_operator_sees_everyones_jobs_and_acts_on_one_a_chat_token_sees_no_su
 
 
 def test_an_operator_names_an_owner_to_see_recall_and_delete_its_notes_a_chat_token_cannot(
-        console_stack: dict, browser, processes: Processes) -> None:
+        console_stack: dict, browser, processes: Processes, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
     seeded(console_stack, notes)
@@ -415,6 +418,7 @@ def test_an_operator_names_an_owner_to_see_recall_and_delete_its_notes_a_chat_to
     expect(rows.locator(".title")).to_have_text(["diary", "house-rules"])  # alice's and the shared one
     expect(rows.first.locator("small")).to_have_text("alice's")
     expect(rows.nth(1).locator("small")).to_have_text("shared")
+    both_widths(page, "memory-owner", tmp_path)
 
     page.locator("#recall-query").fill("scarf")
     page.locator("#recall-ask").click()
