@@ -25,6 +25,10 @@ def command(args: argparse.Namespace, config: Config) -> int:
     if args.action not in ("list",) and not args.name:
         print(f"pincer: error: `pincer cron {args.action}` needs the job's NAME", file=sys.stderr)
         return 2
+    if args.action == "add" and args.owner:
+        print("pincer: error: a job is made for the token's own identity; --owner is for list and a job's "
+              "actions (an operator's)", file=sys.stderr)
+        return 2
     if args.action == "add" and not args.message:
         print("pincer: error: `pincer cron add` needs --message TEXT (what the agent is asked each time)",
               file=sys.stderr)
@@ -41,6 +45,7 @@ def command(args: argparse.Namespace, config: Config) -> int:
 
 def _call(client: httpx.Client, args: argparse.Namespace) -> httpx.Response:
     name = args.name
+    whose = {"owner": args.owner} if args.owner else {}  # another identity's jobs: the API lets operators alone
     if args.action == "add":
         body: dict[str, Any] = {"name": name, "message": args.message or "", "tz": args.tz, "agent": args.agent,
                                 "catch_up": args.catch_up, "window": args.window, "deliver": args.deliver or []}
@@ -53,14 +58,14 @@ def _call(client: httpx.Client, args: argparse.Namespace) -> httpx.Response:
                 body[kind] = getattr(args, kind)
         return client.post("/v1/cron", json=body)
     if args.action == "list":
-        return client.get("/v1/cron")
+        return client.get("/v1/cron", params=whose)
     if args.action == "show":
-        return client.get(f"/v1/cron/{name}")
+        return client.get(f"/v1/cron/{name}", params=whose)
     if args.action == "rm":
-        return client.delete(f"/v1/cron/{name}")
+        return client.delete(f"/v1/cron/{name}", params=whose)
     if args.action == "runs":
-        return client.get(f"/v1/cron/{name}/runs", params={"limit": args.limit})
-    return client.post(f"/v1/cron/{name}/{args.action}")
+        return client.get(f"/v1/cron/{name}/runs", params={"limit": args.limit, **whose})
+    return client.post(f"/v1/cron/{name}/{args.action}", params=whose)
 
 
 def _when(moment: float | None) -> str:
@@ -69,10 +74,10 @@ def _when(moment: float | None) -> str:
 
 def _show(console: Console, action: str, found: dict[str, Any]) -> None:
     if action == "list":
-        table = Table("name", "schedule", "next due", "agent", "session", "state", title="Jobs")
+        table = Table("owner", "name", "schedule", "next due", "agent", "session", "state", title="Jobs")
         for job in found["jobs"]:
-            table.add_row(job["name"], job["schedule"], _when(job["next_due"]), job["agent"], job["session_id"],
-                          "paused" if job["paused"] else "active")
+            table.add_row(job["owner"], job["name"], job["schedule"], _when(job["next_due"]), job["agent"],
+                          job["session_id"], "paused" if job["paused"] else "active")
         console.print(table if found["jobs"] else "no jobs (pincer cron add NAME --every 30m --message TEXT)")
     elif action == "runs":
         table = Table("due", "status", "fired", "outcome", "turn", "why / answer", title=f"Runs of {found['job']}")
@@ -113,6 +118,8 @@ def _cron_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--daily-usd", type=float, metavar="USD", help="add: the job's own spend limit per day "
                       "(its turns also count in its owner's and the pool's budgets)")
     parser.add_argument("--limit", type=int, default=50, help="runs: how many records (default 50)")
+    parser.add_argument("--owner", metavar="NAME", help="an operator's: another identity's jobs (list, show, "
+                        "pause, resume, run, runs, rm); list --owner '*': every identity's")
     parser.add_argument("--json", action="store_true", help="print JSON")
     gateway_arguments(parser)
 

@@ -1,10 +1,13 @@
 """``/v1/cron``: an identity's scheduled jobs, made, listed, paused, run and read back (what `pincer cron`
 calls). A job belongs to the caller's identity and runs as it; only an operator may deliver answers to
-chats other than the caller's own.
+chats other than the caller's own. An operator also lists, pauses, resumes, runs and removes another
+identity's jobs by naming it (``?owner=NAME``; ``?owner=*`` lists every one's), as with sessions; a chat token
+naming another owner is refused outright.
 
 Running a job by hand is a turn like any other door's: ``TurnRunner.start`` charges it to the caller (an
-open-turn place while it runs, the message rate, the Brains' backlog), and its end is passed on to the
-jobs' results stream, where the scheduler records and delivers it as it does a scheduled run's."""
+operator running another's job too, as when it writes in another's session: an open-turn place while it runs,
+the message rate, the Brains' backlog), and its end is passed on to the jobs' results stream, where the
+scheduler records and delivers it as it does a scheduled run's."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from gateway.server.handling import caller, read_json
 from gateway.tokens import OWNER, Identity
 from gateway.turns.refusal import Refused, not_found
 from gateway.turns.runner import TurnRunner
+from gateway.turns.session_names import ALL_OWNERS, OWNER_NAME
 from memory.jobs import (
     CatchUp,
     Job,
@@ -71,8 +75,12 @@ class JobRoutes:
                 Route("/v1/cron/{name}/{action}", self.act, methods=["POST"])]
 
     async def list_jobs(self, request: Request) -> Response:
+        """The caller's jobs; an operator's ``?owner=NAME`` lists that identity's, ``?owner=*`` every one's."""
         identity = caller(request)
-        jobs = await self.store.all(owner=identity.name)
+        owner = request.query_params.get("owner") or identity.name
+        if owner != identity.name and not identity.operator:
+            raise Refused(ErrorCode.FORBIDDEN, "only an operator token may list another identity's jobs")
+        jobs = await self.store.all(owner=None if owner == ALL_OWNERS else owner)
         return JSONResponse({"jobs": [as_json(job, next_due=await self.store.next_due(job.id)) for job in jobs]})
 
     async def add(self, request: Request) -> Response:
@@ -116,10 +124,13 @@ class JobRoutes:
             raise Refused(ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
 
     async def _own(self, request: Request) -> Job:
+        """The job the request names: the caller's own, or (an operator's ``?owner=``) another identity's."""
         identity, name = caller(request), request.path_params["name"]
-        job = await self.store.get(f"{identity.name}/{name}")
+        owner = _owner(identity, request.query_params.get("owner"))
+        job = await self.store.get(f"{owner}/{name}")
         if job is None:
-            raise not_found(f"no job named {name!r} (pincer cron list shows yours)")
+            where = " (pincer cron list shows yours)" if owner == identity.name else f" of {owner}'s"
+            raise not_found(f"no job named {name!r}{where}")
         return job
 
     async def show(self, request: Request) -> Response:
@@ -167,6 +178,18 @@ class JobRoutes:
         """A run's end, to the stream the scheduler records (and delivers) every job's outcome from."""
         if isinstance(end, (ChatReply, ChatError)):
             await self.turns.bus.publish(self.turns.bus.keys.jobs_results, end)
+
+
+def _owner(identity: Identity, asked: str | None) -> str:
+    """Whose job a request means: the caller's unless an operator names another owner (as sessions do)."""
+    if not asked or asked == identity.name:
+        return identity.name
+    if not identity.operator:
+        raise Refused(ErrorCode.FORBIDDEN, "only an operator token may act on another identity's job; "
+                      "leave out `owner` to use your own")
+    if not re.match(OWNER_NAME, asked):
+        raise Refused(ErrorCode.BAD_REQUEST, f"owner {asked[:64]!r} is not an identity's name")
+    return asked
 
 
 def _instant(text: str, tz: str) -> float:

@@ -1,6 +1,6 @@
-"""`pincer channels add` against the platform fakes: a refused credential saves nothing and says why; a good one
-is saved (config.yaml names it, secrets.env holds it, 0600) and a real channel process, alone or under
-`pincer up`, runs on it."""
+"""`pincer channels add` against the platform fakes (and a real Synapse, Dovecot and SMTP server for Matrix and
+email): a refused credential saves nothing and says why; a good one is saved (config.yaml names it, secrets.env
+holds it, 0600) and a real channel process, alone or under `pincer up`, runs on it."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from bus.config import load_config
+from bus.redis_server import free_port
 from bus.secrets_file import read_secrets, save_secrets
 from gateway.channels.config import ChannelSettings
 from tests.conftest import Processes, wait_until
@@ -21,6 +23,8 @@ from tests.fake_discord import TOKEN as DISCORD_TOKEN
 from tests.fake_discord import FakeDiscord
 from tests.fake_slack import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.fake_telegram import TOKEN, FakeTelegram
+from tests.mailservers import AGENT, PASSWORD, RECEIVER, Dovecot, SmtpSink
+from tests.matrix_server import Synapse
 
 pytestmark = pytest.mark.e2e
 
@@ -37,6 +41,13 @@ def discord_api() -> Iterator[FakeDiscord]:
     fake = FakeDiscord().start()
     yield fake
     fake.stop()
+
+
+@pytest.fixture(scope="module")
+def synapse() -> Iterator[Synapse]:
+    server = Synapse().start()
+    yield server
+    server.close()
 
 
 def secret_file(tmp_path: Path, name: str, value: str) -> str:
@@ -148,15 +159,77 @@ def test_discord_reports_a_refused_token_and_names_the_bot_of_a_good_one(
     assert read_secrets(tmp_path / "data" / "secrets.env") == {"DISCORD_BOT_TOKEN": DISCORD_TOKEN}
 
 
+def private_secrets(data: Path) -> dict[str, str]:
+    """secrets.env as saved: its own reader alone may read it (0600)."""
+    assert (data / "secrets.env").stat().st_mode & 0o777 == 0o600
+    return read_secrets(data / "secrets.env")
+
+
+def test_matrix_a_refused_or_anothers_access_token_saves_nothing_a_good_one_is_saved(
+        processes: Processes, synapse: Synapse, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    bot, someone = synapse.register(), synapse.register()
+    common = ("channels", "add", "matrix", "--homeserver", synapse.url, "--user-id", bot.user_id)
+    refused = processes.run(*common, "--token-file", secret_file(tmp_path, "bad", "syt_not_a_token"))
+    assert refused.returncode == 1 and "Matrix whoami: M_UNKNOWN_TOKEN" in refused.stderr, refused.stderr
+    assert "did not answer" not in refused.stderr  # the server's refusal, not an outage
+    assert "nothing was saved" in refused.stderr and "syt_not_a_token" not in refused.stderr + refused.stdout
+    theirs = processes.run(*common, "--token-file", secret_file(tmp_path, "theirs", someone.token))
+    assert theirs.returncode == 1, theirs.stderr  # a real token, of another account than the bot named
+    assert f"the access token is {someone.user_id}'s, not {bot.user_id}'s" in theirs.stderr
+    assert someone.token not in theirs.stderr + theirs.stdout and nothing_saved(data)
+
+    added = processes.run(*common, "--token-env", "BOT_TOKEN", extra_env={"BOT_TOKEN": bot.token})
+    assert added.returncode == 0, added.stderr
+    assert f"Matrix: the credentials work: {bot.user_id}" in added.stdout
+    assert bot.token not in added.stdout + added.stderr
+    text = (data / "config.yaml").read_text()
+    assert bot.token not in text
+    assert yaml.safe_load(text) == {"channels": {"matrix": {
+        "enabled": True, "homeserver": synapse.url, "user_id": bot.user_id,
+        "access_token": "${MATRIX_ACCESS_TOKEN}"}}}
+    assert private_secrets(data) == {"MATRIX_ACCESS_TOKEN": bot.token}
+
+
+def test_email_a_refused_password_or_a_server_away_saves_nothing_a_good_login_is_saved(
+        processes: Processes, dovecot: Dovecot, smtp: SmtpSink, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+
+    def add(password: str, *, smtp_port: int = smtp.port) -> Any:
+        return processes.run("channels", "add", "email", "--tls", "none", "--imap-host", "127.0.0.1",
+                             "--imap-port", str(dovecot.port), "--smtp-host", "127.0.0.1", "--smtp-port",
+                             str(smtp_port), "--username", AGENT, "--address", AGENT, "--authserv-id", RECEIVER,
+                             "--password-file", secret_file(tmp_path, "pw", password))
+
+    refused = add("not-the-password")
+    assert refused.returncode == 1 and f"email IMAP login: refused for {AGENT}" in refused.stderr, refused.stderr
+    assert "nothing was saved" in refused.stderr and "not-the-password" not in refused.stderr + refused.stdout
+    away = add(PASSWORD, smtp_port=free_port())  # IMAP takes the login, no SMTP server answers
+    assert away.returncode == 1 and "email SMTP login" in away.stderr, away.stderr
+    assert "the platform did not answer" in away.stderr and nothing_saved(data)
+
+    added = add(PASSWORD)
+    assert added.returncode == 0, added.stderr
+    assert f"email: the credentials work: {AGENT}" in added.stdout
+    assert PASSWORD not in added.stdout + added.stderr + refused.stdout + refused.stderr + away.stderr
+    text = (data / "config.yaml").read_text()
+    assert PASSWORD not in text
+    saved = yaml.safe_load(text)["channels"]["email"]
+    assert saved["password"] == "${AGENT_MAIL_PASSWORD}" and saved["username"] == AGENT
+    assert (saved["imap_port"], saved["smtp_port"], saved["tls"]) == (str(dovecot.port), str(smtp.port), "none")
+    assert saved["authserv_id"] == RECEIVER and "trust_from_header" not in saved
+    assert private_secrets(data) == {"AGENT_MAIL_PASSWORD": PASSWORD}
+
+
 def test_without_a_terminal_channels_add_names_the_flag_it_needs(processes: Processes, tmp_path: Path) -> None:
     done = processes.run("channels", "add", "matrix", "--homeserver", "http://127.0.0.1:9")
     assert done.returncode == 2 and "--user-id" in done.stderr, done.stderr
     assert nothing_saved(tmp_path / "data")
 
 
-def test_at_a_terminal_the_token_is_asked_hidden_and_checked_before_it_is_saved(
-        processes: Processes, telegram: FakeTelegram, tmp_path: Path) -> None:
-    """Driven through a pty as a person would: a refused token saves nothing, a good one is never echoed."""
+def at_a_terminal(processes: Processes, tmp_path: Path, args: tuple[str, ...], secret: str) -> tuple[int, bytes]:
+    """`pincer channels add ...` driven through a pty as a person would: ``secret`` typed at the hidden question,
+    every other question given its default; the exit code and all the screen showed."""
     import os
     import pty
     import select
@@ -164,40 +237,58 @@ def test_at_a_terminal_the_token_is_asked_hidden_and_checked_before_it_is_saved(
     import sys
     import time
 
-    def session(token: str) -> tuple[int, bytes]:
-        main, child = pty.openpty()
-        proc = subprocess.Popen([sys.executable, "-m", "gateway", "channels", "add", "telegram", "--api-url",
-                                 telegram.api_url], cwd=tmp_path, env=processes.env, stdin=child, stdout=child,
-                                stderr=child, start_new_session=True)
-        os.close(child)
-        screen, typed = b"", False
-        deadline = time.monotonic() + 60
-        try:
-            while proc.poll() is None and time.monotonic() < deadline:
-                if select.select([main], [], [], 0.2)[0]:
-                    try:
-                        screen += os.read(main, 4096)
-                    except OSError:
-                        break
-                    if not typed and b"typing is not shown" in screen:
-                        os.write(main, token.encode() + b"\n")
-                        typed = True
-                    elif typed and screen.rstrip().endswith((b":", b"]")):
-                        os.write(main, b"\n")  # every other question: its default
-            code = proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            os.close(main)
-        assert typed, screen.decode(errors="replace")
-        return code, screen
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "channels", "add", *args], cwd=tmp_path,
+                            env=processes.env, stdin=child, stdout=child, stderr=child, start_new_session=True)
+    os.close(child)
+    screen, typed = b"", False
+    deadline = time.monotonic() + 60
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([main], [], [], 0.2)[0]:
+                try:
+                    screen += os.read(main, 4096)
+                except OSError:
+                    break
+                if not typed and b"typing is not shown" in screen:
+                    os.write(main, secret.encode() + b"\n")
+                    typed = True
+                elif typed and screen.rstrip().endswith((b":", b"]")):
+                    os.write(main, b"\n")  # every other question: its default
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(main)
+    assert typed, screen.decode(errors="replace")
+    return code, screen
 
+
+def test_at_a_terminal_the_token_is_asked_hidden_and_checked_before_it_is_saved(
+        processes: Processes, telegram: FakeTelegram, tmp_path: Path) -> None:
+    """A refused token saves nothing, a good one is never echoed."""
     data = tmp_path / "data"
-    code, screen = session("123:wrong-token")
+    args = ("telegram", "--api-url", telegram.api_url)
+    code, screen = at_a_terminal(processes, tmp_path, args, "123:wrong-token")
     assert code == 1 and b"rejected by the server" in screen and b"nothing was saved" in screen
     assert b"wrong-token" not in screen and nothing_saved(data)
-    code, screen = session(TOKEN)
+    code, screen = at_a_terminal(processes, tmp_path, args, TOKEN)
     assert code == 0, screen.decode(errors="replace")
     assert b"@pincer_test_bot" in screen and TOKEN.encode() not in screen
     assert read_secrets(data / "secrets.env") == {"TELEGRAM_BOT_TOKEN": TOKEN}
+
+
+def test_at_a_terminal_a_matrix_access_token_is_asked_hidden_and_checked_before_it_is_saved(
+        processes: Processes, synapse: Synapse, tmp_path: Path) -> None:
+    """The homeserver and the bot's id from flags, its access token typed where it is not shown."""
+    data = tmp_path / "data"
+    bot = synapse.register()
+    args = ("matrix", "--homeserver", synapse.url, "--user-id", bot.user_id)
+    code, screen = at_a_terminal(processes, tmp_path, args, "syt_typed_wrong")
+    assert code == 1 and b"Matrix whoami" in screen and b"nothing was saved" in screen, screen
+    assert b"syt_typed_wrong" not in screen and nothing_saved(data)
+    code, screen = at_a_terminal(processes, tmp_path, args, bot.token)
+    assert code == 0, screen.decode(errors="replace")
+    assert bot.user_id.encode() in screen and bot.token.encode() not in screen
+    assert private_secrets(data) == {"MATRIX_ACCESS_TOKEN": bot.token}

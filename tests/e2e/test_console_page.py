@@ -361,3 +361,80 @@ def test_the_jobs_and_pool_views_show_what_the_api_says(console_stack: dict, bro
     expect(page.locator("#view-pool")).to_contain_text("hands")
     both_widths(page, "pool", tmp_path)
     context.close()
+
+
+def test_an_operator_sees_everyones_jobs_and_acts_on_one_a_chat_token_sees_no_such_choice(
+        console_stack: dict, browser, processes: Processes, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    carol = create_token(processes, "carol")
+    with gateway_client(console_stack, carol) as client:
+        # New Year's morning: no scheduled fire comes between the test's own actions
+        made = client.post("/v1/cron", json={"name": "carols-digest", "cron": "0 9 1 1 *", "message": HOSTILE})
+        assert made.status_code == 201, made.text
+    context, page = signed_in(browser, console_stack, viewport=DESKTOP)
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.locator("#tab-jobs").click()
+    expect(page.locator("#job-rows")).not_to_contain_text("carols-digest")  # its own, by default
+    page.locator("#jobs-everyone").check()
+    row = page.locator("#job-rows li", has_text="carols-digest")
+    expect(row.locator(".facts").first).to_contain_text("carol · cron")  # whose job it is
+    expect(row.locator(".message")).to_have_text(HOSTILE)  # drawn as text
+    assert page.evaluate("window.pwned") is None and page.locator("#job-rows b#text").count() == 0
+    both_widths(page, "jobs-everyone", tmp_path)
+
+    row.get_by_role("button", name="Pause").click()
+    expect(row.locator(".state")).to_have_text("paused")
+    with gateway_client(console_stack, carol) as client:
+        assert client.get("/v1/cron/carols-digest").json()["paused"] is True  # carol's own job, paused
+    row.get_by_role("button", name="Run now").click()
+    # fired (or failed by now: the stack prices no model), recorded in carol's job
+    expect(row.locator(".runs li.run", has_text="run by hand")).to_have_count(1)
+    with gateway_client(console_stack, carol) as client:
+        assert [run["reason"] for run in client.get("/v1/cron/carols-digest/runs").json()["runs"]] == ["run by hand"]
+    row.get_by_role("button", name="Remove").click()
+    expect(row).to_have_count(0)
+    with gateway_client(console_stack, carol) as client:
+        assert client.get("/v1/cron").json()["jobs"] == []
+    context.close()
+
+    context, page = paste_in(browser, console_stack, carol)
+    page.locator("#tab-jobs").click()
+    expect(page.locator("#jobs-everyone-label")).to_be_hidden()
+    assert page.evaluate("fetch('/v1/cron?owner=*').then((r) => r.status)") == 403
+    context.close()
+
+
+def test_an_operator_names_an_owner_to_see_recall_and_delete_its_notes_a_chat_token_cannot(
+        console_stack: dict, browser, processes: Processes, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    seeded(console_stack, notes)
+    alice = create_token(processes, "alice")
+    context, page = signed_in(browser, console_stack, viewport=DESKTOP)
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.locator("#tab-memory").click()
+    rows = page.locator("#note-rows > li")
+    expect(rows).to_have_count(3)  # the operator's own two and the shared one
+    page.locator("#memory-owner").fill("alice")
+    expect(rows.locator(".title")).to_have_text(["diary", "house-rules"])  # alice's and the shared one
+    expect(rows.first.locator("small")).to_have_text("alice's")
+    expect(rows.nth(1).locator("small")).to_have_text("shared")
+    both_widths(page, "memory-owner", tmp_path)
+
+    page.locator("#recall-query").fill("scarf")
+    page.locator("#recall-ask").click()
+    expect(page.locator("#recall-rows > li .title")).to_have_text(["note diary (own)", "note house-rules (shared)"])
+    expect(page.locator("#recall-rows")).not_to_contain_text("Bob's birthday")  # the operator's own stay out
+
+    rows.first.get_by_role("button", name="Delete").click()
+    expect(rows.locator(".title")).to_have_text(["house-rules"])
+    with gateway_client(console_stack, alice) as client:
+        assert [n["key"] for n in client.get("/v1/memory").json()["notes"]] == ["house-rules"]
+    context.close()
+
+    context, page = paste_in(browser, console_stack, alice)
+    page.locator("#tab-memory").click()
+    expect(page.locator("#memory-owner-label")).to_be_hidden()
+    assert page.evaluate("fetch('/v1/memory?owner=owner').then((r) => r.status)") == 403
+    context.close()

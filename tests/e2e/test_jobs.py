@@ -94,6 +94,14 @@ def test_a_chat_token_keeps_to_its_own_jobs_and_chats(processes: Processes, jobs
     assert [j["name"] for j in cron(processes, "list", token=alice)["jobs"]] == ["daily"]  # not the owner's
     gone = processes.run("cron", "rm", "owners", extra_env={"PINCER_TOKEN": alice})
     assert gone.returncode == 1 and "no job named 'owners'" in gone.stderr
+    nosy = processes.run("cron", "list", "--owner", "*", extra_env={"PINCER_TOKEN": alice})
+    assert nosy.returncode == 1 and "only an operator token may list another identity's jobs" in nosy.stderr
+    assert [j["id"] for j in cron(processes, "list", "--owner", "alice")["jobs"]] == ["alice/daily"]
+    everyone = cron(processes, "list", "--owner", "*")["jobs"]
+    assert len(everyone) == 2 and {j["name"]: j["owner"] for j in everyone}["daily"] == "alice"
+    paused = cron(processes, "pause", "daily", "--owner", "alice")  # the operator's, on alice's job
+    assert paused["id"] == "alice/daily" and paused["paused"] is True
+    assert cron(processes, "show", "daily", token=alice)["paused"] is True
     revoked = processes.run("token", "revoke", "alice")  # her jobs run as her: they go with her token
     assert revoked.returncode == 0 and "its jobs removed: daily" in revoked.stderr
     assert [j["name"] for j in cron(processes, "list")["jobs"]] == ["owners"]

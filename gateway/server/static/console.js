@@ -19,7 +19,8 @@ const VIEWS = {
 // The tabs the signed-in identity may use (app.js calls this once /v1/me has answered).
 function showTabs(operator) {
   for (const [name, view] of Object.entries(VIEWS)) if (view.operator) $(`tab-${name}`).hidden = !operator;
-  $("sessions-everyone-label").hidden = !operator;  // an operator may list (and tidy) every identity's
+  // An operator may list (and tidy) every identity's sessions, jobs and notes.
+  for (const choice of ["sessions-everyone", "jobs-everyone", "memory-owner"]) $(`${choice}-label`).hidden = !operator;
 }
 
 function showView(name) {
@@ -136,10 +137,20 @@ function sessionRow(about) {
 }
 
 // -- jobs ----------------------------------------------------------------------------------------
+const jobsAsked = latest();
+
 async function showJobs() {
   pickAgent($("job-agent"));
-  const { jobs } = await api("GET", "/v1/cron");
-  $("job-rows").replaceChildren(...jobs.map(jobRow));
+  const everyone = state.me.operator && $("jobs-everyone").checked;
+  await jobsAsked(() => api("GET", `/v1/cron${everyone ? "?owner=*" : ""}`),
+    ({ jobs }) => $("job-rows").replaceChildren(...(jobs.length ? jobs.map(jobRow)
+      : [el("li", { class: "note" }, "No jobs yet.")])));
+}
+
+// A job's path in the API: its name, and ?owner= when it is another identity's (an operator's "everyone's").
+function jobPath(job, ...more) {
+  const theirs = job.owner !== state.me.name ? `?owner=${encodeURIComponent(job.owner)}` : "";
+  return `/v1/cron/${path(job.name, ...more)}${theirs}`;
 }
 
 function jobRow(job) {
@@ -151,7 +162,7 @@ function jobRow(job) {
   } }, "Runs");
   const act = async (action) => {
     try {
-      const done = await api("POST", `/v1/cron/${path(job.name, action)}`);
+      const done = await api("POST", jobPath(job, action));
       status("");
       if (action === "run") { runsShown(true); await showRuns(job, runs); } else drawn(done);
     } catch (error) { status(error.message, true); }
@@ -160,12 +171,13 @@ function jobRow(job) {
   const state_ = el("small", { class: "state" });
   const facts = el("div", { class: "facts" });
   const pause = el("button", { type: "button", onclick: () => act(job.paused ? "resume" : "pause") });
+  const whose = job.owner !== state.me.name ? `${job.owner} · ` : "";  // only in an operator's "everyone's"
   const drawn = (changed) => {
     job = changed;
     row.classList.toggle("paused", job.paused);
     state_.textContent = job.paused ? "paused" : "active";
     pause.textContent = job.paused ? "Resume" : "Pause";
-    facts.textContent = `${job.schedule} · agent ${job.agent} · next ${job.paused ? "—" : when(job.next_due)}`;
+    facts.textContent = `${whose}${job.schedule} · agent ${job.agent} · next ${job.paused ? "—" : when(job.next_due)}`;
   };
   const row = el("li", { class: "row" },
     el("div", { class: "main" }, el("span", { class: "title" }, job.name), " ", state_),
@@ -176,8 +188,8 @@ function jobRow(job) {
       el("button", { type: "button", onclick: () => act("run") }, "Run now"),
       toggle,
       el("button", { type: "button", onclick: async () => {
-        if (!confirm(`Remove the job "${job.name}"?`)) return;
-        try { await api("DELETE", `/v1/cron/${path(job.name)}`); row.remove(); status(""); }
+        if (!confirm(`Remove ${whose ? `${job.owner}'s` : "the"} job "${job.name}"?`)) return;
+        try { await api("DELETE", jobPath(job)); row.remove(); status(""); }
         catch (error) { status(error.message, true); }
       } }, "Remove")),
     runs);
@@ -187,7 +199,7 @@ function jobRow(job) {
 
 // Each run as the scheduler recorded it: fired (and how its turn ended), skipped or missed, and why.
 async function showRuns(job, list) {
-  const { runs } = await api("GET", `/v1/cron/${path(job.name)}/runs`);
+  const { runs } = await api("GET", jobPath(job, "runs"));
   list.replaceChildren(...(runs.length ? runs.map((run) => el("li", { class: `run ${run.status}` },
     el("strong", {}, run.status), ` ${when(run.fired_at || run.due)}`,
     run.reason ? ` · ${run.reason}` : "", run.outcome ? ` · ${run.outcome}` : "",
@@ -231,10 +243,16 @@ function secretBox(holder, label, secret, note) {
 
 // -- memory --------------------------------------------------------------------------------------
 // The notes the identity keeps with an agent, its own and the shared ones: listed (the search box asks the
-// API for those whose name or text holds it), deleted; and what the agent's recall finds for a question.
+// API for those whose name or text holds it), deleted; and what the agent's recall finds for a question. An
+// operator may name another identity (the owner box): its notes, its deletions and its recall instead.
 const notesAsked = latest();
 
-const memoryQuery = (agent) => `agent=${encodeURIComponent(agent)}`;
+const memoryOwner = () => (state.me.operator ? $("memory-owner").value.trim() : "");
+
+function memoryQuery(agent) {
+  const owner = memoryOwner();
+  return `agent=${encodeURIComponent(agent)}${owner ? `&owner=${encodeURIComponent(owner)}` : ""}`;
+}
 
 async function showNotes() {
   pickAgent($("memory-agent"));
@@ -272,13 +290,15 @@ function recallRow(hit) {
 
 function noteRow(agent, note) {
   const shared = note.scope === "shared";
+  const owner = memoryOwner();
+  const whose = shared || !owner || owner === state.me.name ? note.scope : `${owner}'s`;
   return el("li", { class: "row" },
-    el("div", { class: "main" }, el("span", { class: "title" }, note.key), " ", el("small", {}, note.scope)),
+    el("div", { class: "main" }, el("span", { class: "title" }, note.key), " ", el("small", {}, whose)),
     el("div", { class: "facts" }, `${note.chars} characters · ${when(note.updated / 1000)}`),
     el("div", { class: "facts message" }, note.preview),
     el("div", { class: "actions" }, shared && !state.me.operator ? "" : el("button", { type: "button",
       onclick: async () => {
-        if (!confirm(`Delete the note "${note.key}"?`)) return;
+        if (!confirm(`Delete ${whose === note.scope ? "the" : whose} note "${note.key}"?`)) return;
         const query = `${memoryQuery(agent)}${shared ? "&shared=1" : ""}`;
         try { await api("DELETE", `/v1/memory/${path(note.key)}?${query}`); status(""); await showNotes(); }
         catch (error) { status(error.message, true); }
@@ -308,13 +328,16 @@ document.addEventListener("DOMContentLoaded", () => {
   $("session-search").addEventListener("input", () => showSessions().catch((error) => status(error.message, true)));
   $("sessions-everyone").addEventListener("change", () => showSessions().catch((error) => status(error.message, true)));
   $("memory-search").addEventListener("input", () => showNotes().catch((error) => status(error.message, true)));
-  $("memory-agent").addEventListener("change", () => {
-    $("recall-rows").replaceChildren();  // what was recalled was another agent's
-    showNotes().catch((error) => status(error.message, true));
-  });
+  for (const [choice, event] of [["memory-agent", "change"], ["memory-owner", "input"]]) {
+    $(choice).addEventListener(event, () => {
+      $("recall-rows").replaceChildren();  // what was recalled was another agent's or owner's
+      showNotes().catch((error) => status(error.message, true));
+    });
+  }
   $("recall-form").addEventListener("submit", recall);
   $("job-kind").addEventListener("change", () => {
     $("job-when").placeholder = { every: "1h", cron: "0 8 * * 1-5", at: "2026-12-24T18:00" }[$("job-kind").value];
   });
   $("job-form").addEventListener("submit", createJob);
+  $("jobs-everyone").addEventListener("change", () => showJobs().catch((error) => status(error.message, true)));
 });
