@@ -50,6 +50,16 @@ def every(name: str, seconds: float, **fields: Any) -> Job:
                schedule=Schedule(kind="every", every_s=seconds, anchor=time.time()), **fields)
 
 
+async def test_an_interval_job_is_first_due_one_interval_after_it_was_made(bus: Bus) -> None:
+    made = 1_796_176_654.5
+    for n, stored_at in enumerate((made, made + 0.0004, made + 5)):  # at once, within the millisecond, later
+        job = Job(name=f"tick-{n}", owner="alice", message="m",
+                  schedule=Schedule(kind="every", every_s=3600, anchor=made))
+        assert await JobStore(bus).add(job, now=stored_at) == made + 3600
+    soon = Job(name="soon", owner="alice", message="m", schedule=Schedule(kind="at", at=made))
+    assert await JobStore(bus).add(soon, now=made) == made  # a one-off at this very moment is due now
+
+
 async def test_two_brains_fire_each_instant_once_and_record_its_outcome(bus: Bus, brains) -> None:
     store = JobStore(bus)
     await brains(2)
@@ -103,8 +113,8 @@ async def test_instants_missed_while_no_scheduler_ran_follow_the_catch_up_policy
     now = time.time()
     once, skip = every("once", 60.0), every("skipper", 60.0, catch_up="skip")
     for job in (once, skip):
-        job.schedule.anchor = now - 600  # due ten minutes ago: ten instants and one on time
-        await store.add(job, now=now - 600)
+        job.schedule.anchor = now - 660  # made eleven minutes ago: ten instants missed and one on time
+        await store.add(job, now=now - 660)
     scheduler = Scheduler(bus, SchedulerSettings(grace_s=5), instance_id="brain-back", meter=Meter())
     assert await scheduler.lease.take()
     await scheduler.tick()
@@ -206,8 +216,8 @@ async def test_a_stalled_scheduler_is_reported_by_status_and_readyz(bus: Bus) ->
     store = JobStore(bus)
     assert (await scheduler_state(bus, time.time()))["state"] == "idle"  # nothing scheduled: nothing to report
     job = every("late", 60.0)
-    job.schedule.anchor = time.time() - 90
-    await store.add(job, now=job.schedule.anchor)  # due 90 s ago, and no Brain has looked
+    job.schedule.anchor = time.time() - 150
+    await store.add(job, now=job.schedule.anchor)  # made 150 s ago, first due 90 s ago, and no Brain has looked
     state = await scheduler_state(bus, time.time())
     assert state["state"] == "stalled" and state["overdue_job"] == job.id and state["overdue_s"] >= 89
     _, body = await readiness(bus, max_backlog=1000)
