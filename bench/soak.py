@@ -8,7 +8,7 @@ minute. Retention is set short (``--keep-s``: the memory log's reach, a quiet se
 long a session stays in Redis before it is archived, and its flight record), so a day's turnover happens
 in the run. Every ``--sample-s`` the bench reads each
 process's RSS from /proc and Redis's used_memory, the memory log's length and the sessions kept; it prints
-the samples and compares the end with the end of warm-up (the first fifth). At the end each person searches
+the samples and compares the end with half time (past the retention horizon, what is kept stops growing). At the end each person searches
 for a note written in the last minutes: retention must keep what it promises.
 
 Run: .venv/bin/python bench/soak.py [--people 50] [--minutes 60]
@@ -156,11 +156,11 @@ def main() -> None:
                 proc.wait(15)
         llm.stop()
         redis.stop()
-    warm = samples[max(0, len(samples) // 5)]
+    warm = samples[len(samples) // 2]  # past the retention horizon: what is kept has stopped growing
     end = samples[-1]
     print(f"\n{platform.node()} · {os.cpu_count()} CPUs · Python {platform.python_version()} · "
           f"{time.strftime('%Y-%m-%d')} · {args.people} people, {args.minutes:g} min, keep {args.keep_s} s\n")
-    print("| | after warm-up | end | change |\n|---|---|---|---|")
+    print("| | at half time | end | change |\n|---|---|---|---|")
     for key in ("gateway", "brain", "hands", "redis used", "memory log", "sessions", "turns"):
         before, after = warm[key], end[key]
         change = f"{(after - before) / before:+.0%}" if before else "n/a"

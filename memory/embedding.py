@@ -72,6 +72,7 @@ class _Scope:
         self.matrix = numpy.zeros((64, dims), dtype=numpy.float16)
         self.alive = numpy.zeros(64, dtype=bool)
         self.ids: list[int] = []
+        self.dead = 0
 
     def add(self, rowid: int, vector: Any) -> int:
         import numpy
@@ -83,6 +84,19 @@ class _Scope:
         self.matrix[at], self.alive[at] = vector, True
         self.ids.append(rowid)
         return at
+
+    def compact(self) -> None:
+        """Only the live vectors kept, in twice their room: a scope whose chunks come and go (an identity's
+        conversations, archived as new ones are said) would otherwise grow for ever."""
+        import numpy
+
+        keep = numpy.flatnonzero(self.alive[: len(self.ids)])
+        room = max(64, 2 * len(keep))
+        matrix = numpy.zeros((room, self.matrix.shape[1]), dtype=self.matrix.dtype)
+        matrix[: len(keep)] = self.matrix[keep]
+        self.matrix, self.alive = matrix, numpy.zeros(room, dtype=bool)
+        self.alive[: len(keep)] = True
+        self.ids, self.dead = [self.ids[int(i)] for i in keep], 0
 
 
 class DenseIndex:
@@ -103,10 +117,20 @@ class DenseIndex:
             self.where[rowid] = (scope, held.add(rowid, vector), turn)
 
     def remove(self, rowids: Iterable[int]) -> None:
+        touched: set[str] = set()
         for rowid in rowids:
             found = self.where.pop(rowid, None)
             if found is not None:
-                self.scopes[found[0]].alive[found[1]] = False
+                held = self.scopes[found[0]]
+                held.alive[found[1]] = False
+                held.dead += 1
+                touched.add(found[0])
+        for name in touched:  # mostly dead: compacted, and the live ones' positions follow
+            held = self.scopes[name]
+            if held.dead * 2 > len(held.ids) >= 64:
+                held.compact()
+                for at, rowid in enumerate(held.ids):
+                    self.where[rowid] = (name, at, self.where[rowid][2])
 
     def drop(self, scope: str) -> None:
         """A whole scope's vectors leave (its chunks were evicted)."""
