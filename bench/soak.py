@@ -6,10 +6,10 @@ A private redis-server, the tests' scripted model in its own process, and real `
 ``--session-turns`` long before the person starts a new one; each person also keeps a job that fires every
 minute. Retention is set short (``--keep-s``: the memory log's reach, a quiet session's event log, how
 long a session stays in Redis before it is archived, and its flight record), so a day's turnover happens
-in the run. Every ``--sample-s`` the bench reads each
-process's RSS from /proc and Redis's used_memory, the memory log's length and the sessions kept; it prints
-the samples and compares the end with half time (past the retention horizon, what is kept stops growing). At the end each person searches
-for a note written in the last minutes: retention must keep what it promises.
+in the run. Every ``--sample-s`` the bench reads each process's RSS from /proc and Redis's used_memory,
+the memory log's length and the sessions kept; it prints the samples and compares the end with half time
+(past the retention horizon, what is kept stops growing). At the end each person searches for a note
+written in the last minutes: retention must keep what it promises.
 
 Run: .venv/bin/python bench/soak.py [--people 50] [--minutes 60]
 """
