@@ -9,6 +9,7 @@ messages (the fit runs before every model call).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -18,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 MESSAGE_OVERHEAD = 8  # tokens a provider adds around each message
-_CACHED = 20_000  # messages' counts kept (a few MB of keys)
-_counts: OrderedDict[tuple[str, str, str], int] = OrderedDict()
+_CACHED = 20_000  # messages' counts kept, by digest (about 2 MB)
+_counts: OrderedDict[bytes, int] = OrderedDict()
 
 
 @cache
@@ -40,10 +41,13 @@ def tokens(text: str) -> int:
 def message_tokens(message: dict[str, Any]) -> int:
     """One chat message's tokens, with the provider's overhead around it."""
     calls = message.get("tool_calls")
-    key = (message.get("role", ""), message.get("content") or "", json.dumps(calls) if calls else "")
+    content, called = message.get("content") or "", json.dumps(calls) if calls else ""
+    # Keyed by a digest, not the text: 20,000 tool results of up to 32 KB each would keep hundreds of MB alive.
+    key = hashlib.blake2b(f"{message.get('role', '')}\0{content}\0{called}".encode(errors="replace"),
+                          digest_size=16).digest()
     found = _counts.get(key)
     if found is None:
-        found = _counts[key] = tokens(key[1]) + tokens(key[2]) + MESSAGE_OVERHEAD
+        found = _counts[key] = tokens(content) + tokens(called) + MESSAGE_OVERHEAD
         if len(_counts) > _CACHED:
             _counts.popitem(last=False)
     else:

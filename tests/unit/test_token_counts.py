@@ -1,0 +1,17 @@
+"""Counting a message's tokens: remembered by a digest of the message, never by its text (a Brain counts
+thousands of tool results, each up to tens of KB)."""
+
+from __future__ import annotations
+
+from brain import tokens
+
+
+def test_a_count_is_remembered_by_digest_and_a_changed_message_is_counted_again() -> None:
+    long = {"role": "tool", "content": "lorem ipsum " * 3_000}
+    first = tokens.message_tokens(long)
+    assert first == tokens.tokens(long["content"]) + tokens.MESSAGE_OVERHEAD
+    assert tokens.message_tokens(dict(long)) == first  # the same message, from the cache
+    assert all(isinstance(key, bytes) and len(key) == 16 for key in tokens._counts)  # no text kept alive
+    assert tokens.message_tokens({**long, "content": long["content"] + " more words"}) > first
+    called = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "read_file"}}]}
+    assert tokens.message_tokens(called) > tokens.message_tokens({"role": "assistant", "content": ""})
