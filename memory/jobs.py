@@ -300,11 +300,13 @@ class JobStore:
     async def add(self, job: Job, *, now: float | None = None, cap: int | None = None) -> float | None:
         """Store a new job and its first due instant; ``JobCapReached`` when its owner has ``cap`` jobs already
         (counted and stored in one step)."""
-        # An instant at this very moment is due (an "at" or cron one), but an interval's anchor is when the job
-        # was made: its first run is one interval on, however soon after the anchor the job is stored.
-        moment = now or time.time()
-        first = job.schedule.next_after(max(moment - 0.001, job.schedule.anchor) if job.schedule.kind == "every"
-                                        else moment - 0.001)
+        # An instant at this very moment is due (an "at" or cron one). An interval whose anchor has come (the
+        # moment the job was made) runs first one interval on, however soon after the anchor it is stored; an
+        # anchor still ahead is its first instant.
+        moment, schedule = now or time.time(), job.schedule
+        since = max(moment - 0.001, schedule.anchor) if schedule.kind == "every" and schedule.anchor <= moment \
+            else moment - 0.001
+        first = schedule.next_after(since)
         if first is None:
             raise ValueError(f"{job.schedule.describe()} is in the past: nothing would ever run")
         due = "" if job.paused else round(first * 1000)
