@@ -84,6 +84,16 @@ def start_stack(tmp: Path, redis_url: str, llm: ScriptedModel,
     return env, procs
 
 
+def stop_stack(procs: list[subprocess.Popen[bytes]], llm: ScriptedModel, redis: EmbeddedRedis) -> None:
+    """Every process the bench started, the model and Redis, stopped (whatever is still running)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(15)
+    llm.stop()
+    redis.stop()
+
+
 def wait_healthy(url: str) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -291,12 +301,7 @@ def main() -> None:
             cpu["nanobot"] = {"gateway": (cpu_ms(peer.pid) - before) / done, "brain": 0.0, "hands": 0.0,
                               "redis": 0.0}
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(15)
-        llm.stop()
-        redis.stop()
+        stop_stack(procs, llm, redis)
 
     print(f"\n{platform.node()} · {os.cpu_count()} CPUs · Python {platform.python_version()} · "
           f"{time.strftime('%Y-%m-%d')}\n")

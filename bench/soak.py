@@ -33,7 +33,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway_turns import ScriptedModel, start_stack, wait_healthy  # noqa: E402
+from bench.gateway_turns import ScriptedModel, start_stack, stop_stack, wait_healthy  # noqa: E402
 from bus.config import RedisSettings  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
 from bus.streams import Bus  # noqa: E402
@@ -150,12 +150,7 @@ def main() -> None:
         pids = {"gateway": procs[0].pid, "brain": procs[1].pid, "hands": procs[2].pid}
         samples = asyncio.run(drive(url, redis_url, pids, args))
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(15)
-        llm.stop()
-        redis.stop()
+        stop_stack(procs, llm, redis)
     warm = samples[len(samples) // 2]  # past the retention horizon: what is kept has stopped growing
     end = samples[-1]
     print(f"\n{platform.node()} · {os.cpu_count()} CPUs · Python {platform.python_version()} · "
