@@ -35,6 +35,7 @@ from typing import Any
 
 import msgpack
 
+from bus import heap
 from bus.keys import Keys
 from bus.log import kv
 from bus.progress import Lines, Progress, Throttle
@@ -173,6 +174,7 @@ class Recall:
             try:
                 if time.monotonic() - trimmed > trim_every_s:
                     await self.trim()
+                    await self._run(heap.release)  # what evictions and batches freed leaves the worker's RSS
                     trimmed = time.monotonic()
                 if await self.catch_up():
                     continue
