@@ -13,11 +13,12 @@ once), so litellm's real HTTP path runs. Measured from one client:
 
 The nearest Python peer runs beside it on the same model when given
 (`--nanobot PATH`): nanobot's `serve` (PyPI `nanobot-ai`, in a venv of its
-own, since its dependencies are not Pincer's):
+own, since its dependencies are not Pincer's; `--nanobot auto` makes that venv
+under ~/.cache/pincer-bench/ itself the first time):
 
     python3.11 -m venv /tmp/nb && /tmp/nb/bin/pip install 'nanobot-ai[api]==0.3.5'
 
-Run: .venv/bin/python bench/gateway_turns.py [--turns 1000] [--sessions 100] [--nanobot /tmp/nb/bin/nanobot]
+Run: .venv/bin/python bench/gateway_turns.py [--turns 1000] [--sessions 100] [--nanobot auto|/tmp/nb/bin/nanobot]
 """
 
 from __future__ import annotations
@@ -44,6 +45,30 @@ from bus.redis_server import EmbeddedRedis, free_port  # noqa: E402
 
 TOKEN = "pcr_bench-" + os.urandom(8).hex()
 FILE_TURN = 'CALL read_file {"path": "notes.txt"}'
+# Every check stays on; only the per-token limits are raised so the load is not refused.
+LOAD_LIMITS = {
+    "PINCER_GATEWAY__LIMITS__OPEN_TURNS_PER_TOKEN": "10000", "PINCER_GATEWAY__LIMITS__OPEN_STREAMS_PER_TOKEN": "10000",
+    "PINCER_GATEWAY__LIMITS__MESSAGES_PER_MINUTE": "10000000", "PINCER_GATEWAY__LIMITS__BURST": "100000",
+    "PINCER_BRAIN__MAX_TURNS": "64", "PINCER_BRAIN__MAX_WAITING": "256",
+}
+CACHE_DIR = Path.home() / ".cache" / "pincer-bench"
+NANOBOT = "nanobot-ai[api]==0.3.5"
+
+
+def scratch_venv(venv: Path, *requirements: str) -> Path:
+    """A venv of its own for a peer whose dependencies are not Pincer's, made once and kept; its bin dir."""
+    installed = venv / ".pincer-bench-installed"
+    if not installed.exists():
+        print(f"installing {' '.join(requirements)} into {venv} (once)", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *requirements], check=True)
+        installed.write_text(" ".join(requirements) + "\n")
+    return venv / "bin"
+
+
+def nanobot_executable(cache_dir: Path = CACHE_DIR) -> str:
+    """nanobot's `nanobot` command, from the registry into a scratch venv under the cache dir if not there yet."""
+    return str(scratch_venv(cache_dir / f"nanobot-{NANOBOT.rsplit('==', 1)[1]}", NANOBOT) / "nanobot")
 
 
 class ScriptedModel:
@@ -70,12 +95,7 @@ def start_stack(tmp: Path, redis_url: str, llm: ScriptedModel,
         "PINCER_LLM_API_KEY": "sk-scripted", "PINCER_BRAIN__LLM_RETRIES": "0", "PINCER_WORKSPACE": str(workspace),
         "PINCER_HANDS__SKILL_DIRS": f'["{ROOT / "skills"}"]', "PINCER_DATA_DIR": str(tmp / "data"),
         "PINCER_GATEWAY_PORT": str(free_port()), "PINCER_GATEWAY_TOKEN": TOKEN,
-        "PINCER_RUNTIME__LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT),
-        # Every check stays on; only the per-token limits are raised so the load is not refused.
-        "PINCER_GATEWAY__LIMITS__OPEN_TURNS_PER_TOKEN": "10000",
-        "PINCER_GATEWAY__LIMITS__OPEN_STREAMS_PER_TOKEN": "10000",
-        "PINCER_GATEWAY__LIMITS__MESSAGES_PER_MINUTE": "10000000", "PINCER_GATEWAY__LIMITS__BURST": "100000",
-        "PINCER_BRAIN__MAX_TURNS": "64", "PINCER_BRAIN__MAX_WAITING": "256",
+        "PINCER_RUNTIME__LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT), **LOAD_LIMITS,
     })
     env.update(extra or {})
     procs = [subprocess.Popen([sys.executable, "-m", "gateway", role], env=env, cwd=tmp,
@@ -150,7 +170,8 @@ def start_nanobot(executable: str, tmp: Path, llm: ScriptedModel) -> tuple[str, 
             return url, proc
         except httpx.HTTPError:
             time.sleep(0.2)
-    raise SystemExit("nanobot serve did not answer within 60 s (see nanobot.log)")
+    proc.terminate()
+    raise SystemExit(f"nanobot serve did not answer within 60 s (see {tmp / 'nanobot.log'})")
 
 
 def nanobot_turn(client: httpx.Client, session: str, text: str) -> None:
@@ -265,8 +286,11 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=20)
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--turns", type=int, default=1000)
-    parser.add_argument("--nanobot", metavar="PATH", help="nanobot's executable, to measure it beside Pincer")
+    parser.add_argument("--nanobot", metavar="PATH", help="nanobot's executable, to measure it beside Pincer "
+                        f"(auto: {NANOBOT} in a venv under {CACHE_DIR}, installed there if missing)")
     args = parser.parse_args()
+    if args.nanobot == "auto":
+        args.nanobot = nanobot_executable()
 
     tmp = Path(tempfile.mkdtemp(prefix="pincer-bench-gw-"))
     redis = EmbeddedRedis(tmp / "redis-data")
