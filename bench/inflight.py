@@ -73,8 +73,7 @@ async def main(args: argparse.Namespace) -> None:
         inbox = ReplyInbox(bus, "bench-client", block_ms=1000)
         await inbox.start()
         pool = Pool(Path(tmp), url, llm)
-        for name in ("PINCER_BRAIN__MAX_TURNS", "PINCER_BRAIN__MAX_WAITING"):
-            pool.env.pop(name)  # as shipped, unless asked
+        pool.env.pop("PINCER_BRAIN__MAX_WAITING")  # as shipped, brain.max_turns too unless asked
         if args.max_turns:
             pool.env["PINCER_BRAIN__MAX_TURNS"] = str(args.max_turns)
         try:
