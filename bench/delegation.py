@@ -58,7 +58,7 @@ class Pool:
             "PINCER_LLM_API_KEY": "sk-scripted", "PINCER_BRAIN__LLM_RETRIES": "0",
             "PINCER_WORKSPACE": str(tmp / "workspace"), "PINCER_DATA_DIR": str(tmp / "data"),
             "PINCER_RUNTIME__LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT),
-            "PINCER_BRAIN__MAX_TURNS": "64", "PINCER_BRAIN__MAX_WAITING": "256",
+            "PINCER_BRAIN__MAX_WAITING": "256",  # brain.max_turns as shipped: its bound is what is measured
             "PINCER_BRAIN__DELEGATION__MAX_CHILDREN": "8",
         })
 

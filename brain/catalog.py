@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from bus.errors import PincerError
@@ -23,6 +24,9 @@ class ToolCatalog:
         # Hands' tool policy decides per agent and sender, so each pair has its own list.
         self._cache: dict[tuple[str, str], tuple[list[ToolSpec], list[SkillInfo]]] = {}
         self._digest: bytes | None = None
+        # The request in flight per pair: turns that start together (a burst, a Brain just started, up to
+        # brain.max_turns of them) share its answer instead of sending Hands one request each.
+        self._asking: dict[tuple[str, str], asyncio.Task[tuple[list[ToolSpec], list[SkillInfo]]]] = {}
 
     async def tools(self, agent_id: str = "main", sender: str = "") -> list[ToolSpec]:
         return (await self.lookup(agent_id, sender))[0]
@@ -32,9 +36,24 @@ class ToolCatalog:
         digest: bytes | None = await self.bus.redis.get(self.bus.keys.tools_digest)  # type: ignore[assignment]  # bytes: decode_responses=False
         if digest != self._digest:
             self._cache.clear()  # Hands' tools changed: every list is stale
-        cached = self._cache.get((agent_id, sender))
+        key = (agent_id, sender)
+        cached = self._cache.get(key)
         if cached is not None:
             return cached
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = self._asking[key] = asyncio.get_running_loop().create_task(self._ask(agent_id, sender, digest))
+            asking.add_done_callback(lambda done: self._asked(key, done))
+        return await asyncio.shield(asking)  # a turn cancelled meanwhile leaves the others their answer
+
+    def _asked(self, key: tuple[str, str], done: asyncio.Task[tuple[list[ToolSpec], list[SkillInfo]]]) -> None:
+        del self._asking[key]
+        if not done.cancelled():
+            done.exception()  # retrieved: every turn that waited on it may have been cancelled
+
+    async def _ask(self, agent_id: str, sender: str,
+                   digest: bytes | None) -> tuple[list[ToolSpec], list[SkillInfo]]:
+        """One ``tools:list`` to Hands; its answer cached under the digest read before it was sent."""
         request = ToolsList(reply_to=self.inbox.stream, deadline=now_ms() + int(self.timeout_s * 1000),
                             agent_id=agent_id, sender=sender)
         try:
@@ -50,6 +69,6 @@ class ToolCatalog:
         assert isinstance(reply, ToolsAvailable)
         # Remember the announced digest we saw, not the reply's: the cache follows the key.
         self._digest = digest
-        self._cache[(agent_id, sender)] = (reply.tools, reply.skills)
+        self._cache[agent_id, sender] = (reply.tools, reply.skills)
         log.info("tool list refreshed for agent %s: %d tools, digest %s", agent_id, len(reply.tools), reply.digest)
         return reply.tools, reply.skills

@@ -139,7 +139,11 @@ class BrainSettings(Section):
     # cache only where a request says so (Anthropic's models, direct, on Bedrock or Vertex AI): later turns read
     # it at the cached rate (docs/budgets.md). Others cache prefixes themselves and are sent nothing extra.
     prompt_cache: bool = True
-    max_turns: int = Field(default=16, ge=1, le=1000)
+    # Turns one Brain runs at once: the one bound on its model calls in flight (a turn makes one at a time),
+    # so its consumer's slots and the openai SDK's connection pool are this size. A turn waiting on its
+    # provider costs a socket and some memory, no CPU: hundreds fit one process (docs/brain.md). At most
+    # litellm's connection pool per host (500), else that pool, not this setting, would be the bound.
+    max_turns: int = Field(default=256, ge=1, le=500)
     # Messages a Brain holds, besides its turns, while they wait for their session's earlier turn.
     max_waiting: int = Field(default=64, ge=0, le=10_000)
     # What the model reads: its window (None: litellm's figure for the model, else 32k tokens)

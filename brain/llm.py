@@ -127,8 +127,10 @@ class LiteLLMClient:
 
     def __init__(self, *, model: str, api_base: str | None, api_key: str | None, timeout_s: float,
                  retries: int, fallbacks: list[str] | None = None, openai_direct: bool = False,
-                 connect_patience_s: float = 0.0, prompt_cache: bool = True) -> None:
+                 connect_patience_s: float = 0.0, prompt_cache: bool = True, connections: int = 256) -> None:
         self.model, self.api_base, self.api_key = model, api_base, api_key
+        # Requests it may have open at once (brain.max_turns): its connection pool's size, not the SDK's choice.
+        self.connections = connections
         self.prompt_cache = prompt_cache  # mark the stable head for the providers that cache only where marked
         self.timeout_s, self.retries, self.connect_patience_s = timeout_s, retries, connect_patience_s
         self.fallbacks = fallbacks or []
@@ -214,9 +216,14 @@ class LiteLLMClient:
         import openai
 
         if self._openai is None:
+            # The SDK's pool keeps 100 connections alive of 1,000: sized here by the Brain's own bound, each
+            # kept alive (a turn after a burst reuses one, no new handshake). Limits of the httpx it bundles.
+            limits = type(openai.DEFAULT_CONNECTION_LIMITS)(max_connections=self.connections,
+                                                           max_keepalive_connections=self.connections)
             self._openai = openai.AsyncOpenAI(api_key=self.api_key or os.environ.get("OPENAI_API_KEY"),
                                               base_url=self.api_base or os.environ.get("OPENAI_API_BASE"),
-                                              max_retries=0, timeout=self.timeout_s)
+                                              max_retries=0, timeout=self.timeout_s,
+                                              http_client=openai.DefaultAsyncHttpxClient(limits=limits))
         options = {k: kwargs[k] for k in ("messages", "stream", "stream_options", "tools", "max_tokens") if k in kwargs}
         return await self._openai.chat.completions.create(model=model.removeprefix("openai/"), **options)
 

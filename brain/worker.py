@@ -52,6 +52,7 @@ def default_llm(settings: BrainSettings) -> LLMClient | None:
         fallbacks=settings.fallbacks,
         openai_direct=settings.openai_direct,
         prompt_cache=settings.prompt_cache,
+        connections=settings.max_turns,
     )
 
 

@@ -13,13 +13,17 @@ path runs. The script is written in the user's message, one directive a line:
 - ``FLAKY <n>``: the first n requests of this conversation answer 503, the next ones as usual.
 - ``HOLD <chunks>``: the first request of this conversation streams that many chunks of its answer (tool calls
   included), then holds the stream open until ``release()`` and closes it unfinished; the next ones as usual.
+- ``WAIT <n>``: answer only once ``n`` requests have been open at once (``peak``), or at ``release()``; a client
+  that goes away meanwhile is counted in ``abandoned`` (a cancelled call) and sent nothing.
 - anything else: answer ``echo: <text>`` streamed in small pieces.
 
 Usage is reported as a provider with a prompt cache would: 11 prompt tokens, of which 8 came from the
 cache when the request continues a conversation (more than the instructions and one message).
 
 Every request body is kept in ``requests`` for assertions, the moment it arrives (a provider that bills on
-arrival reads the whole prompt then), and in ``answered`` once its whole response is sent.
+arrival reads the whole prompt then), and in ``answered`` once its whole response is sent. ``open`` counts
+the requests being served now and ``peak`` the most at once: facts a test of concurrency waits on. Each
+request has a thread of its own, so the server itself caps nothing below its listen backlog.
 
 It also answers Anthropic's Messages API (``POST .../v1/messages``, what litellm sends an ``anthropic/``
 model), streamed in Anthropic's events: ``echo: <the last user text>``, with 8 of the prompt's tokens read
@@ -30,6 +34,7 @@ Anthropic's form (``system``, ``messages``, ``tools``, with any ``cache_control`
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 import threading
@@ -50,6 +55,10 @@ class ScriptedLLM:
         self.chunks_sent = 0  # streamed chunks written, over every request (a fact a test can wait on)
         self.holding = 0  # HOLD streams held open so far (a fact a test can wait on)
         self.held: set[str] = set()  # HOLD conversations whose first request was held
+        self.open = 0  # requests being served now: read, not yet answered in full
+        self.peak = 0  # the most requests open at once
+        self.abandoned = 0  # WAIT requests whose client went away before the answer
+        self._counting = threading.Condition()
         self._release = threading.Event()
         self._server = _Server(("127.0.0.1", port), self._handler_class())
         self._server.daemon_threads = True
@@ -64,8 +73,29 @@ class ScriptedLLM:
         return self
 
     def release(self) -> None:
-        """End the HOLD streams held open (unfinished), and every later one at once."""
+        """End the HOLD streams held open (unfinished) and answer the WAIT ones, and every later one at once."""
         self._release.set()
+        with self._counting:
+            self._counting.notify_all()
+
+    def _opened(self) -> None:
+        with self._counting:
+            self.open += 1
+            self.peak = max(self.peak, self.open)
+
+    def _closed(self) -> None:
+        with self._counting:
+            self.open -= 1
+
+    def _wait_for(self, n: int, client: socket.socket) -> bool:
+        """Wait until ``n`` requests were open at once (or ``release``); False if the client went away first."""
+        with self._counting:
+            while self.peak < n and not self._release.is_set():
+                self._counting.wait(0.1)  # and a look at the client: a cancel is seen within 0.1 s
+                if _gone(client):
+                    self.abandoned += 1
+                    return False
+        return True
 
     def stop(self) -> None:
         self.release()
@@ -82,6 +112,13 @@ class ScriptedLLM:
                 pass
 
             def do_POST(self) -> None:  # http.server's naming
+                script._opened()
+                try:
+                    self._post()
+                finally:
+                    script._closed()
+
+            def _post(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 script.requests.append(body)
                 if self.path.rstrip("/").endswith("/messages"):
@@ -99,6 +136,8 @@ class ScriptedLLM:
                         del reply["hold"]
                     script.held.add(key)
                 time.sleep(reply.pop("sleep", 0))
+                if reply.get("wait") and not script._wait_for(reply.pop("wait"), self.connection):
+                    return
                 if status != 200:
                     payload = json.dumps({"error": {"message": f"scripted failure {status}", "type": "scripted"}})
                     self._send(status, "application/json", payload.encode())
@@ -183,6 +222,9 @@ def decide(messages: list[dict[str, Any]], model: str = "") -> tuple[int, dict[s
     broken = next((int(line.split()[1]) for line in lines if line.startswith("BREAK ")), None)
     if broken is not None:
         return 200, {"text": f"echo: {user.get('content')}", "calls": [], "break": broken}
+    wait = next((int(line.split()[1]) for line in lines if line.startswith("WAIT ")), 0)
+    if wait and last["role"] == "user":
+        return 200, {"text": f"waited for {wait}", "calls": [], "wait": wait}
     flaky = next((int(line.split()[1]) for line in lines if line.startswith("FLAKY ")), 0)
     if flaky:
         return 200, {"text": f"echo: {user.get('content')}", "calls": [], "flaky": flaky}
@@ -204,6 +246,17 @@ def decide(messages: list[dict[str, Any]], model: str = "") -> tuple[int, dict[s
     if calls:
         return 200, {"text": "", "calls": calls}
     return 200, {"text": f"echo: {user.get('content')}", "calls": []}
+
+
+def _gone(client: socket.socket) -> bool:
+    """Whether the client closed its connection (it sends nothing more after its request: readable is EOF)."""
+    readable, _, _ = select.select([client], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return client.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _parse_call(rest: str) -> dict[str, str]:

@@ -122,6 +122,9 @@ async def test_tool_list_is_cached_until_hands_announces_a_new_digest(bus: Bus, 
         assert await list_requests() == 2  # the digest moved, so the list was asked for again
         await catalog.tools()
         assert await list_requests() == 2  # and is cached again under the new digest
+        await bus.redis.set(bus.keys.tools_digest, "changed again")
+        await asyncio.gather(*(catalog.tools() for _ in range(20)))
+        assert await list_requests() == 3  # lookups at once (turns starting together) share one request
     finally:
         await inbox.close()
 
