@@ -1,6 +1,7 @@
 """Fit a conversation to the model's context window.
 
-Sizes are counted with the tokenizer (brain/tokens.py); the window keeps a
+Sizes are counted with the tokenizer (brain/tokens.py; loaded only once the bytes alone
+no longer prove the conversation fits); the window keeps a
 quarter free for the answer. Earlier turns that do not fit are summarised
 first (brain/compaction.py); what is still too long is shaped here, in two steps:
 1. every tool result longer than its own budget keeps its head and tail, with a
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brain.tokens import count, message_tokens
+from brain.tokens import count, exceeds, message_tokens
 
 CHARS_PER_TOKEN = 4
 ANSWER_SHARE = 0.25  # of the window kept free for the model's reply
@@ -48,9 +49,9 @@ def fit(messages: list[dict[str, Any]], *, window_tokens: int, result_tokens: in
     ``pinned`` messages (the instructions, the compaction note) are always kept."""
     limit = limit_of(window_tokens)
     shaped_ = shaped(messages, result_tokens)
-    total = count(shaped_)
-    if total <= limit:
+    if not exceeds(shaped_, limit):
         return shaped_
+    total = count(shaped_)
     # Compact tool results oldest first, but never the latest batch (what the model must act on now).
     latest = max((i for i, m in enumerate(shaped_) if m["role"] == "assistant"), default=len(shaped_))
     for index, message in enumerate(shaped_[:latest]):

@@ -20,8 +20,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from brain.config import BrainSettings
 from brain.tool_text import local_failure
 from bus.log import kv
@@ -250,6 +248,8 @@ class Delegations:
 
     def _refusal(self, call_id: str, args: dict[str, Any], spec: ToolSpec) -> tuple[ErrorCode, str] | None:
         """Arguments, depth and fan-out, checked here: the call never reaches Hands, which would check them."""
+        from jsonschema import Draft202012Validator  # here: only a delegation needs it (~2 MB with its deps)
+
         errors = sorted(Draft202012Validator(spec.parameters).iter_errors(args), key=lambda e: list(e.path))
         if errors:
             where = "/".join(str(p) for p in errors[0].path) or "(the arguments)"

@@ -281,28 +281,30 @@ def context_window(model: str) -> int:
     Read from the table's JSON file, not through litellm: a Brain whose models all take the
     direct road never imports litellm (~150 MB resident).
     """
-    if not model:
-        return DEFAULT_WINDOW_TOKENS
-    table = price_table()
-    for name in (model, model.partition("/")[2]):
-        info = table.get(name) if name else None
-        if isinstance(info, dict) and (info.get("max_input_tokens") or info.get("max_tokens")):
+    for info in table_entries(model) if model else ():
+        if info.get("max_input_tokens") or info.get("max_tokens"):
             return int(info.get("max_input_tokens") or info["max_tokens"])
     return DEFAULT_WINDOW_TOKENS
 
 
-@functools.cache  # parsing the file took 30 ms of CPU: per model call, it was most of a Brain's work
-def price_table() -> dict[str, Any]:
-    """litellm's bundled table of models' prices and windows (read once; never fetched)."""
+# Parsing the file takes 30 ms of CPU (per model call it was most of a Brain's work), and keeping the whole
+# table ~6 MB for the one or two models a pool names: each model's entries are kept, the table is not.
+@functools.lru_cache(maxsize=256)
+def table_entries(model: str) -> tuple[dict[str, Any], ...]:
+    """litellm's bundled table's entries for ``model``: by its full name, then without the provider's prefix
+    (read from the file, never fetched; none where litellm is not installed or the file is unreadable)."""
     spec = importlib.util.find_spec("litellm")
     if spec is None or not spec.submodule_search_locations:
-        return {}
+        return ()
     path = Path(next(iter(spec.submodule_search_locations))) / "model_prices_and_context_window_backup.json"
     try:
-        table: dict[str, Any] = json.loads(path.read_text())
+        table = json.loads(path.read_text())
     except (OSError, ValueError):
-        return {}
-    return table
+        return ()
+    if not isinstance(table, dict):
+        return ()
+    found = (table.get(name) for name in (model, model.partition("/")[2]) if name)
+    return tuple(info for info in found if isinstance(info, dict))
 
 
 def _usage(usage: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from brain.config import BrainSettings
-from brain.llm import LOCAL, Attempt, price_table, retry_pause
+from brain.llm import LOCAL, Attempt, retry_pause, table_entries
 from brain.tokens import MESSAGE_OVERHEAD, tokens
 from bus.errors import PincerError
 from bus.metrics import Meter
@@ -329,10 +329,8 @@ def price_of(settings: BrainSettings, model: str) -> Price | None:
 
 def table_price(model: str) -> Price | None:
     """litellm's price for a model, by its full name or without the provider's prefix."""
-    table = price_table()
-    for name in (model, model.partition("/")[2]):
-        info = table.get(name) if name else None
-        if isinstance(info, dict) and info.get("input_cost_per_token") is not None:
+    for info in table_entries(model):
+        if info.get("input_cost_per_token") is not None:
             cached = info.get("cache_read_input_token_cost")
             return Price(float(info["input_cost_per_token"]) * MICRO,
                          float(info.get("output_cost_per_token") or 0) * MICRO,

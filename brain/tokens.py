@@ -5,6 +5,10 @@ the context window's fit.
 
 A message's count is kept by its text, so a long conversation is counted once and then only its new
 messages (the fit runs before every model call).
+
+The encoding holds ~40 MB once loaded, so the window's checks ask ``exceeds`` first: a cl100k token is at
+least one byte of UTF-8, so a conversation whose bytes fit the limit fits it in tokens, and the encoding is
+loaded only for one that is nearly full (or for a budget's bound, brain/spend.py). Same answers, same fit.
 """
 
 from __future__ import annotations
@@ -57,3 +61,23 @@ def message_tokens(message: dict[str, Any]) -> int:
 
 def count(messages: list[dict[str, Any]]) -> int:
     return sum(message_tokens(message) for message in messages)
+
+
+def most_tokens(messages: list[dict[str, Any]]) -> int:
+    """At least ``count(messages)``, without the encoding: every token is at least one byte of the UTF-8."""
+    total = 0
+    for message in messages:
+        calls = message.get("tool_calls")
+        content = message.get("content") or ""
+        total += _bytes(content) + (len(json.dumps(calls)) if calls else 0) + MESSAGE_OVERHEAD  # dumps is ASCII
+    return total
+
+
+def exceeds(messages: list[dict[str, Any]], limit: int) -> bool:
+    """``count(messages) > limit``, the encoding loaded only when the bytes cannot tell."""
+    return most_tokens(messages) > limit and count(messages) > limit
+
+
+def _bytes(text: str) -> int:
+    # surrogatepass: a lone surrogate (which a client may send) counts its three bytes, as the encoder sees it.
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

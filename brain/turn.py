@@ -36,7 +36,7 @@ from brain.prompt import context_prompt, system_prompt
 from brain.resume import call_id_of, finished_answer
 from brain.session_order import Lease
 from brain.spend import BudgetExceeded, Governor
-from brain.tokens import count
+from brain.tokens import count, exceeds
 from brain.tool_text import MAX_ARGS_DEPTH, depth, error_for_model, for_model, local_failure, summary
 from brain.usage import TurnLimits, TurnUsage
 from bus import otel, trace
@@ -149,11 +149,11 @@ class Turn:
         messages = [self.system, *([note_message(state.note)] if state.note else []), *self.context]
         self.head = len(messages)  # the messages every request starts with: instructions, the note, the context
         messages += [entry.to_llm() for entry in [*state.entries, *turn] if not is_note(entry)]
-        alone = count(shaped([self.system, *self.context, turn[0].to_llm()], deps.settings.tool_result_max_tokens))
-        if alone > limit_of(self.window_tokens):  # no summary or cut can help: say so before any model call
-            return await self.stop(ErrorCode.BUDGET_EXHAUSTED, f"the instructions and this message take {alone:,} "
-                                   f"tokens, more than the {limit_of(self.window_tokens):,} the model's window "
-                                   "leaves for them (brain.context_window_tokens, brain.instructions)")
+        alone = shaped([self.system, *self.context, turn[0].to_llm()], deps.settings.tool_result_max_tokens)
+        if exceeds(alone, limit_of(self.window_tokens)):  # no summary or cut can help: say so before any model call
+            return await self.stop(ErrorCode.BUDGET_EXHAUSTED, "the instructions and this message take "
+                                   f"{count(alone):,} tokens, more than the {limit_of(self.window_tokens):,} the "
+                                   "model's window leaves for them (brain.context_window_tokens, brain.instructions)")
         limit_s = deps.settings.max_turn_s
         if msg.delegation is not None:  # a sub-agent: its tree's time, if that ends sooner
             limit_s = min(limit_s, (msg.delegation.deadline - now_ms()) / 1000)
@@ -209,7 +209,7 @@ class Turn:
                 return await self.stop(ErrorCode.BUDGET_EXHAUSTED, over)
             self.lease.check()
             if not self.compacted and turn_starts > self.head and budget.compaction.enabled and \
-                    count(shaped(messages, budget.tool_result_max_tokens)) > limit_of(self.window_tokens):
+                    exceeds(shaped(messages, budget.tool_result_max_tokens), limit_of(self.window_tokens)):
                 turn_starts = await self._compact(messages, turn_starts)
             shown = fit(messages, window_tokens=self.window_tokens, result_tokens=budget.tool_result_max_tokens,
                         keep_from=turn_starts, pinned=self.head)

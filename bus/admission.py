@@ -10,11 +10,13 @@ at the Gateway, a run recorded skipped at the scheduler.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bus.keys import BRAIN_GROUP
-from bus.pool import unread
 from bus.scripts import lua
-from bus.streams import Bus
+
+if TYPE_CHECKING:  # only named: the Gateway's settings hold RateLimits, and `pincer up` reads those
+    from bus.streams import Bus
 
 # KEYS: the identity's bucket. ARGV: capacity, tokens per ms. 0: taken; else how many ms until one is there.
 TAKE = lua("bus.admission.take", """
@@ -54,4 +56,6 @@ class Admission:
 
     async def waiting(self) -> int:
         """Messages in the Brain inbox no Brain has read yet (counted up to the backlog limit)."""
+        from bus.pool import unread  # here, not above: the pool's queries bring redis-py with them
+
         return await unread(self.bus, self.bus.keys.brain_inbox, BRAIN_GROUP, cap=self.limits.max_inbox_backlog)

@@ -11,10 +11,11 @@ store calls nothing else, and a fake that lacks a command fails the type check.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from redis.asyncio.client import Pipeline
-from redis.commands.core import AsyncScript
+if TYPE_CHECKING:  # only named: a module that names the Protocol (a settings one) does not import redis for it
+    from redis.asyncio.client import Pipeline
+    from redis.commands.core import AsyncScript
 
 
 class RedisStore(Protocol):

@@ -19,7 +19,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,8 +27,10 @@ from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import ANY_AGENT
 from bus.scripts import lua
-from bus.streams import Bus
 from memory.jobs import JobStore
+
+if TYPE_CHECKING:  # only named: `pincer up` makes the owner's token and supervises no Redis client
+    from bus.streams import Bus
 
 Scope = Literal["chat", "operator"]
 TOKEN_PREFIX = "pcr_"

@@ -16,7 +16,7 @@ import math
 import re
 import time
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
@@ -26,7 +26,9 @@ from bus.config import time_zone
 from bus.errors import PincerError
 from bus.protocol import ChatMessage, stamp_allows
 from bus.scripts import lua
-from bus.streams import Bus
+
+if TYPE_CHECKING:  # only named: the roles' settings import this module's limits, `pincer up` among them
+    from bus.streams import Bus
 
 JOB_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")

@@ -9,7 +9,7 @@ ones, its own first; nobody sees another identity's.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgpack
 
@@ -18,7 +18,9 @@ from bus.keys import Keys
 from bus.protocol import now_ms
 from bus.store import RedisStore
 from memory.log import MemoryLog
-from memory.recall import Recall
+
+if TYPE_CHECKING:  # only named: the Brain keeps notes and searches none (Hands' memory tools hold the index)
+    from memory.recall import Recall
 
 Notes = list[dict[str, Any]]  # the method named list would shadow the builtin in annotations
 Scope = Literal["own", "shared"]

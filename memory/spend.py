@@ -12,14 +12,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bus.config import Section, time_zone
-from bus.streams import Bus
 from memory.jobs import Job, JobStore
+
+if TYPE_CHECKING:  # only named: the Brain's settings import BudgetSettings, `pincer up` among them
+    from bus.streams import Bus
 
 MICRO = 1_000_000  # micro-dollars per dollar
 DAY_KEEP_S = 40 * 86_400

@@ -63,10 +63,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
     """Every command with its help; the arguments of ``command`` alone (from its own module)."""
-    from bus.presence import version
+    from bus.release import VERSION  # the release itself: bus.presence (its other home) brings redis-py along
 
     parser = argparse.ArgumentParser(prog="pincer", description="Pincer agent runtime")
-    parser.add_argument("--version", action="version", version=f"pincer {version()}")
+    parser.add_argument("--version", action="version", version=f"pincer {VERSION}")
     parser.add_argument("--config", metavar="PATH", help="config file (default: $PINCER_CONFIG, else "
                         "config.yaml in the data dir, else the packaged defaults)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

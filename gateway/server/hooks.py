@@ -24,7 +24,6 @@ import secrets
 import time
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -189,6 +188,8 @@ class Hooks:
             await self._deliver(hook, turn, outcome)
 
     async def _deliver(self, hook: Hook, turn: Turn, outcome: dict[str, Any]) -> None:
+        import httpx  # here: only a hook that delivers needs it, and its import (with its CLI's rich) is ~5 MB
+
         body = json.dumps({"hook": hook.name, "message_id": turn.message.message_id,
                            "session_id": turn.message.session_id, **outcome}).encode()
         retrying = AsyncRetrying(retry=retry_if_exception(_worth_retrying), stop=stop_after_attempt(DELIVERY_ATTEMPTS),
@@ -214,6 +215,8 @@ class Hooks:
 
 
 def _worth_retrying(exc: BaseException) -> bool:
+    import httpx  # imported already: a delivery failed
+
     if isinstance(exc, httpx.HTTPStatusError):
         return exc.response.status_code >= 500 or exc.response.status_code == 429
     return isinstance(exc, httpx.TransportError)

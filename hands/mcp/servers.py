@@ -14,9 +14,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from fnmatch import fnmatchcase
-from typing import Any
-
-from mcp import types
+from typing import TYPE_CHECKING, Any
 
 from bus.protocol import ErrorCode
 from bus.redis_client import RedisAway
@@ -24,10 +22,13 @@ from bus.scripts import lua
 from bus.streams import Bus
 from hands.config import McpServerSettings, McpSettings, RetryPolicy
 from hands.errors import ToolFailure
-from hands.mcp.connection import McpConnection
-from hands.mcp.translate import ToolRefused, description, parameters, result_data, tool_name
 from hands.registry import Category, Handler, ToolContext, ToolDefinition, ToolRegistry
 from hands.sandbox.runner import Sandbox
+
+if TYPE_CHECKING:  # only named here; imported where a configured server needs them (the MCP SDK is ~24 MB)
+    from mcp import types
+
+    from hands.mcp.connection import McpConnection
 
 log = logging.getLogger("hands.mcp")
 
@@ -49,10 +50,13 @@ class McpServers:
                  worker_id: str, on_change: Callable[[], Awaitable[Any]] | None = None) -> None:
         self.settings, self.registry, self.bus, self.worker_id = settings, registry, bus, worker_id
         self.on_change = on_change
+        enabled = {name: entry for name, entry in settings.servers.items() if entry.enabled}
+        if enabled:  # a worker with no server never imports the MCP SDK
+            from hands.mcp.connection import McpConnection
         self.connections = {
             name: McpConnection(name, entry, sandbox=sandbox, restart_max_s=settings.restart_max_s,
                                 on_tools=self._listed)
-            for name, entry in settings.servers.items() if entry.enabled
+            for name, entry in enabled.items()
         }
         self.registered: dict[str, list[str]] = {name: [] for name in self.connections}  # our names, per server
         self.refused: dict[str, list[str]] = {name: [] for name in self.connections}
@@ -156,6 +160,10 @@ class McpServers:
 
     async def _cached_tools(self, server: str) -> bool:
         """Register the tools a server last listed anywhere (for one we do not run now)."""
+        from mcp import types
+
+        from hands.mcp.translate import tool_name
+
         raw = await self.bus.redis.get(self.bus.keys.mcp_tools(server))
         if not raw:
             return False
@@ -177,6 +185,8 @@ class McpServers:
             self._later(self.bus.redis.set(self.bus.keys.mcp_tools(connection.name), cache))
 
     def _register(self, connection: McpConnection, tools: list[types.Tool], *, local: bool) -> None:
+        from hands.mcp.translate import ToolRefused
+
         server, entry = connection.name, connection.settings
         for name in self.registered[server]:
             self.registry.unregister(name)
@@ -207,6 +217,8 @@ class McpServers:
         notice.add_done_callback(self._notices.discard)
 
     def _definition(self, connection: McpConnection, tool: types.Tool, *, local: bool) -> ToolDefinition:
+        from hands.mcp.translate import description, parameters, tool_name
+
         entry: McpServerSettings = connection.settings
         if entry.stateful and not local:
             handler = self._elsewhere(connection.name)  # reached only when no live worker holds the lease
@@ -235,6 +247,8 @@ class McpServers:
 
 def _handler(connection: McpConnection, tool: str,
              start: Callable[[McpConnection], Awaitable[None]] | None = None) -> Handler:
+    from hands.mcp.translate import result_data
+
     async def call_mcp_tool(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         if start is not None and connection.state != "ready":
             await start(connection)

@@ -3,6 +3,8 @@ thousands of tool results, each up to tens of KB)."""
 
 from __future__ import annotations
 
+import pytest
+
 from brain import tokens
 
 
@@ -15,3 +17,16 @@ def test_a_count_is_remembered_by_digest_and_a_changed_message_is_counted_again(
     assert tokens.message_tokens({**long, "content": long["content"] + " more words"}) > first
     called = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "read_file"}}]}
     assert tokens.message_tokens(called) > tokens.message_tokens({"role": "assistant", "content": ""})
+
+
+@pytest.mark.parametrize("text", ["hello", "lorem ipsum " * 500, "日本語のテキスト" * 300, "emoji 🦀🦀 " * 200,
+                                  "a lone surrogate \ud800 here", "<|endoftext|> said twice <|endoftext|>", "",
+                                  "\n\n\t  " * 100])
+def test_the_bytes_bound_is_never_below_the_count_so_exceeds_answers_as_the_count_does(text: str) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": text},
+                {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "read_file",
+                                                                                   "arguments": '{"path": "ü"}'}}]}]
+    exact = tokens.count(messages)
+    assert tokens.most_tokens(messages) >= exact
+    for limit in (0, exact - 1, exact, exact + 1, tokens.most_tokens(messages)):
+        assert tokens.exceeds(messages, limit) == (exact > limit)
