@@ -29,17 +29,19 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from bus.errors import PincerError
 from bus.metrics import Meter
-from bus.workspace import Shared
+from bus.workspace import Shared, Workspace
 from hands.config import SandboxSettings
 from hands.sandbox.cgroup import RunCgroup
 from hands.sandbox.shim import READ_ONLY_PATHS
 from hands.sandbox.tiers import Tier, choose_tier, seccomp_fd, shim
+from hands.sandbox.warm import RUNNER_SOURCE, WarmKey, WarmPool
 
 log = logging.getLogger("hands.sandbox")
 
@@ -98,12 +100,28 @@ class RunResult:
     dropped_bytes: int
 
 
+class Child(Protocol):
+    """What ``Running`` needs of a started command: asyncio's ``Process``, or a warm sandbox's command."""
+
+    @property
+    def returncode(self) -> int | None: ...
+    @property
+    def stdin(self) -> asyncio.StreamWriter | None: ...
+    @property
+    def stdout(self) -> asyncio.StreamReader | None: ...
+    @property
+    def stderr(self) -> asyncio.StreamReader | None: ...
+    async def wait(self) -> int: ...
+
+
 class Running:
     """A started command: its output as it comes, stdin, waiting, and a stop that kills the tree."""
 
-    def __init__(self, process: asyncio.subprocess.Process, tier: str, output_bytes: int,
-                 *, cgroup: RunCgroup | None = None, capture_stdout: bool = True) -> None:
+    def __init__(self, process: Child, tier: str, output_bytes: int, *, cgroup: RunCgroup | None = None,
+                 capture_stdout: bool = True, kill_tree: Callable[[], Awaitable[None]] | None = None) -> None:
         self.process, self.tier, self.cgroup = process, tier, cgroup
+        # How its whole tree dies: the group of the process we started, or a warm sandbox's runner's doing.
+        self._kill_tree = kill_tree
         self.started = time.monotonic()
         self.out, self.err = Output(output_bytes), Output(output_bytes)
         self.timed_out = self.killed = False
@@ -141,7 +159,11 @@ class Running:
             self.killed = True
             if self.cgroup is not None:
                 self.cgroup.kill()  # every process of the command at once, wherever it went
-            await _kill_tree(self.process)
+            if self._kill_tree is not None:
+                await self._kill_tree()
+            else:
+                assert isinstance(self.process, asyncio.subprocess.Process)
+                await _kill_tree(self.process)
         if self.cgroup is not None:
             self.cgroup.kill()  # stragglers of a command that ended by itself
             await self.cgroup.remove_when_empty()
@@ -189,6 +211,14 @@ class Sandbox:
         self.tier = choose_tier(settings, as_root=self.as_root)
         self.meter = meter or Meter()
         self.session_caps = RunCgroup.usable(settings.cgroup_dir)  # each session's processes capped apart
+        # bwrap only: the runner's sweep of what a command left relies on a pid namespace of its own.
+        self.warm = WarmPool(self._launch_warm, idle_s=settings.warm_idle_s) \
+            if settings.warm and self.tier is Tier.BWRAP else None
+
+    async def close(self) -> None:
+        """Tear down every warm sandbox (the worker's shutdown)."""
+        if self.warm is not None:
+            await self.warm.close()
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -235,6 +265,9 @@ class Sandbox:
         the command read them at their own paths)."""
         root = root or self.workspace
         self.check_allowed(root)
+        if self.warm is not None and extra is None:  # a tool's command: a warm sandbox of its session
+            return await self._start_warm(argv, root=root, workdir=workdir, env=env, session=session,
+                                          shared=shared or {})
         extra = extra or Extras()
         if extra.network and self.tier is Tier.LANDLOCK:
             raise SandboxUnavailable("the landlock tier cannot give a command the network (it has no network "
@@ -263,6 +296,36 @@ class Sandbox:
                 os.close(seccomp)
         self.meter.observe("pincer_sandbox_spawn_seconds", time.monotonic() - spawning, self.tier)
         return Running(process, self.tier, limits.output_bytes, cgroup=cgroup, capture_stdout=capture_stdout)
+
+    async def _start_warm(self, argv: list[str], *, root: Path, workdir: str, env: dict[str, str], session: str,
+                          shared: dict[str, Shared]) -> Running:
+        assert self.warm is not None
+        key = WarmKey(session, root, tuple(sorted((name, str(f.tree.root), f.writable) for name, f in shared.items())))
+        spawning = time.monotonic()
+        process = await self.warm.run(key, argv, env=env, cwd=_in_sandbox(workdir), line_bytes=Extras().line_bytes)
+        self.meter.observe("pincer_sandbox_spawn_seconds", time.monotonic() - spawning, "bwrap-warm")
+        return Running(process, self.tier, self.settings.output_bytes, kill_tree=process.kill_tree)
+
+    async def _launch_warm(self, key: WarmKey, control_fd: int) -> tuple[asyncio.subprocess.Process,
+                                                                          RunCgroup | None]:
+        """Start a warm sandbox for ``key``: a cold command's chain and cgroup, its runner in the command's place."""
+        shared = {name: Shared(tree=Workspace(Path(tree)), writable=writable) for name, tree, writable in key.shared}
+        seccomp = seccomp_fd(self.tier)
+        cgroup = RunCgroup.create(session=key.session, memory_mb=self.settings.memory_mb,
+                                  pids_max=self.settings.processes, session_pids_max=self.settings.session_processes,
+                                  delegated=self.settings.cgroup_dir)
+        command = self._command([shim()[0], "-I", "-c", RUNNER_SOURCE, str(control_fd)], root=key.root, workdir="",
+                                env={}, seccomp_fd=seccomp, extra=Extras(), shared=shared,
+                                tree_capped=cgroup is not None and cgroup.caps_processes)
+        if cgroup is not None:
+            command = cgroup.wrap(command)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, pass_fds=(seccomp, control_fd), env={"PATH": "/usr/bin:/bin"})
+        finally:
+            os.close(seccomp)
+        return process, cgroup
 
     def _unreachable_dir(self, root: Path) -> Path | None:
         """The first directory on the workspace's path the sandbox uid may not pass through, if any."""
@@ -318,11 +381,15 @@ class Sandbox:
         for path in extra.read_only:  # at the same path, so a program's own absolute paths still hold
             args += ["--ro-bind", str(path), str(path)]
         args += ["--remount-ro", "/",
-                 "--chdir", "/tmp" if extra.workspace == "none"
-                 else f"/workspace/{workdir}".rstrip("/").replace("/./", "/") or "/workspace"]
+                 "--chdir", "/tmp" if extra.workspace == "none" else _in_sandbox(workdir)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         return args
+
+
+def _in_sandbox(workdir: str) -> str:
+    """Where a workspace-relative working directory is inside bwrap."""
+    return f"/workspace/{workdir}".rstrip("/").replace("/./", "/") or "/workspace"
 
 
 async def run_to_end(running: Running, *, timeout_s: float, stdin: bytes | None = None) -> RunResult:
