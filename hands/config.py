@@ -95,6 +95,9 @@ class SandboxSettings(Section):
     # torn down after warm_idle_s without a command. Off: every command starts its own bwrap.
     warm: bool = True
     warm_idle_s: float = Field(default=180.0, gt=0, le=86_400)
+    # Warm sandboxes a worker keeps at most (each ~6 MB for its runner): past it the longest idle one goes,
+    # and when every one is running a command, a command runs cold.
+    warm_max: int = Field(default=16, ge=1)
 
 
 class WebSettings(Section):

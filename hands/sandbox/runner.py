@@ -212,7 +212,7 @@ class Sandbox:
         self.meter = meter or Meter()
         self.session_caps = RunCgroup.usable(settings.cgroup_dir)  # each session's processes capped apart
         # bwrap only: the runner's sweep of what a command left relies on a pid namespace of its own.
-        self.warm = WarmPool(self._launch_warm, idle_s=settings.warm_idle_s) \
+        self.warm = WarmPool(self._launch_warm, idle_s=settings.warm_idle_s, most=settings.warm_max) \
             if settings.warm and self.tier is Tier.BWRAP else None
 
     async def close(self) -> None:
@@ -266,8 +266,10 @@ class Sandbox:
         root = root or self.workspace
         self.check_allowed(root)
         if self.warm is not None and extra is None:  # a tool's command: a warm sandbox of its session
-            return await self._start_warm(argv, root=root, workdir=workdir, env=env, session=session,
-                                          shared=shared or {})
+            running = await self._start_warm(argv, root=root, workdir=workdir, env=env, session=session,
+                                             shared=shared or {})
+            if running is not None:
+                return running  # else every warm sandbox is busy: this one runs cold
         extra = extra or Extras()
         if extra.network and self.tier is Tier.LANDLOCK:
             raise SandboxUnavailable("the landlock tier cannot give a command the network (it has no network "
@@ -298,11 +300,13 @@ class Sandbox:
         return Running(process, self.tier, limits.output_bytes, cgroup=cgroup, capture_stdout=capture_stdout)
 
     async def _start_warm(self, argv: list[str], *, root: Path, workdir: str, env: dict[str, str], session: str,
-                          shared: dict[str, Shared]) -> Running:
+                          shared: dict[str, Shared]) -> Running | None:
         assert self.warm is not None
         key = WarmKey(session, root, tuple(sorted((name, str(f.tree.root), f.writable) for name, f in shared.items())))
         spawning = time.monotonic()
         process = await self.warm.run(key, argv, env=env, cwd=_in_sandbox(workdir), line_bytes=Extras().line_bytes)
+        if process is None:
+            return None
         self.meter.observe("pincer_sandbox_spawn_seconds", time.monotonic() - spawning, "bwrap-warm")
         return Running(process, self.tier, self.settings.output_bytes, kill_tree=process.kill_tree)
 

@@ -196,18 +196,24 @@ Launch = Callable[[WarmKey, int], Awaitable[tuple[asyncio.subprocess.Process, Ru
 class WarmPool:
     """Each session's idle warm sandboxes; one is taken per command, and given back when it ends."""
 
-    def __init__(self, launch: Launch, *, idle_s: float) -> None:
-        self.launch, self.idle_s = launch, idle_s
+    def __init__(self, launch: Launch, *, idle_s: float, most: int) -> None:
+        self.launch, self.idle_s, self.most = launch, idle_s, most
+        self.starting = 0  # sandboxes being started now: counted against ``most`` too
         self.idle: dict[WarmKey, list[WarmSandbox]] = {}
         self.all: set[WarmSandbox] = set()
         self.reaper: asyncio.Task[None] | None = None
         self.closing = False
 
     async def run(self, key: WarmKey, argv: list[str], *, env: dict[str, str], cwd: str,
-                  line_bytes: int) -> WarmProcess:
-        """Run a command in one of ``key``'s idle sandboxes, or a new one."""
+                  line_bytes: int) -> WarmProcess | None:
+        """Run a command in one of ``key``'s idle sandboxes, or a new one; None when ``most`` sandboxes run
+        commands already (the caller runs it cold). To make room, the longest idle one of any session goes."""
         while True:
-            sandbox = self._take(key) or await self._start(key)
+            sandbox = self._take(key)
+            if sandbox is None:
+                if len(self.all) + self.starting >= self.most and not await self._evict():
+                    return None
+                sandbox = await self._start(key)
             try:
                 return await sandbox.run(argv, env=env, cwd=cwd, line_bytes=line_bytes)
             except NotDelivered:
@@ -225,6 +231,17 @@ class WarmPool:
         self.all.clear()
         self.idle.clear()
 
+    async def _evict(self) -> bool:
+        """Tear down the longest idle sandbox, of any session; False when none is idle."""
+        idle = [s for waiting in self.idle.values() for s in waiting]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda s: s.idle_since)
+        self.idle[oldest.key].remove(oldest)
+        self.all.discard(oldest)
+        await oldest.close()
+        return True
+
     def _take(self, key: WarmKey) -> WarmSandbox | None:
         waiting = self.idle.get(key, [])
         while waiting:
@@ -235,9 +252,14 @@ class WarmPool:
 
     async def _start(self, key: WarmKey) -> WarmSandbox:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.starting += 1
         try:
             process, cgroup = await self.launch(key, theirs.fileno())
+        except BaseException:
+            ours.close()
+            raise
         finally:
+            self.starting -= 1
             theirs.close()
         ours.setblocking(False)
         sandbox = WarmSandbox(key, process, ours, cgroup, on_idle=self._given_back, on_gone=self._gone)

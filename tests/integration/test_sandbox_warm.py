@@ -150,3 +150,18 @@ async def test_a_runner_killed_mid_command_fails_that_command_without_running_it
     assert (ws / "runs.txt").read_text() == "ran\n"  # and never run again elsewhere
     after = await call("exec", {"command": "echo fine"}, session="m")
     assert after.data["stdout"] == "fine\n"
+
+
+async def test_past_warm_max_the_longest_idle_goes_and_a_busy_pool_runs_cold(engine, call, ws: Path) -> None:
+    worker = await engine(workspace=ws, sandbox={"tier": "bwrap", "warm": True, "warm_max": 1})
+    await call("exec", {"command": "true"}, session="a")
+    (first,) = sandboxes(worker)
+    await call("exec", {"command": "true"}, session="b")
+    assert gone(first.process.pid)  # a's idle sandbox made room for b's
+    (second,) = sandboxes(worker)
+    assert second.key.session == "b"
+    held = await call("exec", {"command": "sleep 65.5", "background": True}, session="b")
+    assert held.data["status"] == "running"
+    cold = await call("exec", {"command": "readlink /proc/self/ns/pid; echo ran"}, session="c")
+    assert cold.success and cold.data["stdout"].endswith("ran\n"), cold  # cold: the only sandbox is busy
+    assert sandboxes(worker) == [second]
