@@ -219,6 +219,10 @@ class WarmPool:
             except NotDelivered:
                 log.info("a warm sandbox's runner was gone; the command goes to another")
                 await sandbox.close()
+            except BaseException:  # cancelled before the request went: the sandbox is still free
+                if sandbox.current is None:
+                    self._given_back(sandbox)
+                raise
 
     async def close(self) -> None:
         self.closing = True
