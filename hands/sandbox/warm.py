@@ -176,8 +176,8 @@ class WarmSandbox:
         self.gone = True  # the runner died (or said something no runner says): so did its sandbox
         if self.current is not None:
             self.current.finish(-signal.SIGKILL)
-        self.on_gone(self)
         await self._teardown()
+        self.on_gone(self)  # only now: the pool's close() waits for a teardown under way
 
 
 def _exit_code(message: Any) -> int:

@@ -35,6 +35,10 @@ def gone(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists()
 
 
+def cgroups_left(sandbox: WarmSandbox) -> list[Path]:
+    return [d for d in (sandbox.cgroup.dirs if sandbox.cgroup is not None else []) if d.exists()]
+
+
 def runner_pids() -> list[int]:
     """Host pids of every warm runner (the interpreter inside a bwrap, not bwrap itself)."""
     found = []
@@ -112,6 +116,7 @@ async def test_an_idle_sandbox_is_torn_down(engine, call, ws: Path) -> None:
     assert not gone(pid)
     await async_wait_until(lambda: gone(pid), timeout=10, what="the idle sandbox's bwrap to be gone")
     assert not sandboxes(worker) and not runner_pids()
+    await async_wait_until(lambda: not cgroups_left(sandbox), timeout=10, what="its cgroups removed")
 
 
 async def test_shutdown_tears_every_sandbox_down(engine, call, ws: Path) -> None:
@@ -136,6 +141,7 @@ async def test_a_killed_runner_is_replaced_and_the_next_command_runs_once(warm, 
     assert counted.data["stdout"] != first.data["stdout"]  # a new sandbox
     assert (ws / "count.txt").read_text() == "once\n"
     assert sandboxes(warm) != [sandbox] and len(runner_pids()) == 1
+    await async_wait_until(lambda: not cgroups_left(sandbox), timeout=10, what="the dead sandbox's cgroups removed")
 
 
 async def test_a_runner_killed_mid_command_fails_that_command_without_running_it_again(warm, call,
