@@ -197,6 +197,7 @@ class Extras:
     line_bytes: int = 2**16  # the longest stdout line the caller's readline takes (asyncio's default)
 
 
+SYSTEM_PYTHON = "/usr/bin/python3"  # the warm runner's interpreter: under /usr, so inside every bwrap sandbox
 NPROC_BACKSTOP_FACTOR = 16  # commands of one machine at once, each under its own pids.max
 
 
@@ -213,7 +214,7 @@ class Sandbox:
         self.session_caps = RunCgroup.usable(settings.cgroup_dir)  # each session's processes capped apart
         # bwrap only: the runner's sweep of what a command left relies on a pid namespace of its own.
         self.warm = WarmPool(self._launch_warm, idle_s=settings.warm_idle_s, most=settings.warm_max) \
-            if settings.warm and self.tier is Tier.BWRAP else None
+            if settings.warm and self.tier is Tier.BWRAP and os.access(SYSTEM_PYTHON, os.X_OK) else None
 
     async def close(self) -> None:
         """Tear down every warm sandbox (the worker's shutdown)."""
@@ -318,7 +319,7 @@ class Sandbox:
         cgroup = RunCgroup.create(session=key.session, memory_mb=self.settings.memory_mb,
                                   pids_max=self.settings.processes, session_pids_max=self.settings.session_processes,
                                   delegated=self.settings.cgroup_dir)
-        command = self._command([shim()[0], "-I", "-c", RUNNER_SOURCE, str(control_fd)], root=key.root, workdir="",
+        command = self._command([SYSTEM_PYTHON, "-I", "-c", RUNNER_SOURCE, str(control_fd)], root=key.root, workdir="",
                                 env={}, seccomp_fd=seccomp, extra=Extras(), shared=shared,
                                 tree_capped=cgroup is not None and cgroup.caps_processes)
         if cgroup is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -35,6 +36,9 @@ from hands.sandbox.cgroup import RunCgroup
 log = logging.getLogger("hands.sandbox")
 RUNNER_SOURCE = (Path(__file__).parent / "warm_runner.py").read_text()
 KILL_WAIT_S = 6.0  # the runner's own grace (3 s) and its sweep (2 s), and a margin
+ATTEMPTS = 3  # sandboxes tried for one command before it runs cold
+MAX_REQUEST = 1024 * 1024  # the runner reads a request of up to 2 MiB in one datagram; larger ones run cold
+SEND_BUFFER = 4 * 1024 * 1024  # one request is one datagram: a long command line and its environment fit
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,10 @@ class WarmKey:
 
 class NotDelivered(PincerError):
     """The runner was gone before it could read the request: the command did not run anywhere."""
+
+
+class TooLarge(NotDelivered):
+    """The request is larger than one message may be: the command runs cold, the sandbox stays."""
 
 
 class WarmProcess:
@@ -129,13 +137,17 @@ class WarmSandbox:
             if not self.alive():
                 process.close_pipes()
                 raise NotDelivered
+            request = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
+            if len(request) > MAX_REQUEST:
+                process.close_pipes()
+                raise TooLarge
             self.current = process
             try:
-                socket.send_fds(self.control, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()], theirs)
-            except OSError:  # a datagram is queued whole or not at all
+                socket.send_fds(self.control, [request], theirs)
+            except OSError as exc:  # a datagram is queued whole or not at all
                 self.current = None
                 process.close_pipes()
-                raise NotDelivered from None
+                raise (TooLarge if exc.errno == errno.EMSGSIZE else NotDelivered) from None
         finally:
             for fd in theirs:  # the runner holds its own copies now
                 os.close(fd)
@@ -208,7 +220,7 @@ class WarmPool:
                   line_bytes: int) -> WarmProcess | None:
         """Run a command in one of ``key``'s idle sandboxes, or a new one; None when ``most`` sandboxes run
         commands already (the caller runs it cold). To make room, the longest idle one of any session goes."""
-        while True:
+        for _ in range(ATTEMPTS):
             sandbox = self._take(key)
             if sandbox is None:
                 if len(self.all) + self.starting >= self.most and not await self._evict():
@@ -216,6 +228,9 @@ class WarmPool:
                 sandbox = await self._start(key)
             try:
                 return await sandbox.run(argv, env=env, cwd=cwd, line_bytes=line_bytes)
+            except TooLarge:
+                self._given_back(sandbox)
+                return None
             except NotDelivered:
                 log.info("a warm sandbox's runner was gone; the command goes to another")
                 await sandbox.close()
@@ -223,6 +238,8 @@ class WarmPool:
                 if sandbox.current is None:
                     self._given_back(sandbox)
                 raise
+        log.warning("warm sandboxes' runners keep dying before they take a command; this one runs cold")
+        return None
 
     async def close(self) -> None:
         self.closing = True
@@ -266,6 +283,8 @@ class WarmPool:
             self.starting -= 1
             theirs.close()
         ours.setblocking(False)
+        with contextlib.suppress(OSError):  # capped by net.core.wmem_max; past it, such a command runs cold
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         sandbox = WarmSandbox(key, process, ours, cgroup, on_idle=self._given_back, on_gone=self._gone)
         self.all.add(sandbox)
         if self.reaper is None or self.reaper.done():

@@ -125,7 +125,7 @@ def main() -> None:
     os.set_inheritable(sock.fileno(), False)  # never a command's
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     while True:
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+        data, fds, _, _ = socket.recv_fds(sock, 2 << 20, 3)  # the worker sends at most 1 MiB
         if not data:
             return
         for fd in fds:

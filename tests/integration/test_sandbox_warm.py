@@ -171,3 +171,18 @@ async def test_past_warm_max_the_longest_idle_goes_and_a_busy_pool_runs_cold(eng
     cold = await call("exec", {"command": "readlink /proc/self/ns/pid; echo ran"}, session="c")
     assert cold.success and cold.data["stdout"].endswith("ran\n"), cold  # cold: the only sandbox is busy
     assert sandboxes(worker) == [second]
+
+
+async def test_a_request_too_large_for_one_message_runs_cold_and_the_sandbox_stays(warm) -> None:
+    sandbox = warm.sandbox
+    small = await sandbox.run(["/bin/sh", "-c", "readlink /proc/self/ns/pid"], workdir="", env={}, timeout_s=10,
+                              session="big")
+    many = ["x" * 1000] * 1500  # ~1.5 MB of arguments: more than one datagram takes, less than exec does
+    large = await sandbox.run(["/bin/sh", "-c", 'echo "$#"; readlink /proc/self/ns/pid', "sh", *many], workdir="",
+                              env={}, timeout_s=10, session="big")
+    assert large.exit_code == 0 and large.stdout.split()[0] == "1500", large.stderr
+    assert large.stdout.split()[1] != small.stdout.strip()  # a cold sandbox of its own
+    (kept,) = sandboxes(warm)
+    again = await sandbox.run(["/bin/sh", "-c", "readlink /proc/self/ns/pid"], workdir="", env={}, timeout_s=10,
+                              session="big")
+    assert again.stdout == small.stdout and sandboxes(warm) == [kept]
