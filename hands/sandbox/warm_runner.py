@@ -43,20 +43,22 @@ SWEEP_S = 2.0
 DEFAULTED = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM)
 
 
-def sweep() -> None:
-    """SIGKILL every process of this pid namespace but init and us, until none is left to signal."""
+def sweep() -> bool:
+    """SIGKILL every process of this pid namespace but init and us, until none is left to signal; False
+    when some still were after ``SWEEP_S``."""
     deadline = time.monotonic() + SWEEP_S
     while time.monotonic() < deadline:
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
-            return
+            return True
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
         except ChildProcessError:
             pass
         time.sleep(0.001)
+    return False
 
 
 def spawn(request: dict[str, Any], fds: list[int]) -> int | None:
@@ -109,9 +111,11 @@ def run(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
             poller.unregister(sock.fileno())
     os.close(pidfd)
     _, status = os.waitpid(pid, 0)
-    sweep()
+    clean = sweep()
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     send(sock, {"exit": code})
+    if not clean:  # something outlived the command: the sandbox ends (bwrap's init follows us), not reused
+        sys.exit(1)
 
 
 def main() -> None:
