@@ -14,6 +14,8 @@
     ├── ForkRefused            memory.sessions   a fork that cannot be made as asked (no such message, name taken)
     ├── ToolFailure            hands.errors      a tool call failed: becomes its ToolError (the model reads it)
     ├── SandboxUnavailable     hands.sandbox.runner  no tier may run commands here, and why
+    ├── NotDelivered           hands.sandbox.warm  a warm runner gone before it read a command (never escapes)
+    │   (TooLarge              hands.sandbox.warm  a command too large for one message to it: it runs cold)
     ├── SkillRefused           hands.skills      a skill that will not load, and why
     ├── ToolRefused            hands.mcp.translate  an MCP tool that cannot be offered as written (also ValueError)
     ├── JobExists              memory.jobs       a scheduled job of that name exists

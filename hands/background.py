@@ -23,7 +23,7 @@ from bus.keys import Keys
 from bus.protocol import ErrorCode, now_ms
 from bus.store import RedisStore
 from hands.errors import ToolFailure
-from hands.sandbox.runner import Running
+from hands.sandbox.running import Running
 
 log = logging.getLogger("hands.background")
 

@@ -91,6 +91,13 @@ class SandboxSettings(Section):
     allow_shared_process_limit: bool = False
     output_bytes: int = Field(default=200_000, ge=1_000)
     default_timeout_s: float = Field(default=30.0, ge=1, le=120)
+    # bwrap tier: each session's commands reuse a sandbox kept warm for it (~1 ms, not ~11 ms, for `true`),
+    # torn down after warm_idle_s without a command. Off: every command starts its own bwrap.
+    warm: bool = True
+    warm_idle_s: float = Field(default=180.0, gt=0, le=86_400)
+    # Warm sandboxes a worker keeps at most (each ~6 MB for its runner): past it the longest idle one goes,
+    # and when every one is running a command, a command runs cold.
+    warm_max: int = Field(default=16, ge=1)
 
 
 class WebSettings(Section):

@@ -38,7 +38,8 @@ class ScratchHands:
                 for path in (copy, *copy.rglob("*")):
                     os.lchown(path, *owner)
         registry, _ = load_registry(scratch)
-        sandbox = Sandbox(scratch.sandbox, scratch.workspace, meter=Meter())
+        # Cold: a scratch run is one-off, and its sync close() could not wait for a warm sandbox to end.
+        sandbox = Sandbox(scratch.sandbox.model_copy(update={"warm": False}), scratch.workspace, meter=Meter())
         self.workspace = copy
         self.executor = Executor(registry, scratch, worker_id="scratch", sandbox=sandbox, memory=MemoryNotes())
 

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from bus.workspace import Shared
     from hands.background import BackgroundProcess
     from hands.questions import Asked
-    from hands.sandbox.runner import Extras, Running, RunResult
+    from hands.sandbox.runner import Extras
+    from hands.sandbox.running import Running, RunResult
 
 Notes = list[dict[str, Any]]  # a method named list would shadow the builtin in the annotations below
 

@@ -286,6 +286,7 @@ class HandsWorker:
             await self.inbox.start()
             services.push_async_callback(self.inbox.close)
             services.push_async_callback(self.calls.close)
+            services.push_async_callback(self.sandbox.close)  # after the background processes stop
             services.push_async_callback(self.background.stop_all)
             await self.pool.start()
             services.push_async_callback(self.pool.close)

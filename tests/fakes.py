@@ -19,7 +19,8 @@ from bus.store import RedisStore
 from bus.streams import Bus
 from hands.errors import ToolFailure
 from hands.questions import Asked
-from hands.sandbox.runner import Extras, Running, RunResult, run_to_end
+from hands.sandbox.runner import Extras
+from hands.sandbox.running import Running, RunResult, run_to_end
 from hands.testing import MemoryNotes
 
 

@@ -24,7 +24,8 @@ from hands.config import McpServerSettings
 from hands.errors import ToolFailure
 from hands.mcp.translate import TOOLS_LIMIT, protocol_failure, screen_tool_list
 from hands.mcp.transport import http_streams, screened, start_stdio, stdio_streams
-from hands.sandbox.runner import Running, Sandbox
+from hands.sandbox.runner import Sandbox
+from hands.sandbox.running import Running
 
 log = logging.getLogger("hands.mcp")
 

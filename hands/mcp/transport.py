@@ -24,7 +24,8 @@ from mcp.shared.message import SessionMessage
 from bus.config import ConfigError, from_environment
 from hands.config import McpServerSettings
 from hands.sandbox.env import sandbox_env
-from hands.sandbox.runner import Extras, Running, Sandbox
+from hands.sandbox.runner import Extras, Sandbox
+from hands.sandbox.running import Running
 
 log = logging.getLogger("hands.mcp")
 

@@ -17,150 +17,33 @@ Which one a machine gives is decided once per worker (``tiers.choose_tier``).
 Every tier: rlimits via ``prlimit`` (address space, CPU, file size, open files,
 processes, no core dumps), its own session, bounded output capture, and on
 timeout or cancellation the whole tree dies (SIGTERM, grace, SIGKILL; bwrap's
-pid namespace takes every descendant with it).
+pid namespace takes every descendant with it). A started command is a
+``running.Running``; in the bwrap tier a tool's command goes to its session's
+warm sandbox (``warm.py``) unless ``hands.sandbox.warm`` is off.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import os
-import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from bus.errors import PincerError
 from bus.metrics import Meter
-from bus.workspace import Shared
+from bus.workspace import Shared, Workspace
 from hands.config import SandboxSettings
 from hands.sandbox.cgroup import RunCgroup
+from hands.sandbox.running import Running, RunResult, run_to_end
 from hands.sandbox.shim import READ_ONLY_PATHS
 from hands.sandbox.tiers import Tier, choose_tier, seccomp_fd, shim
+from hands.sandbox.warm import RUNNER_SOURCE, WarmKey, WarmPool
 
-log = logging.getLogger("hands.sandbox")
-
-KILL_GRACE_S = 3.0
-READ_GRACE_S = 2.0
 # The /etc files a command may read, in every tier: the shim's list (it runs standalone) is the one home.
 ETC_FILES = tuple(p.removeprefix("/etc/") for p in READ_ONLY_PATHS if p.startswith("/etc/"))
-
-
-@dataclass
-class Output:
-    """Keeps the first and the last ``cap // 2`` bytes of a stream and counts what fell between."""
-
-    cap: int
-    head: bytearray = field(default_factory=bytearray)
-    tail: bytearray = field(default_factory=bytearray)
-    dropped: int = 0
-    total: int = 0  # bytes seen so far: an offset for "what is new since"
-
-    def since(self, offset: int) -> tuple[str, int]:
-        """Output after byte ``offset`` still held in the tail, and the new offset."""
-        tail_start = self.total - len(self.tail)
-        if offset >= tail_start:
-            return self.tail[offset - tail_start:].decode(errors="replace"), self.total
-        if offset < len(self.head):  # still in the head: head rest, then the tail
-            gap = f"\n…[{self.dropped:,} bytes not kept]…\n" if self.dropped else ""
-            return self.head[offset:].decode(errors="replace") + gap + self.tail.decode(errors="replace"), self.total
-        return f"…[{tail_start - offset:,} bytes not kept]…\n" + self.tail.decode(errors="replace"), self.total
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.cap // 2 - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        self.tail += chunk
-        excess = len(self.tail) - self.cap // 2
-        if excess > 0:
-            del self.tail[:excess]
-            self.dropped += excess
-
-    def text(self) -> str:
-        middle = f"\n…[{self.dropped:,} bytes of output not kept]…\n" if self.dropped else ""
-        return self.head.decode(errors="replace") + middle + self.tail.decode(errors="replace")
-
-
-@dataclass
-class RunResult:
-    exit_code: int | None
-    signal: str | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    duration_ms: int
-    tier: str
-    dropped_bytes: int
-
-
-class Running:
-    """A started command: its output as it comes, stdin, waiting, and a stop that kills the tree."""
-
-    def __init__(self, process: asyncio.subprocess.Process, tier: str, output_bytes: int,
-                 *, cgroup: RunCgroup | None = None, capture_stdout: bool = True) -> None:
-        self.process, self.tier, self.cgroup = process, tier, cgroup
-        self.started = time.monotonic()
-        self.out, self.err = Output(output_bytes), Output(output_bytes)
-        self.timed_out = self.killed = False
-        self._readers = [asyncio.create_task(_drain(process.stderr, self.err))]
-        if capture_stdout:  # else the caller reads process.stdout itself (a protocol spoken over it)
-            self._readers.append(asyncio.create_task(_drain(process.stdout, self.out)))
-
-    @property
-    def done(self) -> bool:
-        return self.process.returncode is not None
-
-    async def write(self, data: bytes, *, close: bool = False) -> None:
-        stdin = self.process.stdin
-        if stdin is None or stdin.is_closing():
-            raise BrokenPipeError("the command's stdin is closed")
-        with contextlib.suppress(ConnectionResetError):
-            stdin.write(data)
-            await stdin.drain()
-        if close:
-            stdin.close()
-
-    async def wait(self, timeout_s: float | None) -> bool:
-        """True when it exited within ``timeout_s`` (None: wait for ever); a timeout marks it timed out."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self.process.wait()
-            return True
-        except TimeoutError:
-            self.timed_out = True
-            return False
-
-    async def stop(self) -> None:
-        """Kill the whole tree if it still runs, then collect the rest of its output."""
-        if self.process.returncode is None:
-            self.killed = True
-            if self.cgroup is not None:
-                self.cgroup.kill()  # every process of the command at once, wherever it went
-            await _kill_tree(self.process)
-        if self.cgroup is not None:
-            self.cgroup.kill()  # stragglers of a command that ended by itself
-            await self.cgroup.remove_when_empty()
-        # A descendant that escaped the group may still hold the pipes: never wait on it for ever.
-        _, stuck = await asyncio.wait(self._readers, timeout=READ_GRACE_S)
-        for reader in stuck:
-            reader.cancel()
-        if stuck:
-            log.warning("a command's output pipes stayed open after it ended; stopped reading them")
-
-    def result(self) -> RunResult:
-        code = self.process.returncode
-        return RunResult(
-            exit_code=code if code is not None and code >= 0 else None,
-            signal=signal.Signals(-code).name if code is not None and code < 0 else None,
-            stdout=self.out.text(), stderr=self.err.text(), timed_out=self.timed_out,
-            duration_ms=int((time.monotonic() - self.started) * 1000), tier=self.tier,
-            dropped_bytes=self.out.dropped + self.err.dropped,
-        )
 
 
 @dataclass(frozen=True)
@@ -175,6 +58,7 @@ class Extras:
     line_bytes: int = 2**16  # the longest stdout line the caller's readline takes (asyncio's default)
 
 
+SYSTEM_PYTHON = "/usr/bin/python3"  # the warm runner's interpreter: under /usr, so inside every bwrap sandbox
 NPROC_BACKSTOP_FACTOR = 16  # commands of one machine at once, each under its own pids.max
 
 
@@ -189,6 +73,14 @@ class Sandbox:
         self.tier = choose_tier(settings, as_root=self.as_root)
         self.meter = meter or Meter()
         self.session_caps = RunCgroup.usable(settings.cgroup_dir)  # each session's processes capped apart
+        # bwrap only: the runner's sweep of what a command left relies on a pid namespace of its own.
+        self.warm = WarmPool(self._launch_warm, idle_s=settings.warm_idle_s, most=settings.warm_max) \
+            if settings.warm and self.tier is Tier.BWRAP and os.access(SYSTEM_PYTHON, os.X_OK) else None
+
+    async def close(self) -> None:
+        """Tear down every warm sandbox (the worker's shutdown)."""
+        if self.warm is not None:
+            await self.warm.close()
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -235,6 +127,11 @@ class Sandbox:
         the command read them at their own paths)."""
         root = root or self.workspace
         self.check_allowed(root)
+        if self.warm is not None and extra is None:  # a tool's command: a warm sandbox of its session
+            running = await self._start_warm(argv, root=root, workdir=workdir, env=env, session=session,
+                                             shared=shared or {})
+            if running is not None:
+                return running  # else every warm sandbox is busy: this one runs cold
         extra = extra or Extras()
         if extra.network and self.tier is Tier.LANDLOCK:
             raise SandboxUnavailable("the landlock tier cannot give a command the network (it has no network "
@@ -263,6 +160,38 @@ class Sandbox:
                 os.close(seccomp)
         self.meter.observe("pincer_sandbox_spawn_seconds", time.monotonic() - spawning, self.tier)
         return Running(process, self.tier, limits.output_bytes, cgroup=cgroup, capture_stdout=capture_stdout)
+
+    async def _start_warm(self, argv: list[str], *, root: Path, workdir: str, env: dict[str, str], session: str,
+                          shared: dict[str, Shared]) -> Running | None:
+        assert self.warm is not None
+        key = WarmKey(session, root, tuple(sorted((name, str(f.tree.root), f.writable) for name, f in shared.items())))
+        spawning = time.monotonic()
+        process = await self.warm.run(key, argv, env=env, cwd=_in_sandbox(workdir), line_bytes=Extras().line_bytes)
+        if process is None:
+            return None
+        self.meter.observe("pincer_sandbox_spawn_seconds", time.monotonic() - spawning, "bwrap-warm")
+        return Running(process, self.tier, self.settings.output_bytes, kill_tree=process.kill_tree)
+
+    async def _launch_warm(self, key: WarmKey, control_fd: int) -> tuple[asyncio.subprocess.Process,
+                                                                          RunCgroup | None]:
+        """Start a warm sandbox for ``key``: a cold command's chain and cgroup, its runner in the command's place."""
+        shared = {name: Shared(tree=Workspace(Path(tree)), writable=writable) for name, tree, writable in key.shared}
+        seccomp = seccomp_fd(self.tier)
+        cgroup = RunCgroup.create(session=key.session, memory_mb=self.settings.memory_mb,
+                                  pids_max=self.settings.processes, session_pids_max=self.settings.session_processes,
+                                  delegated=self.settings.cgroup_dir)
+        command = self._command([SYSTEM_PYTHON, "-I", "-c", RUNNER_SOURCE, str(control_fd)], root=key.root, workdir="",
+                                env={}, seccomp_fd=seccomp, extra=Extras(), shared=shared,
+                                tree_capped=cgroup is not None and cgroup.caps_processes)
+        if cgroup is not None:
+            command = cgroup.wrap(command)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, pass_fds=(seccomp, control_fd), env={"PATH": "/usr/bin:/bin"})
+        finally:
+            os.close(seccomp)
+        return process, cgroup
 
     def _unreachable_dir(self, root: Path) -> Path | None:
         """The first directory on the workspace's path the sandbox uid may not pass through, if any."""
@@ -318,39 +247,12 @@ class Sandbox:
         for path in extra.read_only:  # at the same path, so a program's own absolute paths still hold
             args += ["--ro-bind", str(path), str(path)]
         args += ["--remount-ro", "/",
-                 "--chdir", "/tmp" if extra.workspace == "none"
-                 else f"/workspace/{workdir}".rstrip("/").replace("/./", "/") or "/workspace"]
+                 "--chdir", "/tmp" if extra.workspace == "none" else _in_sandbox(workdir)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         return args
 
 
-async def run_to_end(running: Running, *, timeout_s: float, stdin: bytes | None = None) -> RunResult:
-    """A started command to its end (or its timeout, which kills the whole tree), then its result."""
-    try:
-        if stdin is not None:
-            await running.write(stdin, close=True)
-        await running.wait(timeout_s)
-    finally:
-        await running.stop()
-    return running.result()
-
-
-async def _drain(stream: asyncio.StreamReader | None, into: Output) -> None:
-    """Read a stream to its end, keeping only what ``into`` keeps: a flood never grows memory."""
-    if stream is None:
-        return
-    while chunk := await stream.read(65536):
-        into.add(chunk)
-
-
-async def _kill_tree(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM the whole group, give it a grace period, then SIGKILL the group whatever happened:
-    the leader exiting early does not mean every process it started did."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGTERM)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(process.wait()), KILL_GRACE_S)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    await process.wait()
+def _in_sandbox(workdir: str) -> str:
+    """Where a workspace-relative working directory is inside bwrap."""
+    return f"/workspace/{workdir}".rstrip("/").replace("/./", "/") or "/workspace"

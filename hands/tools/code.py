@@ -10,7 +10,8 @@ from bus.protocol import ErrorCode
 from hands.errors import ToolFailure
 from hands.registry import Category, Permissions, ToolContext, ToolDefinition
 from hands.sandbox.env import sandbox_env
-from hands.sandbox.runner import Running, SandboxUnavailable
+from hands.sandbox.runner import SandboxUnavailable
+from hands.sandbox.running import Running
 
 _PERMS = Permissions(filesystem_read=["{workspace}/**"], filesystem_write=["{workspace}/**"], execute=["*"])
 _TIMEOUT = {"type": "number", "minimum": 1, "maximum": 86_400,

@@ -23,10 +23,19 @@ def tier(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.fixture(params=["warm", "cold"])
+def warm(request: pytest.FixtureRequest, tier: str) -> bool:
+    """bwrap runs every test both ways: a session's sandbox kept warm, and a bwrap per command."""
+    if request.param == "warm" and tier != "bwrap":
+        pytest.skip("only the bwrap tier keeps sandboxes warm")
+    return bool(request.param == "warm")
+
+
 @pytest.fixture
-async def sandboxed(engine, tier: str, ws: Path):
-    worker = await engine(workspace=ws, sandbox={"tier": tier, "allow_degraded": True, "default_timeout_s": 5})
-    assert worker.sandbox.tier == tier
+async def sandboxed(engine, tier: str, warm: bool, ws: Path):
+    worker = await engine(workspace=ws, sandbox={"tier": tier, "allow_degraded": True, "default_timeout_s": 5,
+                                                 "warm": warm})
+    assert worker.sandbox.tier == tier and (worker.sandbox.warm is not None) == warm
     return worker
 
 

@@ -148,7 +148,7 @@ def test_every_exception_in_the_drawing_is_a_pincer_error() -> None:
 
     drawn = re.findall(r"[├└]── (\w+)\s+([\w.]+)", bus.errors.__doc__ or "")
     drawn += re.findall(r"│   \((\w+)\s+([\w.]+)", bus.errors.__doc__ or "")  # a subclass, drawn inside
-    assert len(drawn) == 33
+    assert len(drawn) == 35
     for name, module in drawn:
         found = getattr(importlib.import_module(module if module != "hands.sandbox" else "hands.sandbox.runner"), name)
         assert issubclass(found, bus.errors.PincerError), name
