@@ -3,8 +3,8 @@
 A long-lived process whose work comes in peaks (a Hands worker embedding a batch of chunks,
 growing a scope's matrix) otherwise keeps its heap at the highest peak: glibc raises its
 threshold for mapping big blocks each time one is freed, so later big blocks come from the
-heap, and the heap's free pages stay resident. The soak (bench/soak.py) saw a worker's RSS
-climb in steps of 20-30 MB while the memory in use stayed level.
+heap, and the heap's free pages stay resident. The soak (bench/soak.py) saw a Hands worker's
+RSS climb in steps of 20-30 MB while the memory in use stayed level.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bus import otel, schema
+from bus import heap, otel, schema
 from bus.config import EX_CONFIG, Config, ConfigError, RedisUnreachable, load_config
 from bus.log import setup_logging
 from bus.streams import Bus
@@ -59,6 +59,7 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
 def run_service(role: str, config: Config, body: Body, *, instance_id: str | None = None) -> int:
     """Run ``body`` until SIGTERM/SIGINT (or until it returns); 0 on a clean exit."""
     instance_id = instance_id or new_instance_id(role)
+    heap.settle()  # a long-lived process: its transient peaks' pages go back when freed, not kept at the top
     setup_logging(role, instance_id, config.runtime.log_level, fmt=config.runtime.log_format)
     otel.setup(role, config.runtime)
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from bus import heap
 from bus.config import Config
 from bus.process_guard import make_undumpable
 from bus.service import new_instance_id, run_service
@@ -21,7 +20,6 @@ def main(config: Config, *, concurrency: int | None = None) -> int:
     worker_id = new_instance_id("hands")
 
     async def body(bus: Bus, stop: asyncio.Event) -> None:
-        heap.settle()  # big transient blocks (embedding batches) unmapped when freed, not kept at their peak
         make_undumpable()  # commands may run as our own uid (rlimits tier): our environ stays ours
         await HandsWorker(bus, settings, worker_id=worker_id, heartbeat_s=config.runtime.heartbeat_s).run(stop)
 
