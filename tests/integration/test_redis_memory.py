@@ -17,7 +17,8 @@ async def test_redis_memory_is_watched_against_its_bound_and_eviction_is_called_
         assert found["used_bytes"] > found["bound_bytes"] == int(0.1 * 2**20)
         assert "shorten retention or raise the bound" in found["warnings"][0]
         _, body = await readiness(tight, max_backlog=100)
-        assert body["warnings"] == found["warnings"]
+        # the same warning (its figures are read again, and Redis's memory moves between two reads)
+        assert [w.split(": ", 1)[1] for w in body["warnings"]] == [w.split(": ", 1)[1] for w in found["warnings"]]
         text = (await metrics_text(tight))[0].decode()
         assert f"pincer_redis_memory_bound_bytes {float(int(0.1 * 2**20))}" in text
         assert "pincer_redis_memory_used_bytes " in text
