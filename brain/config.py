@@ -144,6 +144,10 @@ class BrainSettings(Section):
     # provider costs a socket and some memory, no CPU: hundreds fit one process (docs/brain.md). At most
     # litellm's connection pool per host (500), else that pool, not this setting, would be the bound.
     max_turns: int = Field(default=256, ge=1, le=500)
+    # Streamed text goes to the person's Gateway at most this often (the first piece at once), each delta
+    # what came meanwhile: a provider's chunk is a token or two, and each delta is a bus message, an event
+    # log entry in Redis and a frame to every follower (0: every chunk as it comes).
+    stream_every_ms: int = Field(default=50, ge=0, le=1000)
     # Messages a Brain holds, besides its turns, while they wait for their session's earlier turn.
     max_waiting: int = Field(default=64, ge=0, le=10_000)
     # What the model reads: its window (None: litellm's figure for the model, else 32k tokens)

@@ -36,6 +36,7 @@ from brain.prompt import context_prompt, system_prompt
 from brain.resume import call_id_of, finished_answer
 from brain.session_order import Lease
 from brain.spend import BudgetExceeded, Governor
+from brain.stream import Deltas
 from brain.tokens import count, exceeds
 from brain.tool_text import MAX_ARGS_DEPTH, depth, error_for_model, for_model, local_failure, summary
 from brain.usage import TurnLimits, TurnUsage
@@ -121,6 +122,7 @@ class Turn:
         self.compacted = self.overflowed = False
         self.record_parts = Parts()  # the flight record's parts this turn has sent (each message hashed and sent once)
         self._tools_sent: tuple[list[ToolSpec], list[dict[str, Any]]] | None = None  # the tool list as sent, by list
+        self.deltas = Deltas(self._stream_text, settings.stream_every_ms / 1000)
 
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
@@ -279,8 +281,11 @@ class Turn:
         try:
             with otel.span(f"chat {self.model_name}", kind="client", gen_ai__operation__name="chat",
                            gen_ai__request__model=self.model_name, gen_ai__conversation__id=msg.session_id) as opened:
-                completion = await deps.llm.complete(shown, tools, _silent if quiet else self._stream_text,  # type: ignore[union-attr]  # checked: a model is configured
-                                                     attempts=attempts, **bound)
+                try:
+                    completion = await deps.llm.complete(shown, tools, _silent if quiet else self.deltas,  # type: ignore[union-attr]  # checked: a model is configured
+                                                         attempts=attempts, **bound)
+                finally:
+                    self.deltas.flush()  # the call's last words go before anything the turn sends next
                 otel.set_attributes(opened, gen_ai__response__model=completion.model,
                                     gen_ai__usage__input_tokens=completion.usage.get("prompt_tokens"),
                                     gen_ai__usage__output_tokens=completion.usage.get("completion_tokens"))
@@ -520,11 +525,14 @@ class Turn:
                                             tools=self._tools_sent[1], params=params, response=response,
                                             seen=self.record_parts)
 
-    async def _stream_text(self, text: str) -> None:
-        await self._publish(ChatDelta(session_id=self.message.session_id, message_id=self.message.message_id,
-                                      text=text))
+    def _stream_text(self, text: str) -> None:
+        self._publish_now(ChatDelta(session_id=self.message.session_id, message_id=self.message.message_id,
+                                    text=text))
 
     async def _publish(self, event: Message) -> None:
+        self._publish_now(event)
+
+    def _publish_now(self, event: Message) -> None:
         """Events to the person's Gateway go out in order, with the next write, not awaited one by one."""
         if self.message.job and isinstance(event, (ChatDelta, ChatTool)):
             return  # a job's turn has nobody watching it live: only its end is read (and recorded)
