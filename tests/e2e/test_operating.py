@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from brain.config import BrainSettings
 from bus.codec import decode, encode
 from bus.protocol import ChatMessage, ToolExecute, now_ms
 from bus.redis_server import free_port
@@ -44,7 +45,9 @@ async def test_status_shows_workers_queues_and_dead_letters(bus: Bus, processes:
     assert sorted(int(w["capacity"]) for w in hands) == [4, 5]
     assert all(w["pid"].isdigit() and w["host"] and w["version"] and int(w["tools"]) > 10 for w in hands)
     brains = found["instances"]["brain"]
-    assert [(b["in_flight"], b["waiting"], b["capacity"]) for b in brains] == [("0", "0", "16")]
+    shipped = BrainSettings()  # the Brain runs with the shipped bounds
+    assert [(b["in_flight"], b["waiting"], b["capacity"]) for b in brains] == [
+        ("0", "0", str(shipped.max_turns))]
     assert found["instances"]["gateway"] == []
     requests = next(s for s in found["streams"] if s["stream"] == "hands:requests")
     assert requests["consumers"] >= 2 and requests["pending"] == 0 and requests["undelivered"] == 0
