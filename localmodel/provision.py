@@ -89,6 +89,27 @@ def prepare(data_dir: Path, model_path: str | None, say: Say, *, sink: Sink | No
     return model
 
 
+# llama.cpp built for this CPU (-march=native) uses AMX tiles where the CPU lists them; a VM can list them
+# without letting a process use them (seen on a Firecracker VM: every batch of more than one token segfaults).
+# There the build targets AVX2 instead; a person's own CMAKE_ARGS always win.
+AMX_FREE_BUILD = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+
+
+def build_env(environ: dict[str, str], cpu_flags: str) -> dict[str, str]:
+    """The environment pip builds llama-cpp-python in."""
+    if "CMAKE_ARGS" in environ or " amx" not in f" {cpu_flags}":
+        return environ
+    return {**environ, "CMAKE_ARGS": AMX_FREE_BUILD}
+
+
+def cpu_flags() -> str:
+    try:
+        return next((line.partition(":")[2] for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
 def install_runtime(say: Say, *, sink: Sink | None = None, log_file: Path | None = None) -> None:
     """pip install the [local] extra from the pinned files, into the environment Pincer runs in; its phase
     and elapsed time shown as it goes, pip's whole output kept in ``log_file``."""
@@ -104,7 +125,7 @@ def install_runtime(say: Say, *, sink: Sink | None = None, log_file: Path | None
     for step, argv in (("installing its build tools", [*pip, "-r", str(BUILD_REQUIREMENTS)]),
                        ("installing llama-cpp-python", [*pip, "--no-build-isolation", "-r",
                                                         str(RUNTIME_REQUIREMENTS)])):
-        _run(argv, Progress(step, None, sink), log_file)
+        _run(argv, Progress(step, None, sink), log_file, env=build_env(dict(os.environ), cpu_flags()))
     if not runtime_installed():
         raise ProvisionError("pip reported success, yet llama_cpp cannot be imported in this environment")
 
@@ -155,13 +176,14 @@ PHASES = (("Collecting ", "collecting"), ("Downloading ", "fetching"), ("Buildin
           ("Installing collected packages", "installing"))
 
 
-def _run(argv: list[str], progress: Progress, log_file: Path | None = None) -> None:
+def _run(argv: list[str], progress: Progress, log_file: Path | None = None,
+         env: dict[str, str] | None = None) -> None:
     """Run pip, showing its phase and the time it has taken (a build says nothing for minutes, so the time is
     shown again while it is silent); its output goes to ``log_file``, and its last lines into the error."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     lines: queue.Queue[str | None] = queue.Queue()
     with open_log(log_file) as log, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                     text=True) as process:
+                                                     text=True, env=env) as process:
         reader = threading.Thread(target=_read, args=(process, lines), daemon=True, name="pip-output")
         reader.start()
         progress.update(0, phase="starting")

@@ -195,3 +195,13 @@ def test_chunks_an_earlier_start_fetched_count_as_done_but_not_in_the_rate(
     monkeypatch.setattr(provision, "assemble", lambda *_, **__: None)
     provision.fetch_weights(model, lambda _line: None, sink=Seen())
     assert shown[-1].finished and shown[-1].done == 1000 + 21 * 10 and shown[-1].skipped == 1000
+
+
+def test_a_cpu_listing_amx_gets_a_build_without_it_and_a_persons_own_cmake_args_win() -> None:
+    from localmodel.provision import AMX_FREE_BUILD, build_env
+
+    amx = " fpu avx2 avx512f amx_bf16 amx_tile amx_int8"
+    assert build_env({"PATH": "/usr/bin"}, amx) == {"PATH": "/usr/bin", "CMAKE_ARGS": AMX_FREE_BUILD}
+    assert "GGML_NATIVE=OFF" in AMX_FREE_BUILD
+    assert build_env({"CMAKE_ARGS": "-DGGML_CUDA=ON"}, amx) == {"CMAKE_ARGS": "-DGGML_CUDA=ON"}
+    assert build_env({"PATH": "/usr/bin"}, " fpu avx2 avx512f") == {"PATH": "/usr/bin"}  # native, as before
