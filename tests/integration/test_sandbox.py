@@ -16,19 +16,26 @@ from tests.conftest import async_wait_until, processes_matching
 TIERS = ["bwrap", "landlock", "rlimits"]
 
 
-@pytest.fixture(params=TIERS)
-def tier(request: pytest.FixtureRequest) -> str:
-    if request.param == "bwrap" and not shutil.which("bwrap"):
+# bwrap runs every test both ways (a session's sandbox kept warm, and a bwrap per command); the other tiers
+# have no warm path, so they run cold only.
+MODES = [("bwrap", True), *((tier, False) for tier in TIERS)]
+
+
+@pytest.fixture(params=MODES, ids=[f"{tier}-{'warm' if warm else 'cold'}" for tier, warm in MODES])
+def mode(request: pytest.FixtureRequest) -> tuple[str, bool]:
+    if request.param[0] == "bwrap" and not shutil.which("bwrap"):
         pytest.fail("bubblewrap is not installed: .ci/run installs it (apt-get install bubblewrap)")
-    return request.param
+    return request.param  # type: ignore[no-any-return]
 
 
-@pytest.fixture(params=["warm", "cold"])
-def warm(request: pytest.FixtureRequest, tier: str) -> bool:
-    """bwrap runs every test both ways: a session's sandbox kept warm, and a bwrap per command."""
-    if request.param == "warm" and tier != "bwrap":
-        pytest.skip("only the bwrap tier keeps sandboxes warm")
-    return bool(request.param == "warm")
+@pytest.fixture
+def tier(mode: tuple[str, bool]) -> str:
+    return mode[0]
+
+
+@pytest.fixture
+def warm(mode: tuple[str, bool]) -> bool:
+    return mode[1]
 
 
 @pytest.fixture
@@ -101,7 +108,8 @@ async def test_bad_arguments(sandboxed, call, ws: Path) -> None:
     assert linked.error.code is ErrorCode.PERMISSION_DENIED and "symbolic link" in linked.error.message
 
 
-@pytest.mark.parametrize("tier", ["bwrap", "landlock"], indirect=True)
+@pytest.mark.parametrize("mode", [m for m in MODES if m[0] in ("bwrap", "landlock")], indirect=True,
+                         ids=lambda m: f"{m[0]}-{'warm' if m[1] else 'cold'}")
 async def test_no_network_and_no_ptrace(sandboxed, call) -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -160,7 +168,8 @@ async def test_a_process_that_leaves_the_session_still_dies(sandboxed, call, tie
     )
 
 
-@pytest.mark.parametrize("tier", ["bwrap", "landlock"], indirect=True)
+@pytest.mark.parametrize("mode", [m for m in MODES if m[0] in ("bwrap", "landlock")], indirect=True,
+                         ids=lambda m: f"{m[0]}-{'warm' if m[1] else 'cold'}")
 async def test_the_host_stays_out_of_reach(sandboxed, call, tier: str, ws: Path, tmp_path: Path) -> None:
     """What the README's tier table promises for the two sandboxed tiers, tried from inside."""
     outside = tmp_path / "outside"
