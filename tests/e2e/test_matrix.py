@@ -18,7 +18,8 @@ from tests.e2e.conftest import start_stack
 from tests.matrix_server import EncryptedPerson, Person, Synapse
 from tests.scripted_llm import ScriptedLLM
 
-pytestmark = pytest.mark.e2e
+# A real homeserver restarts in some tests: on a loaded machine that alone can pass the default 120 s.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
