@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gateway_turns import FILE_TURN, ScriptedModel  # noqa: E402
 from bus.redis_server import free_port  # noqa: E402
-from gateway.runtime.daemon import StateFile, resident_mb  # noqa: E402
+from gateway.runtime.daemon import StateFile  # noqa: E402
+from gateway.runtime.procinfo import resident_mb  # noqa: E402
 from gateway.tokens import read_owner_token  # noqa: E402
 
 

@@ -67,7 +67,7 @@ from bench.gateway_turns import (  # noqa: E402
 )
 from bench.idle_memory import children_of  # noqa: E402
 from bus.redis_server import free_port  # noqa: E402
-from gateway.runtime.daemon import resident_mb  # noqa: E402
+from gateway.runtime.procinfo import resident_mb  # noqa: E402
 
 Send = Callable[[httpx.Client, str, str], None]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from pathlib import Path
@@ -51,7 +50,7 @@ def up(args: argparse.Namespace, config: Config) -> int:
         local = args.local_model or config.section("brain", BrainSettings).model == LOCAL
         return detach(argv, data_dir=config.runtime.data_path, log_dir=config.runtime.logs_path, env=env,
                       **({"timeout_s": 1800} if local else {}))
-    return asyncio.run(Supervisor(config, hands=args.hands, env=env, argv=argv, local_model=args.local_model).run())
+    return Supervisor(config, hands=args.hands, env=env, argv=argv, local_model=args.local_model).run()
 
 
 def stop(args: argparse.Namespace, config: Config) -> int:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from bus.errors import PincerError
 from bus.private_file import append_private, open_private, write_private
 from gateway.runtime.logfiles import private_dir
+from gateway.runtime.procinfo import resident_mb, start_time
 
 STATE_FILE = "pincer.json"
 LOCK_FILE = "pincer.lock"
@@ -53,18 +54,6 @@ class AlreadyRunning(PincerError):
     """Another `pincer up` owns this data dir; the message says which and how to stop it."""
 
 
-def start_time(pid: int) -> int | None:
-    """When the process started (kernel ticks since boot), or None if there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie has finished
-        return None
-    return int(fields[19])
-
-
 def alive(proc: Proc) -> bool:
     return start_time(proc.pid) == proc.started
 
@@ -72,16 +61,6 @@ def alive(proc: Proc) -> bool:
 def this_process() -> Proc:
     pid = os.getpid()
     return Proc(pid=pid, started=start_time(pid) or 0)
-
-
-def resident_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 @dataclass
@@ -137,6 +116,11 @@ class DataDirLock:
             raise AlreadyRunning(f"pincer is already running on {self.data_dir}{what}; "
                                  "stop it with `pincer stop`, or give this one another PINCER_DATA_DIR") from None
         self._file = file
+
+    def fileno(self) -> int:
+        """The held lock's descriptor (the watcher inherits it across the exec, and the lock with it)."""
+        assert self._file is not None, "acquire() first"
+        return self._file.fileno()
 
     def release(self) -> None:
         if self._file is not None:

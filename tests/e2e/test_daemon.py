@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runtime.daemon import DaemonState, Proc, start_time
+from gateway.runtime.daemon import DaemonState, Proc
+from gateway.runtime.procinfo import start_time
 from tests.conftest import wait_until
 from tests.e2e.conftest import Installed, descendants, installed_env, pid_alive
 from tests.scripted_llm import ScriptedLLM

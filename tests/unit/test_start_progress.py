@@ -40,7 +40,7 @@ def test_status_says_what_the_first_start_does_while_it_fetches(tmp_path: Path, 
         raise WeightsError("stopped here by the test")
 
     monkeypatch.setattr(supervisor, "prepare", prepare)
-    code = asyncio.run(Supervisor(config, hands=1, env={}, argv=["up"], local_model=True).run())
+    code = Supervisor(config, hands=1, env={}, argv=["up"], local_model=True).run()
     assert code == 1  # the test's stop, said as a start that failed
     status, table = seen["table"]
     assert status == 0 and "starting: fetching the model: 0.4 of 1.1 GB" in " ".join(table.split())
