@@ -319,10 +319,10 @@ def main() -> None:
             peer_url, peer = start_nanobot(args.nanobot, tmp, llm)
             procs.append(peer)
             times.update(peer_sequential(peer_url, args.rounds, args.per_round))
-            before = cpu_ms(peer.pid)
+            peer_before = cpu_ms(peer.pid)
             rates["nanobot"] = asyncio.run(peer_throughput(peer_url, sessions=args.sessions, turns=args.turns))
             done = args.turns // args.sessions * args.sessions
-            cpu["nanobot"] = {"gateway": (cpu_ms(peer.pid) - before) / done, "brain": 0.0, "hands": 0.0,
+            cpu["nanobot"] = {"gateway": (cpu_ms(peer.pid) - peer_before) / done, "brain": 0.0, "hands": 0.0,
                               "redis": 0.0}
     finally:
         stop_stack(procs, llm, redis)

@@ -2,7 +2,7 @@
 
 Starts `pincer up --detach` on a private data dir with an `openai/` model on
 the scripted server (so the Brain's road is the one most people take), lets
-it settle after one turn, reads VmRSS of every process from /proc, stops it. With ``--turns N`` it
+it settle after one turn, reads VmRSS and PSS of every process from /proc, stops it. With ``--turns N`` it
 then sends N more turns over the native endpoint (each session 12 turns long, one turn in four a
 `read_file` call) and reads every process again: what a Brain holds once it has worked.
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from bench.gateway_turns import FILE_TURN, ScriptedModel  # noqa: E402
 from bus.redis_server import free_port  # noqa: E402
 from gateway.runtime.daemon import StateFile  # noqa: E402
-from gateway.runtime.procinfo import resident_mb  # noqa: E402
+from gateway.runtime.procinfo import proportional_mb, resident_mb  # noqa: E402
 from gateway.tokens import read_owner_token  # noqa: E402
 
 
@@ -44,13 +44,14 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def sizes_of(data_dir: Path) -> list[tuple[str, float]]:
+def sizes_of(data_dir: Path) -> list[tuple[str, float, float]]:
+    """Each process: its role, RSS and PSS (MB)."""
     state = StateFile(data_dir).read()
     assert state is not None
     rows = [("supervisor", state.supervisor.pid), *((r, p.pid) for r, p in state.children.items())]
     rows += [("redis-server", pid) for pid in children_of(state.supervisor.pid)
              if "redis" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
-    return [(role, resident_mb(pid) or 0.0) for role, pid in rows]
+    return [(role, resident_mb(pid) or 0.0, proportional_mb(pid) or 0.0) for role, pid in rows]
 
 
 def send_turns(url: str, token: str, turns: int) -> None:
@@ -86,7 +87,7 @@ def main() -> None:
         subprocess.run([*pincer, "chat", "-m", "hello"], env=env, check=True, cwd=tmp, capture_output=True)
         time.sleep(5)  # let it settle: what an idle daemon holds
         sizes = sizes_of(tmp / "data")
-        worked: list[tuple[str, float]] = []
+        worked: list[tuple[str, float, float]] = []
         if args.turns:
             token = read_owner_token(tmp / "data")
             assert token is not None
@@ -98,14 +99,15 @@ def main() -> None:
         llm.stop()
     print(f"\n{platform.node()} · Python {platform.python_version()} · {time.strftime('%Y-%m-%d')} · "
           f"model {args.model}, openai_direct {args.direct}\n")
-    after = dict(worked)
-    tail = f" after {args.turns} turns |" if worked else ""
-    print(f"| process | resident MB idle |{tail}\n|---|---|{'---|' if worked else ''}")
-    for role, mb in sizes:
-        print(f"| {role} | {mb:.1f} |" + (f" {after.get(role, 0.0):.1f} |" if worked else ""))
-    total = f" **{sum(after.values()):.1f}** |" if worked else ""
-    print(f"| **all** | **{sum(mb for _, mb in sizes):.1f}** |{total}")
-
+    after = {role: (rss, pss) for role, rss, pss in worked}
+    tail = f" after {args.turns} turns | PSS after |" if worked else ""
+    print(f"| process | resident MB idle | PSS idle |{tail}\n|---|---|---|{'---|---|' if worked else ''}")
+    for role, rss, pss in sizes:
+        later = after.get(role, (0.0, 0.0))
+        print(f"| {role} | {rss:.1f} | {pss:.1f} |" + (f" {later[0]:.1f} | {later[1]:.1f} |" if worked else ""))
+    total = f" **{sum(r for r, _ in after.values()):.1f}** | **{sum(p for _, p in after.values()):.1f}** |" \
+        if worked else ""
+    print(f"| **all** | **{sum(r for _, r, _ in sizes):.1f}** | **{sum(p for _, _, p in sizes):.1f}** |{total}")
 
 if __name__ == "__main__":
     main()

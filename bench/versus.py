@@ -14,9 +14,12 @@ Both Pincers run as `pincer up --hands 1 --detach` on a private data dir
 native endpoint with a token; nanobot on `/v1/chat/completions` with a
 `session_id`. Rounds alternate (ABCABC...) with a quiet pause before each
 start; each figure is the median over rounds. Per start: one turn and a
-settle, the idle RSS of the whole process tree (Redis included); sequential
+settle, the idle RSS and PSS of the whole process tree (Redis included); sequential
 plain and one-`read_file` turns; turns/s with N sessions in flight and the
-CPU the tree spent per turn meanwhile (/proc); the tree's RSS afterwards.
+CPU the tree spent per turn meanwhile (/proc); the tree's RSS and PSS afterwards.
+RSS counts a page shared by several processes (libpython's, a shared library's)
+in each of them; PSS divides it among them, so the PSS of a tree is what it
+takes from the machine, and compares a five-process tree with one process fairly.
 
 The venvs and the worktree are made the first time (minutes) and kept under
 ~/.cache/pincer-bench/ (`--cache-dir`); `git worktree remove` takes the
@@ -67,7 +70,7 @@ from bench.gateway_turns import (  # noqa: E402
 )
 from bench.idle_memory import children_of  # noqa: E402
 from bus.redis_server import free_port  # noqa: E402
-from gateway.runtime.procinfo import resident_mb  # noqa: E402
+from gateway.runtime.procinfo import proportional_mb, resident_mb  # noqa: E402
 
 Send = Callable[[httpx.Client, str, str], None]
 
@@ -85,6 +88,10 @@ def tree_mb(pid: int) -> float:
     return sum(resident_mb(p) or 0.0 for p in tree_of(pid))
 
 
+def tree_pss_mb(pid: int) -> float:
+    return sum(proportional_mb(p) or 0.0 for p in tree_of(pid))
+
+
 def tree_listing(pid: int) -> str:
     """Each process of the tree and its RSS, for the log: what the sum is made of."""
     rows = []
@@ -95,7 +102,7 @@ def tree_listing(pid: int) -> str:
             continue
         words = [w.decode(errors="replace") for w in argv if w]
         command = " ".join([Path(words[0]).name, *words[1:]]) if words else "?"
-        rows.append(f"  {resident_mb(p) or 0.0:6.0f} MB  {command[:100]}")
+        rows.append(f"  {resident_mb(p) or 0.0:6.0f} MB  (PSS {proportional_mb(p) or 0.0:4.0f})  {command[:100]}")
     return "\n".join(rows)
 
 
@@ -229,6 +236,7 @@ def measure(system: System, args: argparse.Namespace) -> dict[str, float]:
                 run.send(client, "first", "hello")
                 time.sleep(args.settle_s)  # what an idle system holds once its first turn is done
                 found["idle_mb"] = tree_mb(run.root_pid)
+                found["idle_pss_mb"] = tree_pss_mb(run.root_pid)
                 print(f"{system.name} idle:\n{tree_listing(run.root_pid)}", file=sys.stderr, flush=True)
                 found["plain_ms"] = p50(client, run.send, "hello", count=args.sequential, tag="plain")
                 found["tool_ms"] = p50(client, run.send, FILE_TURN, count=args.sequential, tag="tool")
@@ -238,6 +246,7 @@ def measure(system: System, args: argparse.Namespace) -> dict[str, float]:
             loaded = args.turns // args.sessions * args.sessions
             found["cpu_ms"] = sum(ms - before.get(pid, 0.0) for pid, ms in after.items()) / loaded
             found["after_mb"] = tree_mb(run.root_pid)
+            found["after_pss_mb"] = tree_pss_mb(run.root_pid)
             if run.brain_pid is not None:
                 found["brain_mb"] = resident_mb(run.brain_pid) or 0.0
         finally:
@@ -254,6 +263,8 @@ ROWS = [
     ("CPU ms per turn under load (whole tree)", "cpu_ms", "{:.1f}"),
     ("resident memory idle, whole tree (MB, Redis included)", "idle_mb", "{:.0f}"),
     ("resident memory after the run ({total} turns, MB)", "after_mb", "{:.0f}"),
+    ("proportional memory (PSS) idle, whole tree (MB)", "idle_pss_mb", "{:.0f}"),
+    ("proportional memory (PSS) after the run (MB)", "after_pss_mb", "{:.0f}"),
     ("the Brain after the run (MB)", "brain_mb", "{:.0f}"),
 ]
 

@@ -26,3 +26,15 @@ def resident_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def proportional_mb(pid: int) -> float | None:
+    """The process's share of the memory it maps (PSS): a page shared by N processes counts 1/N in each, so
+    the sum over a tree is what the tree takes from the machine, where RSS counts libpython once per process."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
