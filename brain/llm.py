@@ -228,42 +228,52 @@ class LiteLLMClient:
         body: dict[str, Any] = {"model": model.removeprefix("openai/"), **{k: kwargs[k] for k in sent if k in kwargs}}
         # The SDK's public post(), not create(): create() first walks every message and tool through its type
         # hints (a third of a plain turn's CPU in the Brain) to rename fields ours never use; the same bytes go.
-        return await self._openai.post("/chat/completions", cast_to=openai.types.chat.ChatCompletion, body=body,
-                                       stream=True,
-                                       stream_cls=openai.AsyncStream[openai.types.chat.ChatCompletionChunk])
+        # Chunks come as the JSON's dicts (cast to object): building a model of each was a tenth of the rest.
+        return await self._openai.post("/chat/completions", cast_to=object, body=body, stream=True,
+                                       stream_cls=openai.AsyncStream[object])
 
 
 async def _assemble(stream: Any, on_text: OnText, attempt: Attempt) -> Completion:
     """One completion from streamed chunks: text as it comes, tool calls pieced together by index (and all of
-    it told to ``attempt`` as it comes, the provider's usage too)."""
+    it told to ``attempt`` as it comes, the provider's usage too). A chunk is litellm's object or the direct
+    road's dict."""
     done = Completion()
     parts: dict[int, dict[str, str]] = {}
     async for chunk in stream:
-        done.model = getattr(chunk, "model", None) or done.model
-        usage = getattr(chunk, "usage", None)
+        done.model = _field(chunk, "model") or done.model
+        usage = _field(chunk, "usage")
         if usage:
             done.usage = attempt.usage = _usage(usage)
-        if not chunk.choices:
+        choices = _field(chunk, "choices")
+        if not choices:
             continue
-        done.finish_reason = getattr(chunk.choices[0], "finish_reason", None) or done.finish_reason
-        delta = chunk.choices[0].delta
-        if getattr(delta, "content", None):
-            attempt.received(delta.content)
-            done.text += delta.content
-            await on_text(delta.content)
-        for piece in getattr(delta, "tool_calls", None) or []:
-            slot = parts.setdefault(piece.index or 0, {"id": "", "name": "", "arguments": ""})
-            slot["id"] = piece.id or slot["id"]
-            if piece.function is not None:
-                attempt.received(piece.function.name)
-                attempt.received(piece.function.arguments)
-                slot["name"] += piece.function.name or ""
-                slot["arguments"] += piece.function.arguments or ""
+        done.finish_reason = _field(choices[0], "finish_reason") or done.finish_reason
+        delta = _field(choices[0], "delta")
+        content = _field(delta, "content")
+        if content:
+            attempt.received(content)
+            done.text += content
+            await on_text(content)
+        for piece in _field(delta, "tool_calls") or []:
+            slot = parts.setdefault(_field(piece, "index") or 0, {"id": "", "name": "", "arguments": ""})
+            slot["id"] = _field(piece, "id") or slot["id"]
+            function = _field(piece, "function")
+            if function is not None:
+                name, arguments = _field(function, "name"), _field(function, "arguments")
+                attempt.received(name)
+                attempt.received(arguments)
+                slot["name"] += name or ""
+                slot["arguments"] += arguments or ""
     done.tool_calls = [
         ToolCall(id=p["id"] or f"call_{i}", name=p["name"], arguments=p["arguments"] or "{}")
         for i, p in sorted(parts.items())
     ]
     return done
+
+
+def _field(value: Any, name: str) -> Any:
+    """A field of a chunk's part, whether the part is a dict (the direct road) or an object (litellm's)."""
+    return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
 
 
 def takes_litellm(model: str, *, openai_direct: bool) -> bool:
@@ -314,8 +324,8 @@ def table_entries(model: str) -> tuple[dict[str, Any], ...]:
 
 def _usage(usage: Any) -> dict[str, Any]:
     fields = ("prompt_tokens", "completion_tokens", "total_tokens")
-    counted = {f: getattr(usage, f, None) for f in fields if getattr(usage, f, None) is not None}
-    cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
+    counted = {f: _field(usage, f) for f in fields if _field(usage, f) is not None}
+    cached = _field(_field(usage, "prompt_tokens_details"), "cached_tokens")
     if isinstance(cached, int):  # of the prompt tokens, those the provider read from its cache
         counted["cached_tokens"] = cached
     return counted
