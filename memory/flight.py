@@ -59,7 +59,11 @@ class Step(BaseModel):
 
 def digest(value: Any) -> str:
     """A part's name: the SHA-256 of its canonical JSON (the same part is stored once)."""
-    return hashlib.sha256(canonical(value).encode()).hexdigest()[:32]
+    return name_of(canonical(value))
+
+
+def name_of(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def canonical(value: Any) -> str:
@@ -71,16 +75,24 @@ class Parts:
     message it sent) and sent to Redis once, however many of the turn's requests carry it."""
 
     def __init__(self) -> None:
-        self._digests: dict[int, tuple[Any, str]] = {}  # id -> (the value, kept alive so the id stays its)
+        # id -> (the value, kept alive so the id stays its; its name; its canonical JSON, what is stored)
+        self._digests: dict[int, tuple[Any, str, str]] = {}
         self.stored: set[str] = set()
 
     def digest(self, value: Any) -> str:
+        return self._named(value)[1]
+
+    def text(self, value: Any) -> str:
+        """``value``'s canonical JSON, made once with its name."""
+        return self._named(value)[2]
+
+    def _named(self, value: Any) -> tuple[Any, str, str]:
         hit = self._digests.get(id(value))
         if hit is not None and hit[0] is value:
-            return hit[1]
-        name = digest(value)
-        self._digests[id(value)] = (value, name)
-        return name
+            return hit
+        text = canonical(value)
+        named = self._digests[id(value)] = (value, name_of(text), text)
+        return named
 
 
 Send = Callable[[Callable[[Any], object]], None]  # queue pipeline commands, not waiting (the bus's batcher)
@@ -91,8 +103,8 @@ class FlightRecorder:
         self.redis, self.keys, self.keep_s = redis, keys, keep_s
         self.send = send  # given: steps go out with the process's next writes, in order, not awaited one by one
 
-    async def write(self, session_id: str, step: Step, parts: dict[str, Any] | None = None) -> None:
-        """One step, with the parts (by digest) its request adds: queued, or one round trip."""
+    async def write(self, session_id: str, step: Step, parts: dict[str, str] | None = None) -> None:
+        """One step, with the parts its request adds (each name's canonical JSON): queued, or one round trip."""
         commands = self._commands(session_id, step, parts or {})
         if self.send is not None:
             self.send(commands)
@@ -101,13 +113,13 @@ class FlightRecorder:
             commands(pipe)
             await pipe.execute()
 
-    def _commands(self, session_id: str, step: Step, parts: dict[str, Any]) -> Callable[[Any], object]:
+    def _commands(self, session_id: str, step: Step, parts: dict[str, str]) -> Callable[[Any], object]:
         record, stored = self.keys.session_record(session_id), self.keys.session_record_parts(session_id)
         entry = step.model_dump_json()
 
         def build(pipe: Any) -> None:
-            for name, part in parts.items():
-                pipe.hsetnx(stored, name, canonical(part))
+            for name, text in parts.items():
+                pipe.hsetnx(stored, name, text)
             pipe.xadd(record, {"e": entry})
             pipe.expire(record, self.keep_s)
             pipe.expire(stored, self.keep_s)
@@ -127,7 +139,7 @@ class FlightRecorder:
         seen = seen or Parts()
         names = [seen.digest(m) for m in messages]
         tools_name = seen.digest(tools)
-        new = {name: part for name, part in zip([*names, tools_name], [*messages, tools], strict=True)
+        new = {name: seen.text(part) for name, part in zip([*names, tools_name], [*messages, tools], strict=True)
                if name not in seen.stored}
         seen.stored.update(new)
         request = {"messages": names, "tools": tools_name, **params}
