@@ -84,35 +84,34 @@ def _flat(fields: Fields) -> list[str]:
 
 
 class MemoryLog:
-    """Queues the log's writes on a caller's pipeline (they ride with the write they index), or runs one."""
+    """Queues the log's writes on a caller's pipeline (they ride with the write they index), or runs one.
+
+    Queued as EVAL, the script's text with it: a registered script on a pipeline costs a SCRIPT EXISTS
+    round trip before every execute (redis-py checks each time), and Redis keeps the compiled script
+    by its digest either way."""
 
     def __init__(self, redis: RedisStore, keys: Keys) -> None:
         self.redis, self.keys = redis, keys
-        self._note = redis.register_script(NOTE)
-        self._said = redis.register_script(SAID)
-        self._forget = redis.register_script(FORGET)
 
-    async def note_written(self, pipe: Pipeline, agent_id: str, owner: str, key: str, content: str) -> None:
-        await self._note_entry(pipe, note_written(agent_id, owner, key, content), "put")
+    def note_written(self, pipe: Pipeline, agent_id: str, owner: str, key: str, content: str) -> None:
+        self._note_entry(pipe, note_written(agent_id, owner, key, content), "put")
 
-    async def note_deleted(self, pipe: Pipeline, agent_id: str, owner: str, key: str) -> None:
-        await self._note_entry(pipe, note_deleted(agent_id, owner, key), "drop")
+    def note_deleted(self, pipe: Pipeline, agent_id: str, owner: str, key: str) -> None:
+        self._note_entry(pipe, note_deleted(agent_id, owner, key), "drop")
 
-    async def said(self, pipe: Pipeline, session_id: str, fields: Fields) -> None:
-        await self._said(keys=[self.keys.memory_log, self.keys.memory_log_session(session_id)], args=_flat(fields),
-                         client=pipe)
+    def said(self, pipe: Pipeline, session_id: str, fields: Fields) -> None:
+        pipe.eval(SAID, 2, self.keys.memory_log, self.keys.memory_log_session(session_id), *_flat(fields))
 
-    async def forgotten(self, pipe: Pipeline, session_id: str) -> None:
-        await self._forget(keys=[self.keys.memory_log, self.keys.memory_log_session(session_id)],
-                           args=_flat(session_forgotten(session_id)), client=pipe)
+    def forgotten(self, pipe: Pipeline, session_id: str) -> None:
+        pipe.eval(FORGET, 2, self.keys.memory_log, self.keys.memory_log_session(session_id),
+                  *_flat(session_forgotten(session_id)))
 
     async def forget(self, *sessions: str) -> None:
         """Remove these sessions' words from the log (sessions found lapsed)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for session_id in sessions:
-                await self.forgotten(pipe, session_id)
+                self.forgotten(pipe, session_id)
             await pipe.execute()
 
-    async def _note_entry(self, pipe: Pipeline, fields: Fields, op: str) -> None:
-        await self._note(keys=[self.keys.memory_log, self.keys.memory_log_notes],
-                         args=[fields["ref"], op, *_flat(fields)], client=pipe)
+    def _note_entry(self, pipe: Pipeline, fields: Fields, op: str) -> None:
+        pipe.eval(NOTE, 2, self.keys.memory_log, self.keys.memory_log_notes, fields["ref"], op, *_flat(fields))

@@ -55,7 +55,7 @@ class LongTermMemory:
         note = msgpack.packb({"content": content, "updated": now_ms()}, use_bin_type=True)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(where, key, note)
-            await self.log.note_written(pipe, agent_id, owner, key, content)  # its earlier version leaves the log
+            self.log.note_written(pipe, agent_id, owner, key, content)  # its earlier version leaves the log
             await pipe.execute()
         return content
 
@@ -116,7 +116,7 @@ class LongTermMemory:
         there was one."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hdel(self.keys.memory(agent_id, owner), key)
-            await self.log.note_deleted(pipe, agent_id, owner, key)
+            self.log.note_deleted(pipe, agent_id, owner, key)
             deleted, _ = await pipe.execute()
         return bool(deleted)
 

@@ -144,10 +144,10 @@ class SessionStore:
             pipe.rpush(self.keys.transcript(session_id), *packed)
             pipe.zadd(self.keys.sessions, {session_id: time.time()})
             if asked is not None:  # titled by its first message, until someone names it
-                await self._about(keys=[self.keys.session_about(session_id), self.keys.transcript(session_id)],
-                                  args=["first", title_of(asked)], client=pipe)
+                pipe.eval(ABOUT, 2, self.keys.session_about(session_id), self.keys.transcript(session_id),
+                          "first", title_of(asked))  # EVAL: no SCRIPT EXISTS round trip (see MemoryLog)
             for fields in findable:  # memory search finds it (memory/recall.py), in the same round trip
-                await self.log.said(pipe, session_id, fields)
+                self.log.said(pipe, session_id, fields)
             await pipe.execute()
 
     async def next_seq(self, session_id: str) -> int:
@@ -281,5 +281,5 @@ class SessionStore:
                         self.keys.session_record(session_id), self.keys.session_record_parts(session_id),
                         self.keys.session_about(session_id))
             pipe.zrem(self.keys.sessions, session_id)
-            await self.log.forgotten(pipe, session_id)  # its words leave the memory log and every worker's index
+            self.log.forgotten(pipe, session_id)  # its words leave the memory log and every worker's index
             await pipe.execute()
