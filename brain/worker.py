@@ -118,8 +118,8 @@ class BrainWorker:
             await self.consumer.take_back()  # a turn slot again, if it gave its own away while waiting
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
             if message.job is None:  # the identity talks to the agent itself (heartbeats skip idle owners)
-                await self.bus.redis.set(self.bus.keys.identity_seen(message.sender), f"{time.time():.3f}",
-                                         ex=SEEN_KEEP_S)
+                seen, at = self.bus.keys.identity_seen(message.sender), f"{time.time():.3f}"
+                self.bus.batcher.send(lambda pipe: pipe.set(seen, at, ex=SEEN_KEEP_S))  # rides the turn's next write
             agent = self.settings.for_agent(message.agent_id)
             if agent is None:
                 return [(message.reply_to, ChatError(

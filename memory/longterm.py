@@ -73,8 +73,13 @@ class LongTermMemory:
         holding = holding.lower()
         listed: Notes = []
         seen: set[str] = set()
-        for scope, where in self._scopes(agent_id, owner):
-            for raw_key, raw in sorted((await self.redis.hgetall(where)).items()):
+        scopes = self._scopes(agent_id, owner)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, where in scopes:
+                pipe.hgetall(where)
+            held = await pipe.execute()  # both scopes in one round trip: every turn lists them
+        for (scope, _), notes in zip(scopes, held, strict=True):
+            for raw_key, raw in sorted(notes.items()):
                 key = raw_key.decode()
                 if key in seen:
                     continue
