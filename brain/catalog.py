@@ -27,13 +27,14 @@ class ToolCatalog:
         # The request in flight per pair: turns that start together (a burst, a Brain just started, up to
         # brain.max_turns of them) share its answer instead of sending Hands one request each.
         self._asking: dict[tuple[str, str], asyncio.Task[tuple[list[ToolSpec], list[SkillInfo]]]] = {}
+        self._reading: asyncio.Task[bytes | None] | None = None  # the digest's read in flight, shared alike
 
     async def tools(self, agent_id: str = "main", sender: str = "") -> list[ToolSpec]:
         return (await self.lookup(agent_id, sender))[0]
 
     async def lookup(self, agent_id: str = "main", sender: str = "") -> tuple[list[ToolSpec], list[SkillInfo]]:
         """The tools and instruction skills this agent may use with this sender."""
-        digest: bytes | None = await self.bus.redis.get(self.bus.keys.tools_digest)  # type: ignore[assignment]  # bytes: decode_responses=False
+        digest = await self._announced()
         if digest != self._digest:
             self._cache.clear()  # Hands' tools changed: every list is stale
         key = (agent_id, sender)
@@ -45,6 +46,17 @@ class ToolCatalog:
             asking = self._asking[key] = asyncio.get_running_loop().create_task(self._ask(agent_id, sender, digest))
             asking.add_done_callback(lambda done: self._asked(key, done))
         return await asyncio.shield(asking)  # a turn cancelled meanwhile leaves the others their answer
+
+    async def _announced(self) -> bytes | None:
+        """The digest Hands announces: one GET for all the turns that ask while it is on its way."""
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.get_running_loop().create_task(self._read_digest())
+            self._reading.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved
+        return await asyncio.shield(self._reading)
+
+    async def _read_digest(self) -> bytes | None:
+        digest: bytes | None = await self.bus.redis.get(self.bus.keys.tools_digest)  # type: ignore[assignment]  # bytes: decode_responses=False
+        return digest
 
     def _asked(self, key: tuple[str, str], done: asyncio.Task[tuple[list[ToolSpec], list[SkillInfo]]]) -> None:
         del self._asking[key]

@@ -125,6 +125,20 @@ async def test_tool_list_is_cached_until_hands_announces_a_new_digest(bus: Bus, 
         await bus.redis.set(bus.keys.tools_digest, "changed again")
         await asyncio.gather(*(catalog.tools() for _ in range(20)))
         assert await list_requests() == 3  # lookups at once (turns starting together) share one request
+        reads, get = [], bus.redis.get
+
+        async def counted(key: str) -> object:
+            reads.append(key)
+            return await get(key)
+
+        bus.redis.get = counted  # type: ignore[method-assign]
+        try:
+            await bus.redis.set(bus.keys.tools_digest, "changed a third time")
+            await asyncio.gather(*(catalog.tools() for _ in range(20)))
+        finally:
+            bus.redis.get = get  # type: ignore[method-assign]
+        assert reads == [bus.keys.tools_digest]  # ... and one read of the digest
+        assert await list_requests() == 4  # which they all saw move
     finally:
         await inbox.close()
 
