@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus.errors import PincerError
 from bus.keys import Keys
@@ -58,18 +59,16 @@ class TranscriptEntry(BaseModel):
     name: str | None = None
     timestamp: int = Field(default_factory=now_ms)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    _marks: Marks | None = PrivateAttr(default=None)
 
-    @property
+    # Read once: an entry's metadata is written when it is made and never changed after, and a turn reads
+    # every entry's. (A cached_property, not a private attribute: pydantic reads those through __getattr__.)
+    @functools.cached_property
     def marks(self) -> Marks:
-        """The metadata, typed (an entry with a malformed mark reads as unmarked). Read once: an entry's
-        metadata is written when it is made and never changed after, and a turn reads every entry's."""
-        if self._marks is None:
-            try:
-                self._marks = Marks.model_validate(self.metadata)
-            except ValidationError:
-                self._marks = Marks()
-        return self._marks
+        """The metadata, typed (an entry with a malformed mark reads as unmarked)."""
+        try:
+            return Marks.model_validate(self.metadata)
+        except ValidationError:
+            return Marks()
 
     def to_llm(self) -> dict[str, Any]:
         """The entry as the LLM reads it: no timestamps or metadata."""
