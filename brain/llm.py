@@ -9,6 +9,7 @@ inside litellm or the SDK, so that each one is counted and priced).
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import importlib.util
 import json
@@ -179,6 +180,8 @@ class LiteLLMClient:
             if takes_litellm(model, openai_direct=self.openai_direct):
                 import litellm  # ~150 MB and seconds: only for a model that takes its road
 
+                if "tools" in kwargs:  # its own copy: a provider's transform may edit them, and ours are shared
+                    kwargs["tools"] = copy.deepcopy(kwargs["tools"])
                 stream = await litellm.acompletion(**kwargs)
             else:
                 stream = await self._direct(model, kwargs)
@@ -193,7 +196,7 @@ class LiteLLMClient:
     def request(self, model: str, messages: list[dict[str, Any]], tools: list[ToolSpec],
                 max_output_tokens: int | None = None) -> dict[str, Any]:
         """What one request to ``model`` is sent with: litellm's arguments (the direct road takes a part)."""
-        wire = [tool_param(spec) for spec in tools]
+        wire = wire_tools(tools)
         if self.prompt_cache and takes_cache_marks(model):  # a fallback of another provider is sent none
             messages, wire = cache_marked(messages, wire)
         # No retries inside litellm (num_retries, and max_retries for the SDK under it): each is made above.
@@ -329,6 +332,22 @@ def _usage(usage: Any) -> dict[str, Any]:
     if isinstance(cached, int):  # of the prompt tokens, those the provider read from its cache
         counted["cached_tokens"] = cached
     return counted
+
+
+_WIRED: dict[int, tuple[list[ToolSpec], list[dict[str, Any]]]] = {}  # id -> (the list, kept alive; its wire form)
+
+
+def wire_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    """The tool list as the model is sent it: made once per list (the catalog hands every turn the same one
+    until Hands' tools change), so each turn's request and record share one object. Treat it as read-only."""
+    hit = _WIRED.get(id(tools))
+    if hit is not None and hit[0] is tools:
+        return hit[1]
+    if len(_WIRED) >= 64:  # lists of agents and senders long gone
+        _WIRED.clear()
+    wire = [tool_param(spec) for spec in tools]
+    _WIRED[id(tools)] = (tools, wire)
+    return wire
 
 
 def tool_param(spec: ToolSpec) -> dict[str, Any]:

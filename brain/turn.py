@@ -27,7 +27,7 @@ from brain.llm import (
     ToolCall,
     context_window,
     resolve_model,
-    tool_param,
+    wire_tools,
 )
 from brain.loop_detector import LoopDetector
 from brain.pause import pause
@@ -121,7 +121,6 @@ class Turn:
         self.history_start = 0
         self.compacted = self.overflowed = False
         self.record_parts = Parts()  # the flight record's parts this turn has sent (each message hashed and sent once)
-        self._tools_sent: tuple[list[ToolSpec], list[dict[str, Any]]] | None = None  # the tool list as sent, by list
         self.deltas = Deltas(self._stream_text, settings.stream_every_ms / 1000)
 
     async def run(self) -> ChatReply | ChatError:
@@ -180,7 +179,9 @@ class Turn:
         """The session before this message, and this message's turn so far (recorded now if it is new)."""
         msg, sessions = self.message, self.deps.sessions
         history = await sessions.load(msg.session_id)
+        # The raw field first: a new message (the usual case) is then checked against no entry's typed marks.
         start = next((i for i in range(len(history) - 1, -1, -1) if history[i].role == "user"
+                      and history[i].metadata.get("message_id") == msg.message_id
                       and history[i].marks.message_id == msg.message_id), None)
         if start is not None:
             log.info("turn resumed from the transcript %s",
@@ -519,10 +520,8 @@ class Turn:
                             response: dict[str, Any]) -> None:
         if self.deps.recorder is None:
             return
-        if self._tools_sent is None or self._tools_sent[0] is not tools:  # one wire form per tool list the turn has
-            self._tools_sent = (tools, [tool_param(spec) for spec in tools])
         await self.deps.recorder.model_call(self.message.session_id, self.message.message_id, messages=shown,
-                                            tools=self._tools_sent[1], params=params, response=response,
+                                            tools=wire_tools(tools), params=params, response=response,
                                             seen=self.record_parts)
 
     def _stream_text(self, text: str) -> None:

@@ -66,8 +66,11 @@ def name_of(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return _CANONICAL.encode(value)  # one encoder: json.dumps with options makes one per call
 
 
 class Parts:
@@ -78,6 +81,9 @@ class Parts:
         # id -> (the value, kept alive so the id stays its; its name; its canonical JSON, what is stored)
         self._digests: dict[int, tuple[Any, str, str]] = {}
         self.stored: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._digests)
 
     def digest(self, value: Any) -> str:
         return self._named(value)[1]
@@ -102,6 +108,7 @@ class FlightRecorder:
     def __init__(self, redis: RedisStore, keys: Keys, *, keep_s: int, send: Send | None = None) -> None:
         self.redis, self.keys, self.keep_s = redis, keys, keep_s
         self.send = send  # given: steps go out with the process's next writes, in order, not awaited one by one
+        self.shared = Parts()  # the tool lists: the same object turn after turn, so named once for all turns
 
     async def write(self, session_id: str, step: Step, parts: dict[str, str] | None = None) -> None:
         """One step, with the parts its request adds (each name's canonical JSON): queued, or one round trip."""
@@ -138,9 +145,12 @@ class FlightRecorder:
         ``seen``: the turn's parts, so each is hashed and sent once per turn."""
         seen = seen or Parts()
         names = [seen.digest(m) for m in messages]
-        tools_name = seen.digest(tools)
-        new = {name: seen.text(part) for name, part in zip([*names, tools_name], [*messages, tools], strict=True)
-               if name not in seen.stored}
+        if len(self.shared) >= 64:  # tool lists of agents and senders long gone
+            self.shared = Parts()
+        tools_name = self.shared.digest(tools)
+        texts: dict[str, tuple[Parts, Any]] = {name: (seen, part) for name, part in zip(names, messages, strict=True)}
+        texts[tools_name] = (self.shared, tools)
+        new = {name: parts.text(part) for name, (parts, part) in texts.items() if name not in seen.stored}
         seen.stored.update(new)
         request = {"messages": names, "tools": tools_name, **params}
         step = Step(kind="model", message_id=message_id, data={"request": request, "response": response})
