@@ -118,7 +118,6 @@ return id
 class SessionEvents:
     def __init__(self, bus: Bus, *, keep: int, keep_s: float) -> None:
         self.bus, self.keep, self.keep_ms = bus, keep, int(keep_s * 1000)
-        self._append = bus.redis.register_script(APPEND)
 
     async def append(self, session_id: str, message: Message) -> str | None:
         described = describe(message)
@@ -126,10 +125,12 @@ class SessionEvents:
             return None
         kind, data = described
         payload = json.dumps({**data, "ts": int(time.time() * 1000)}, ensure_ascii=False)
-        added = await self._append(keys=[self.bus.keys.session_events(session_id),
-                                         self.bus.keys.session_events_seq(session_id),
-                                         self.bus.keys.transcript(session_id)],
-                                   args=[self.keep, kind, payload, self.keep_ms])
+        keys = (self.bus.keys.session_events(session_id), self.bus.keys.session_events_seq(session_id),
+                self.bus.keys.transcript(session_id))
+        # With the bus's writes (a turn's events are each awaited, so the events of the turns in flight
+        # share round trips); EVAL, since the batcher's pipeline cannot load a script first.
+        added = (await self.bus.batcher.run(
+            lambda pipe: pipe.eval(APPEND, 3, *keys, self.keep, kind, payload, self.keep_ms)))[0]
         return added.decode() if isinstance(added, bytes) else str(added)
 
     async def last_id(self, session_id: str) -> str:
