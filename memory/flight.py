@@ -96,9 +96,43 @@ class Parts:
         hit = self._digests.get(id(value))
         if hit is not None and hit[0] is value:
             return hit
-        text = canonical(value)
-        named = self._digests[id(value)] = (value, name_of(text), text)
+        name, text = _KNOWN.named(value)
+        named = self._digests[id(value)] = (value, name, text)
         return named
+
+
+class KnownMessages:
+    """Names of the messages of recent turns, by content, for the whole process: each turn sends its session's
+    history again as new objects, and naming it again (its canonical JSON) grew with every turn. Only plain
+    messages (every value a short string) are kept, at most ``size`` of them, the oldest dropped first."""
+
+    def __init__(self, size: int = 4096, longest: int = 4096) -> None:
+        self.size, self.longest = size, longest
+        self._names: dict[tuple[tuple[str, str], ...], tuple[str, str]] = {}
+
+    def named(self, value: Any) -> tuple[str, str]:
+        key = self._key(value)
+        hit = self._names.get(key) if key is not None else None
+        if hit is not None:
+            return hit
+        text = canonical(value)
+        named = (name_of(text), text)
+        if key is not None:
+            if len(self._names) >= self.size:
+                del self._names[next(iter(self._names))]
+            self._names[key] = named
+        return named
+
+    def _key(self, value: Any) -> tuple[tuple[str, str], ...] | None:
+        if not isinstance(value, dict):
+            return None
+        items = value.items()
+        if not all(isinstance(k, str) and isinstance(v, str) and len(v) <= self.longest for k, v in items):
+            return None
+        return tuple(sorted(items))
+
+
+_KNOWN = KnownMessages()
 
 
 Send = Callable[[Callable[[Any], object]], None]  # queue pipeline commands, not waiting (the bus's batcher)
