@@ -104,9 +104,10 @@ class Parts:
 class KnownMessages:
     """Names of the messages of recent turns, by content, for the whole process: each turn sends its session's
     history again as new objects, and naming it again (its canonical JSON) grew with every turn. Only plain
-    messages (every value a short string) are kept, at most ``size`` of them, the oldest dropped first."""
+    messages (every value a short string) are kept, at most ``size`` of them, the oldest dropped first: at
+    most ~8 MB held (each kept as its key and its JSON), ~1 MB for messages of a few hundred characters."""
 
-    def __init__(self, size: int = 4096, longest: int = 4096) -> None:
+    def __init__(self, size: int = 2048, longest: int = 2048) -> None:
         self.size, self.longest = size, longest
         self._names: dict[tuple[tuple[str, str], ...], tuple[str, str]] = {}
 
