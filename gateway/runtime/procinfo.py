@@ -19,21 +19,20 @@ def start_time(pid: int) -> int | None:
 
 
 def resident_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    return _mb_field(f"/proc/{pid}/status", "VmRSS:")
 
 
 def proportional_mb(pid: int) -> float | None:
     """The process's share of the memory it maps (PSS): a page shared by N processes counts 1/N in each, so
     the sum over a tree is what the tree takes from the machine, where RSS counts libpython once per process."""
+    return _mb_field(f"/proc/{pid}/smaps_rollup", "Pss:")
+
+
+def _mb_field(path: str, name: str) -> float | None:
+    """A /proc file's ``name`` line (in kB) as MB; None when the process or the line is not there."""
     try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(name):
                 return int(line.split()[1]) / 1024
     except OSError:
         return None
