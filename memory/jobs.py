@@ -383,9 +383,10 @@ class JobStore:
         return [job_id.removeprefix(prefix) for job_id in removed]
 
     async def due(self, now: float, *, limit: int = 100) -> list[tuple[str, float]]:
+        # floor, not round: an instant half a millisecond ahead is not due yet (it fired early, seen in CI)
         found: list[tuple[bytes, float]] = await self.bus.redis.zrangebyscore(  # type: ignore[assignment]  # bytes
-            self.keys.jobs_due, "-inf", round(now * 1000), start=0, num=limit, withscores=True)
-        return [(job_id.decode(), float(score) / 1000) for job_id, score in found]
+            self.keys.jobs_due, "-inf", math.floor(now * 1000), start=0, num=limit, withscores=True)
+        return [(job_id.decode(), due) for job_id, score in found if (due := float(score) / 1000) <= now]
 
     async def runs(self, job_id: str, *, limit: int = 50) -> list[Run]:
         """The job's latest records, oldest first."""

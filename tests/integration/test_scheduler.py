@@ -60,6 +60,14 @@ async def test_an_interval_job_is_first_due_one_interval_after_it_was_made(bus: 
     assert await JobStore(bus).add(soon, now=made) == made  # a one-off at this very moment is due now
 
 
+async def test_an_instant_a_fraction_of_a_millisecond_ahead_is_not_due_yet(bus: Bus) -> None:
+    store, at = JobStore(bus), 1_796_176_654.5
+    await store.add(Job(name="soon", owner="alice", message="m", schedule=Schedule(kind="at", at=at)), now=at - 5)
+    assert await store.due(at - 0.0004) == []  # rounding the bound to the millisecond fired it early
+    assert [job_id for job_id, _ in await store.due(at)] == ["alice/soon"]
+    assert all(due <= at + 0.0009 for _, due in await store.due(at + 0.0009))
+
+
 async def test_two_brains_fire_each_instant_once_and_record_its_outcome(bus: Bus, brains) -> None:
     store = JobStore(bus)
     await brains(2)
