@@ -94,7 +94,7 @@ rc_registration: {limits}
         subprocess.run([str(python), "-m", "synapse.app.homeserver", "-c", str(config), "--generate-keys"],
                        check=True, capture_output=True, timeout=120)
         self.process = subprocess.Popen([str(python), "-m", "synapse.app.homeserver", "-c", str(config)],
-                                        stdout=subprocess.DEVNULL, stderr=(self.root / "stderr.log").open("wb"))
+                                        stdout=subprocess.DEVNULL, stderr=(self.root / "stderr.log").open("ab"))
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
@@ -111,6 +111,13 @@ rc_registration: {limits}
                            headers={"Authorization": f"Bearer {admin.token}"},
                            json={"messages_per_second": 0, "burst_count": 0})
         freed.raise_for_status()
+
+    def warnings(self, last: int = 30) -> str:
+        """Its latest warnings and errors: what a failed test shows of the homeserver's side."""
+        lines = (self.root / "stderr.log").read_text(errors="replace").splitlines()
+        said = [line[:300] for line in lines if (" - WARNING - " in line or " - ERROR - " in line)
+                and "synapse.config.logger" not in line]  # not its start-up banner
+        return "\n".join(said[-last:])
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
