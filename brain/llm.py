@@ -9,6 +9,7 @@ inside litellm or the SDK, so that each one is counted and priced).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import importlib.util
@@ -18,14 +19,17 @@ import os
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brain.prompt import cache_marked, takes_cache_marks
 from bus.errors import PincerError
 from bus.protocol import ErrorCode, ToolSpec
+
+if TYPE_CHECKING:
+    from brain.openai_wire import OpenAIWire
 
 # Keep litellm from fetching its price table from the internet at import time.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -123,8 +127,8 @@ def retry_pause(tried: int) -> float:
 
 
 class LiteLLMClient:
-    """Any provider through litellm; ``openai/`` models, with ``openai_direct``, through the openai SDK
-    that litellm would use for them anyway (its wrapper costs ~8 ms of CPU a call, ~4x the SDK's)."""
+    """Any provider through litellm; ``openai/`` models, with ``openai_direct``, as the same request straight
+    over httpx (brain.openai_wire): litellm's wrapper cost ~8 ms of CPU a call, the openai SDK ~24 MB."""
 
     def __init__(self, *, model: str, api_base: str | None, api_key: str | None, timeout_s: float,
                  retries: int, fallbacks: list[str] | None = None, openai_direct: bool = False,
@@ -136,7 +140,7 @@ class LiteLLMClient:
         self.timeout_s, self.retries, self.connect_patience_s = timeout_s, retries, connect_patience_s
         self.fallbacks = fallbacks or []
         self.openai_direct = openai_direct
-        self._openai: Any = None  # one openai.AsyncOpenAI for every direct call (its connection pool)
+        self._wire: OpenAIWire | None = None  # one pool for every direct call
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText, *,
                        max_output_tokens: int | None = None, attempts: list[Attempt] | None = None) -> Completion:
@@ -182,10 +186,9 @@ class LiteLLMClient:
 
                 if "tools" in kwargs:  # its own copy: a provider's transform may edit them, and ours are shared
                     kwargs["tools"] = copy.deepcopy(kwargs["tools"])
-                stream = await litellm.acompletion(**kwargs)
-            else:
-                stream = await self._direct(model, kwargs)
-            return await _assemble(stream, on_text, attempt)
+                return await _assemble(await litellm.acompletion(**kwargs), on_text, attempt)
+            async with contextlib.aclosing(self._direct(model, kwargs)) as chunks:  # its connection back at once
+                return await _assemble(chunks, on_text, attempt)
         except LLMError:
             raise
         except Exception as exc:
@@ -214,26 +217,20 @@ class LiteLLMClient:
             kwargs["api_key"] = self.api_key
         return kwargs
 
-    async def _direct(self, model: str, kwargs: dict[str, Any]) -> Any:
-        """The same request through the openai SDK: what litellm's openai provider sends, minus litellm."""
-        import openai
+    def _direct(self, model: str, kwargs: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        """The same request as litellm's openai provider sends, straight over httpx (brain.openai_wire)."""
+        from brain.openai_wire import MissingKey, OpenAIWire  # httpx only in a Brain that calls a model this way
 
-        if self._openai is None:
-            # The SDK's pool keeps 100 connections alive of 1,000: sized here by the Brain's own bound, each
-            # kept alive (a turn after a burst reuses one, no new handshake). Limits of the httpx it bundles.
-            limits = type(openai.DEFAULT_CONNECTION_LIMITS)(max_connections=self.connections,
-                                                           max_keepalive_connections=self.connections)
-            self._openai = openai.AsyncOpenAI(api_key=self.api_key or os.environ.get("OPENAI_API_KEY"),
-                                              base_url=self.api_base or os.environ.get("OPENAI_API_BASE"),
-                                              max_retries=0, timeout=self.timeout_s,
-                                              http_client=openai.DefaultAsyncHttpxClient(limits=limits))
+        if self._wire is None:
+            try:
+                self._wire = OpenAIWire(api_key=self.api_key, base_url=self.api_base, timeout_s=self.timeout_s,
+                                          connections=self.connections)
+            except MissingKey as exc:
+                raise LLMError(ErrorCode.MODEL_NOT_CONFIGURED, f"no API key for the model: {exc}. {NOT_CONFIGURED}") \
+                    from None
         sent = ("messages", "stream", "stream_options", "tools", "max_tokens")
         body: dict[str, Any] = {"model": model.removeprefix("openai/"), **{k: kwargs[k] for k in sent if k in kwargs}}
-        # The SDK's public post(), not create(): create() first walks every message and tool through its type
-        # hints (a third of a plain turn's CPU in the Brain) to rename fields ours never use; the same bytes go.
-        # Chunks come as the JSON's dicts (cast to object): building a model of each was a tenth of the rest.
-        return await self._openai.post("/chat/completions", cast_to=object, body=body, stream=True,
-                                       stream_cls=openai.AsyncStream[object])
+        return self._wire.chunks(body)
 
 
 async def _assemble(stream: Any, on_text: OnText, attempt: Attempt) -> Completion:
@@ -361,6 +358,7 @@ OVERFLOW = re.compile(r"context[_ ]length|context window|maximum context|prompt 
 
 
 # The errors that mean a connection to the provider was never made: httpx's (and the copy the openai SDK
+# under litellm
 # vendors, httpx2), httpcore's under them, aiohttp's (litellm's transport), and the OS's own refusal.
 NOT_CONNECTED = frozenset({("httpx", "ConnectError"), ("httpx", "ConnectTimeout"), ("httpcore", "ConnectError"),
                            ("httpcore", "ConnectTimeout"), ("aiohttp", "ClientConnectorError"),
@@ -384,26 +382,25 @@ def never_connected(exc: BaseException) -> bool:
 
 
 def translate_error(exc: Exception) -> LLMError:
-    """litellm's errors, and the openai SDK's on the direct path (litellm's subclass them), as ``LLMError``."""
-    import openai
-
+    """litellm's errors, and the direct road's (httpx's, and brain.openai_wire's ProviderError), as ``LLMError``."""
     litellm = sys.modules.get("litellm") or _NoLitellm  # not imported: the error cannot be one of its own
+    transport = sys.modules.get("httpx")  # the direct road's own errors are httpx's
 
     status = getattr(exc, "status_code", None)
     detail = str(getattr(exc, "message", None) or exc)[:500]
     if never_connected(exc):  # litellm calls a refused connection an InternalServerError
         return LLMError(ErrorCode.SERVICE_UNAVAILABLE, f"cannot reach the model provider: {detail}")
-    if isinstance(exc, (litellm.exceptions.RateLimitError, openai.RateLimitError)) or status == 429:
+    if isinstance(exc, litellm.exceptions.RateLimitError) or status == 429:
         return LLMError(ErrorCode.RATE_LIMITED, f"the model provider is rate-limiting requests: {detail}")
-    if isinstance(exc, (litellm.exceptions.AuthenticationError, openai.AuthenticationError)) or status in (401, 403):
+    if isinstance(exc, litellm.exceptions.AuthenticationError) or status in (401, 403):
         return LLMError(ErrorCode.MODEL_ERROR, f"the model provider refused the API key: {detail}. "
                         "Check PINCER_LLM_API_KEY or the provider's key variable.")
-    if isinstance(exc, (litellm.exceptions.Timeout, openai.APITimeoutError)):
-        return LLMError(ErrorCode.TIMEOUT, f"the model did not answer in time: {detail}")
-    if isinstance(exc, (litellm.exceptions.APIConnectionError, litellm.exceptions.ServiceUnavailableError,
-                        openai.APIConnectionError)) or status in (502, 503, 504):
+    if isinstance(exc, litellm.exceptions.Timeout) or (transport and isinstance(exc, transport.TimeoutException)):
+        return LLMError(ErrorCode.TIMEOUT, f"the model did not answer in time: {detail or type(exc).__name__}")
+    if isinstance(exc, (litellm.exceptions.APIConnectionError, litellm.exceptions.ServiceUnavailableError)) \
+            or (transport and isinstance(exc, transport.TransportError)) or status in (502, 503, 504):
         return LLMError(ErrorCode.SERVICE_UNAVAILABLE, f"cannot reach the model provider: {detail}")
-    if "Missing credentials" in detail or (type(exc) is openai.OpenAIError and "api_key" in detail):  # no key at all
+    if "Missing credentials" in detail or (type(exc).__name__ == "OpenAIError" and "api_key" in detail):  # no key
         return LLMError(ErrorCode.MODEL_NOT_CONFIGURED, f"no API key for the model: {detail}. {NOT_CONFIGURED}")
     if isinstance(exc, litellm.exceptions.ContextWindowExceededError) or getattr(exc, "code", None) == \
             "context_length_exceeded" or OVERFLOW.search(detail):

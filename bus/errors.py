@@ -40,7 +40,7 @@
 Lower layers' errors are translated where they enter: redis-py's by the bus's
 connections (``bus.redis_client``: nothing outside ``bus/`` imports redis-py's
 exceptions), litellm's and
-the openai SDK's in ``brain.llm.translate_error``, OS and httpx errors in
+the direct road's (httpx's, a provider's error status) in ``brain.llm.translate_error``, OS and httpx errors in
 ``hands.errors.to_tool_error`` and the web tool. What the model reads
 (ToolFailure, LLMError) is kept apart from what a person must fix
 (ConfigError and its kin).

@@ -80,3 +80,16 @@ async def test_no_key_at_all_says_how_to_configure_one(scripted_llm: ScriptedLLM
     with pytest.raises(LLMError) as info:
         await keyless.complete([{"role": "user", "content": "hi"}], TOOLS, ignore)
     assert info.value.code is ErrorCode.MODEL_NOT_CONFIGURED and "PINCER_MODEL" in info.value.message
+
+
+async def test_a_model_slower_than_the_timeout_is_said_to_be_one(scripted_llm: ScriptedLLM, direct: bool) -> None:
+    slow = LiteLLMClient(model="openai/scripted", api_base=scripted_llm.api_base, api_key="sk-test", timeout_s=1,
+                         retries=0, openai_direct=direct)
+
+    async def ignore(_text: str) -> None:
+        return None
+
+    with pytest.raises(LLMError) as info:
+        await slow.complete([{"role": "user", "content": "SLEEP 3\nslow"}], TOOLS, ignore)
+    # a timeout moves on to the fallbacks; with none left, every model failed, each saying why
+    assert info.value.code is ErrorCode.SERVICE_UNAVAILABLE and "did not answer in time" in info.value.message

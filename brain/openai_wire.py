@@ -1,0 +1,94 @@
+"""The direct road's transport: an OpenAI-compatible chat completion, streamed over httpx and read as
+server-sent events (httpx-sse), with no SDK in between.
+
+The openai SDK did the same with ~24 MB more in every Brain and its own request building; only its
+connection pool, its SSE reading and its errors were used. The pool is httpx's, sized by the Brain's own
+bound; the errors are raised as httpx's (connect, timeout, transport) or ``ProviderError`` (an error status
+or an error in the stream), which ``brain.llm.translate_error`` reads like the SDK's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from bus.errors import PincerError
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+class ProviderError(PincerError):
+    """The provider answered with an error: its status (None for an error sent inside the stream), the
+    message its body gave, and its error code (``context_length_exceeded``, say)."""
+
+    def __init__(self, status_code: int | None, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code, self.message, self.code = status_code, message, code
+
+
+class MissingKey(PincerError):
+    """No API key was given and OPENAI_API_KEY is not set."""
+
+
+class OpenAIWire:
+    """One connection pool to one OpenAI-compatible server, shared by every call of a Brain."""
+
+    def __init__(self, *, api_key: str | None, base_url: str | None, timeout_s: float, connections: int) -> None:
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        if not key:
+            raise MissingKey("no api_key given and OPENAI_API_KEY is not set")
+        base = base_url or os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+        # Every connection kept alive: a turn after a burst reuses one instead of a new handshake.
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        self.client = httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(timeout_s), limits=limits,
+                                        headers={"Authorization": f"Bearer {key}"})
+
+    async def chunks(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        """The completion's chunks as the JSON's dicts, until the server's ``[DONE]``. A stream that ends
+        before both ``[DONE]`` and a finish reason was cut (a reset reads as a plain end): an error, never
+        half an answer passed off as a whole one."""
+        finished = False
+        async with aconnect_sse(self.client, "POST", "/chat/completions", json=body) as source:
+            response = source.response
+            if response.status_code >= 400:
+                raise _status_error(response.status_code, (await response.aread()).decode(errors="replace"))
+            async for event in source.aiter_sse():
+                if event.data == "[DONE]":
+                    return
+                if not event.data:
+                    continue
+                chunk = json.loads(event.data)
+                if not isinstance(chunk, dict):
+                    raise ProviderError(None, f"a chunk of the stream is not a JSON object: {event.data[:200]}")
+                if chunk.get("error"):
+                    raise _error_in(None, chunk["error"], event.data)
+                finished = finished or any(isinstance(c, dict) and c.get("finish_reason")
+                                           for c in chunk.get("choices") or ())
+                yield chunk
+        if not finished:
+            raise ProviderError(None, "the model's stream ended before its answer did (no finish reason, no [DONE])")
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _status_error(status: int, text: str) -> ProviderError:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    found = body.get("error") if isinstance(body, dict) else None
+    return _error_in(status, found, text)
+
+
+def _error_in(status: int | None, found: Any, text: str) -> ProviderError:
+    """The error a provider's body describes (OpenAI's shape: ``{"error": {"message", "code"}}``)."""
+    message = str(found.get("message") or text) if isinstance(found, dict) else (str(found) if found else text)
+    code = found.get("code") if isinstance(found, dict) else None
+    said = f"Error code: {status} - {message}" if status is not None else message
+    return ProviderError(status, said[:2000], str(code) if code else None)
