@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import platform
@@ -192,6 +193,13 @@ def older_pincer(ref: str, cache_dir: Path) -> Pincer:
     return Pincer(ref, scratch_venv(tree / ".venv", "-e", str(tree)) / "python", tree)
 
 
+def user_venv(cache_dir: Path) -> Path:
+    """This tree installed as a user's `./pincer up` installs it: no extras (the test venv's, the `otel` one
+    among them, add ~3 MB to every process that imports redis-py). One venv per pyproject.toml."""
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:10]
+    return scratch_venv(cache_dir / f"pincer-here-{digest}", "-e", str(ROOT)) / "python"
+
+
 class Nanobot:
     """nanobot's `serve` on the scripted model (see bench/gateway_turns.py's start_nanobot)."""
 
@@ -296,7 +304,7 @@ def main() -> None:
     here = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()
     systems: list[System] = [older_pincer(args.ref, args.cache_dir),
-                             Pincer(f"this tree ({here})", Path(sys.executable), ROOT),
+                             Pincer(f"this tree ({here})", user_venv(args.cache_dir), ROOT),
                              Nanobot(nanobot_executable(args.cache_dir))]
     load = os.getloadavg()[0]
     results: dict[str, list[dict[str, float]]] = {s.name: [] for s in systems}
