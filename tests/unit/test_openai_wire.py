@@ -109,3 +109,14 @@ def test_no_key_anywhere_is_refused_before_any_request(monkeypatch: pytest.Monke
     made = OpenAIWire(api_key=None, base_url=None, timeout_s=5, connections=1)
     assert made.client.headers["authorization"] == "Bearer sk-env"
     assert str(made.client.base_url) == "http://elsewhere.test/v1/"
+
+
+def test_a_body_with_tools_is_the_same_json_and_a_changed_list_is_sent_as_it_is_now() -> None:
+    made = OpenAIWire(api_key="sk-test", base_url=None, timeout_s=5, connections=1)
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi \u2603"}], "tools": tools, "stream": True}
+    assert json.loads(made.encoded(body)) == body
+    assert json.loads(made.encoded({**body, "messages": []})) == {**body, "messages": []}  # the list's JSON again
+    other = [*tools, {"type": "function", "function": {"name": "write_file", "parameters": {}}}]
+    assert json.loads(made.encoded({**body, "tools": other}))["tools"] == other
+    assert json.loads(made.encoded({"model": "m", "messages": []})) == {"model": "m", "messages": []}
