@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from brain.prompt import cache_marked, takes_cache_marks
 from bus.errors import PincerError
+from bus.identity import ByIdentity
 from bus.protocol import ErrorCode, ToolSpec
 
 if TYPE_CHECKING:
@@ -331,20 +332,13 @@ def _usage(usage: Any) -> dict[str, Any]:
     return counted
 
 
-_WIRED: dict[int, tuple[list[ToolSpec], list[dict[str, Any]]]] = {}  # id -> (the list, kept alive; its wire form)
+def _wired(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    return [tool_param(spec) for spec in tools]
 
 
-def wire_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
-    """The tool list as the model is sent it: made once per list (the catalog hands every turn the same one
-    until Hands' tools change), so each turn's request and record share one object. Treat it as read-only."""
-    hit = _WIRED.get(id(tools))
-    if hit is not None and hit[0] is tools:
-        return hit[1]
-    if len(_WIRED) >= 64:  # lists of agents and senders long gone
-        _WIRED.clear()
-    wire = [tool_param(spec) for spec in tools]
-    _WIRED[id(tools)] = (tools, wire)
-    return wire
+# The tool list as the model is sent it: made once per list (the catalog hands every turn the same one
+# until Hands' tools change), so each turn's request and record share one object. Treat it as read-only.
+wire_tools: ByIdentity[list[ToolSpec], list[dict[str, Any]]] = ByIdentity(_wired, size=64)
 
 
 def tool_param(spec: ToolSpec) -> dict[str, Any]:
@@ -357,9 +351,8 @@ OVERFLOW = re.compile(r"context[_ ]length|context window|maximum context|prompt 
                       r"exceeds? the (?:available )?context", re.IGNORECASE)
 
 
-# The errors that mean a connection to the provider was never made: httpx's (and the copy the openai SDK
-# under litellm
-# vendors, httpx2), httpcore's under them, aiohttp's (litellm's transport), and the OS's own refusal.
+# The errors that mean a connection to the provider was never made: httpx's (and httpx2, the copy the openai
+# SDK under litellm vendors), httpcore's under them, aiohttp's (litellm's transport), and the OS's own refusal.
 NOT_CONNECTED = frozenset({("httpx", "ConnectError"), ("httpx", "ConnectTimeout"), ("httpcore", "ConnectError"),
                            ("httpcore", "ConnectTimeout"), ("aiohttp", "ClientConnectorError"),
                            ("builtins", "ConnectionRefusedError"), ("socket", "gaierror")})

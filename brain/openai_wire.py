@@ -18,6 +18,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from bus.errors import PincerError
+from bus.identity import ByIdentity
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -47,9 +48,9 @@ class OpenAIWire:
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         self.client = httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(timeout_s), limits=limits,
                                         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-        # id -> (a tool list, kept alive so the id stays its; its JSON): the catalog hands every turn the same
-        # list until Hands' tools change, and it is most of a request's bytes (~8 KB for the built-in tools)
-        self._tools_json: dict[int, tuple[list[Any], str]] = {}
+        # A tool list's JSON: the catalog hands every turn the same list until Hands' tools change, and it is
+        # most of a request's bytes (~8 KB for the built-in tools).
+        self._tools_json: ByIdentity[list[Any], str] = ByIdentity(json.dumps, size=64)
 
     async def chunks(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """The completion's chunks as the JSON's dicts, until the server's ``[DONE]``. A stream that ends
@@ -81,13 +82,8 @@ class OpenAIWire:
         tools = body.get("tools")
         if not tools:
             return json.dumps(body).encode()
-        hit = self._tools_json.get(id(tools))
-        if hit is None or hit[0] is not tools:
-            if len(self._tools_json) >= 64:  # lists of agents and senders long gone
-                self._tools_json.clear()
-            hit = self._tools_json[id(tools)] = (tools, json.dumps(tools))
         head = json.dumps({k: v for k, v in body.items() if k != "tools"})
-        return f'{head[:-1]}, "tools": {hit[1]}}}'.encode()
+        return f'{head[:-1]}, "tools": {self._tools_json(tools)}}}'.encode()
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus.errors import PincerError
+from bus.identity import ByIdentity
 from bus.keys import Keys
 from bus.protocol import now_ms
 from bus.scripts import lua
@@ -78,27 +79,18 @@ class Parts:
     message it sent) and sent to Redis once, however many of the turn's requests carry it."""
 
     def __init__(self) -> None:
-        # id -> (the value, kept alive so the id stays its; its name; its canonical JSON, what is stored)
-        self._digests: dict[int, tuple[Any, str, str]] = {}
+        self._named: ByIdentity[Any, tuple[str, str]] = ByIdentity(_KNOWN.named)  # its name, its canonical JSON
         self.stored: set[str] = set()
 
     def __len__(self) -> int:
-        return len(self._digests)
+        return len(self._named)
 
     def digest(self, value: Any) -> str:
-        return self._named(value)[1]
+        return self._named(value)[0]
 
     def text(self, value: Any) -> str:
         """``value``'s canonical JSON, made once with its name."""
-        return self._named(value)[2]
-
-    def _named(self, value: Any) -> tuple[Any, str, str]:
-        hit = self._digests.get(id(value))
-        if hit is not None and hit[0] is value:
-            return hit
-        name, text = _KNOWN.named(value)
-        named = self._digests[id(value)] = (value, name, text)
-        return named
+        return self._named(value)[1]
 
 
 class KnownMessages:

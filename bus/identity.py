@@ -1,0 +1,32 @@
+"""Values made once per object, found by the object's identity: for lists and messages handed on unchanged
+turn after turn (a tool list until Hands' tools change), whose contents are costly to hash or encode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class ByIdentity(Generic[K, V]):
+    """``make(key)``, made once per key object. The key is kept beside its value, so its id stays its own;
+    past ``size`` keys (None: no bound) all are dropped: what outlived its use is not worth sorting out."""
+
+    def __init__(self, make: Callable[[K], V], size: int | None = None) -> None:
+        self.make, self.size = make, size
+        self._made: dict[int, tuple[K, V]] = {}
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __call__(self, key: K) -> V:
+        hit = self._made.get(id(key))
+        if hit is not None and hit[0] is key:
+            return hit[1]
+        if self.size is not None and len(self._made) >= self.size:
+            self._made.clear()
+        value = self.make(key)
+        self._made[id(key)] = (key, value)
+        return value
