@@ -15,6 +15,10 @@ TOOLS = [ToolSpec(name="read_file", description="read", parameters={"type": "obj
 pytestmark = pytest.mark.parametrize("direct", [False, True], ids=["litellm", "openai-direct"])
 
 
+async def ignore(_text: str) -> None:
+    return None
+
+
 def client(server: ScriptedLLM, model: str, fallbacks: list[str] | None = None, *,
            direct: bool) -> LiteLLMClient:
     return LiteLLMClient(model=model, api_base=server.api_base, api_key="sk-test", timeout_s=20, retries=0,
@@ -42,9 +46,6 @@ async def test_tool_calls_are_assembled_from_streamed_pieces(scripted_llm: Scrip
 
 
 async def test_rate_limited_model_falls_back_and_says_which_answered(scripted_llm: ScriptedLLM, direct: bool) -> None:
-    async def ignore(_text: str) -> None:
-        return None
-
     done = await client(scripted_llm, "openai/fail429", ["openai/fail503", "openai/scripted"], direct=direct).complete(
         [{"role": "user", "content": "hi"}], TOOLS, ignore)
     assert done.text == "echo: hi" and done.model.endswith("scripted")
@@ -58,9 +59,6 @@ async def test_rate_limited_model_falls_back_and_says_which_answered(scripted_ll
 ])
 async def test_errors_that_fallbacks_do_not_fix(scripted_llm: ScriptedLLM, models: list[str], code: ErrorCode,
                                                 text: str, direct: bool) -> None:
-    async def ignore(_text: str) -> None:
-        return None
-
     with pytest.raises(LLMError) as info:
         await client(scripted_llm, models[0], models[1:], direct=direct).complete(
             [{"role": "user", "content": "hi"}], TOOLS, ignore
@@ -74,9 +72,6 @@ async def test_no_key_at_all_says_how_to_configure_one(scripted_llm: ScriptedLLM
     keyless = LiteLLMClient(model="openai/scripted", api_base=scripted_llm.api_base, api_key=None, timeout_s=20,
                             retries=0, openai_direct=direct)
 
-    async def ignore(_text: str) -> None:
-        return None
-
     with pytest.raises(LLMError) as info:
         await keyless.complete([{"role": "user", "content": "hi"}], TOOLS, ignore)
     assert info.value.code is ErrorCode.MODEL_NOT_CONFIGURED and "PINCER_MODEL" in info.value.message
@@ -85,9 +80,6 @@ async def test_no_key_at_all_says_how_to_configure_one(scripted_llm: ScriptedLLM
 async def test_a_model_slower_than_the_timeout_is_said_to_be_one(scripted_llm: ScriptedLLM, direct: bool) -> None:
     slow = LiteLLMClient(model="openai/scripted", api_base=scripted_llm.api_base, api_key="sk-test", timeout_s=1,
                          retries=0, openai_direct=direct)
-
-    async def ignore(_text: str) -> None:
-        return None
 
     with pytest.raises(LLMError) as info:
         await slow.complete([{"role": "user", "content": "SLEEP 3\nslow"}], TOOLS, ignore)
