@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgpack
 
+from bus.codec import pack
 from bus.config import RedisSettings
 from bus.errors import PincerError
 from bus.progress import Progress
@@ -142,7 +143,7 @@ async def _write(copy: Bus, prefix: str, keys: list[bytes], file: Any, digest: A
     for key, payload, expiry in zip(keys, found[::2], found[1::2], strict=True):
         if payload is None:
             continue
-        record = msgpack.packb([key[len(prefix):], int(expiry), payload], use_bin_type=True)
+        record = pack([key[len(prefix):], int(expiry), payload])
         file.write(record)
         digest.update(record)
         written += 1

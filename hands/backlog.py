@@ -34,9 +34,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 
-import msgpack
 from redis.asyncio.client import Pipeline
 
+from bus.codec import pack
 from bus.keys import HANDS_GROUP
 from bus.protocol import now_ms
 from bus.scripts import lua
@@ -215,7 +215,7 @@ class Backlog:
             if name != QUEUED_FIELD:
                 flat += [name, value]
         flat += [QUEUED_FIELD, str(queued).encode()]
-        packed = msgpack.packb(flat, use_bin_type=False)  # Redis' cmsgpack reads no bin type: raw strings
+        packed = pack(flat, bin_type=False)  # Redis' cmsgpack reads no bin type: raw strings
         base = self.stream(lane)
         source = base if given_back else self.bus.keys.hands_requests
         results = await self.bus.batcher.run(lambda pipe: pipe.eval(

@@ -29,6 +29,7 @@ from typing import Any
 
 import msgpack
 
+from bus.codec import pack
 from bus.keys import Keys
 from bus.log import kv
 from bus.presence import alive
@@ -110,7 +111,7 @@ class CallRecords:
 
     async def done(self, call: ToolExecute, result: ToolResult) -> None:
         """Keep the result as the call's record; while Redis is away, here, and in Redis once it answers."""
-        packed = msgpack.packb(result.model_dump(mode="json", exclude_none=True), use_bin_type=True)
+        packed = pack(result.model_dump(mode="json", exclude_none=True))
         key = self.keys.call_record(call.call_id)
         try:
             await self.bus.redis.set(key, packed, px=self.keep_ms)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgpack
 
+from bus.codec import pack
 from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import now_ms
@@ -52,7 +53,7 @@ class LongTermMemory:
         if existing is None and await self.redis.hlen(where) >= self.max_notes:
             whose = "the shared notes hold" if owner == SHARED else "you already keep"
             raise NoteRefused(f"{whose} {self.max_notes:,} notes; update or replace one")
-        note = msgpack.packb({"content": content, "updated": now_ms()}, use_bin_type=True)
+        note = pack({"content": content, "updated": now_ms()})
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(where, key, note)
             self.log.note_written(pipe, agent_id, owner, key, content)  # its earlier version leaves the log

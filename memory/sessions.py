@@ -10,6 +10,7 @@ from typing import Any, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bus.codec import pack
 from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import now_ms
@@ -133,7 +134,7 @@ class SessionStore:
     async def append(self, session_id: str, *entries: TranscriptEntry) -> None:
         if not entries:
             return
-        packed = [msgpack.packb(e.model_dump(mode="json", exclude_none=True), use_bin_type=True) for e in entries]
+        packed = [pack(e.model_dump(mode="json", exclude_none=True)) for e in entries]
         findable = [f for n, e in enumerate(entries)
                     if (f := said(session_id, e.role, e.content, e.timestamp, f"{e.timestamp}-{n}",
                                   str(e.metadata.get("message_id") or ""))) is not None]
