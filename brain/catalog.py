@@ -81,6 +81,9 @@ class ToolCatalog:
         assert isinstance(reply, ToolsAvailable)
         # Remember the announced digest we saw, not the reply's: the cache follows the key.
         self._digest = digest
-        self._cache[agent_id, sender] = (reply.tools, reply.skills)
-        log.info("tool list refreshed for agent %s: %d tools, digest %s", agent_id, len(reply.tools), reply.digest)
-        return reply.tools, reply.skills
+        # One order, whichever Hands worker listed them; sorted here once, so every turn is handed the same
+        # list object and what is made of it once per list (its wire form, its JSON) is made once.
+        tools = sorted(reply.tools, key=lambda spec: spec.name)
+        self._cache[agent_id, sender] = (tools, reply.skills)
+        log.info("tool list refreshed for agent %s: %d tools, digest %s", agent_id, len(tools), reply.digest)
+        return tools, reply.skills

@@ -136,7 +136,6 @@ class Turn:
             tools, skills = await deps.catalog.lookup(msg.agent_id, msg.sender)
         except NoHandsAvailable as exc:
             return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
-        tools = sorted(tools, key=lambda spec: spec.name)  # one order, whichever Hands worker listed them
         notes = await deps.memory.list(msg.agent_id, owner=msg.sender) \
             if any(t.name == "memory_read" for t in tools) else []
         # The stable head first, byte for byte the same every turn (a provider's prompt cache reads it); what

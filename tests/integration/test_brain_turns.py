@@ -42,6 +42,23 @@ async def test_tool_turn_is_answered_and_the_transcript_kept(bus: Bus, pool, cha
     assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "assistant", "user"]
 
 
+async def test_every_turn_is_handed_the_same_tool_list_object_in_name_order(bus: Bus, pool, chat) -> None:
+    from brain.testing import FunctionModel
+
+    handed: list[list[Any]] = []
+
+    def script(_messages: list[dict[str, Any]], tools: list[Any]) -> Completion:
+        handed.append(tools)
+        return Completion(text="ok")
+
+    await pool(FunctionModel(script))
+    await chat("one")
+    await chat("two", session_id="s2")
+    assert [t.name for t in handed[0]] == sorted(t.name for t in handed[0])
+    # The same object: what is made of a list once (its wire form, its JSON) is made once, not per turn.
+    assert handed[1] is handed[0]
+
+
 async def test_invented_tools_and_bad_json_are_answered_without_hands(bus: Bus, pool, chat) -> None:
     def script(messages):
         if messages[-1]["role"] == "tool":
