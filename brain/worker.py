@@ -64,7 +64,8 @@ class BrainWorker:
         meter = Meter()
         recorder = FlightRecorder(bus.redis, bus.keys, keep_s=settings.record.keep_s, send=bus.batcher.send) \
             if settings.record.enabled else None
-        self.deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=SessionStore(bus.redis, bus.keys),
+        sessions = SessionStore(bus.redis, bus.keys, cache_bytes=int(settings.transcript_cache_mb * 2**20))
+        self.deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=sessions,
                              memory=LongTermMemory(bus.redis, bus.keys),
                              catalog=ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s),
                              settings=settings, llm=llm, meter=meter, spend=Governor(bus, settings, meter),

@@ -17,6 +17,7 @@ from bus.protocol import now_ms
 from bus.scripts import lua
 from bus.store import RedisStore
 from memory.log import MemoryLog, said
+from memory.transcript_cache import Held, TranscriptCache
 
 
 class ForkRefused(PincerError):
@@ -123,9 +124,16 @@ def title_of(text: str, *, most: int = TITLE_CHARS) -> str:
     return line if len(line) <= most else line[:most - 1].rstrip() + "…"
 
 
+def _parsed(raw: list[bytes]) -> list[TranscriptEntry]:
+    return [TranscriptEntry.model_validate(msgpack.unpackb(item, raw=False)) for item in raw]
+
+
 class SessionStore:
-    def __init__(self, redis: RedisStore, keys: Keys) -> None:
+    def __init__(self, redis: RedisStore, keys: Keys, *, cache_bytes: int = 0) -> None:
+        """``cache_bytes``: keep transcripts read, up to that many stored bytes, and read only what each
+        gained since (memory/transcript_cache.py); 0 reads each whole every time."""
         self.redis, self.keys = redis, keys
+        self.cache: TranscriptCache[TranscriptEntry] | None = TranscriptCache(cache_bytes) if cache_bytes else None
         self._claim = redis.register_script(CLAIM_AND_NUMBER)
         self._adopt = redis.register_script(ADOPT)
         self._about = redis.register_script(ABOUT)
@@ -202,8 +210,31 @@ class SessionStore:
             await pipe.execute()
 
     async def load(self, session_id: str) -> list[TranscriptEntry]:
-        raw = await self.redis.lrange(self.keys.transcript(session_id), 0, -1)
-        return [TranscriptEntry.model_validate(msgpack.unpackb(item, raw=False)) for item in raw]
+        key = self.keys.transcript(session_id)
+        held = self.cache.get(session_id) if self.cache is not None else None
+        if held is not None:  # one round trip: is what we hold still the list's head, and what came after it
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.lindex(key, 0)
+                pipe.lindex(key, len(held.entries) - 1)
+                pipe.lrange(key, len(held.entries), -1)
+                first, last, added = await pipe.execute()
+            if first == held.first and last == held.last:
+                entries = [*held.entries, *_parsed(added)]
+                if added:
+                    self._hold(session_id, entries, held.first, added[-1], held.size + sum(map(len, added)))
+                return entries
+        raw = await self.redis.lrange(key, 0, -1)
+        entries = _parsed(raw)
+        if self.cache is not None:
+            if raw:
+                self._hold(session_id, entries, raw[0], raw[-1], sum(map(len, raw)))
+            else:
+                self.cache.drop(session_id)
+        return entries
+
+    def _hold(self, session_id: str, entries: list[TranscriptEntry], first: bytes, last: bytes, size: int) -> None:
+        assert self.cache is not None
+        self.cache.put(session_id, Held(tuple(entries), first, last, size))
 
     async def exists(self, session_id: str) -> bool:
         return bool(await self.redis.exists(self.keys.transcript(session_id)))

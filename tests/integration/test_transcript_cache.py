@@ -1,0 +1,75 @@
+"""A Brain's transcripts as it last read them: each read fetches only what was added, and any other change
+to the list (deleted, made again, restored shorter) is read afresh, on a real Redis."""
+
+from __future__ import annotations
+
+from bus.streams import Bus
+from memory.sessions import SessionStore, TranscriptEntry
+
+
+def said(text: str, role: str = "user") -> TranscriptEntry:
+    return TranscriptEntry(role=role, content=text, metadata={"message_id": text})  # type: ignore[arg-type]
+
+
+async def contents(store: SessionStore, session_id: str) -> list[str | None]:
+    return [entry.content for entry in await store.load(session_id)]
+
+
+async def test_a_read_fetches_only_what_the_session_gained_since(bus: Bus) -> None:
+    cached, plain = SessionStore(bus.redis, bus.keys, cache_bytes=2**20), SessionStore(bus.redis, bus.keys)
+    await plain.append("s", said("one"), said("two", "assistant"))
+    first = await cached.load("s")
+    await plain.append("s", said("three"))  # another Brain's turn, say
+    fetched: list[tuple[object, ...]] = []
+    lrange = bus.redis.lrange
+
+    async def counted(key: str, start: int, end: int) -> list[bytes]:
+        fetched.append((start, end))
+        return await lrange(key, start, end)
+
+    bus.redis.lrange = counted  # type: ignore[method-assign]  # the whole-list read; the pipeline's is apart
+    try:
+        second = await cached.load("s")
+    finally:
+        bus.redis.lrange = lrange  # type: ignore[method-assign]
+    assert [e.content for e in second] == ["one", "two", "three"] == await contents(plain, "s")
+    assert fetched == []  # no whole read: the head was checked and the tail fetched in one pipeline
+    assert second[0] is first[0] and second[1] is first[1]  # the entries held, not parsed again
+    assert second[1].marks is first[1].marks  # ... nor their marks
+    second.append(said("not kept"))  # a caller's list is its own
+    assert await contents(cached, "s") == ["one", "two", "three"]
+
+
+async def test_a_session_made_again_or_shortened_is_read_afresh(bus: Bus) -> None:
+    cached, plain = SessionStore(bus.redis, bus.keys, cache_bytes=2**20), SessionStore(bus.redis, bus.keys)
+    await plain.append("s", said("a"), said("b"), said("c"))
+    assert await contents(cached, "s") == ["a", "b", "c"]
+    await bus.redis.delete(bus.keys.transcript("s"))  # deleted, then made again with as many entries and more
+    await plain.append("s", said("x"), said("y"), said("z"), said("w"))
+    assert await contents(cached, "s") == ["x", "y", "z", "w"]
+    await bus.redis.delete(bus.keys.transcript("s"))  # ... with fewer (a backup from before, a lost tail)
+    await plain.append("s", said("x"), said("y"))
+    assert await contents(cached, "s") == ["x", "y"]
+    await bus.redis.delete(bus.keys.transcript("s"))  # ... gone
+    assert await contents(cached, "s") == []
+    assert cached.cache is not None and len(cached.cache) == 0
+    # The same head, a different last entry held: read afresh too.
+    await plain.append("s", said("p"), said("q"))
+    assert await contents(cached, "s") == ["p", "q"]
+    await bus.redis.lset(bus.keys.transcript("s"), 1, (await bus.redis.lrange(bus.keys.transcript("s"), 0, 0))[0])
+    assert await contents(cached, "s") == ["p", "p"]
+
+
+async def test_the_cache_holds_at_most_its_bytes_oldest_read_dropped_first(bus: Bus) -> None:
+    plain = SessionStore(bus.redis, bus.keys)
+    for session in ("a", "b", "c"):
+        await plain.append(session, said(session * 400))
+    one = len((await bus.redis.lrange(bus.keys.transcript("a"), 0, 0))[0])
+    cached = SessionStore(bus.redis, bus.keys, cache_bytes=2 * one)
+    for session in ("a", "b", "a", "c"):  # "b" is the one read longest ago when "c" comes
+        await cached.load(session)
+    assert cached.cache is not None and cached.cache.size <= 2 * one
+    assert cached.cache.get("a") is not None and cached.cache.get("c") is not None and cached.cache.get("b") is None
+    await plain.append("big", said("z" * 5000))
+    assert await contents(cached, "big") == ["z" * 5000]  # bigger than the whole cache: read, not held
+    assert cached.cache.get("big") is None and cached.cache.get("a") is not None
