@@ -60,12 +60,17 @@ def setup(role: str, runtime: RuntimeSettings) -> None:
     log.info("exporting spans (%s)", runtime.otel_exporter)
 
 
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()  # stateless: one for every caller
+
+
+def span(name: str, *, kind: str = "internal", **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+    """A span that is the child of the current trace context (a no-op without OpenTelemetry: no generator
+    made and stepped for each tool call and model call)."""
+    return _NO_SPAN if _tracer is None else _span(name, kind, attributes)
+
+
 @contextlib.contextmanager
-def span(name: str, *, kind: str = "internal", **attributes: Any) -> Iterator[Any]:
-    """A span that is the child of the current trace context (a no-op without OpenTelemetry)."""
-    if _tracer is None:
-        yield None
-        return
+def _span(name: str, kind: str, attributes: dict[str, Any]) -> Iterator[Any]:
     from opentelemetry.trace import SpanKind
 
     parent = _propagator.extract({"traceparent": trace.current.get()} if trace.current.get() else {})
