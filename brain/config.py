@@ -148,8 +148,8 @@ class BrainSettings(Section):
     # what came meanwhile: a provider's chunk is a token or two, and each delta is a bus message, an event
     # log entry in Redis and a frame to every follower (0: every chunk as it comes).
     stream_every_ms: int = Field(default=50, ge=0, le=1000)
-    # Transcripts a Brain keeps as it last read them, up to this many MB as stored, so each turn reads and
-    # parses only what its session gained since, not the whole history again (0: read whole every turn).
+    # Transcripts a Brain keeps as it last read them, up to about this many MB of its memory, so each turn
+    # reads and parses only what its session gained since, not the whole history again (0: read whole).
     transcript_cache_mb: float = Field(default=16.0, ge=0, le=4096)
     # Messages a Brain holds, besides its turns, while they wait for their session's earlier turn.
     max_waiting: int = Field(default=64, ge=0, le=10_000)

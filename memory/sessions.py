@@ -17,7 +17,7 @@ from bus.protocol import now_ms
 from bus.scripts import lua
 from bus.store import RedisStore
 from memory.log import MemoryLog, said
-from memory.transcript_cache import Held, TranscriptCache
+from memory.transcript_cache import Held, TranscriptCache, held_bytes
 
 
 class ForkRefused(PincerError):
@@ -130,7 +130,7 @@ def _parsed(raw: list[bytes]) -> list[TranscriptEntry]:
 
 class SessionStore:
     def __init__(self, redis: RedisStore, keys: Keys, *, cache_bytes: int = 0) -> None:
-        """``cache_bytes``: keep transcripts read, up to that many stored bytes, and read only what each
+        """``cache_bytes``: keep transcripts read, up to about that much memory, and read only what each
         gained since (memory/transcript_cache.py); 0 reads each whole every time."""
         self.redis, self.keys = redis, keys
         self.cache: TranscriptCache[TranscriptEntry] | None = TranscriptCache(cache_bytes) if cache_bytes else None
@@ -221,13 +221,13 @@ class SessionStore:
             if first == held.first and last == held.last:
                 entries = [*held.entries, *_parsed(added)]
                 if added:
-                    self._hold(session_id, entries, held.first, added[-1], held.size + sum(map(len, added)))
+                    self._hold(session_id, entries, held.first, added[-1], held.size + held_bytes(added))
                 return entries
         raw = await self.redis.lrange(key, 0, -1)
         entries = _parsed(raw)
         if self.cache is not None:
             if raw:
-                self._hold(session_id, entries, raw[0], raw[-1], sum(map(len, raw)))
+                self._hold(session_id, entries, raw[0], raw[-1], held_bytes(raw))
             else:
                 self.cache.drop(session_id)
         return entries

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bus.streams import Bus
 from memory.sessions import SessionStore, TranscriptEntry
+from memory.transcript_cache import held_bytes
 
 
 def said(text: str, role: str = "user") -> TranscriptEntry:
@@ -64,12 +65,12 @@ async def test_the_cache_holds_at_most_its_bytes_oldest_read_dropped_first(bus: 
     plain = SessionStore(bus.redis, bus.keys)
     for session in ("a", "b", "c"):
         await plain.append(session, said(session * 400))
-    one = len((await bus.redis.lrange(bus.keys.transcript("a"), 0, 0))[0])
+    one = held_bytes(await bus.redis.lrange(bus.keys.transcript("a"), 0, 0))
     cached = SessionStore(bus.redis, bus.keys, cache_bytes=2 * one)
     for session in ("a", "b", "a", "c"):  # "b" is the one read longest ago when "c" comes
         await cached.load(session)
     assert cached.cache is not None and cached.cache.size <= 2 * one
     assert cached.cache.get("a") is not None and cached.cache.get("c") is not None and cached.cache.get("b") is None
-    await plain.append("big", said("z" * 5000))
-    assert await contents(cached, "big") == ["z" * 5000]  # bigger than the whole cache: read, not held
+    await plain.append("big", said("z" * 3 * one))
+    assert await contents(cached, "big") == ["z" * 3 * one]  # bigger than the whole cache: read, not held
     assert cached.cache.get("big") is None and cached.cache.get("a") is not None
