@@ -5,6 +5,10 @@ growing a scope's matrix) otherwise keeps its heap at the highest peak: glibc ra
 threshold for mapping big blocks each time one is freed, so later big blocks come from the
 heap, and the heap's free pages stay resident. The soak (bench/soak.py) saw a Hands worker's
 RSS climb in steps of 20-30 MB while the memory in use stayed level.
+
+The price: a block of at least ``MAP_FROM`` made and freed per message maps and unmaps it each
+time (~10 µs). msgpack's Packer starts with exactly 256 KiB, so packing goes through
+``bus.codec.pack``, which starts it small.
 """
 
 from __future__ import annotations
