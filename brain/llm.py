@@ -129,7 +129,7 @@ def retry_pause(tried: int) -> float:
 
 class LiteLLMClient:
     """Any provider through litellm; ``openai/`` models, with ``openai_direct``, as the same request straight
-    over httpx (brain.openai_wire): litellm's wrapper cost ~8 ms of CPU a call, the openai SDK ~24 MB."""
+    over aiohttp (brain.openai_wire): litellm's wrapper cost ~8 ms of CPU a call, the openai SDK ~24 MB."""
 
     def __init__(self, *, model: str, api_base: str | None, api_key: str | None, timeout_s: float,
                  retries: int, fallbacks: list[str] | None = None, openai_direct: bool = False,
@@ -142,6 +142,11 @@ class LiteLLMClient:
         self.fallbacks = fallbacks or []
         self.openai_direct = openai_direct
         self._wire: OpenAIWire | None = None  # one pool for every direct call
+
+    async def close(self) -> None:
+        """Its connections closed (the direct road's pool; litellm keeps its own)."""
+        if self._wire is not None:
+            await self._wire.close()
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: OnText, *,
                        max_output_tokens: int | None = None, attempts: list[Attempt] | None = None) -> Completion:
@@ -219,8 +224,8 @@ class LiteLLMClient:
         return kwargs
 
     def _direct(self, model: str, kwargs: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
-        """The same request as litellm's openai provider sends, straight over httpx (brain.openai_wire)."""
-        from brain.openai_wire import MissingKey, OpenAIWire  # httpx only in a Brain that calls a model this way
+        """The same request as litellm's openai provider sends, straight over aiohttp (brain.openai_wire)."""
+        from brain.openai_wire import MissingKey, OpenAIWire  # aiohttp only in a Brain that calls a model this way
 
         if self._wire is None:
             try:
@@ -352,10 +357,12 @@ OVERFLOW = re.compile(r"context[_ ]length|context window|maximum context|prompt 
 
 
 # The errors that mean a connection to the provider was never made: httpx's (and httpx2, the copy the openai
-# SDK under litellm vendors), httpcore's under them, aiohttp's (litellm's transport), and the OS's own refusal.
+# SDK under litellm vendors), httpcore's under them, aiohttp's (the direct road's, and litellm's transport's;
+# its ConnectionTimeoutError is a pool wait or a connect that timed out), and the OS's own refusal.
 NOT_CONNECTED = frozenset({("httpx", "ConnectError"), ("httpx", "ConnectTimeout"), ("httpcore", "ConnectError"),
                            ("httpcore", "ConnectTimeout"), ("aiohttp", "ClientConnectorError"),
-                           ("builtins", "ConnectionRefusedError"), ("socket", "gaierror")})
+                           ("aiohttp", "ConnectionTimeoutError"), ("builtins", "ConnectionRefusedError"),
+                           ("socket", "gaierror")})
 
 
 def never_connected(exc: BaseException) -> bool:
@@ -375,9 +382,9 @@ def never_connected(exc: BaseException) -> bool:
 
 
 def translate_error(exc: Exception) -> LLMError:
-    """litellm's errors, and the direct road's (httpx's, and brain.openai_wire's ProviderError), as ``LLMError``."""
+    """litellm's errors, and the direct road's (aiohttp's, and brain.openai_wire's ProviderError), as ``LLMError``."""
     litellm = sys.modules.get("litellm") or _NoLitellm  # not imported: the error cannot be one of its own
-    transport = sys.modules.get("httpx")  # the direct road's own errors are httpx's
+    transport = sys.modules.get("aiohttp")  # the direct road's own errors are aiohttp's
 
     status = getattr(exc, "status_code", None)
     detail = str(getattr(exc, "message", None) or exc)[:500]
@@ -388,10 +395,10 @@ def translate_error(exc: Exception) -> LLMError:
     if isinstance(exc, litellm.exceptions.AuthenticationError) or status in (401, 403):
         return LLMError(ErrorCode.MODEL_ERROR, f"the model provider refused the API key: {detail}. "
                         "Check PINCER_LLM_API_KEY or the provider's key variable.")
-    if isinstance(exc, litellm.exceptions.Timeout) or (transport and isinstance(exc, transport.TimeoutException)):
+    if isinstance(exc, (litellm.exceptions.Timeout, TimeoutError)):  # aiohttp's timeouts are TimeoutErrors
         return LLMError(ErrorCode.TIMEOUT, f"the model did not answer in time: {detail or type(exc).__name__}")
     if isinstance(exc, (litellm.exceptions.APIConnectionError, litellm.exceptions.ServiceUnavailableError)) \
-            or (transport and isinstance(exc, transport.TransportError)) or status in (502, 503, 504):
+            or (transport and isinstance(exc, transport.ClientError)) or status in (502, 503, 504):
         return LLMError(ErrorCode.SERVICE_UNAVAILABLE, f"cannot reach the model provider: {detail}")
     if "Missing credentials" in detail or (type(exc).__name__ == "OpenAIError" and "api_key" in detail):  # no key
         return LLMError(ErrorCode.MODEL_NOT_CONFIGURED, f"no API key for the model: {detail}. {NOT_CONFIGURED}")

@@ -208,12 +208,19 @@ class BrainWorker:
             services.push_async_callback(self.presence.stop)
             await self.reaper.start()
             services.push_async_callback(self.reaper.close)
+            services.push_async_callback(self._close_llms)
             model = resolve_model(self.settings.model) or "(none configured)"
             log.info("brain ready: model %s", model)
             if self.scheduler is not None:
                 scheduling = asyncio.create_task(self.scheduler.run(stop), name="scheduler")
                 services.push_async_callback(_awaited, scheduling)
             await self.consumer.run(stop)
+
+    async def _close_llms(self) -> None:
+        """Each agent's model connections closed, whatever its model's road."""
+        for llm in self._llms.values():
+            if isinstance(llm, LiteLLMClient):
+                await llm.close()
 
 
 async def _awaited(task: asyncio.Task[Any]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from brain.config import BrainSettings
+from brain.llm import LiteLLMClient
 from brain.worker import BrainWorker
 from bus.presence import alive
 from bus.protocol import ChatError, ChatMessage, ChatReply, Message, ToolExecute, ToolResult, now_ms
@@ -113,12 +114,14 @@ async def pool(bus: Bus, tmp_path: Path):
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "a.txt").write_text("alpha")
     tasks: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+    models: list[Any] = []
 
     async def start(llm, *, hands: bool = True, tools: list[ToolDefinition] = (),
                     **settings: Any) -> dict[str, asyncio.Event]:
         defaults = {"tools_list_timeout_s": 1.0, "tool_deadline_s": 2.0}
         brain = BrainWorker(bus, BrainSettings(**{**defaults, **settings}), instance_id="brain-t", llm=llm,
                             heartbeat_s=0.5)
+        models.append(llm)
         workers = [brain]
         if hands:
             hands_worker = HandsWorker(bus, HandsSettings(workspace=tmp_path / "ws", skill_dirs=[SHIPPED_SKILLS],
@@ -137,6 +140,9 @@ async def pool(bus: Bus, tmp_path: Path):
     for stop, _ in tasks:
         stop.set()
     await asyncio.gather(*(task for _, task in tasks))
+    for llm in models:  # a real client's connections (the worker closes only the clients it made)
+        if isinstance(llm, LiteLLMClient):
+            await llm.close()
 
 
 @pytest.fixture

