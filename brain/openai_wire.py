@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -50,6 +52,7 @@ class OpenAIWire:
         self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json",
                         "Accept": "text/event-stream", "Cache-Control": "no-store"}
         self.timeout_s, self.connections = timeout_s, connections
+        self.proxy = env_proxy(self.url)
         self._session: aiohttp.ClientSession | None = None
         # A tool list's JSON: the catalog hands every turn the same list until Hands' tools change, and it is
         # most of a request's bytes (~8 KB for the built-in tools).
@@ -63,8 +66,8 @@ class OpenAIWire:
             # Each wait bounded as httpx bounded it: the pool and the connect, then each read (the stream's
             # whole length is not bounded: a long answer streams for as long as it writes).
             timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout_s, sock_read=self.timeout_s)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers,
-                                                  trust_env=True)  # HTTPS_PROXY and the like, as httpx read them
+            # Not trust_env: it reads the proxy variables and ~/.netrc again in a thread for every request.
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers)
         return self._session
 
     async def chunks(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
@@ -72,7 +75,7 @@ class OpenAIWire:
         before both ``[DONE]`` and a finish reason was cut (a reset reads as a plain end): an error, never
         half an answer passed off as a whole one."""
         finished = False
-        async with self.session().post(self.url, data=self.encoded(body)) as response:
+        async with self.session().post(self.url, data=self.encoded(body), proxy=self.proxy) as response:
             if response.status >= 400:
                 raise _status_error(response.status, await response.text(errors="replace"))
             if response.content_type != "text/event-stream":
@@ -108,6 +111,15 @@ class OpenAIWire:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (HTTPS_PROXY and the like, NO_PROXY heeded), as httpx
+    read them: read once, for the wire's one address."""
+    parts = urllib.parse.urlsplit(url)
+    if urllib.request.proxy_bypass_environment(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies_environment().get(parts.scheme)
 
 
 def _status_error(status: int, text: str) -> ProviderError:

@@ -203,3 +203,24 @@ def test_a_body_with_tools_is_the_same_json_and_a_changed_list_is_sent_as_it_is_
     other = [*tools, {"type": "function", "function": {"name": "write_file", "parameters": {}}}]
     assert json.loads(made.encoded({**body, "tools": other}))["tools"] == other
     assert json.loads(made.encoded({"model": "m", "messages": []})) == {"model": "m", "messages": []}
+
+
+async def test_a_proxy_the_environment_names_carries_the_calls_unless_no_proxy_names_the_host(
+        serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    hosts: list[str] = []
+    stream = events(chunk("via the proxy", "stop"))
+
+    async def proxy(request: web.Request) -> web.StreamResponse:
+        hosts.append(request.host)  # a proxy is sent the whole address: the provider's host, not its own
+        return await stream(request)
+
+    through = await serve(proxy)
+    monkeypatch.setenv("HTTP_PROXY", through.url.removesuffix("/v1/chat/completions"))
+    made = OpenAIWire(api_key="sk-test", base_url="http://provider.test/v1", timeout_s=5, connections=1)
+    try:
+        assert [c["choices"][0]["delta"]["content"] for c in await read(made)] == ["via the proxy"]
+    finally:
+        await made.close()
+    assert hosts == ["provider.test"]
+    monkeypatch.setenv("NO_PROXY", "provider.test")
+    assert OpenAIWire(api_key="sk-test", base_url="http://provider.test/v1", timeout_s=5, connections=1).proxy is None
