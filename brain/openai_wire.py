@@ -117,9 +117,9 @@ def env_proxy(url: str) -> str | None:
     """The proxy the environment names for ``url`` (HTTPS_PROXY and the like, NO_PROXY heeded), as httpx
     read them: read once, for the wire's one address."""
     parts = urllib.parse.urlsplit(url)
-    if urllib.request.proxy_bypass_environment(parts.hostname or ""):
+    if urllib.request.proxy_bypass(parts.hostname or ""):
         return None
-    return urllib.request.getproxies_environment().get(parts.scheme)
+    return urllib.request.getproxies().get(parts.scheme)
 
 
 def _status_error(status: int, text: str) -> ProviderError:
