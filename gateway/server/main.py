@@ -46,6 +46,7 @@ def main(config: Config, *, port: int | None = None) -> int:
         server = uvicorn.Server(uvicorn.Config(
             gateway.app(), host=settings.host, port=settings.port, log_config=None, access_log=False,
             lifespan="on", timeout_graceful_shutdown=5,
+            http="httptools",  # named, not uvicorn's "auto": a missing parser fails the start, never falls back to h11
         ))
         # Our loop owns SIGTERM/SIGINT (run_service); uvicorn must not take them over.
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # the hook uvicorn offers
