@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncGenerator
@@ -62,7 +63,8 @@ class OpenAIWire:
         """The pool, made on first use: an aiohttp session belongs to the loop it was made in."""
         if self._session is None or self._session.closed:
             # Every connection kept alive (aiohttp's default): a turn after a burst reuses one.
-            connector = aiohttp.TCPConnector(limit=self.connections)
+            connector = aiohttp.TCPConnector(limit=self.connections,
+                                             ssl=tls_context() if self.url.startswith("https:") else True)
             # Each wait bounded as httpx bounded it: the pool and the connect, then each read (the stream's
             # whole length is not bounded: a long answer streams for as long as it writes).
             timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout_s, sock_read=self.timeout_s)
@@ -111,6 +113,18 @@ class OpenAIWire:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def tls_context() -> ssl.SSLContext:
+    """Providers verified against the roots httpx verified them with: those SSL_CERT_FILE or SSL_CERT_DIR
+    name, else certifi's. aiohttp alone would read only the system's, which a python.org build on macOS
+    does not have until its certificates are installed by hand."""
+    cafile, capath = os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None
+    if cafile is None and capath is None:
+        import certifi  # httpx's dependency, and so Pincer's
+
+        cafile = certifi.where()
+    return ssl.create_default_context(cafile=cafile, capath=capath)
 
 
 def env_proxy(url: str) -> str | None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from brain.llm import never_connected, translate_error
 from brain.openai_wire import MissingKey, OpenAIWire, ProviderError
 from bus.protocol import ErrorCode
+from tests.redis_topology import make_certificates
 
 Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -224,3 +227,34 @@ async def test_a_proxy_the_environment_names_carries_the_calls_unless_no_proxy_n
     assert hosts == ["provider.test"]
     monkeypatch.setenv("NO_PROXY", "provider.test")
     assert OpenAIWire(api_key="sk-test", base_url="http://provider.test/v1", timeout_s=5, connections=1).proxy is None
+
+
+async def test_a_provider_over_tls_is_verified_against_the_roots_ssl_cert_file_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_certificates(tmp_path, "127.0.0.1")
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", events(chunk("private", "stop")))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=served)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # started: it has its socket
+    try:
+        async def ask() -> list[dict[str, Any]]:
+            made = OpenAIWire(api_key="sk-test", base_url=f"https://127.0.0.1:{port}/v1", timeout_s=5, connections=1)
+            try:
+                return await read(made)
+            finally:
+                await made.close()
+
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+        with pytest.raises(aiohttp.ClientConnectorCertificateError) as unknown:  # certifi's roots: not ours
+            await ask()
+        assert never_connected(unknown.value)  # refused at the handshake: nothing was sent, nothing billed
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.crt"))
+        assert [c["choices"][0]["delta"]["content"] for c in await ask()] == ["private"]
+    finally:
+        await runner.cleanup()
