@@ -11,6 +11,7 @@ an error in the stream, or an answer that is not a stream), which ``brain.llm.tr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import ssl
@@ -26,6 +27,9 @@ from bus.errors import PincerError
 from bus.identity import ByIdentity
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+# How long the rest of a body may take to come after its [DONE] (most often the chunked body's last line):
+# read in the background so the connection goes back to the pool instead of being closed.
+DRAIN_S = 5.0
 
 
 class ProviderError(PincerError):
@@ -55,6 +59,7 @@ class OpenAIWire:
         self.timeout_s, self.connections = timeout_s, connections
         self.proxy = env_proxy(self.url)
         self._session: aiohttp.ClientSession | None = None
+        self._draining: set[asyncio.Task[None]] = set()  # bodies read to their end after [DONE]
         # A tool list's JSON: the catalog hands every turn the same list until Hands' tools change, and it is
         # most of a request's bytes (~8 KB for the built-in tools).
         self._tools_json: ByIdentity[list[Any], str] = ByIdentity(json.dumps, size=64)
@@ -76,8 +81,9 @@ class OpenAIWire:
         """The completion's chunks as the JSON's dicts, until the server's ``[DONE]``. A stream that ends
         before both ``[DONE]`` and a finish reason was cut (a reset reads as a plain end): an error, never
         half an answer passed off as a whole one."""
-        finished = False
-        async with self.session().post(self.url, data=self.encoded(body), proxy=self.proxy) as response:
+        finished = drained = False
+        response = await self.session().post(self.url, data=self.encoded(body), proxy=self.proxy)
+        try:
             if response.status >= 400:
                 raise _status_error(response.status, await response.text(errors="replace"))
             if response.content_type != "text/event-stream":
@@ -88,6 +94,9 @@ class OpenAIWire:
             async for piece in response.content.iter_any():
                 for data in events.feed(piece):
                     if data == "[DONE]":
+                        drained = not response.content.at_eof()
+                        if drained:
+                            self._drain(response)
                         return
                     if not data:
                         continue
@@ -99,8 +108,17 @@ class OpenAIWire:
                     finished = finished or any(isinstance(c, dict) and c.get("finish_reason")
                                                for c in chunk.get("choices") or ())
                     yield chunk
+        finally:
+            if not drained:  # back to the pool when its body was read to the end, else closed
+                response.release()
         if not finished:
             raise ProviderError(None, "the model's stream ended before its answer did (no finish reason, no [DONE])")
+
+    def _drain(self, response: aiohttp.ClientResponse) -> None:
+        """Read the rest of ``response`` (after its [DONE]) in the background, for at most DRAIN_S."""
+        task = asyncio.create_task(_read_to_end(response))
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
 
     def encoded(self, body: dict[str, Any]) -> bytes:
         """``body`` as JSON, its tool list's part made once per list."""
@@ -111,8 +129,26 @@ class OpenAIWire:
         return f'{head[:-1]}, "tools": {self._tools_json(tools)}}}'.encode()
 
     async def close(self) -> None:
+        for task in list(self._draining):
+            task.cancel()
+        await asyncio.gather(*self._draining, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
+
+
+async def _read_to_end(response: aiohttp.ClientResponse) -> None:
+    """The body's rest read and dropped, so ``release`` pools the connection; closed if it does not end in time."""
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            while await response.content.readany():
+                pass
+    except (TimeoutError, aiohttp.ClientError):
+        response.close()
+    except asyncio.CancelledError:
+        response.close()
+        raise
+    else:
+        response.release()
 
 
 def tls_context() -> ssl.SSLContext:

@@ -25,6 +25,10 @@ arrival reads the whole prompt then), and in ``answered`` once its whole respons
 the requests being served now and ``peak`` the most at once: facts a test of concurrency waits on. Each
 request has a thread of its own, so the server itself caps nothing below its listen backlog.
 
+A whole answer is a chunked body on a connection kept alive, its end written a packet after ``[DONE]``, as
+hosted providers send them (the benches then measure clients that reuse connections, as they would in use);
+a cut one (BREAK, HOLD) is close-delimited, so a reset can end it.
+
 It also answers Anthropic's Messages API (``POST .../v1/messages``, what litellm sends an ``anthropic/``
 model), streamed in Anthropic's events: ``echo: <the last user text>``, with 8 of the prompt's tokens read
 from the cache when the request continues a conversation. Those bodies are kept in ``requests`` too, in
@@ -169,20 +173,22 @@ class ScriptedLLM:
                 self.wfile.flush()
 
             def _stream(self, model: str, reply: dict[str, Any]) -> bool:
-                """Whether the whole response was sent."""
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("connection", "close")
-                self.end_headers()
-                self.close_connection = True
+                """Whether the whole response was sent. A whole answer is a chunked body on a connection kept
+                alive, as providers send it; a cut one is close-delimited, so a reset can end it."""
                 chunks = _chunks(model, reply)
                 cut = reply.get("break", reply.get("hold"))
-                if cut is not None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                if cut is None:
+                    self.send_header("transfer-encoding", "chunked")
+                else:
+                    self.send_header("connection", "close")
+                    self.close_connection = True
                     chunks = chunks[: 1 + cut]  # the role's chunk, then the pieces: then nothing
+                self.end_headers()
                 try:
                     for chunk in chunks:
-                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                        self.wfile.flush()
+                        self._write(f"data: {json.dumps(chunk)}\n\n".encode(), chunked=cut is None)
                         script.chunks_sent += 1
                         time.sleep(reply.get("drip", 0))
                     if reply.get("hold") is not None:
@@ -191,11 +197,15 @@ class ScriptedLLM:
                     if cut is not None:  # closed with a reset: the provider failed mid-stream
                         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         return False
-                    self.wfile.write(b"data: [DONE]\n\n")
-                    self.wfile.flush()
+                    self._write(b"data: [DONE]\n\n", chunked=True)
+                    self._write(b"", chunked=True)  # the body's end: a packet after [DONE], as it often comes
                 except (BrokenPipeError, ConnectionResetError):
                     return False  # the client went away mid-stream (a cancel): what was sent is sent
                 return True
+
+            def _write(self, data: bytes, *, chunked: bool) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+                self.wfile.flush()
 
         return Handler
 

@@ -101,6 +101,54 @@ async def test_a_stream_written_piece_by_piece_is_read_whole(serve: Any) -> None
     assert "".join(c["choices"][0]["delta"]["content"] for c in got) == "aé!"
 
 
+def ends_late(ports: list[int], end: asyncio.Event) -> Answer:
+    """A whole answer and its [DONE], then the chunked body's end only once ``end`` is set (a provider whose
+    last bytes come a packet later); the client port of each request in ``ports``."""
+    async def answer(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        ports.append(request.transport.get_extra_info("peername")[1])
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(f"data: {json.dumps(chunk('hi', 'stop'))}\n\ndata: [DONE]\n\n".encode())
+        await end.wait()
+        await response.write_eof()
+        return response
+    return answer
+
+
+async def test_a_body_that_ends_after_done_is_read_in_the_background_and_its_connection_reused(
+        serve: Any) -> None:
+    ports: list[int] = []
+    end = asyncio.Event()
+    wire = await serve(ends_late(ports, end))
+    assert len(await read(wire)) == 1  # the answer comes at [DONE], before the body's end
+    end.set()
+    await asyncio.wait_for(asyncio.gather(*wire._draining), 5)  # the drain read the end
+    assert len(await read(wire)) == 1
+    assert len(ports) == 2 and ports[0] == ports[1]  # the second call went over the first's connection
+
+
+async def test_a_body_that_never_ends_after_done_is_closed_after_a_bound(
+        serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("brain.openai_wire.DRAIN_S", 0.2)
+    ports: list[int] = []
+    end = asyncio.Event()
+    wire = await serve(ends_late(ports, end))
+    assert len(await read(wire)) == 1
+    await asyncio.wait_for(asyncio.gather(*wire._draining), 5)  # given up on: closed, not pooled
+    end.set()
+    assert len(await read(wire)) == 1
+    assert len(ports) == 2 and ports[0] != ports[1]
+
+    never = asyncio.Event()
+    held = await serve(ends_late(ports, never))  # a drain still running when its wire closes
+    await read(held)
+    draining = set(held._draining)
+    await held.close()
+    never.set()
+    assert draining and all(task.cancelled() for task in draining) and not held._draining
+
+
 async def test_a_stream_cut_before_its_end_is_an_error_not_half_an_answer(serve: Any) -> None:
     with pytest.raises(ProviderError, match="ended before its answer did"):
         await read(await serve(events(chunk("half an"))))
