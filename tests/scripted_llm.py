@@ -37,6 +37,7 @@ Anthropic's form (``system``, ``messages``, ``tools``, with any ``cache_control`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
@@ -114,6 +115,16 @@ class ScriptedLLM:
 
             def log_message(self, *_args: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                # Each write sent at once, as providers' servers do: with Nagle's algorithm a kept-alive
+                # connection's next small write would wait for the client's delayed ACK (~40 ms).
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def handle(self) -> None:
+                with contextlib.suppress(ConnectionResetError):  # a client dropped a kept-alive connection
+                    super().handle()
 
             def do_POST(self) -> None:  # http.server's naming
                 script._opened()
