@@ -32,6 +32,7 @@ from zoneinfo import ZoneInfo
 from brain.config import BrainSettings
 from brain.llm import LOCAL, Attempt, retry_pause, table_entries
 from brain.tokens import MESSAGE_OVERHEAD, tokens
+from bus.batching import failure
 from bus.errors import PincerError
 from bus.metrics import Meter
 from bus.protocol import ChannelSend, ToolSpec
@@ -155,7 +156,7 @@ class Governor:
         self.zone = ZoneInfo(self.budget.timezone)
         self.jobs = JobStore(bus)
         self._reserve = bus.redis.register_script(RESERVE)
-        self._settle = bus.redis.register_script(SETTLE)
+        self._telling: set[asyncio.Task[None]] = set()  # alerts found by settles sent without waiting
 
     # --- what a call counts in ---
 
@@ -215,11 +216,11 @@ class Governor:
         """The call's real cost (the provider's token counts at the model's price) recorded, its hold released,
         and each alert share newly reached told once; the cost in USD."""
         budgets = hold.budgets if hold else await self._budgets_of(agent, identity, job)
-        return await self._record(budgets, hold.hold_id if hold else "", agent, identity, model, usage)
+        return await self._record(budgets, hold.hold_id if hold else "", agent, identity, model, usage, wait=True)
 
     async def settle_call(self, hold: Hold | None, agent: str, identity: str, attempts: list[Attempt],
                           messages: list[dict[str, Any]], tools: list[ToolSpec], *, job: str | None = None,
-                          max_output_tokens: int | None = None) -> float:
+                          max_output_tokens: int | None = None, wait: bool = True) -> float:
         """Every request of one call recorded at what it may have cost, its hold released; the cost in USD.
 
         A request the provider counted costs its counts. One it did not (cancelled, past a deadline, broken off
@@ -227,6 +228,10 @@ class Governor:
         streamed, widened as the prompt is (at most ``max_output_tokens``): Pincer cannot tell what the provider
         read, and a budget fails closed. Only a request that provably never reached it (``Attempt.unsent``) is
         free; a call none of whose requests did gives its hold back.
+
+        ``wait=False``: the cost is known here, and its writes go out with the Brain's next ones (before its
+        record and its reply, in order), not awaited: a turn does not wait a round trip for them. Until they
+        land the call's hold still counts, so a budget is never read as less spent than it is.
         """
         budgets = hold.budgets if hold else await self._budgets_of(agent, identity, job)
         prompt = hold.prompt if hold and hold.prompt else None
@@ -243,10 +248,10 @@ class Governor:
                 self.meter.count("pincer_model_calls_estimated", attempt.model)
                 log.info("model call settled without the provider's usage: %s tokens in, %s out (%s, %s)",
                          usage["prompt_tokens"], usage["completion_tokens"], attempt.model, identity or "-")
-            cost += await self._record(budgets, hold_id, agent, identity, attempt.model, usage)
+            cost += await self._record(budgets, hold_id, agent, identity, attempt.model, usage, wait=wait)
             hold_id = ""  # the hold is released with the first; the others only add
         if hold_id:
-            await self._record(budgets, hold_id, agent, identity, "", {})
+            await self._record(budgets, hold_id, agent, identity, "", {}, wait=wait)
         return cost
 
     async def release(self, hold: Hold | None) -> None:
@@ -258,24 +263,48 @@ class Governor:
         return self.budgets(agent, identity, await self.jobs.get(job) if job else None)
 
     async def _record(self, budgets: list[Budget], hold_id: str, agent: str, identity: str, model: str,
-                      usage: dict[str, Any]) -> float:
-        """One request's cost added to ``budgets`` (and hold ``hold_id`` released, '': none), in one script."""
+                      usage: dict[str, Any], *, wait: bool) -> float:
+        """One request's cost added to ``budgets`` (and hold ``hold_id`` released, '': none), in one script sent
+        with the Brain's other writes (awaited, or not: ``wait``)."""
         prompt, output = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
         cached = min(max(int(usage.get("cached_tokens") or 0), 0), prompt)  # of the prompt's, from the cache
         price = self.price(model)
         cost = price.micro(prompt, output, cached) if price else 0
         hold_id = hold_id or uuid.uuid4().hex  # no hold: the script finds none to release
+        keys = [self.bus.keys.spend_holds, self.bus.keys.spend_hold(hold_id), *(b.key for b in budgets)]
         args: list[Any] = [cost, hold_id, model, prompt, output, cached]
         for budget in budgets:
             args.extend((budget.limit, budget.keep_s))
         args.extend(round(share * 1000) for share in self.budget.alerts)
-        reached = await self._settle(keys=[self.bus.keys.spend_holds, self.bus.keys.spend_hold(hold_id),
-                                           *(b.key for b in budgets)], args=args)
+
+        def build(pipe: Any) -> None:
+            pipe.eval(SETTLE, len(keys), *keys, *args)  # EVAL: a pipeline would first ask SCRIPT EXISTS
+
         if model:
             self.meter.count("pincer_model_cost_usd", model, agent, identity, value=cost / MICRO)
+        if wait:
+            await self._told(budgets, (await self.bus.batcher.run(build))[0])
+        else:
+            self.bus.batcher.send(build, done=lambda outcome: self._settled(budgets, outcome))
+        return cost / MICRO
+
+    def _settled(self, budgets: list[Budget], outcome: list[Any] | Exception) -> None:
+        """A settle sent without waiting has landed (or failed: its hold then lapses, charged its prompt)."""
+        error = failure(outcome)
+        if error is not None:
+            log.error("a model call's cost was not recorded: %s; its hold lapses and is charged its prompt",
+                      error)
+            return
+        assert not isinstance(outcome, Exception)
+        if outcome[0]:
+            task = asyncio.get_running_loop().create_task(self._told(budgets, outcome[0]))
+            self._telling.add(task)
+            task.add_done_callback(self._telling.discard)
+
+    async def _told(self, budgets: list[Budget], reached: list[Any]) -> None:
+        """Each alert share the settle found newly reached, told once."""
         for index, share, spent in reached:
             await self._alert(budgets[int(index) - 1], int(share) / 1000, int(spent))
-        return cost / MICRO
 
     async def _alert(self, budget: Budget, share: float, spent: int) -> None:
         text = (f"{budget.what} budget is {share:.0%} spent: ${spent / MICRO:.2f} of ${budget.limit / MICRO:.2f} "

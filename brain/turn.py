@@ -275,8 +275,9 @@ class Turn:
                 attempts.append(Attempt(model=answered or self.models[0]))
             for attempt in attempts:  # priced by the names the hold was priced by
                 attempt.model = attempt.model if attempt.model in self.models else answered or self.models[0]
+            # Not awaited: the cost is known here, and its writes precede the record and the reply in the batcher.
             return await spend.settle_call(hold, msg.agent_id, msg.sender, attempts, shown, tools, job=msg.job,  # type: ignore[union-attr]  # only called with a governor
-                                           max_output_tokens=out)
+                                           max_output_tokens=out, wait=False)
 
         try:
             with otel.span(f"chat {self.model_name}", kind="client", gen_ai__operation__name="chat",

@@ -55,8 +55,11 @@ def test_an_identity_past_its_budget_is_refused_before_the_model_and_the_spend_i
     assert day["spent_usd"] == pytest.approx(3 * CALL_USD) and day["held_usd"] == 0
     assert rows[("pool", "day")]["calls"] == len(scripted_llm.requests) == 4
     assert rows[("pool", "month")]["spent_usd"] == pytest.approx(4 * CALL_USD)
-    table = processes.run("budget", extra_env={"COLUMNS": "200"})
-    assert "identity:alice" in table.stdout and "alert: alice's day budget is 100% spent" in table.stdout
+    def alerted() -> str | None:  # told once the third call's settle lands, just after its answer
+        table = processes.run("budget", extra_env={"COLUMNS": "200"}).stdout
+        return table if "alert: alice's day budget is 100% spent" in table else None
+
+    assert "identity:alice" in wait_until(alerted, timeout=20, what="the 100% alert in `pincer budget`")
 
     def scraped() -> str | None:  # counters travel with the next heartbeat
         text = owner.get("/metrics").text

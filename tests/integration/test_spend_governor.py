@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from brain.config import BrainSettings
-from brain.llm import Completion
+from brain.llm import Attempt, Completion
 from brain.spend import MICRO, BudgetExceeded, Governor, report
 from brain.testing import FunctionModel
 from bus.codec import decode
@@ -21,6 +21,7 @@ from bus.protocol import ChatError, ChatMessage, ChatReply, ErrorCode, ToolSpec
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from memory.jobs import Job, JobStore, Schedule
+from tests.conftest import async_wait_until
 
 MODEL = "fake/priced"
 PRICES = {MODEL: {"input_per_mtok": 1000.0, "output_per_mtok": 3000.0}}
@@ -102,7 +103,12 @@ async def test_many_sessions_on_three_brains_stop_at_the_pools_budget_and_the_me
     assert MICRO <= pool["spent"] <= MICRO + provider.largest  # passed by one call's cost at most
     assert pool["held"] == 0  # every hold settled
 
-    alerts = await bus.redis.xrange(bus.keys.alerts)
+    async def three_told() -> list[Any]:  # each told once its call's settle lands, after that call's reply
+        found = await bus.redis.xrange(bus.keys.alerts)
+        sent = await bus.redis.xrange(bus.keys.channel_outbox("telegram"))
+        return found if len(found) >= 3 and len(sent) >= 3 else []
+
+    alerts = await async_wait_until(three_told, timeout=10, what="the three alerts")
     told = sorted((f[b"budget"].decode(), float(f[b"share"])) for _, f in alerts)
     assert told == [("brain.budget.daily_usd", 0.5), ("brain.budget.daily_usd", 0.8),
                     ("brain.budget.daily_usd", 1.0)]  # each once, none for the month (at 2%)
@@ -178,6 +184,26 @@ async def test_a_hold_left_by_a_killed_brain_lapses_and_a_budget_renews_each_day
         await governor.reserve("main", "owner", [MODEL], messages, [])
     now[0] += 86_400  # the next day: a fresh budget
     assert await governor.reserve("main", "owner", [MODEL], messages, []) is not None
+
+
+async def test_a_settle_not_waited_for_keeps_its_hold_until_it_lands_before_the_next_write(bus: Bus) -> None:
+    """A turn does not wait for its call's settle: the cost comes back at once, the hold still counts until the
+    write lands, and it lands before anything the Brain writes after it (its record, its reply)."""
+    settings = BrainSettings(model=MODEL, prices=PRICES, budget={"daily_usd": 0.5, "max_output_tokens": 64})
+    governor = Governor(bus, settings, Meter())
+    messages = [{"role": "user", "content": "hello"}]
+    hold = await governor.reserve("main", "owner", [MODEL], messages, [])
+    assert hold is not None
+    pool = hold.budgets[0].key
+    usage = {"prompt_tokens": 400, "completion_tokens": 40}  # $0.52: past the day's $0.50
+    cost = await governor.settle_call(hold, "main", "owner", [Attempt(model=MODEL, usage=usage)], messages, [],
+                                      wait=False)
+    assert cost == pytest.approx(0.52)
+    assert int(await bus.redis.hget(pool, "held")) == hold.bound  # not landed yet: the bound still counts
+    await bus.batcher.run(lambda pipe: pipe.set(f"{bus.keys.prefix}after", 1))  # a later write
+    assert int(await bus.redis.hget(pool, "held")) == 0 and int(await bus.redis.hget(pool, "spent")) == 520_000
+    told = await async_wait_until(lambda: bus.redis.xrange(bus.keys.alerts), timeout=10, what="the alert")
+    assert [float(f[b"share"]) for _, f in told] == [0.5, 0.8, 1.0]  # told from the write's outcome
 
 
 def test_budget_settings_say_what_is_wrong() -> None:
