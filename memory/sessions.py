@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -18,6 +18,9 @@ from bus.scripts import lua
 from bus.store import RedisStore
 from memory.log import MemoryLog, said
 from memory.transcript_cache import Held, TranscriptCache, held_bytes
+
+if TYPE_CHECKING:
+    from bus.batching import Batcher
 
 
 class ForkRefused(PincerError):
@@ -129,10 +132,11 @@ def _parsed(raw: list[bytes]) -> list[TranscriptEntry]:
 
 
 class SessionStore:
-    def __init__(self, redis: RedisStore, keys: Keys, *, cache_bytes: int = 0) -> None:
+    def __init__(self, redis: RedisStore, keys: Keys, *, cache_bytes: int = 0, batcher: Batcher | None = None) -> None:
         """``cache_bytes``: keep transcripts read, up to about that much memory, and read only what each
-        gained since (memory/transcript_cache.py); 0 reads each whole every time."""
-        self.redis, self.keys = redis, keys
+        gained since (memory/transcript_cache.py); 0 reads each whole every time. ``batcher``: numbering
+        goes with the process's other writes (a Gateway's, where messages arrive together)."""
+        self.redis, self.keys, self.batcher = redis, keys, batcher
         self.cache: TranscriptCache[TranscriptEntry] | None = TranscriptCache(cache_bytes) if cache_bytes else None
         self._claim = redis.register_script(CLAIM_AND_NUMBER)
         self._adopt = redis.register_script(ADOPT)
@@ -170,7 +174,10 @@ class SessionStore:
         keys = [self.keys.session_owner(session_id), self.keys.transcript(session_id),
                 self.keys.session_seq(session_id), self.keys.session_done(session_id)]
         args = [owner or sender, sender, "1" if operator else "0", ttl_s * 1000]
-        seq = int(await self._claim(keys=keys, args=args))
+        if self.batcher is not None:  # EVAL: a pipeline would first ask SCRIPT EXISTS (bus/scripts.py)
+            seq = int((await self.batcher.run(lambda pipe: pipe.eval(CLAIM_AND_NUMBER, len(keys), *keys, *args)))[0])
+        else:
+            seq = int(await self._claim(keys=keys, args=args))
         return None if seq < 0 else seq
 
     async def adopt(self, session_id: str, *, like: str) -> None:

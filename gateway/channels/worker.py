@@ -104,7 +104,7 @@ class ChannelWorker:
         self._take_upload = bus.redis.register_script(TAKE_UPLOAD)
         self.name = platform.name
         self.inbox = ReplyInbox(bus, instance_id)
-        self.sessions = SessionStore(bus.redis, bus.keys)
+        self.sessions = SessionStore(bus.redis, bus.keys, batcher=bus.batcher)
         self.turns = TurnRunner(bus, self.inbox, self.sessions, CallerLimits(bus, gateway.limits), gateway)
         self.turn_timeout_s = gateway.turn_timeout_s
         self.access = Access(bus, self.name, allow_from=settings.allow_from, agent=settings.agent,

@@ -128,7 +128,7 @@ class Gateway:
         self.spend = spend or SpendView()  # the brain section's budgets, which /v1/spend reads against
         self.channels = channels or []  # the channels the config enables (/v1/channels lists them)
         self.inbox = ReplyInbox(bus, instance_id)
-        self.sessions = SessionStore(bus.redis, bus.keys)
+        self.sessions = SessionStore(bus.redis, bus.keys, batcher=bus.batcher)
         self.tokens = tokens or TokenStore(bus.redis, bus.keys, static=settings.static_token())
         self.web = WebSessions(bus.redis, bus.keys, self.tokens)
         self.limits = CallerLimits(bus, settings.limits)

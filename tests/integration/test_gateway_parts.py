@@ -119,8 +119,9 @@ async def test_a_brain_backlog_past_the_bound_refuses_new_messages(bus: Bus) -> 
     assert refused.value.code == ErrorCode.SERVICE_UNAVAILABLE and "3 messages are waiting" in refused.value.message
 
 
-async def test_a_session_belongs_to_the_token_that_started_it(bus: Bus) -> None:
-    sessions = SessionStore(bus.redis, bus.keys)
+@pytest.mark.parametrize("batched", [False, True], ids=["own-round-trip", "with-the-batcher"])
+async def test_a_session_belongs_to_the_token_that_started_it(bus: Bus, batched: bool) -> None:
+    sessions = SessionStore(bus.redis, bus.keys, batcher=bus.batcher if batched else None)  # the Gateway's: batched
     assert await sessions.claim_and_number("s1", "alice") == 1
     assert await sessions.claim_and_number("s1", "bob") is None
     assert await sessions.claim_and_number("s1", "ops", operator=True) == 2  # operators may, and take nothing
