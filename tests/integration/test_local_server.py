@@ -63,9 +63,22 @@ async def serve() -> AsyncIterator:
         await task
 
 
+MADE: list[LiteLLMClient] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    """Each test's model clients closed after it (their connection pools)."""
+    yield
+    while MADE:
+        await MADE.pop().close()
+
+
 def brain_client(api_base: str, *, direct: bool) -> LiteLLMClient:
-    return LiteLLMClient(model="openai/qwen-local", api_base=api_base, api_key=KEY, timeout_s=20, retries=0,
+    made = LiteLLMClient(model="openai/qwen-local", api_base=api_base, api_key=KEY, timeout_s=20, retries=0,
                          openai_direct=direct)
+    MADE.append(made)
+    return made
 
 
 async def ignore(_text: str) -> None:
