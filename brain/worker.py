@@ -64,7 +64,8 @@ class BrainWorker:
         meter = Meter()
         recorder = FlightRecorder(bus.redis, bus.keys, keep_s=settings.record.keep_s, send=bus.batcher.send) \
             if settings.record.enabled else None
-        sessions = SessionStore(bus.redis, bus.keys, cache_bytes=int(settings.transcript_cache_mb * 2**20))
+        sessions = SessionStore(bus.redis, bus.keys, cache_bytes=int(settings.transcript_cache_mb * 2**20),
+                                batcher=bus.batcher)
         self.deps = TurnDeps(bus=bus, inbox=self.inbox, sessions=sessions,
                              memory=LongTermMemory(bus.redis, bus.keys),
                              catalog=ToolCatalog(bus, self.inbox, timeout_s=settings.tools_list_timeout_s),

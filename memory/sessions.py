@@ -135,7 +135,8 @@ class SessionStore:
     def __init__(self, redis: RedisStore, keys: Keys, *, cache_bytes: int = 0, batcher: Batcher | None = None) -> None:
         """``cache_bytes``: keep transcripts read, up to about that much memory, and read only what each
         gained since (memory/transcript_cache.py); 0 reads each whole every time. ``batcher``: numbering
-        goes with the process's other writes (a Gateway's, where messages arrive together)."""
+        and appends go with the process's other writes (a Gateway's, a Brain's), awaited, so turns that
+        write together share round trips."""
         self.redis, self.keys, self.batcher = redis, keys, batcher
         self.cache: TranscriptCache[TranscriptEntry] | None = TranscriptCache(cache_bytes) if cache_bytes else None
         self._claim = redis.register_script(CLAIM_AND_NUMBER)
@@ -151,8 +152,8 @@ class SessionStore:
                     if (f := said(session_id, e.role, e.content, e.timestamp, f"{e.timestamp}-{n}",
                                   str(e.metadata.get("message_id") or ""))) is not None]
         asked = next((e.content for e in entries if e.role == "user" and e.content), None)
-        # Not a transaction: the keys live in different cluster slots; the index is a hint.
-        async with self.redis.pipeline(transaction=False) as pipe:
+
+        def build(pipe: Any) -> None:
             pipe.rpush(self.keys.transcript(session_id), *packed)
             pipe.zadd(self.keys.sessions, {session_id: time.time()})
             if asked is not None:  # titled by its first message, until someone names it
@@ -160,6 +161,13 @@ class SessionStore:
                           "first", title_of(asked))  # EVAL: no SCRIPT EXISTS round trip (see MemoryLog)
             for fields in findable:  # memory search finds it (memory/recall.py), in the same round trip
                 self.log.said(pipe, session_id, fields)
+
+        if self.batcher is not None:
+            await self.batcher.run(build)
+            return
+        # Not a transaction: the keys live in different cluster slots; the index is a hint.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            build(pipe)
             await pipe.execute()
 
     async def next_seq(self, session_id: str) -> int:
