@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from bus.consumer import HandedOver
-from bus.keys import Keys
 from bus.log import kv
 from bus.loops import every, finish
 from bus.protocol import ChatMessage
 from bus.redis_client import RedisAway
 from bus.scripts import lua
+from bus.streams import Bus
 
 log = logging.getLogger("brain.session_order")
 
@@ -67,12 +67,15 @@ class Lease:
 
 
 class SessionOrder:
-    def __init__(self, redis: Any, keys: Keys, instance_id: str, *, lease_s: float, wait_s: float) -> None:
-        self.keys, self.instance_id = keys, instance_id
+    def __init__(self, bus: Bus, instance_id: str, *, lease_s: float, wait_s: float) -> None:
+        self.bus, self.keys, self.instance_id = bus, bus.keys, instance_id
         self.lease_ms, self.wait_s = int(lease_s * 1000), wait_s
-        self._acquire = redis.register_script(ACQUIRE)
-        self._renew = redis.register_script(RENEW)
-        self._release = redis.register_script(RELEASE)
+        self._renew = bus.redis.register_script(RENEW)
+
+    async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        """A script with the Brain's other writes (a turn's start and end share their round trips; EVAL, as
+        a pipeline would first ask SCRIPT EXISTS)."""
+        return (await self.bus.batcher.run(lambda pipe: pipe.eval(script, len(keys), *keys, *args)))[0]
 
     @contextlib.asynccontextmanager
     async def turn(self, message: ChatMessage, *,
@@ -92,20 +95,20 @@ class SessionOrder:
             # so the session is freed for it but not counted done (its later messages keep waiting).
             await finish(renewing, stop, grace_s=5)
             with contextlib.suppress(RedisAway):
-                await self._release(keys=keys, args=[owner, 0])
+                await self._run(RELEASE, keys, [owner, 0])
             raise
         except BaseException:
             await finish(renewing, stop, grace_s=5)
-            await self._release(keys=keys, args=[owner, seq])
+            await self._run(RELEASE, keys, [owner, seq])
             raise
         await finish(renewing, stop, grace_s=5)
-        await self._release(keys=keys, args=[owner, seq])
+        await self._run(RELEASE, keys, [owner, seq])
 
     async def _wait_for_turn(self, message: ChatMessage, owner: str, keys: list[str], seq: int,
                              on_wait: Callable[[], object]) -> None:
         started, delay, warned, waiting = time.monotonic(), 0.005, False, False
         while True:
-            got = await self._acquire(keys=keys, args=[seq, owner, self.lease_ms])
+            got = await self._run(ACQUIRE, keys, [seq, owner, self.lease_ms])
             if got == 1:
                 return
             if not waiting:

@@ -79,7 +79,7 @@ class BrainWorker:
                                                   "model": resolve_model(settings.model) or "(none)",
                                                   "agents": ",".join(settings.agent_ids()),
                                                   "metrics": self.deps.meter.snapshot()})
-        self._sessions = SessionOrder(bus.redis, bus.keys, instance_id, lease_s=settings.session_lease_s,
+        self._sessions = SessionOrder(bus, instance_id, lease_s=settings.session_lease_s,
                                       wait_s=settings.session_wait_s or settings.max_turn_s + 60)
         self.control = BroadcastReader(bus, bus.keys.brain_control, self._on_control)
         self._running: dict[str, asyncio.Task[Any]] = {}  # session id -> the task running its turn

@@ -15,7 +15,7 @@ def message(session: str, seq: int | None) -> ChatMessage:
 
 
 async def test_two_brains_keep_order_within_a_session_and_overlap_across(bus: Bus) -> None:
-    brains = [SessionOrder(bus.redis, bus.keys, f"brain{i}", lease_s=5, wait_s=30) for i in range(2)]
+    brains = [SessionOrder(bus, f"brain{i}", lease_s=5, wait_s=30) for i in range(2)]
     log: list[str] = []
 
     async def turn(brain: int, session: str, seq: int, delay: float = 0) -> None:
@@ -35,7 +35,7 @@ async def test_two_brains_keep_order_within_a_session_and_overlap_across(bus: Bu
 
 
 async def test_a_dead_brains_lease_expires_and_the_next_turn_goes_on(bus: Bus) -> None:
-    order = SessionOrder(bus.redis, bus.keys, "survivor", lease_s=1, wait_s=30)
+    order = SessionOrder(bus, "survivor", lease_s=1, wait_s=30)
     # A Brain took the lease for message 1 and died: nobody renews it.
     await bus.redis.set(bus.keys.session_lease("s"), "dead-brain:m1", px=1000)
     started = asyncio.get_running_loop().time()
@@ -46,8 +46,8 @@ async def test_a_dead_brains_lease_expires_and_the_next_turn_goes_on(bus: Bus) -
 
 
 async def test_the_lease_is_renewed_while_a_long_turn_runs(bus: Bus) -> None:
-    order = SessionOrder(bus.redis, bus.keys, "b", lease_s=1, wait_s=30)
-    other = SessionOrder(bus.redis, bus.keys, "c", lease_s=1, wait_s=30)
+    order = SessionOrder(bus, "b", lease_s=1, wait_s=30)
+    other = SessionOrder(bus, "c", lease_s=1, wait_s=30)
     log: list[str] = []
 
     async def long_turn() -> None:
@@ -66,7 +66,7 @@ async def test_the_lease_is_renewed_while_a_long_turn_runs(bus: Bus) -> None:
 
 
 async def test_a_message_whose_predecessor_never_came_goes_on_after_the_wait(bus: Bus) -> None:
-    order = SessionOrder(bus.redis, bus.keys, "b", lease_s=5, wait_s=0.3)
+    order = SessionOrder(bus, "b", lease_s=5, wait_s=0.3)
     async with order.turn(message("s", 5)):  # 1-4 were lost before any Brain saw them
         pass
     assert await bus.redis.get(bus.keys.session_done("s")) == b"5"
@@ -75,7 +75,7 @@ async def test_a_message_whose_predecessor_never_came_goes_on_after_the_wait(bus
 async def test_a_turn_whose_lease_another_brain_took_stops_and_leaves_the_entry_to_it(bus: Bus) -> None:
     from bus.consumer import GroupConsumer
 
-    order = SessionOrder(bus.redis, bus.keys, "stalled", lease_s=1, wait_s=30)
+    order = SessionOrder(bus, "stalled", lease_s=1, wait_s=30)
     seen: list[str] = []
 
     async def handler(msg, _stream):
