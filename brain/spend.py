@@ -292,8 +292,8 @@ class Governor:
         """A settle sent without waiting has landed (or failed: its hold then lapses, charged its prompt)."""
         error = failure(outcome)
         if error is not None:
-            log.error("a model call's cost was not recorded: %s; its hold lapses and is charged its prompt",
-                      error)
+            log.error("a model call's cost was not recorded (Redis away?): %s; a hold it had lapses later and is "
+                      "charged its prompt", error)
             return
         assert not isinstance(outcome, Exception)
         if outcome[0]:
