@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bus.consumer import HandedOver
+from bus.batching import failure
+from bus.consumer import WRITE_RETRY_DELAYS, HandedOver
 from bus.log import kv
 from bus.loops import every, finish
 from bus.protocol import ChatMessage
@@ -77,6 +78,23 @@ class SessionOrder:
         a pipeline would first ask SCRIPT EXISTS)."""
         return (await self.bus.batcher.run(lambda pipe: pipe.eval(script, len(keys), *keys, *args)))[0]
 
+    def _release_soon(self, keys: list[str], owner: str, seq: int, attempt: int = 0) -> None:
+        """Give the session back with the Brain's next write, not waited for: the turn's reply is queued
+        next, so both share a round trip and the release lands first. Sent again while Redis is away, as
+        the reply is; a release that never lands leaves the lease to lapse."""
+        def done(outcome: list[Any] | Exception) -> None:
+            error = failure(outcome)
+            if error is None:
+                return
+            if isinstance(error, RedisAway) and attempt < len(WRITE_RETRY_DELAYS):
+                asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[attempt], self._release_soon,
+                                                      keys, owner, seq, attempt + 1)
+                return
+            log.warning("session not given back; its lease lapses %s: %s",
+                        kv(lease=keys[1], lapses_in_s=self.lease_ms / 1000), error)
+
+        self.bus.batcher.send(lambda pipe: pipe.eval(RELEASE, len(keys), *keys, owner, seq), done=done)
+
     @contextlib.asynccontextmanager
     async def turn(self, message: ChatMessage, *,
                    on_wait: Callable[[], object] = lambda: None) -> AsyncIterator[Lease]:
@@ -102,7 +120,7 @@ class SessionOrder:
             await self._run(RELEASE, keys, [owner, seq])
             raise
         await finish(renewing, stop, grace_s=5)
-        await self._run(RELEASE, keys, [owner, seq])
+        self._release_soon(keys, owner, seq)
 
     async def _wait_for_turn(self, message: ChatMessage, owner: str, keys: list[str], seq: int,
                              on_wait: Callable[[], object]) -> None:

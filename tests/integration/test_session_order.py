@@ -6,6 +6,7 @@ import asyncio
 
 from brain.session_order import SessionOrder
 from bus.protocol import ChatMessage
+from bus.redis_client import RedisAway
 from bus.streams import Bus
 from tests.conftest import async_wait_until
 
@@ -30,8 +31,28 @@ async def test_two_brains_keep_order_within_a_session_and_overlap_across(bus: Bu
     a = [line for line in log if line.endswith(("a1", "a2", "a3"))]
     assert a == ["start a1", "end a1", "start a2", "end a2", "start a3", "end a3"]
     assert log.index("start b1") < log.index("end a1")  # another session ran meanwhile
+    await bus.batcher.run(lambda pipe: pipe.ping())  # the releases went with the writes before this one
     assert await bus.redis.get(bus.keys.session_done("a")) == b"3"
     assert not await bus.redis.exists(bus.keys.session_lease("a"))
+
+
+async def test_the_release_goes_with_the_next_write_and_is_sent_again_while_redis_is_away(bus: Bus) -> None:
+    order = SessionOrder(bus, "b", lease_s=30, wait_s=30)
+    sent, failed = bus.batcher.send, []
+
+    def away_once(build, *, done=None):  # the first write of the release meets Redis away
+        if not failed:
+            failed.append(build)
+            done(RedisAway("connection lost"))
+            return
+        sent(build, done=done)
+
+    async with order.turn(message("s", 1)):
+        bus.batcher.send = away_once  # type: ignore[method-assign]
+    assert failed and await bus.redis.exists(bus.keys.session_lease("s"))  # not given back yet
+    await async_wait_until(lambda: bus.redis.get(bus.keys.session_done("s")), what="the release sent again")
+    assert await bus.redis.get(bus.keys.session_done("s")) == b"1"
+    assert not await bus.redis.exists(bus.keys.session_lease("s"))
 
 
 async def test_a_dead_brains_lease_expires_and_the_next_turn_goes_on(bus: Bus) -> None:
