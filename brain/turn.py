@@ -42,6 +42,7 @@ from brain.tool_text import MAX_ARGS_DEPTH, depth, error_for_model, for_model, l
 from brain.usage import TurnLimits, TurnUsage
 from bus import otel, trace
 from bus.log import kv
+from bus.loops import ready
 from bus.metrics import Meter
 from bus.protocol import (
     ChatDelta,
@@ -126,18 +127,26 @@ class Turn:
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
         msg, deps = self.message, self.deps
-        before, turn = await self._transcript()
+        before, turn, kept = await self._transcript()
         finished = finished_answer(msg, turn)
         if finished is not None:  # the Brain that ran it died before answering: answer from the record
+            await kept
             return finished
+        try:
+            # The tools and notes are read while the message is on its way to the transcript; it is
+            # kept before anything answers it.
+            tools, skills = await deps.catalog.lookup(msg.agent_id, msg.sender)
+            notes = await deps.memory.list(msg.agent_id, owner=msg.sender) \
+                if any(t.name == "memory_read" for t in tools) else []
+        except NoHandsAvailable as exc:
+            await kept
+            return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
+        except BaseException:
+            await asyncio.gather(kept, return_exceptions=True)  # heard, so its failure is not logged as lost
+            raise
+        await kept
         if deps.llm is None:
             return self._error(ErrorCode.MODEL_NOT_CONFIGURED, NOT_CONFIGURED)
-        try:
-            tools, skills = await deps.catalog.lookup(msg.agent_id, msg.sender)
-        except NoHandsAvailable as exc:
-            return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
-        notes = await deps.memory.list(msg.agent_id, owner=msg.sender) \
-            if any(t.name == "memory_read" for t in tools) else []
         # The stable head first, byte for byte the same every turn (a provider's prompt cache reads it); what
         # changes between turns after it (brain/prompt.py).
         self.system = {"role": "system", "content": system_prompt(deps.settings.instructions, skills)}
@@ -174,8 +183,9 @@ class Turn:
         await delegations.account(self.used.totals())  # the tree sees this turn's last model call
         return final
 
-    async def _transcript(self) -> tuple[list[TranscriptEntry], list[TranscriptEntry]]:
-        """The session before this message, and this message's turn so far (recorded now if it is new)."""
+    async def _transcript(self) -> tuple[list[TranscriptEntry], list[TranscriptEntry], Awaitable[object]]:
+        """The session before this message, this message's turn so far, and its keeping: a new message's
+        append, queued (awaited by the caller before the model hears it)."""
         msg, sessions = self.message, self.deps.sessions
         history = await sessions.load(msg.session_id)
         # The raw field first: a new message (the usual case) is then checked against no entry's typed marks.
@@ -185,13 +195,13 @@ class Turn:
         if start is not None:
             log.info("turn resumed from the transcript %s",
                      kv(session=msg.session_id, message=msg.message_id, entries=len(history) - start))
-            return history[:start], history[start:]
+            return history[:start], history[start:], ready()
         user = self._entry(role="user", content=msg.text, sender=msg.sender,
                            trace_id=trace.trace_id(trace.current.get()))
-        await sessions.append(msg.session_id, user)
+        kept = sessions.append(msg.session_id, user)
         await self._record("turn", text=msg.text, sender=msg.sender, agent=msg.agent_id,
                            instructions=msg.instructions, job=msg.job)
-        return history, [user]
+        return history, [user], kept
 
     async def _loop(self, messages: list[dict[str, Any]], tools: list[ToolSpec], turn_starts: int,
                     turn: list[TranscriptEntry]) -> ChatReply | ChatError:

@@ -65,9 +65,14 @@ class Batcher:
 
     async def run(self, build: Build) -> list[Any]:
         """Queue the commands ``build`` adds to a pipeline; return their results."""
+        return await self.queue(build)
+
+    def queue(self, build: Build) -> asyncio.Future[list[Any]]:
+        """Queue the commands now and await their results later: the caller may do other work while
+        they travel (it must await the future, or their failure goes unheard)."""
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._enqueue(build, future)
-        return await future
+        return future
 
     def send(self, build: Build, *, done: Done = _log_failure) -> None:
         """Queue commands without waiting; ``done`` hears the outcome (by default a failure is logged).

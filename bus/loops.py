@@ -36,6 +36,13 @@ async def finish(task: asyncio.Task[None] | None, stop: asyncio.Event, *, grace_
         task.cancel()
 
 
+def ready() -> asyncio.Future[None]:
+    """An awaitable that is already done: for a caller told to await something there was no need for."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future
+
+
 async def sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
     """Wait ``delay`` seconds, or less if ``stop`` is set meanwhile."""
     with contextlib.suppress(TimeoutError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgpack
@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bus.codec import pack
 from bus.errors import PincerError
 from bus.keys import Keys
+from bus.loops import ready
 from bus.protocol import now_ms
 from bus.scripts import lua
 from bus.store import RedisStore
@@ -144,9 +145,11 @@ class SessionStore:
         self._about = redis.register_script(ABOUT)
         self.log = MemoryLog(redis, keys)
 
-    async def append(self, session_id: str, *entries: TranscriptEntry) -> None:
+    def append(self, session_id: str, *entries: TranscriptEntry) -> Awaitable[object]:
+        """Add entries to the transcript: kept once what this returns is awaited. With a batcher they are
+        queued at once, in order with the process's other writes, so a caller may read meanwhile."""
         if not entries:
-            return
+            return ready()
         packed = [pack(e.model_dump(mode="json", exclude_none=True)) for e in entries]
         findable = [f for n, e in enumerate(entries)
                     if (f := said(session_id, e.role, e.content, e.timestamp, f"{e.timestamp}-{n}",
@@ -163,8 +166,10 @@ class SessionStore:
                 self.log.said(pipe, session_id, fields)
 
         if self.batcher is not None:
-            await self.batcher.run(build)
-            return
+            return self.batcher.queue(build)
+        return self._pooled(build)
+
+    async def _pooled(self, build: Callable[[Any], None]) -> None:
         # Not a transaction: the keys live in different cluster slots; the index is a hint.
         async with self.redis.pipeline(transaction=False) as pipe:
             build(pipe)
