@@ -48,6 +48,23 @@ def wait_until(condition: Callable[[], Any], *, timeout: float = 20.0, interval:
     raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
 
 
+MODEL_CLIENTS: list[Any] = []  # model clients tests made, for ``close_model_clients``
+
+
+def closed_after_test(client: Any) -> Any:
+    """A model client to close after its test (its connection pool): for modules that use the
+    ``close_model_clients`` fixture."""
+    MODEL_CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture
+async def close_model_clients() -> AsyncIterator[None]:
+    yield
+    while MODEL_CLIENTS:
+        await MODEL_CLIENTS.pop().close()
+
+
 async def async_wait_until(condition: Callable[[], Any], *, timeout: float = 20.0, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -2,41 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from brain.llm import LiteLLMClient, LLMError
 from bus.protocol import ErrorCode, ToolSpec
+from tests.conftest import closed_after_test
 from tests.scripted_llm import ScriptedLLM
 
 TOOLS = [ToolSpec(name="read_file", description="read", parameters={"type": "object"})]
 
 
 # Both roads a model call takes: litellm's, and the openai SDK's own for `openai/` models.
-pytestmark = pytest.mark.parametrize("direct", [False, True], ids=["litellm", "openai-direct"])
+pytestmark = [pytest.mark.parametrize("direct", [False, True], ids=["litellm", "openai-direct"]),
+              pytest.mark.usefixtures("close_model_clients")]
 
 
 async def ignore(_text: str) -> None:
     return None
 
 
-MADE: list[LiteLLMClient] = []
-
-
-@pytest.fixture(autouse=True)
-async def _closed() -> AsyncIterator[None]:
-    """Each client a test made, its connections closed after it."""
-    yield
-    while MADE:
-        await MADE.pop().close()
-
-
 def client(server: ScriptedLLM, model: str, fallbacks: list[str] | None = None, *,
            direct: bool) -> LiteLLMClient:
-    MADE.append(LiteLLMClient(model=model, api_base=server.api_base, api_key="sk-test", timeout_s=20, retries=0,
-                              fallbacks=fallbacks, openai_direct=direct))
-    return MADE[-1]
+    return closed_after_test(LiteLLMClient(model=model, api_base=server.api_base, api_key="sk-test", timeout_s=20,
+                                           retries=0, fallbacks=fallbacks, openai_direct=direct))
 
 
 async def test_tool_calls_are_assembled_from_streamed_pieces(scripted_llm: ScriptedLLM, direct: bool) -> None:
@@ -92,9 +80,8 @@ async def test_no_key_at_all_says_how_to_configure_one(scripted_llm: ScriptedLLM
 
 
 async def test_a_model_slower_than_the_timeout_is_said_to_be_one(scripted_llm: ScriptedLLM, direct: bool) -> None:
-    slow = LiteLLMClient(model="openai/scripted", api_base=scripted_llm.api_base, api_key="sk-test", timeout_s=1,
-                         retries=0, openai_direct=direct)
-    MADE.append(slow)
+    slow = closed_after_test(LiteLLMClient(model="openai/scripted", api_base=scripted_llm.api_base,
+                                           api_key="sk-test", timeout_s=1, retries=0, openai_direct=direct))
 
     with pytest.raises(LLMError) as info:
         await slow.complete([{"role": "user", "content": "SLEEP 3\nslow"}], TOOLS, ignore)

@@ -16,7 +16,7 @@ from brain.llm import LiteLLMClient
 from bus.protocol import ToolSpec
 from bus.redis_server import free_port
 from localmodel.server import Generated, LocalModelServer
-from tests.conftest import async_wait_until
+from tests.conftest import async_wait_until, closed_after_test
 
 TEMPLATE = """{%- for message in messages %}<|im_start|>{{ message.role }}
 {{ message.content }}{% if message.tool_calls %}{{ message.tool_calls | tojson }}{% endif %}<|im_end|>
@@ -45,6 +45,9 @@ class Scripted:
         return Generated(self.replies.pop(0), prompt_tokens=len(prompt.split()), completion_tokens=5)
 
 
+pytestmark = pytest.mark.usefixtures("close_model_clients")
+
+
 @pytest.fixture
 async def serve() -> AsyncIterator:
     servers: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
@@ -63,22 +66,9 @@ async def serve() -> AsyncIterator:
         await task
 
 
-MADE: list[LiteLLMClient] = []
-
-
-@pytest.fixture(autouse=True)
-async def _close_clients() -> AsyncIterator[None]:
-    """Each test's model clients closed after it (their connection pools)."""
-    yield
-    while MADE:
-        await MADE.pop().close()
-
-
 def brain_client(api_base: str, *, direct: bool) -> LiteLLMClient:
-    made = LiteLLMClient(model="openai/qwen-local", api_base=api_base, api_key=KEY, timeout_s=20, retries=0,
-                         openai_direct=direct)
-    MADE.append(made)
-    return made
+    return closed_after_test(LiteLLMClient(model="openai/qwen-local", api_base=api_base, api_key=KEY, timeout_s=20,
+                                           retries=0, openai_direct=direct))
 
 
 async def ignore(_text: str) -> None:
