@@ -25,6 +25,7 @@ import aiohttp
 from brain.sse import EventStream
 from bus.errors import PincerError
 from bus.identity import ByIdentity
+from bus.loops import Background
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # How long the rest of a body may take to come after its [DONE] (most often the chunked body's last line):
@@ -59,7 +60,7 @@ class OpenAIWire:
         self.timeout_s, self.connections = timeout_s, connections
         self.proxy = env_proxy(self.url)
         self._session: aiohttp.ClientSession | None = None
-        self._draining: set[asyncio.Task[None]] = set()  # bodies read to their end after [DONE]
+        self._draining = Background()  # bodies read to their end after [DONE]
         # A tool list's JSON: the catalog hands every turn the same list until Hands' tools change, and it is
         # most of a request's bytes (~8 KB for the built-in tools).
         self._tools_json: ByIdentity[list[Any], str] = ByIdentity(json.dumps, size=64)
@@ -116,9 +117,7 @@ class OpenAIWire:
 
     def _drain(self, response: aiohttp.ClientResponse) -> None:
         """Read the rest of ``response`` (after its [DONE]) in the background, for at most DRAIN_S."""
-        task = asyncio.create_task(_read_to_end(response))
-        self._draining.add(task)
-        task.add_done_callback(self._draining.discard)
+        self._draining.start(_read_to_end(response))
 
     def encoded(self, body: dict[str, Any]) -> bytes:
         """``body`` as JSON, its tool list's part made once per list."""
@@ -129,9 +128,7 @@ class OpenAIWire:
         return f'{head[:-1]}, "tools": {self._tools_json(tools)}}}'.encode()
 
     async def close(self) -> None:
-        for task in list(self._draining):
-            task.cancel()
-        await asyncio.gather(*self._draining, return_exceptions=True)
+        await self._draining.finish()
         if self._session is not None:
             await self._session.close()
 

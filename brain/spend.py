@@ -34,6 +34,7 @@ from brain.llm import LOCAL, Attempt, retry_pause, table_entries
 from brain.tokens import MESSAGE_OVERHEAD, tokens
 from bus.batching import failure
 from bus.errors import PincerError
+from bus.loops import Background
 from bus.metrics import Meter
 from bus.protocol import ChannelSend, ToolSpec
 from bus.scripts import lua
@@ -156,7 +157,7 @@ class Governor:
         self.zone = ZoneInfo(self.budget.timezone)
         self.jobs = JobStore(bus)
         self._reserve = bus.redis.register_script(RESERVE)
-        self._telling: set[asyncio.Task[None]] = set()  # alerts found by settles sent without waiting
+        self._telling = Background()  # alerts found by settles sent without waiting
 
     # --- what a call counts in ---
 
@@ -297,9 +298,7 @@ class Governor:
             return
         assert not isinstance(outcome, Exception)
         if outcome[0]:
-            task = asyncio.get_running_loop().create_task(self._told(budgets, outcome[0]))
-            self._telling.add(task)
-            task.add_done_callback(self._telling.discard)
+            self._telling.start(self._told(budgets, outcome[0]))
 
     async def _told(self, budgets: list[Budget], reached: list[Any]) -> None:
         """Each alert share the settle found newly reached, told once."""

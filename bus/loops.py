@@ -9,11 +9,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bus.batching import Batcher
+
+
+class Background:
+    """Tasks started and not awaited where they start, held until they end: the event loop keeps only
+    a weak reference to a task, so one that nobody holds may vanish mid-run."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Iterator[asyncio.Future[Any]]:
+        return iter(list(self._tasks))
+
+    def start(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
+        """Run ``work`` (a coroutine, or a task already running) to its end, held here meanwhile."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def wait(self) -> None:
+        """Wait for every task to end (an error of one is its own: it does not stop the wait)."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def finish(self, grace_s: float = 0.0) -> None:
+        """Let the tasks end within ``grace_s``; cancel those still running, and wait for them."""
+        if self._tasks and grace_s > 0:
+            await asyncio.wait(set(self._tasks), timeout=grace_s)
+        running = list(self._tasks)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
 
 async def every(interval_s: float, stop: asyncio.Event) -> AsyncIterator[None]:

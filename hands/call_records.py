@@ -32,6 +32,7 @@ import msgpack
 from bus.codec import pack
 from bus.keys import Keys
 from bus.log import kv
+from bus.loops import Background
 from bus.presence import alive
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.redis_client import RedisAway
@@ -58,7 +59,7 @@ class CallRecords:
         self._drop = bus.redis.register_script(DROP_CLAIM)
         self._unwritten: dict[str, ToolResult] = {}  # results whose record Redis has not taken yet
         self._claiming: Counter[str] = Counter()  # deliveries of a call id in claim() here now
-        self._settling: set[asyncio.Task[None]] = set()
+        self._settling = Background()
 
     async def claim(self, call: ToolExecute) -> ToolResult | ToolFailure | None:
         """None: this worker runs the call now. Otherwise the earlier run's result, or why it cannot be known."""
@@ -133,13 +134,8 @@ class CallRecords:
             except RedisAway as exc:
                 log.error("gave up on %s: %s", what, exc)
 
-        task = asyncio.get_running_loop().create_task(until_taken())
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        self._settling.start(until_taken())
 
     async def close(self) -> None:
         """Let what is still being settled finish briefly, then stop it."""
-        if self._settling:
-            await asyncio.wait(self._settling, timeout=2)
-        for task in list(self._settling):
-            task.cancel()
+        await self._settling.finish(grace_s=2)

@@ -16,6 +16,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from bus.loops import Background
 from bus.redis_client import RedisAway
 from bus.streams import Bus
 from gateway.turns.events import Event, Resync, SessionEvents, entry_event, event_order
@@ -81,7 +82,7 @@ class Fanout:
         self.members: dict[str, set[Subscription]] = {}
         self.cursors: dict[str, str] = {}  # where the reader is in each followed session's log
         self._task: asyncio.Task[None] | None = None
-        self._wake_sent: set[asyncio.Task[Any]] = set()
+        self._wake_sent = Background()
 
     def subscribe(self, session_id: str, after: str) -> Subscription:
         if self._task is None or self._task.done():
@@ -94,9 +95,7 @@ class Fanout:
         if subscription.session_id not in self.cursors:
             # Read it from where this client is: what the reader then sends twice, clients skip by id.
             self.cursors[subscription.session_id] = subscription.cursor
-            task = asyncio.get_running_loop().create_task(self._wake())  # its XREAD lacks this session
-            self._wake_sent.add(task)
-            task.add_done_callback(self._wake_sent.discard)
+            self._wake_sent.start(self._wake())  # its XREAD lacks this session
 
     def leave(self, subscription: Subscription) -> None:
         subscription.live = False

@@ -14,7 +14,6 @@ with backoff, with ``X-Pincer-Delivery`` (the turn's id) for the receiver to dro
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -29,6 +28,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from bus.keys import Keys
 from bus.log import kv
+from bus.loops import Background
 from bus.protocol import ChatError, ChatReply, ErrorCode
 from bus.streams import Bus
 from gateway.tokens import Identity
@@ -136,7 +136,7 @@ class Hooks:
 
     def __init__(self, store: HookStore, turns: TurnRunner, redis: Any, keys: Keys) -> None:
         self.store, self.turns, self.redis, self.keys = store, turns, redis, keys
-        self._deliveries: set[asyncio.Task[None]] = set()
+        self._deliveries = Background()
 
     async def receive(self, name: str, headers: dict[str, str], body: bytes) -> dict[str, Any]:
         hook = await self.store.get(name)
@@ -150,9 +150,7 @@ class Hooks:
         identity = hook.identity()
         turn = await self.turns.start(identity, f"{identity.name}/events", agent_id=hook.agent, text=text,
                                       cancel_if_abandoned=False)
-        task = asyncio.get_running_loop().create_task(self._run(hook, turn))
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
+        self._deliveries.start(self._run(hook, turn))
         return {"hook": name, "message_id": turn.message.message_id, "session_id": turn.message.session_id}
 
     async def _verify(self, hook: Hook, headers: dict[str, str], body: bytes) -> None:
@@ -208,10 +206,7 @@ class Hooks:
             log.warning("hook result not delivered %s: %s", kv(hook=hook.name, url=hook.deliver), exc)
 
     async def close(self) -> None:
-        for task in list(self._deliveries):
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*self._deliveries, return_exceptions=True)
+        await self._deliveries.finish()
 
 
 def _worth_retrying(exc: BaseException) -> bool:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus import otel, trace
 from bus.log import kv
+from bus.loops import Background
 from bus.presence import instances
 from bus.protocol import (
     ApprovalDecision,
@@ -78,9 +79,9 @@ class TurnRunner:
                  settings: GatewaySettings) -> None:
         self.bus, self.inbox, self.sessions, self.limits, self.settings = bus, inbox, sessions, limits, settings
         self.log = SessionEvents(bus, keep=settings.events.keep, keep_s=settings.events.keep_s)
-        self._followers: set[asyncio.Task[None]] = set()
+        self._followers = Background()
         self._brains: tuple[float, Brains] = (0.0, Brains(0, frozenset()))
-        self._cancels: set[asyncio.Task[None]] = set()
+        self._cancels = Background()
         self.questions = PendingQuestions(bus)
 
     async def brains(self) -> Brains:
@@ -238,9 +239,7 @@ class TurnRunner:
             finally:
                 await turn.close()
 
-        task = asyncio.get_running_loop().create_task(run())
-        self._followers.add(task)
-        task.add_done_callback(self._followers.discard)
+        self._followers.start(run())
 
     async def cancel(self, session_id: str, *, by: str) -> None:
         await self.bus.publish(self.bus.keys.brain_control, ChatCancel(session_id=session_id, by=by))
@@ -248,16 +247,11 @@ class TurnRunner:
 
     def cancel_soon(self, session_id: str, *, by: str) -> None:
         """Cancel from a request that is itself being torn down: its own task may not await any more."""
-        task = asyncio.get_running_loop().create_task(self.cancel(session_id, by=by))
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+        self._cancels.start(self.cancel(session_id, by=by))
 
     async def close(self) -> None:
-        for follower in list(self._followers):  # the Gateway is stopping: those turns lose their follower
-            follower.cancel()
-        await asyncio.gather(*self._followers, return_exceptions=True)
-        if self._cancels:
-            await asyncio.gather(*self._cancels, return_exceptions=True)
+        await self._followers.finish()  # the Gateway is stopping: those turns lose their follower
+        await self._cancels.wait()
 
 
 class Turn:

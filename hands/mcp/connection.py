@@ -18,6 +18,7 @@ from typing import Any
 from mcp import ClientSession, types
 
 from bus.config import ConfigError
+from bus.loops import Background
 from bus.protocol import ErrorCode
 from bus.release import VERSION
 from hands.config import McpServerSettings
@@ -49,7 +50,7 @@ class McpConnection:
         self._slots = asyncio.Semaphore(settings.max_concurrency or 1_000_000)
         self._running: Running | None = None
         self._ended = asyncio.Event()  # the last stdio program is stopped and its exit known
-        self._abandoned: set[asyncio.Task[Any]] = set()
+        self._abandoned = Background()
         self._settled = asyncio.Event()  # ready, or failed for good: what a lazy first call waits for
 
     def status(self) -> dict[str, Any]:
@@ -198,8 +199,7 @@ class McpConnection:
                 watching.cancel()
                 if not calling.done():
                     calling.cancel()  # the SDK sends notifications/cancelled for it
-                    self._abandoned.add(calling)
-                    calling.add_done_callback(self._abandoned.discard)
+                    self._abandoned.start(calling)
             if not calling.done():
                 raise await self._stopped_during_call()
         try:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
+from bus.loops import Background
 from bus.protocol import ErrorCode
 from bus.redis_client import RedisAway
 from bus.scripts import lua
@@ -65,7 +66,7 @@ class McpServers:
         self._runs: dict[str, tuple[asyncio.Event, asyncio.Task[None]]] = {}
         self._stop = asyncio.Event()
         self._leases: asyncio.Task[None] | None = None
-        self._notices: set[asyncio.Task[Any]] = set()
+        self._notices = Background()
         self._claim = bus.redis.register_script(CLAIM)
 
     async def start(self) -> None:
@@ -212,9 +213,7 @@ class McpServers:
             self._later(self.on_change())
 
     def _later(self, work: Awaitable[Any]) -> None:
-        notice = asyncio.ensure_future(work)
-        self._notices.add(notice)
-        notice.add_done_callback(self._notices.discard)
+        self._notices.start(work)
 
     def _definition(self, connection: McpConnection, tool: types.Tool, *, local: bool) -> ToolDefinition:
         from hands.mcp.translate import description, parameters, tool_name

@@ -4,12 +4,14 @@ unseen and leaving an instance that looks dead, or dead workers' calls never tak
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from bus.consumer import GroupConsumer
+from bus.loops import Background
 from bus.presence import Presence
 from bus.reaper import Reaper
 from bus.streams import Bus
@@ -73,3 +75,31 @@ async def test_the_backlog_upkeep_goes_on(fake_bus: Bus, monkeypatch: pytest.Mon
     monkeypatch.setattr(lanes, "_count_workers", one_worker)
     await run_until_ticked(lanes, "keep_once", lanes.start, lanes.close, monkeypatch)
     assert "backlog upkeep failed unexpectedly" in caplog.text and "KeyError" in caplog.text
+
+
+async def test_background_holds_its_tasks_until_they_end_and_lets_go_after() -> None:
+    tasks, gate = Background(), asyncio.Event()
+    started = tasks.start(gate.wait())
+    assert len(tasks) == 1 and list(tasks) == [started]
+    gate.set()
+    await tasks.wait()
+    assert started.done() and len(tasks) == 0
+
+
+async def test_background_finish_lets_the_quick_end_and_cancels_the_rest() -> None:
+    tasks = Background()
+    quick = tasks.start(asyncio.sleep(0.01, "done"))
+    stuck = tasks.start(asyncio.Event().wait())
+    await tasks.finish(grace_s=0.5)
+    assert quick.result() == "done" and stuck.cancelled() and len(tasks) == 0
+
+
+async def test_background_wait_is_not_stopped_by_one_tasks_error() -> None:
+    tasks = Background()
+
+    async def fails() -> None:
+        raise RuntimeError("its own")
+
+    failed, slower = tasks.start(fails()), tasks.start(asyncio.sleep(0.05, "later"))
+    await tasks.wait()
+    assert isinstance(failed.exception(), RuntimeError) and slower.result() == "later"
