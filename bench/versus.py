@@ -15,8 +15,10 @@ native endpoint with a token; nanobot on `/v1/chat/completions` with a
 `session_id`. Rounds alternate (ABCABC...) with a quiet pause before each
 start; each figure is the median over rounds. Per start: one turn and a
 settle, the idle RSS and PSS of the whole process tree (Redis included); sequential
-plain and one-`read_file` turns; turns/s with N sessions in flight and the
-CPU the tree spent per turn meanwhile (/proc); the tree's RSS and PSS afterwards.
+plain and one-`read_file` turns, and the scripted model's own plain answer to the
+same kind of client (a plain turn's overhead is its p50 less that); turns/s with
+N sessions in flight and the CPU the tree spent per turn meanwhile (/proc); the
+tree's RSS and PSS afterwards.
 RSS counts a page shared by several processes (libpython's, a shared library's)
 in each of them; PSS divides it among them, so the PSS of a tree is what it
 takes from the machine, and compares a five-process tree with one process fairly.
@@ -232,6 +234,23 @@ def p50(client: httpx.Client, send: Send, text: str, *, count: int, tag: str) ->
     return statistics.median(times)
 
 
+def model_alone(llm: ScriptedModel, *, count: int) -> float:
+    """The scripted model's own plain answer, streamed to the same kind of client: what every system's
+    plain turn contains, so a turn's overhead is its p50 less this one."""
+    body = {"model": "scripted", "stream": True,
+            "messages": [{"role": "system", "content": "You are an assistant."}, {"role": "user", "content": "hello"}]}
+    times = []
+    with httpx.Client(base_url=llm.api_base, headers={"Authorization": "Bearer sk-scripted"}, timeout=60) as client:
+        for _ in range(count):
+            started = time.perf_counter()
+            with client.stream("POST", "/chat/completions", json=body) as response:
+                response.raise_for_status()
+                for _chunk in response.iter_bytes():
+                    pass
+            times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
 def measure(system: System, args: argparse.Namespace) -> dict[str, float]:
     """One fresh start of `system`: every figure of the table."""
     tmp = Path(tempfile.mkdtemp(prefix="pincer-bench-versus-"))
@@ -248,6 +267,8 @@ def measure(system: System, args: argparse.Namespace) -> dict[str, float]:
                 print(f"{system.name} idle:\n{tree_listing(run.root_pid)}", file=sys.stderr, flush=True)
                 found["plain_ms"] = p50(client, run.send, "hello", count=args.sequential, tag="plain")
                 found["tool_ms"] = p50(client, run.send, FILE_TURN, count=args.sequential, tag="tool")
+            found["model_ms"] = model_alone(llm, count=args.sequential)
+            found["plain_over_ms"] = found["plain_ms"] - found["model_ms"]
             before = tree_cpu(run.root_pid)
             found["turns_s"] = run.load(args.sessions, args.turns)
             after = tree_cpu(run.root_pid)
@@ -266,6 +287,8 @@ def measure(system: System, args: argparse.Namespace) -> dict[str, float]:
 
 ROWS = [
     ("plain turn p50 (ms)", "plain_ms", "{:.1f}"),
+    ("the scripted model alone, p50 (ms)", "model_ms", "{:.1f}"),
+    ("plain turn overhead: p50 less the model's (ms)", "plain_over_ms", "{:.1f}"),
     ("tool turn p50, one read_file call (ms)", "tool_ms", "{:.1f}"),
     ("turns/s, {sessions} sessions in flight", "turns_s", "{:.0f}"),
     ("CPU ms per turn under load (whole tree)", "cpu_ms", "{:.1f}"),
