@@ -11,11 +11,14 @@ being sent a log with a hole in it.
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bus.batching import failure
+from bus.log import kv
 from bus.protocol import (
     ApprovalDecision,
     ApprovalRequest,
@@ -31,6 +34,8 @@ from bus.protocol import (
 )
 from bus.scripts import lua
 from bus.streams import Bus
+
+log = logging.getLogger("gateway.turns.events")
 
 # The event types a client sees, in order within a turn: message, then deltas, tool events and
 # approvals and questions as they happen, then exactly one of reply, error or cancelled.
@@ -115,11 +120,33 @@ return id
 """)
 
 
+def _log_failure(session_id: str, outcome: list[Any] | Exception) -> None:
+    error = failure(outcome)
+    if error is not None:
+        log.warning("session event log not written %s: %s", kv(session=session_id), error)
+
+
 class SessionEvents:
     def __init__(self, bus: Bus, *, keep: int, keep_s: float) -> None:
         self.bus, self.keep, self.keep_ms = bus, keep, int(keep_s * 1000)
 
     async def append(self, session_id: str, message: Message) -> str | None:
+        """The event in the log (with the bus's writes, so the events of the turns in flight share round
+        trips); its id, or None for a message the log does not keep."""
+        build = self._build(session_id, message)
+        if build is None:
+            return None
+        added = (await self.bus.batcher.run(build))[0]
+        return added.decode() if isinstance(added, bytes) else str(added)
+
+    def send(self, session_id: str, message: Message) -> None:
+        """The event queued for the log with the bus's next write, not waited for: it keeps its place
+        among the writes before and after it; a failure is logged (live followers miss the event)."""
+        build = self._build(session_id, message)
+        if build is not None:
+            self.bus.batcher.send(build, done=lambda outcome: _log_failure(session_id, outcome))
+
+    def _build(self, session_id: str, message: Message) -> Callable[[Any], object] | None:
         described = describe(message)
         if described is None:
             return None
@@ -127,11 +154,8 @@ class SessionEvents:
         payload = json.dumps({**data, "ts": int(time.time() * 1000)}, ensure_ascii=False)
         keys = (self.bus.keys.session_events(session_id), self.bus.keys.session_events_seq(session_id),
                 self.bus.keys.transcript(session_id))
-        # With the bus's writes (a turn's events are each awaited, so the events of the turns in flight
-        # share round trips); EVAL, since the batcher's pipeline cannot load a script first.
-        added = (await self.bus.batcher.run(
-            lambda pipe: pipe.eval(APPEND, 3, *keys, self.keep, kind, payload, self.keep_ms)))[0]
-        return added.decode() if isinstance(added, bytes) else str(added)
+        # EVAL: the batcher's pipeline cannot load a script first.
+        return lambda pipe: pipe.eval(APPEND, 3, *keys, self.keep, kind, payload, self.keep_ms)
 
     async def last_id(self, session_id: str) -> str:
         """The id of the session's newest event ("0-0" when it has none): follow from here for new ones only."""

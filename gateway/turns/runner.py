@@ -39,7 +39,6 @@ from bus.protocol import (
     QuestionAnswer,
 )
 from bus.records import PendingApproval
-from bus.redis_client import RedisAway
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from gateway.config import GatewaySettings
@@ -276,16 +275,13 @@ class Turn:
                                              gen_ai__agent__name=message.agent_id,
                                              gen_ai__conversation__id=message.session_id)
         token = trace.current.set(traceparent or trace.current.get())  # the Brain's work: our span's child
+        runner.log.send(message.session_id, message)  # in the message's own round trip, just before it
         try:
             # Numbered already: a message not sent would hold the session's later ones back, so a
             # failover or restart is waited out (a second copy resumes the turn, never runs it twice).
             await runner.bus.publish_until_sent(runner.bus.keys.brain_inbox, message)
         finally:
             trace.current.reset(token)
-        try:
-            await runner.log.append(message.session_id, message)
-        except RedisAway as exc:  # live followers miss the message; its turn goes on
-            log.warning("session event log not written %s: %s", kv(session=message.session_id), exc)
 
     async def events(self) -> AsyncIterator[Message]:
         """Every event of the turn, ending with its reply or error (or a Gateway-side timeout)."""
@@ -298,7 +294,9 @@ class Turn:
                     self.ended = isinstance(event, (ChatReply, ChatError))
                     if self.ended:
                         self.outcome = event.code.value if isinstance(event, ChatError) else None
-                    await runner.log.append(message.session_id, event)
+                        await runner.log.append(message.session_id, event)  # in the log (and all before it)
+                    else:  # with the next write: a delta or a tool event does not wait for its round trip
+                        runner.log.send(message.session_id, event)
                     yield event
                     if self.ended:
                         return
