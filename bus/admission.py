@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bus.keys import BRAIN_GROUP
-from bus.scripts import lua
+from bus.scripts import ScriptCall, lua
 
 if TYPE_CHECKING:  # only named: the Gateway's settings hold RateLimits, and `pincer up` reads those
     from bus.streams import Bus
@@ -50,9 +50,14 @@ class Admission:
 
     async def take_message(self, identity: str) -> int:
         """Count one message against the identity's rate: 0 when taken, else the ms until one would be."""
-        per_ms, key = self.limits.messages_per_minute / 60_000, self.bus.keys.message_rate(identity)
+        take = self.take_call(identity)
         # With the bus's writes, so messages arriving together share a round trip (EVAL: see bus/scripts.py).
-        return int((await self.bus.batcher.run(lambda pipe: pipe.eval(TAKE, 1, key, self.limits.burst, per_ms)))[0])
+        return int(take.read((await self.bus.batcher.run(take.build()))[0]))
+
+    def take_call(self, identity: str) -> ScriptCall:
+        """``take_message`` as a script to run (alone, or as the gate of what the message does next)."""
+        per_ms = self.limits.messages_per_minute / 60_000
+        return ScriptCall(TAKE, (self.bus.keys.message_rate(identity),), (self.limits.burst, per_ms), int)
 
     async def waiting(self) -> int:
         """Messages in the Brain inbox no Brain has read yet (counted up to the backlog limit)."""

@@ -11,6 +11,11 @@ script can name, built from a key passed in ``KEYS`` under the same hash tag.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 CATALOGUE: dict[str, str] = {}  # name -> source, every script declared by a module imported so far
 
 
@@ -20,3 +25,53 @@ def lua(name: str, source: str) -> str:
     if known != source:
         raise ValueError(f"two different Lua scripts are both named {name!r}: name each after its module")
     return source
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    """A declared script with its keys and arguments, to run in a pipeline (EVAL), alone or after a gate
+    (``gated``); ``read`` turns its result into the caller's value."""
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]
+    read: Callable[[Any], Any] = lambda result: result
+
+    def build(self) -> Callable[[Any], object]:
+        script, keys, args = self.script, self.keys, self.args
+        return lambda pipe: pipe.eval(script, len(keys), *keys, *args)
+
+
+def gated(gate: ScriptCall, then: ScriptCall) -> ScriptCall:
+    """One script run: ``gate`` first, then ``then`` only when the gate returned 0, in one step (nothing
+    between them). Its result reads as ``(gate's result, then's result or None)``. Each keeps its own text,
+    keys and arguments; the pair is declared in the catalogue under both names."""
+    script = _gated_script(gate.script, then.script)
+    read_gate, read_then = gate.read, then.read
+
+    def read(result: list[Any]) -> tuple[Any, Any]:
+        return read_gate(result[0]), (read_then(result[1]) if len(result) > 1 else None)
+
+    return ScriptCall(script, gate.keys + then.keys, (len(gate.keys), len(gate.args), *gate.args, *then.args),
+                      read)
+
+
+@functools.cache
+def _gated_script(gate: str, then: str) -> str:
+    names = {source: name for name, source in CATALOGUE.items()}
+    # Each body becomes a function whose parameters shadow KEYS and ARGV, so it reads its own share.
+    return lua(f"{names[gate]} then {names[then]}", f"""
+local function gate(KEYS, ARGV)
+{gate}
+end
+local function after(KEYS, ARGV)
+{then}
+end
+local gate_keys, gate_args = tonumber(ARGV[1]), tonumber(ARGV[2])
+local gk, ga, tk, ta = {{}}, {{}}, {{}}, {{}}
+for i = 1, #KEYS do if i <= gate_keys then gk[#gk + 1] = KEYS[i] else tk[#tk + 1] = KEYS[i] end end
+for i = 3, #ARGV do if i - 2 <= gate_args then ga[#ga + 1] = ARGV[i] else ta[#ta + 1] = ARGV[i] end end
+local said = gate(gk, ga)
+if said ~= 0 then return {{said}} end
+return {{said, after(tk, ta)}}
+""")

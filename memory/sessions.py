@@ -15,7 +15,7 @@ from bus.errors import PincerError
 from bus.keys import Keys
 from bus.loops import ready
 from bus.protocol import now_ms
-from bus.scripts import lua
+from bus.scripts import ScriptCall, lua
 from bus.store import RedisStore
 from memory.log import MemoryLog, said
 from memory.transcript_cache import Held, TranscriptCache, held_bytes
@@ -97,6 +97,10 @@ if ttl > 0 then
 end
 return seq
 """)
+
+
+def _numbered(seq: Any) -> int | None:
+    return None if int(seq) < 0 else int(seq)
 
 
 # KEYS: the parent's owner, the child's owner. A sub-agent's session is its parent's owner's.
@@ -184,14 +188,18 @@ class SessionStore:
         """Number the sender's next message in the session, making ``owner`` (the sender unless
         said) its owner if it is new; None when the session belongs to someone else. ``ttl_s``: the
         session expires that long after its last message."""
-        keys = [self.keys.session_owner(session_id), self.keys.transcript(session_id),
-                self.keys.session_seq(session_id), self.keys.session_done(session_id)]
-        args = [owner or sender, sender, "1" if operator else "0", ttl_s * 1000]
+        claim = self.claim_call(session_id, sender, owner=owner, operator=operator, ttl_s=ttl_s)
         if self.batcher is not None:  # EVAL: a pipeline would first ask SCRIPT EXISTS (bus/scripts.py)
-            seq = int((await self.batcher.run(lambda pipe: pipe.eval(CLAIM_AND_NUMBER, len(keys), *keys, *args)))[0])
-        else:
-            seq = int(await self._claim(keys=keys, args=args))
-        return None if seq < 0 else seq
+            return claim.read((await self.batcher.run(claim.build()))[0])  # type: ignore[no-any-return]
+        return claim.read(await self._claim(keys=list(claim.keys), args=list(claim.args)))  # type: ignore[no-any-return]
+
+    def claim_call(self, session_id: str, sender: str, *, owner: str | None = None, operator: bool = False,
+                   ttl_s: int = 0) -> ScriptCall:
+        """``claim_and_number`` as a script to run (after a gate, say): it reads as the number or None."""
+        keys = (self.keys.session_owner(session_id), self.keys.transcript(session_id),
+                self.keys.session_seq(session_id), self.keys.session_done(session_id))
+        return ScriptCall(CLAIM_AND_NUMBER, keys, (owner or sender, sender, "1" if operator else "0", ttl_s * 1000),
+                          _numbered)
 
     async def adopt(self, session_id: str, *, like: str) -> None:
         """Give a session the owner of another (a sub-agent's, its parent's): the same people may read it."""

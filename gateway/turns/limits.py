@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Any
 
 from bus.admission import Admission
 from bus.protocol import ErrorCode
+from bus.scripts import ScriptCall, gated
 from bus.streams import Bus
 from gateway.config import LimitSettings
 from gateway.turns.refusal import Refused
@@ -49,13 +51,18 @@ class CallerLimits:
         self._streams[name] += 1
         return Hold(name, [self._streams])
 
-    async def take_message(self, name: str) -> None:
-        """Count one message against the token's rate; refuse it when the bucket is empty."""
-        wait_ms = await self.admission.take_message(name)
+    async def take_message(self, name: str, *, then: ScriptCall | None = None) -> Any:
+        """Count one message against the token's rate; refuse it when the bucket is empty. ``then``: a script
+        run in the same step only when the message is taken (its number, say); its result is returned."""
+        take = self.admission.take_call(name)
+        call = take if then is None else gated(take, then)
+        said = call.read((await self.bus.batcher.run(call.build()))[0])
+        wait_ms, result = (said, None) if then is None else said
         if wait_ms > 0:
             raise Refused(ErrorCode.RATE_LIMITED, f"this token sent more than "
                           f"{self.settings.messages_per_minute} messages a minute "
                           "(gateway.limits.messages_per_minute); slow down", retry_after=-(-wait_ms // 1000))
+        return result
 
     async def check_backlog(self) -> None:
         """Refuse new messages while Brains are this far behind, rather than let them wait for ever."""

@@ -172,9 +172,10 @@ class TurnRunner:
         if agent_id not in brains.agents:
             raise not_found(f"no agent named {agent_id!r}; agents: {', '.join(sorted(brains.agents))}")
         await self.limits.check_backlog()
-        await self.limits.take_message(identity.name)
-        seq = await self.sessions.claim_and_number(session_id, identity.name, owner=owner_of(session_id),
-                                                   operator=identity.operator, ttl_s=ttl_s)
+        # One step: a message refused for its rate takes no number (a number never sent would hold the
+        # session's later messages back).
+        seq = await self.limits.take_message(identity.name, then=self.sessions.claim_call(
+            session_id, identity.name, owner=owner_of(session_id), operator=identity.operator, ttl_s=ttl_s))
         if seq is None:  # someone else's: as if it did not exist
             raise not_found(f"no session {shown_to(identity, session_id)!r}")
         message = ChatMessage(session_id=session_id, agent_id=agent_id, sender=identity.name, text=text,

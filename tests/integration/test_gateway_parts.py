@@ -90,6 +90,23 @@ async def test_the_message_rate_is_one_bucket_for_every_gateway(bus: Bus) -> Non
     await one.take_message("bob")  # every token has its own
 
 
+async def test_a_message_refused_for_its_rate_takes_no_number_in_its_session(bus: Bus) -> None:
+    limits = CallerLimits(bus, LimitSettings(messages_per_minute=60, burst=2))
+    sessions = SessionStore(bus.redis, bus.keys, batcher=bus.batcher)
+
+    def claim(sender: str = "alice"):
+        return sessions.claim_call("s1", sender)
+
+    assert await limits.take_message("alice", then=claim()) == 1
+    assert await limits.take_message("alice", then=claim()) == 2
+    with pytest.raises(Refused) as refused:
+        await limits.take_message("alice", then=claim())
+    assert refused.value.code == ErrorCode.RATE_LIMITED
+    assert await bus.redis.get(bus.keys.session_seq("s1")) == b"2"  # the refused one took no number
+    assert await limits.take_message("bob", then=claim("bob")) is None  # taken from bob's rate; not his session
+    assert await sessions.claim_and_number("s1", "alice") == 3
+
+
 def test_open_turns_are_held_and_given_back(bus: Bus) -> None:
     limits = CallerLimits(bus, LimitSettings(open_turns_per_token=2, open_streams_per_token=1))
     first = limits.hold_turn("alice", stream=True)
