@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bus.batching import failure
@@ -61,6 +61,7 @@ class LeaseLost(HandedOver):
 class Lease:
     session_id: str
     lost: bool = False
+    carried: list[Any] = field(default_factory=list)  # the results of the commands sent with the taking
 
     def check(self) -> None:
         if self.lost:
@@ -96,15 +97,16 @@ class SessionOrder:
         self.bus.batcher.send(lambda pipe: pipe.eval(RELEASE, len(keys), *keys, owner, seq), done=done)
 
     @contextlib.asynccontextmanager
-    async def turn(self, message: ChatMessage, *,
-                   on_wait: Callable[[], object] = lambda: None) -> AsyncIterator[Lease]:
+    async def turn(self, message: ChatMessage, *, on_wait: Callable[[], object] = lambda: None,
+                   carry: Callable[[Any], object] | None = None) -> AsyncIterator[Lease]:
         """Hold the session for this message's turn (waiting for its earlier messages first;
-        ``on_wait`` is called once if it has to wait)."""
+        ``on_wait`` is called once if it has to wait). ``carry`` adds commands sent in the same step as
+        the taking (the turn's first reads); their results are the lease's ``carried``."""
         owner = f"{self.instance_id}:{message.message_id}"
         sid, seq = message.session_id, message.seq or 0
         keys = [self.keys.session_done(sid), self.keys.session_lease(sid)]
-        await self._wait_for_turn(message, owner, keys, seq, on_wait)
-        stop, lease = asyncio.Event(), Lease(sid)
+        carried = await self._wait_for_turn(message, owner, keys, seq, on_wait, carry)
+        stop, lease = asyncio.Event(), Lease(sid, carried=carried)
         renewing = asyncio.create_task(self._keep(lease, owner, stop))
         try:
             yield lease
@@ -123,12 +125,19 @@ class SessionOrder:
         self._release_soon(keys, owner, seq)
 
     async def _wait_for_turn(self, message: ChatMessage, owner: str, keys: list[str], seq: int,
-                             on_wait: Callable[[], object]) -> None:
+                             on_wait: Callable[[], object], carry: Callable[[Any], object] | None) -> list[Any]:
         started, delay, warned, waiting = time.monotonic(), 0.005, False, False
         while True:
-            got = await self._run(ACQUIRE, keys, [seq, owner, self.lease_ms])
+            args = [seq, owner, self.lease_ms]
+
+            def build(pipe: Any, args: list[Any] = args) -> None:
+                pipe.eval(ACQUIRE, len(keys), *keys, *args)
+                if carry is not None:
+                    carry(pipe)
+
+            got, *carried = await self.bus.batcher.run(build)
             if got == 1:
-                return
+                return carried
             if not waiting:
                 waiting = True
                 on_wait()

@@ -94,8 +94,10 @@ class Turn:
     so Hands can answer them from its record instead of running them twice.
     """
 
-    def __init__(self, deps: TurnDeps, message: ChatMessage, lease: Lease | None = None) -> None:
+    def __init__(self, deps: TurnDeps, message: ChatMessage, lease: Lease | None = None, *,
+                 history: list[TranscriptEntry] | None = None) -> None:
         self.deps, self.message = deps, message
+        self.read_history = history  # the transcript as read when the session was taken (None: read it now)
         self.lease = lease or Lease(message.session_id)
         settings = deps.settings
         self.used, self.limits = TurnUsage(), TurnLimits.of(settings)
@@ -187,7 +189,7 @@ class Turn:
         """The session before this message, this message's turn so far, and its keeping: a new message's
         append, queued (awaited by the caller before the model hears it)."""
         msg, sessions = self.message, self.deps.sessions
-        history = await sessions.load(msg.session_id)
+        history = self.read_history if self.read_history is not None else await sessions.load(msg.session_id)
         # The raw field first: a new message (the usual case) is then checked against no entry's typed marks.
         start = next((i for i in range(len(history) - 1, -1, -1) if history[i].role == "user"
                       and history[i].metadata.get("message_id") == msg.message_id

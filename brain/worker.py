@@ -116,7 +116,8 @@ class BrainWorker:
             done.set()
 
     async def _handle_turn(self, message: ChatMessage) -> Sequence[Reply]:
-        async with self._sessions.turn(message, on_wait=self.consumer.set_aside) as lease:
+        read = self.deps.sessions.reading(message.session_id)  # sent with the lease's taking: one round trip
+        async with self._sessions.turn(message, on_wait=self.consumer.set_aside, carry=read.build) as lease:
             await self.consumer.take_back()  # a turn slot again, if it gave its own away while waiting
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
             if message.job is None:  # the identity talks to the agent itself (heartbeats skip idle owners)
@@ -127,7 +128,8 @@ class BrainWorker:
                 return [(message.reply_to, ChatError(
                     session_id=message.session_id, message_id=message.message_id, code=ErrorCode.INVALID_ARGUMENTS,
                     message=f"no agent named {message.agent_id!r}; agents: {', '.join(self.settings.agent_ids())}"))]
-            turn = Turn(replace(self.deps, settings=agent, llm=self._llm(message.agent_id, agent)), message, lease)
+            turn = Turn(replace(self.deps, settings=agent, llm=self._llm(message.agent_id, agent)), message, lease,
+                        history=read.entries(lease.carried))
             task = asyncio.current_task()
             assert task is not None
             self._running[message.session_id] = task

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgpack
@@ -97,6 +98,15 @@ if ttl > 0 then
 end
 return seq
 """)
+
+
+@dataclass(frozen=True)
+class TranscriptRead:
+    """``build`` adds the read's commands to a pipeline; ``entries`` reads their results (None: the list
+    moved under what was held, and must be read whole)."""
+
+    build: Callable[[Any], object]
+    entries: Callable[[list[Any]], list[TranscriptEntry] | None]
 
 
 def _numbered(seq: Any) -> int | None:
@@ -238,20 +248,42 @@ class SessionStore:
             await pipe.execute()
 
     async def load(self, session_id: str) -> list[TranscriptEntry]:
+        read = self.reading(session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            read.build(pipe)
+            got = await pipe.execute()
+        entries = read.entries(got)
+        if entries is None:  # the list is not what this process held: read it whole
+            entries = self._whole(session_id, await self.redis.lrange(self.keys.transcript(session_id), 0, -1))
+        return entries
+
+    def reading(self, session_id: str) -> TranscriptRead:
+        """The transcript's read as pipeline commands, for a caller that sends them with its own (the Brain,
+        with the session's lease). Held from an earlier read: is it still the list's head, and what came
+        after it; else the whole list."""
         key = self.keys.transcript(session_id)
         held = self.cache.get(session_id) if self.cache is not None else None
-        if held is not None:  # one round trip: is what we hold still the list's head, and what came after it
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.lindex(key, 0)
-                pipe.lindex(key, len(held.entries) - 1)
-                pipe.lrange(key, len(held.entries), -1)
-                first, last, added = await pipe.execute()
-            if first == held.first and last == held.last:
-                entries = [*held.entries, *_parsed(added)]
-                if added:
-                    self._hold(session_id, entries, held.first, added[-1], held.size + held_bytes(added))
-                return entries
-        raw = await self.redis.lrange(key, 0, -1)
+        if held is None:
+            return TranscriptRead(lambda pipe: pipe.lrange(key, 0, -1), lambda got: self._whole(session_id, got[0]))
+        count = len(held.entries)
+
+        def build(pipe: Any) -> None:
+            pipe.lindex(key, 0)
+            pipe.lindex(key, count - 1)
+            pipe.lrange(key, count, -1)
+
+        def entries(got: list[Any]) -> list[TranscriptEntry] | None:
+            first, last, added = got
+            if first != held.first or last != held.last:
+                return None
+            found = [*held.entries, *_parsed(added)]
+            if added:
+                self._hold(session_id, found, held.first, added[-1], held.size + held_bytes(added))
+            return found
+
+        return TranscriptRead(build, entries)
+
+    def _whole(self, session_id: str, raw: list[bytes]) -> list[TranscriptEntry]:
         entries = _parsed(raw)
         if self.cache is not None:
             if raw:

@@ -3,6 +3,8 @@ to the list (deleted, made again, restored shorter) is read afresh, on a real Re
 
 from __future__ import annotations
 
+from brain.session_order import SessionOrder
+from bus.protocol import ChatMessage
 from bus.streams import Bus
 from memory.sessions import SessionStore, TranscriptEntry
 from memory.transcript_cache import held_bytes
@@ -74,3 +76,23 @@ async def test_the_cache_holds_at_most_its_bytes_oldest_read_dropped_first(bus: 
     await plain.append("big", said("z" * 3 * one))
     assert await contents(cached, "big") == ["z" * 3 * one]  # bigger than the whole cache: read, not held
     assert cached.cache.get("big") is None and cached.cache.get("a") is not None
+
+
+async def test_the_transcript_is_read_in_the_same_step_as_the_session_is_taken(bus: Bus) -> None:
+    cached, plain = SessionStore(bus.redis, bus.keys, cache_bytes=2**20), SessionStore(bus.redis, bus.keys)
+    order = SessionOrder(bus, "b", lease_s=30, wait_s=30)
+    await plain.append("s", said("one"), said("two", "assistant"))
+    for seq, expected in ((1, ["one", "two"]), (2, ["one", "two", "three"])):  # a whole read, then the tail
+        read = cached.reading("s")
+        async with order.turn(ChatMessage(session_id="s", text="hi", reply_to="r", seq=seq), carry=read.build) as lease:
+            assert await bus.redis.get(bus.keys.session_lease("s"))  # taken with the read
+            found = read.entries(lease.carried)
+        assert found is not None and [e.content for e in found] == expected
+        await plain.append("s", said("three"))
+        await bus.batcher.run(lambda pipe: pipe.ping())  # the session given back
+    read = cached.reading("s")
+    await bus.redis.delete(bus.keys.transcript("s"))  # made again under what the Brain holds
+    await plain.append("s", said("x"))
+    async with order.turn(ChatMessage(session_id="s", text="hi", reply_to="r", seq=3), carry=read.build) as lease:
+        assert read.entries(lease.carried) is None  # the caller reads it whole
+    assert await contents(cached, "s") == ["x"]
