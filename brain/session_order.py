@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from bus.batching import failure
@@ -61,7 +61,7 @@ class LeaseLost(HandedOver):
 class Lease:
     session_id: str
     lost: bool = False
-    carried: list[Any] = field(default_factory=list)  # the results of the commands sent with the taking
+    carried: list[Any] | None = None  # the results of the commands sent with the taking (None: not sent)
 
     def check(self) -> None:
         if self.lost:
@@ -101,7 +101,8 @@ class SessionOrder:
                    carry: Callable[[Any], object] | None = None) -> AsyncIterator[Lease]:
         """Hold the session for this message's turn (waiting for its earlier messages first;
         ``on_wait`` is called once if it has to wait). ``carry`` adds commands sent in the same step as
-        the taking (the turn's first reads); their results are the lease's ``carried``."""
+        the taking (the turn's first reads); their results are the lease's ``carried``. They go with the
+        first try only: a turn that had to wait reads for itself once it holds the session."""
         owner = f"{self.instance_id}:{message.message_id}"
         sid, seq = message.session_id, message.seq or 0
         keys = [self.keys.session_done(sid), self.keys.session_lease(sid)]
@@ -125,19 +126,21 @@ class SessionOrder:
         self._release_soon(keys, owner, seq)
 
     async def _wait_for_turn(self, message: ChatMessage, owner: str, keys: list[str], seq: int,
-                             on_wait: Callable[[], object], carry: Callable[[Any], object] | None) -> list[Any]:
+                             on_wait: Callable[[], object], carry: Callable[[Any], object] | None
+                             ) -> list[Any] | None:
         started, delay, warned, waiting = time.monotonic(), 0.005, False, False
         while True:
             args = [seq, owner, self.lease_ms]
 
-            def build(pipe: Any, args: list[Any] = args) -> None:
+            def build(pipe: Any, args: list[Any] = args, carry: Callable[[Any], object] | None = carry) -> None:
                 pipe.eval(ACQUIRE, len(keys), *keys, *args)
                 if carry is not None:
                     carry(pipe)
 
             got, *carried = await self.bus.batcher.run(build)
             if got == 1:
-                return carried
+                return carried if carry is not None else None
+            carry = None  # not read again at every try while the session is busy
             if not waiting:
                 waiting = True
                 on_wait()

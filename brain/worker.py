@@ -129,7 +129,7 @@ class BrainWorker:
                     session_id=message.session_id, message_id=message.message_id, code=ErrorCode.INVALID_ARGUMENTS,
                     message=f"no agent named {message.agent_id!r}; agents: {', '.join(self.settings.agent_ids())}"))]
             turn = Turn(replace(self.deps, settings=agent, llm=self._llm(message.agent_id, agent)), message, lease,
-                        history=read.entries(lease.carried))
+                        history=None if lease.carried is None else read.entries(lease.carried))
             task = asyncio.current_task()
             assert task is not None
             self._running[message.session_id] = task

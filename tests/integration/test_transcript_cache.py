@@ -3,11 +3,14 @@ to the list (deleted, made again, restored shorter) is read afresh, on a real Re
 
 from __future__ import annotations
 
+import asyncio
+
 from brain.session_order import SessionOrder
 from bus.protocol import ChatMessage
 from bus.streams import Bus
 from memory.sessions import SessionStore, TranscriptEntry
 from memory.transcript_cache import held_bytes
+from tests.conftest import async_wait_until
 
 
 def said(text: str, role: str = "user") -> TranscriptEntry:
@@ -94,5 +97,31 @@ async def test_the_transcript_is_read_in_the_same_step_as_the_session_is_taken(b
     await bus.redis.delete(bus.keys.transcript("s"))  # made again under what the Brain holds
     await plain.append("s", said("x"))
     async with order.turn(ChatMessage(session_id="s", text="hi", reply_to="r", seq=3), carry=read.build) as lease:
-        assert read.entries(lease.carried) is None  # the caller reads it whole
+        assert lease.carried is not None and read.entries(lease.carried) is None  # the caller reads it whole
     assert await contents(cached, "s") == ["x"]
+
+
+async def test_a_turn_that_waits_for_the_session_does_not_read_the_transcript_at_every_try(bus: Bus) -> None:
+    order = SessionOrder(bus, "b", lease_s=30, wait_s=30)
+    await SessionStore(bus.redis, bus.keys).append("s", said("one"))
+    tries: list[int] = []
+
+    def carry(pipe) -> None:
+        tries.append(1)
+        pipe.lrange(bus.keys.transcript("s"), 0, -1)
+
+    runs, run = [], bus.batcher.run
+
+    async def counted(build):  # each try is one batched run
+        runs.append(build)
+        return await run(build)
+
+    bus.batcher.run = counted  # type: ignore[method-assign]
+    await bus.redis.set(bus.keys.session_done("s"), 0)  # message 2 waits for message 1
+    turn = order.turn(ChatMessage(session_id="s", text="hi", reply_to="r", seq=2), carry=carry)
+    waiting = asyncio.create_task(turn.__aenter__())
+    await async_wait_until(lambda: len(runs) >= 3, what="several tries while the session is busy")
+    await bus.redis.set(bus.keys.session_done("s"), 1)
+    lease = await asyncio.wait_for(waiting, 10)
+    await turn.__aexit__(None, None, None)
+    assert tries == [1] and lease.carried is None  # sent with the first try only: the turn reads for itself
