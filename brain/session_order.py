@@ -23,7 +23,7 @@ from bus.log import kv
 from bus.loops import every, finish
 from bus.protocol import ChatMessage
 from bus.redis_client import RedisAway
-from bus.scripts import lua
+from bus.scripts import ScriptCall, lua
 from bus.streams import Bus
 
 log = logging.getLogger("brain.session_order")
@@ -74,12 +74,11 @@ class SessionOrder:
         self.lease_ms, self.wait_s = int(lease_s * 1000), wait_s
         self._renew = bus.redis.register_script(RENEW)
 
-    async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        """A script with the Brain's other writes (a turn's start and end share their round trips; EVAL, as
-        a pipeline would first ask SCRIPT EXISTS)."""
-        return (await self.bus.batcher.run(lambda pipe: pipe.eval(script, len(keys), *keys, *args)))[0]
+    async def _run(self, script: str, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+        """A script with the Brain's other writes (a turn's start and end share their round trips)."""
+        return (await self.bus.batcher.run(ScriptCall(script, keys, args).add))[0]
 
-    def _release_soon(self, keys: list[str], owner: str, seq: int, attempt: int = 0) -> None:
+    def _release_soon(self, keys: tuple[str, ...], owner: str, seq: int, attempt: int = 0) -> None:
         """Give the session back with the Brain's next write, not waited for: the turn's reply is queued
         next, so both share a round trip and the release lands first. Sent again while Redis is away, as
         the reply is; a release that never lands leaves the lease to lapse."""
@@ -94,7 +93,7 @@ class SessionOrder:
             log.warning("session not given back; its lease lapses %s: %s",
                         kv(lease=keys[1], lapses_in_s=self.lease_ms / 1000), error)
 
-        self.bus.batcher.send(lambda pipe: pipe.eval(RELEASE, len(keys), *keys, owner, seq), done=done)
+        self.bus.batcher.send(ScriptCall(RELEASE, keys, (owner, seq)).add, done=done)
 
     @contextlib.asynccontextmanager
     async def turn(self, message: ChatMessage, *, on_wait: Callable[[], object] = lambda: None,
@@ -105,7 +104,7 @@ class SessionOrder:
         first try only: a turn that had to wait reads for itself once it holds the session."""
         owner = f"{self.instance_id}:{message.message_id}"
         sid, seq = message.session_id, message.seq or 0
-        keys = [self.keys.session_done(sid), self.keys.session_lease(sid)]
+        keys = (self.keys.session_done(sid), self.keys.session_lease(sid))
         carried = await self._wait_for_turn(message, owner, keys, seq, on_wait, carry)
         stop, lease = asyncio.Event(), Lease(sid, carried=carried)
         renewing = asyncio.create_task(self._keep(lease, owner, stop))
@@ -116,24 +115,24 @@ class SessionOrder:
             # so the session is freed for it but not counted done (its later messages keep waiting).
             await finish(renewing, stop, grace_s=5)
             with contextlib.suppress(RedisAway):
-                await self._run(RELEASE, keys, [owner, 0])
+                await self._run(RELEASE, keys, (owner, 0))
             raise
         except BaseException:
             await finish(renewing, stop, grace_s=5)
-            await self._run(RELEASE, keys, [owner, seq])
+            await self._run(RELEASE, keys, (owner, seq))
             raise
         await finish(renewing, stop, grace_s=5)
         self._release_soon(keys, owner, seq)
 
-    async def _wait_for_turn(self, message: ChatMessage, owner: str, keys: list[str], seq: int,
+    async def _wait_for_turn(self, message: ChatMessage, owner: str, keys: tuple[str, ...], seq: int,
                              on_wait: Callable[[], object], carry: Callable[[Any], object] | None
                              ) -> list[Any] | None:
         started, delay, warned, waiting = time.monotonic(), 0.005, False, False
         while True:
-            args = [seq, owner, self.lease_ms]
+            acquire = ScriptCall(ACQUIRE, keys, (seq, owner, self.lease_ms))
 
-            def build(pipe: Any, args: list[Any] = args, carry: Callable[[Any], object] | None = carry) -> None:
-                pipe.eval(ACQUIRE, len(keys), *keys, *args)
+            def build(pipe: Any, acquire: ScriptCall = acquire, carry: Callable[[Any], object] | None = carry) -> None:
+                acquire.add(pipe)
                 if carry is not None:
                     carry(pipe)
 

@@ -37,7 +37,7 @@ from bus.errors import PincerError
 from bus.loops import Background
 from bus.metrics import Meter
 from bus.protocol import ChannelSend, ToolSpec
-from bus.scripts import lua
+from bus.scripts import ScriptCall, lua
 from bus.streams import Bus
 from memory.jobs import Job, JobStore
 from memory.spend import MICRO, Budget, budgets_of
@@ -278,9 +278,7 @@ class Governor:
             args.extend((budget.limit, budget.keep_s))
         args.extend(round(share * 1000) for share in self.budget.alerts)
 
-        def build(pipe: Any) -> None:
-            pipe.eval(SETTLE, len(keys), *keys, *args)  # EVAL: a pipeline would first ask SCRIPT EXISTS
-
+        build = ScriptCall(SETTLE, tuple(keys), tuple(args)).add
         if model:
             self.meter.count("pincer_model_cost_usd", model, agent, identity, value=cost / MICRO)
         if wait:

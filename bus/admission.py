@@ -52,7 +52,7 @@ class Admission:
         """Count one message against the identity's rate: 0 when taken, else the ms until one would be."""
         take = self.take_call(identity)
         # With the bus's writes, so messages arriving together share a round trip (EVAL: see bus/scripts.py).
-        return int(take.read((await self.bus.batcher.run(take.build()))[0]))
+        return int(take.read((await self.bus.batcher.run(take.add))[0]))
 
     def take_call(self, identity: str) -> ScriptCall:
         """``take_message`` as a script to run (alone, or as the gate of what the message does next)."""

@@ -36,10 +36,11 @@ def failure(outcome: list[Any] | Exception) -> Exception | None:
     return next((r for r in outcome if isinstance(r, Exception)), None)
 
 
-def _log_failure(outcome: list[Any] | Exception) -> None:
+def log_failure(outcome: list[Any] | Exception, what: str = "a write sent without waiting") -> None:
+    """The default ``Done``: a failed write is logged, as ``what`` failed."""
     error = failure(outcome)
     if error is not None:
-        log.warning("a write sent without waiting failed: %s", error)
+        log.warning("%s failed: %s", what, error)
 
 
 class Batcher:
@@ -74,7 +75,7 @@ class Batcher:
         self._enqueue(build, future)
         return future
 
-    def send(self, build: Build, *, done: Done = _log_failure) -> None:
+    def send(self, build: Build, *, done: Done = log_failure) -> None:
         """Queue commands without waiting; ``done`` hears the outcome (by default a failure is logged).
 
         They still go out in order with everything queued before and after them.

@@ -37,9 +37,10 @@ class ScriptCall:
     args: tuple[Any, ...]
     read: Callable[[Any], Any] = lambda result: result
 
-    def build(self) -> Callable[[Any], object]:
-        script, keys, args = self.script, self.keys, self.args
-        return lambda pipe: pipe.eval(script, len(keys), *keys, *args)
+    def add(self, pipe: Any) -> None:
+        """Queue it in ``pipe`` (a batcher's build): by EVAL, as EVALSHA in a pipeline would first ask
+        SCRIPT EXISTS, a round trip."""
+        pipe.eval(self.script, len(self.keys), *self.keys, *self.args)
 
 
 def gated(gate: ScriptCall, then: ScriptCall) -> ScriptCall:

@@ -32,14 +32,11 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import partial
-
-from redis.asyncio.client import Pipeline
 
 from bus.codec import pack
 from bus.keys import HANDS_GROUP
 from bus.protocol import now_ms
-from bus.scripts import lua
+from bus.scripts import ScriptCall, lua
 from bus.streams import Bus
 from hands.config import QueueSettings
 
@@ -175,10 +172,6 @@ return {ready, tonumber(redis.call('GET', waiting) or '0'), oldest, expired}
 """)
 
 
-def _eval(script: str, keys: tuple[str, ...], args: tuple[str | int, ...], pipe: Pipeline) -> None:
-    pipe.eval(script, len(keys), *keys, *args)
-
-
 def queued_ms(entry_id: str, fields: dict[bytes, bytes]) -> int:
     """When a call reached the pool: its ``queued`` field once parked, else its entry id's time."""
     queued = fields.get(QUEUED_FIELD)
@@ -218,9 +211,9 @@ class Backlog:
         packed = pack(flat, bin_type=False)  # Redis' cmsgpack reads no bin type: raw strings
         base = self.stream(lane)
         source = base if given_back else self.bus.keys.hands_requests
-        results = await self.bus.batcher.run(lambda pipe: pipe.eval(
-            PARK, 2, source, base, self.group, session, entry_id, cap, bound, packed,
-            "front" if given_back else "back"))
+        results = await self.bus.batcher.run(ScriptCall(
+            PARK, (source, base), (self.group, session, entry_id, cap, bound, packed,
+                                   "front" if given_back else "back")).add)
         return int(results[0])
 
     def feed_soon(self, lane: str, cap: int) -> None:
@@ -232,7 +225,7 @@ class Backlog:
     def _feed(self) -> None:
         lanes, self._feeding = self._feeding, {}
         for lane, cap in lanes.items():
-            self.bus.batcher.send(partial(_eval, FEED, (self.stream(lane),), (self.group, cap)))
+            self.bus.batcher.send(ScriptCall(FEED, (self.stream(lane),), (self.group, cap)).add)
 
     async def keep(self, lane: str, *, cap: int, expire: bool) -> LaneState:
         """Feed the lane, expire what waited past ``hands.queue.wait_s`` (when ``expire``), and say

@@ -19,7 +19,7 @@ import time
 from redis.asyncio.client import Pipeline
 
 from bus.keys import Keys
-from bus.scripts import lua
+from bus.scripts import ScriptCall, lua
 from bus.store import RedisStore
 
 Fields = dict[str, str]
@@ -79,8 +79,8 @@ def session_forgotten(session_id: str) -> Fields:
     return {"op": "forget", "place": session_id}
 
 
-def _flat(fields: Fields) -> list[str]:
-    return [part for pair in fields.items() for part in pair]
+def _flat(fields: Fields) -> tuple[str, ...]:
+    return tuple(part for pair in fields.items() for part in pair)
 
 
 class MemoryLog:
@@ -100,11 +100,11 @@ class MemoryLog:
         self._note_entry(pipe, note_deleted(agent_id, owner, key), "drop")
 
     def said(self, pipe: Pipeline, session_id: str, fields: Fields) -> None:
-        pipe.eval(SAID, 2, self.keys.memory_log, self.keys.memory_log_session(session_id), *_flat(fields))
+        ScriptCall(SAID, (self.keys.memory_log, self.keys.memory_log_session(session_id)), _flat(fields)).add(pipe)
 
     def forgotten(self, pipe: Pipeline, session_id: str) -> None:
-        pipe.eval(FORGET, 2, self.keys.memory_log, self.keys.memory_log_session(session_id),
-                  *_flat(session_forgotten(session_id)))
+        ScriptCall(FORGET, (self.keys.memory_log, self.keys.memory_log_session(session_id)),
+                   _flat(session_forgotten(session_id))).add(pipe)
 
     async def forget(self, *sessions: str) -> None:
         """Remove these sessions' words from the log (sessions found lapsed)."""
@@ -114,4 +114,5 @@ class MemoryLog:
             await pipe.execute()
 
     def _note_entry(self, pipe: Pipeline, fields: Fields, op: str) -> None:
-        pipe.eval(NOTE, 2, self.keys.memory_log, self.keys.memory_log_notes, fields["ref"], op, *_flat(fields))
+        ScriptCall(NOTE, (self.keys.memory_log, self.keys.memory_log_notes),
+                   (fields["ref"], op, *_flat(fields))).add(pipe)

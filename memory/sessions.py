@@ -174,8 +174,8 @@ class SessionStore:
             pipe.rpush(self.keys.transcript(session_id), *packed)
             pipe.zadd(self.keys.sessions, {session_id: time.time()})
             if asked is not None:  # titled by its first message, until someone names it
-                pipe.eval(ABOUT, 2, self.keys.session_about(session_id), self.keys.transcript(session_id),
-                          "first", title_of(asked))  # EVAL: no SCRIPT EXISTS round trip (see MemoryLog)
+                ScriptCall(ABOUT, (self.keys.session_about(session_id), self.keys.transcript(session_id)),
+                           ("first", title_of(asked))).add(pipe)
             for fields in findable:  # memory search finds it (memory/recall.py), in the same round trip
                 self.log.said(pipe, session_id, fields)
 
@@ -200,7 +200,7 @@ class SessionStore:
         session expires that long after its last message."""
         claim = self.claim_call(session_id, sender, owner=owner, operator=operator, ttl_s=ttl_s)
         if self.batcher is not None:  # EVAL: a pipeline would first ask SCRIPT EXISTS (bus/scripts.py)
-            return claim.read((await self.batcher.run(claim.build()))[0])  # type: ignore[no-any-return]
+            return claim.read((await self.batcher.run(claim.add))[0])  # type: ignore[no-any-return]
         return claim.read(await self._claim(keys=list(claim.keys), args=list(claim.args)))  # type: ignore[no-any-return]
 
     def claim_call(self, session_id: str, sender: str, *, owner: str | None = None, operator: bool = False,

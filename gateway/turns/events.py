@@ -11,13 +11,12 @@ being sent a log with a hole in it.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bus.batching import failure
+from bus.batching import log_failure
 from bus.log import kv
 from bus.protocol import (
     ApprovalDecision,
@@ -32,10 +31,8 @@ from bus.protocol import (
     QuestionAnswer,
     QuestionRequest,
 )
-from bus.scripts import lua
+from bus.scripts import ScriptCall, lua
 from bus.streams import Bus
-
-log = logging.getLogger("gateway.turns.events")
 
 # The event types a client sees, in order within a turn: message, then deltas, tool events and
 # approvals and questions as they happen, then exactly one of reply, error or cancelled.
@@ -120,12 +117,6 @@ return id
 """)
 
 
-def _log_failure(session_id: str, outcome: list[Any] | Exception) -> None:
-    error = failure(outcome)
-    if error is not None:
-        log.warning("session event log not written %s: %s", kv(session=session_id), error)
-
-
 class SessionEvents:
     def __init__(self, bus: Bus, *, keep: int, keep_s: float) -> None:
         self.bus, self.keep, self.keep_ms = bus, keep, int(keep_s * 1000)
@@ -144,7 +135,8 @@ class SessionEvents:
         among the writes before and after it; a failure is logged (live followers miss the event)."""
         build = self._build(session_id, message)
         if build is not None:
-            self.bus.batcher.send(build, done=lambda outcome: _log_failure(session_id, outcome))
+            self.bus.batcher.send(
+                build, done=lambda outcome: log_failure(outcome, f"session event {kv(session=session_id)}"))
 
     def _build(self, session_id: str, message: Message) -> Callable[[Any], object] | None:
         described = describe(message)
@@ -154,8 +146,7 @@ class SessionEvents:
         payload = json.dumps({**data, "ts": int(time.time() * 1000)}, ensure_ascii=False)
         keys = (self.bus.keys.session_events(session_id), self.bus.keys.session_events_seq(session_id),
                 self.bus.keys.transcript(session_id))
-        # EVAL: the batcher's pipeline cannot load a script first.
-        return lambda pipe: pipe.eval(APPEND, 3, *keys, self.keep, kind, payload, self.keep_ms)
+        return ScriptCall(APPEND, keys, (self.keep, kind, payload, self.keep_ms)).add
 
     async def last_id(self, session_id: str) -> str:
         """The id of the session's newest event ("0-0" when it has none): follow from here for new ones only."""

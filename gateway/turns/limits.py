@@ -56,7 +56,7 @@ class CallerLimits:
         run in the same step only when the message is taken (its number, say); its result is returned."""
         take = self.admission.take_call(name)
         call = take if then is None else gated(take, then)
-        said = call.read((await self.bus.batcher.run(call.build()))[0])
+        said = call.read((await self.bus.batcher.run(call.add))[0])
         wait_ms, result = (said, None) if then is None else said
         if wait_ms > 0:
             raise Refused(ErrorCode.RATE_LIMITED, f"this token sent more than "

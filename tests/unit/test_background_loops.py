@@ -87,9 +87,15 @@ async def test_background_holds_its_tasks_until_they_end_and_lets_go_after() -> 
 
 
 async def test_background_finish_lets_the_quick_end_and_cancels_the_rest() -> None:
-    tasks = Background()
-    quick = tasks.start(asyncio.sleep(0.01, "done"))
+    tasks, gate = Background(), asyncio.Event()
+
+    async def ends_once_let() -> str:
+        await gate.wait()
+        return "done"
+
+    quick = tasks.start(ends_once_let())
     stuck = tasks.start(asyncio.Event().wait())
+    asyncio.get_running_loop().call_soon(gate.set)  # let go while finish waits out its grace
     await tasks.finish(grace_s=0.5)
     assert quick.result() == "done" and stuck.cancelled() and len(tasks) == 0
 
@@ -97,9 +103,16 @@ async def test_background_finish_lets_the_quick_end_and_cancels_the_rest() -> No
 async def test_background_wait_is_not_stopped_by_one_tasks_error() -> None:
     tasks = Background()
 
+    gate = asyncio.Event()
+
     async def fails() -> None:
         raise RuntimeError("its own")
 
-    failed, slower = tasks.start(fails()), tasks.start(asyncio.sleep(0.05, "later"))
+    async def after_the_failure() -> str:
+        await gate.wait()
+        return "later"
+
+    failed, slower = tasks.start(fails()), tasks.start(after_the_failure())
+    failed.add_done_callback(lambda _: gate.set())  # the slower ends only once the other has failed
     await tasks.wait()
     assert isinstance(failed.exception(), RuntimeError) and slower.result() == "later"
