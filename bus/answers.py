@@ -39,22 +39,29 @@ class Answers:
     be read there) is acknowledged with its round; the consumer copies its entry to ``dead``
     with the reason."""
 
-    __slots__ = ("attempt", "bus", "done", "entries", "group")
+    __slots__ = ("attempt", "bus", "done", "entries", "group", "sizes")
 
     def __init__(self, bus: Bus, group: str, done: Written, attempt: int = 0,
                  entries: list[Entry] | None = None) -> None:
         self.bus, self.group, self.done, self.attempt = bus, group, done, attempt
         self.entries = entries if entries is not None else []
+        self.sizes: list[int] = []  # commands queued for each entry's replies, in order
 
     def again(self) -> Answers:
         """The same round, as the next attempt (after Redis was away)."""
         return Answers(self.bus, self.group, self.done, self.attempt + 1, self.entries)
 
     def __call__(self, pipe: Pipeline) -> None:
+        # A caller's replies of one round share its reply stream: its lapse is set once, after the first.
+        sizes, targets = [], set()
         for _stream, _entry_id, fields, replies, _aside in self.entries:
             traceparent = trace.from_entry(fields)  # an answer goes on in its request's trace
+            size = 0
             for target, reply in replies:
-                self.bus.add(pipe, target, reply, traceparent)
+                size += self.bus.add(pipe, target, reply, traceparent, lapse=target not in targets)
+                targets.add(target)
+            sizes.append(size)
+        self.sizes = sizes
         for stream, ids in self._ids_by_stream().items():
             pipe.xack(stream, self.group, *ids)
 
@@ -76,8 +83,8 @@ class Answers:
         if isinstance(outcome, Exception):
             return {(stream, entry_id): outcome for stream, entry_id, *_ in self.entries}, {}
         results, refused = iter(outcome), {}
-        for stream, entry_id, _fields, replies, _aside in self.entries:
-            written = [next(results) for target, _ in replies for _ in range(self.bus.writes(target))]
+        for (stream, entry_id, *_), size in zip(self.entries, self.sizes, strict=True):
+            written = [next(results) for _ in range(size)]
             error = next((r for r in written if isinstance(r, Exception)), None)
             if error is not None:
                 refused[stream, entry_id] = error

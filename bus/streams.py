@@ -93,21 +93,23 @@ class Bus:
         traceparent = trace.current.get()
         self.batcher.send(lambda pipe: self.add(pipe, stream, message, traceparent))
 
-    def add(self, pipe: Pipeline, stream: str, message: Message, traceparent: str | None = None) -> None:
+    def add(self, pipe: Pipeline, stream: str, message: Message, traceparent: str | None = None, *,
+            lapse: bool = True) -> int:
         """Queue an XADD of ``message`` on a pipeline, capped as its stream's kind wants: a reply stream by age
-        (what a turn said must not outlive ``redis.reply_max_age_s`` there, read or not), the others by length."""
+        (what a turn said must not outlive ``redis.reply_max_age_s`` there, read or not), the others by length.
+        Returns how many commands it queued (each has a result). ``lapse=False``: a reply stream's lapse is
+        not set again, as an earlier write of the same transaction sets it."""
         fields: dict[Any, Any] = encode(message, traceparent=traceparent)  # redis-py's field type is invariant
         if stream.startswith(self.keys.reply("")):
             age_ms = int(self.settings.reply_max_age_s * 1000)
             pipe.xadd(stream, fields, minid=f"{int(time.time() * 1000) - age_ms}-0", approximate=False)
+            if not lapse:
+                return 1
             pipe.pexpire(stream, age_ms)  # and a stream no one writes to any more (its reader gone) lapses whole
-            return
+            return 2
         maxlen = self._maxlen(stream)
         pipe.xadd(stream, fields, maxlen=maxlen, approximate=maxlen is not None)
-
-    def writes(self, stream: str) -> int:
-        """How many commands (and results) ``add`` queues for a message to ``stream``."""
-        return 2 if stream.startswith(self.keys.reply("")) else 1
+        return 1
 
     def reader(self) -> HeldConnection:
         """One connection of the bus's pool, for one loop of blocking reads (``aclose`` gives it back)."""
