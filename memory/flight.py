@@ -7,7 +7,8 @@ with its result and where it ran, compactions and early stops. It is what a turn
 forked and compared from.
 
 A request's messages and tool list are stored once each by digest in the session's parts hash and
-referenced from the entry, so a long conversation costs one copy of each message, not one per step.
+referenced from the entry, so a long conversation costs one copy of each message, not one per step, and
+each is sent once per session (``StoredParts``).
 The record's keys share the session's hash tag, its owner and its fate (deleted with the session,
 lapsing with it), and live ``keep_s`` past their last write.
 """
@@ -16,16 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bus.batching import Done, failure, log_failure
 from bus.errors import PincerError
 from bus.identity import ByIdentity
 from bus.keys import Keys
+from bus.log import kv
 from bus.protocol import now_ms
-from bus.scripts import lua
+from bus.scripts import ScriptCall, lua
 from bus.store import RedisStore
 
 FORMAT = 1  # the export's version: a reader refuses a newer one by name
@@ -75,12 +79,11 @@ def canonical(value: Any) -> str:
 
 
 class Parts:
-    """What one turn has digested and stored: each message is hashed once (by identity: a turn never changes a
-    message it sent) and sent to Redis once, however many of the turn's requests carry it."""
+    """What one turn has digested: each message is hashed once (by identity: a turn never changes a message
+    it sent), however many of the turn's requests carry it."""
 
     def __init__(self) -> None:
         self._named: ByIdentity[Any, tuple[str, str]] = ByIdentity(_KNOWN.named)  # its name, its canonical JSON
-        self.stored: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._named)
@@ -128,7 +131,55 @@ class KnownMessages:
 _KNOWN = KnownMessages()
 
 
-Send = Callable[[Callable[[Any], object]], None]  # queue pipeline commands, not waiting (the bus's batcher)
+class StoredParts:
+    """The parts each session's hash holds, as this process last heard. Every request of a session repeats
+    its history and its tool list; sending each again grew with every turn (~13 KB a turn at 30 turns). A
+    hint only: each write has Redis check that the parts it names without sending are there, and the
+    missing (a session deleted, a record imported over, a failover) are sent right after. At most ``most``
+    names are held, the sessions heard from longest ago dropped first (~100 bytes a name)."""
+
+    def __init__(self, most: int = 65_536) -> None:
+        self.most = most
+        self._by_session: OrderedDict[str, set[str]] = OrderedDict()
+        self._held = 0
+
+    def of(self, session_id: str) -> frozenset[str]:
+        names = self._by_session.get(session_id)
+        if names is None:
+            return frozenset()
+        self._by_session.move_to_end(session_id)
+        return frozenset(names)
+
+    def add(self, session_id: str, names: Iterable[str]) -> None:
+        held = self._by_session.setdefault(session_id, set())
+        before = len(held)
+        held.update(names)
+        self._held += len(held) - before
+        self._by_session.move_to_end(session_id)
+        while self._held > self.most and len(self._by_session) > 1:
+            self._held -= len(self._by_session.popitem(last=False)[1])
+
+    def forget(self, session_id: str) -> None:
+        self._held -= len(self._by_session.pop(session_id, ()))
+
+
+# KEYS: the session's parts. ARGV: how many parts are sent, those (name, canonical JSON) pairs, then the names
+# the writer believes stored. Returns those of them that are not (sent again by the writer).
+STORE_PARTS = lua("memory.flight.store_parts", """
+local sent = tonumber(ARGV[1])
+for i = 2, 2 * sent, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end
+local missing = {}
+for i = 2 * sent + 2, #ARGV do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then missing[#missing + 1] = ARGV[i] end
+end
+return missing
+""")
+
+
+class Send(Protocol):
+    """Queue pipeline commands, not waiting; ``done`` hears their outcome (the bus's batcher)."""
+
+    def __call__(self, build: Callable[[Any], object], *, done: Done = ...) -> None: ...
 
 
 class FlightRecorder:
@@ -136,9 +187,10 @@ class FlightRecorder:
         self.redis, self.keys, self.keep_s = redis, keys, keep_s
         self.send = send  # given: steps go out with the process's next writes, in order, not awaited one by one
         self.shared = Parts()  # the tool lists: the same object turn after turn, so named once for all turns
+        self.stored = StoredParts()
 
-    async def write(self, session_id: str, step: Step, parts: dict[str, str] | None = None) -> None:
-        """One step, with the parts its request adds (each name's canonical JSON): queued, or one round trip."""
+    async def write(self, session_id: str, step: Step | None, parts: dict[str, str] | None = None) -> None:
+        """One step (and parts: each name's canonical JSON), or parts alone: queued, or one round trip."""
         commands = self._commands(session_id, step, parts or {})
         if self.send is not None:
             self.send(commands)
@@ -147,15 +199,17 @@ class FlightRecorder:
             commands(pipe)
             await pipe.execute()
 
-    def _commands(self, session_id: str, step: Step, parts: dict[str, str]) -> Callable[[Any], object]:
+    def _commands(self, session_id: str, step: Step | None, parts: dict[str, str] | None = None
+                  ) -> Callable[[Any], object]:
         record, stored = self.keys.session_record(session_id), self.keys.session_record_parts(session_id)
-        entry = step.model_dump_json()
+        entry = step.model_dump_json() if step is not None else None
 
         def build(pipe: Any) -> None:
-            for name, text in parts.items():
+            for name, text in (parts or {}).items():
                 pipe.hsetnx(stored, name, text)
-            pipe.xadd(record, {"e": entry})
-            pipe.expire(record, self.keep_s)
+            if entry is not None:
+                pipe.xadd(record, {"e": entry})
+                pipe.expire(record, self.keep_s)
             pipe.expire(stored, self.keep_s)
         return build
 
@@ -169,7 +223,8 @@ class FlightRecorder:
                          tools: list[dict[str, Any]], params: dict[str, Any], response: dict[str, Any],
                          seen: Parts | None = None) -> None:
         """A model request as sent (its messages and tools by digest) and what came back (or the error).
-        ``seen``: the turn's parts, so each is hashed and sent once per turn."""
+        ``seen``: the turn's parts, so each is hashed once per turn; the parts the session's hash holds
+        already are named, not sent."""
         seen = seen or Parts()
         names = [seen.digest(m) for m in messages]
         if len(self.shared) >= 64:  # tool lists of agents and senders long gone
@@ -177,11 +232,49 @@ class FlightRecorder:
         tools_name = self.shared.digest(tools)
         texts: dict[str, tuple[Parts, Any]] = {name: (seen, part) for name, part in zip(names, messages, strict=True)}
         texts[tools_name] = (self.shared, tools)
-        new = {name: parts.text(part) for name, (parts, part) in texts.items() if name not in seen.stored}
-        seen.stored.update(new)
+        known = self.stored.of(session_id)
+        new = {name: parts.text(part) for name, (parts, part) in texts.items() if name not in known}
+        told = [name for name in texts if name in known]
+        self.stored.add(session_id, new)
         request = {"messages": names, "tools": tools_name, **params}
         step = Step(kind="model", message_id=message_id, data={"request": request, "response": response})
-        await self.write(session_id, step, new)
+        call = ScriptCall(STORE_PARTS, (self.keys.session_record_parts(session_id),),
+                          (len(new), *(x for pair in new.items() for x in pair), *told))
+        steps = self._commands(session_id, step)
+
+        def build(pipe: Any) -> None:
+            call.add(pipe)
+            steps(pipe)
+
+        def resend(missing: list[bytes]) -> dict[str, str]:
+            return {name: parts.text(part) for name in (m.decode() for m in missing) for parts, part in [texts[name]]}
+
+        if self.send is None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                build(pipe)
+                missing = (await pipe.execute())[0]
+            if missing:
+                await self.write(session_id, None, resend(missing))
+            return
+
+        send = self.send
+
+        def resent(outcome: list[Any] | Exception) -> None:
+            self._lost(session_id, outcome)
+
+        def sent(outcome: list[Any] | Exception) -> None:
+            if not self._lost(session_id, outcome) and not isinstance(outcome, Exception) and outcome[0]:
+                send(self._commands(session_id, None, resend(outcome[0])), done=resent)
+
+        send(build, done=sent)
+
+    def _lost(self, session_id: str, outcome: list[Any] | Exception) -> bool:
+        """Whether a write of parts failed; then what was sent may not be there, and the next request sends all."""
+        if failure(outcome) is None:
+            return False
+        self.stored.forget(session_id)
+        log_failure(outcome, f"flight record step {kv(session=session_id)}")
+        return True
 
     async def steps(self, session_id: str) -> list[Step]:
         """The record in the order it happened (an entry that does not read is skipped, not fatal)."""

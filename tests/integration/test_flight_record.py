@@ -9,7 +9,7 @@ import pytest
 from brain.llm import Completion
 from bus.protocol import ChatError, ChatReply, ErrorCode
 from bus.streams import Bus
-from memory.flight import FlightRecorder, RecordError, digest, read_lines
+from memory.flight import FlightRecorder, RecordError, canonical, digest, read_lines
 from memory.sessions import SessionStore
 from tests.integration.brain_fakes import FakeLLM, call
 
@@ -97,3 +97,76 @@ async def test_an_export_imports_as_the_same_record_and_an_edited_one_is_refused
         read_lines(lines[1:])
     with pytest.raises(RecordError, match="record format 2"):
         read_lines([lines[0].replace('"pincer_record":1', '"pincer_record":2')])
+
+
+def _sent_texts(bus: Bus, builds: list) -> list[str]:
+    """The part texts the queued writes carry (HSETNX values and the store script's sent pairs)."""
+    texts = []
+    for build in builds:
+        pipe = bus.redis.pipeline(transaction=False)
+        build(pipe)
+        for args, _options in pipe.command_stack:
+            if args[0] == "HSETNX":
+                texts.append(args[3])
+            elif args[0] == "EVAL":
+                keys = int(args[2])
+                script_args = args[3 + keys:]
+                texts += [script_args[i] for i in range(2, 2 * int(script_args[0]) + 1, 2)]
+    return texts
+
+
+async def test_a_session_sends_each_part_once_and_what_went_missing_again(bus: Bus) -> None:
+    builds: list = []
+
+    def send(build, *, done=lambda _outcome: None) -> None:
+        builds.append(build)
+        bus.batcher.send(build, done=done)
+
+    recorder = FlightRecorder(bus.redis, bus.keys, keep_s=60, send=send)
+    tools = [{"type": "function", "function": {"name": "read_file", "description": "x" * 500}}]
+    talk = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one"}]
+
+    async def step(messages: list[dict[str, str]]) -> list[str]:
+        builds.clear()
+        await recorder.model_call("s1", "m1", messages=messages, tools=tools, params={}, response={"text": "ok"})
+        await bus.batcher.run(lambda pipe: pipe.ping())  # behind the step and anything its outcome sent
+        await bus.batcher.run(lambda pipe: pipe.ping())
+        return _sent_texts(bus, builds)
+
+    def stored_whole(parts: dict, messages: list) -> bool:
+        return all(parts.get(digest(m)) == m for m in messages) and parts.get(digest(tools)) == tools
+
+    assert len(await step(talk)) == 3  # the instructions, the question, the tool list
+    talk += [{"role": "assistant", "content": "two"}, {"role": "user", "content": "three"}]
+    assert sorted(await step(talk)) == sorted(canonical(m) for m in talk[2:])  # the new only
+    assert stored_whole(await recorder.parts("s1"), talk)
+
+    await bus.redis.delete(bus.keys.session_record_parts("s1"))  # a record imported over, a failover: parts gone
+    talk += [{"role": "assistant", "content": "four"}]
+    again = await step(talk)
+    assert len(again) == 1 + len(talk)  # the new one with the step, then every part the hash lost
+    assert stored_whole(await recorder.parts("s1"), talk)
+    models = [s for s in await recorder.steps("s1") if s.kind == "model"]
+    assert (await recorder.request("s1", models[-1]))["messages"] == talk
+
+
+async def test_a_failed_write_makes_the_next_request_send_every_part(bus: Bus) -> None:
+    outcomes: list = [ConnectionError("Redis away")]
+    sent: list = []
+
+    def send(build, *, done=lambda _outcome: None) -> None:
+        sent.append(build)
+        if outcomes:
+            done(outcomes.pop())  # lost: nothing reached Redis
+        else:
+            bus.batcher.send(build, done=done)
+
+    recorder = FlightRecorder(bus.redis, bus.keys, keep_s=60, send=send)
+    talk = [{"role": "user", "content": "one"}]
+    await recorder.model_call("s2", "m1", messages=talk, tools=[], params={}, response={})
+    sent.clear()
+    talk += [{"role": "assistant", "content": "two"}]
+    await recorder.model_call("s2", "m2", messages=talk, tools=[], params={}, response={})
+    assert len(_sent_texts(bus, sent)) == 3  # the tool list and both messages: none was taken as stored
+    await bus.batcher.run(lambda pipe: pipe.ping())
+    assert set(await recorder.parts("s2")) == {digest(m) for m in talk} | {digest([])}
