@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bus.batching import failure
 from bus.consumer import WRITE_RETRY_DELAYS, HandedOver
 from bus.log import kv
 from bus.loops import every, finish
+from bus.outcome import failure
 from bus.protocol import ChatMessage
 from bus.redis_client import RedisAway
 from bus.scripts import ScriptCall, lua

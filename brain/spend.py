@@ -32,10 +32,10 @@ from zoneinfo import ZoneInfo
 from brain.config import BrainSettings
 from brain.llm import LOCAL, Attempt, retry_pause, table_entries
 from brain.tokens import MESSAGE_OVERHEAD, tokens
-from bus.batching import failure
 from bus.errors import PincerError
 from bus.loops import Background
 from bus.metrics import Meter
+from bus.outcome import failure
 from bus.protocol import ChannelSend, ToolSpec
 from bus.scripts import ScriptCall, lua
 from bus.streams import Bus

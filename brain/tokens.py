@@ -22,6 +22,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from bus.identity import kept
+
 MESSAGE_OVERHEAD = 8  # tokens a provider adds around each message
 _CACHED = 20_000  # messages' counts kept, by digest (about 2 MB)
 _counts: OrderedDict[bytes, int] = OrderedDict()
@@ -43,7 +45,11 @@ def tokens(text: str) -> int:
 
 
 def message_tokens(message: dict[str, Any]) -> int:
-    """One chat message's tokens, with the provider's overhead around it."""
+    """One chat message's tokens, with the provider's overhead around it (kept on a transcript's message)."""
+    return kept(message, "tokens", lambda: _message_tokens(message))
+
+
+def _message_tokens(message: dict[str, Any]) -> int:
     calls = message.get("tool_calls")
     content, called = message.get("content") or "", json.dumps(calls) if calls else ""
     # Keyed by a digest, not the text: 20,000 tool results of up to 32 KB each would keep hundreds of MB alive.
@@ -65,12 +71,16 @@ def count(messages: list[dict[str, Any]]) -> int:
 
 def most_tokens(messages: list[dict[str, Any]]) -> int:
     """At least ``count(messages)``, without the encoding: every token is at least one byte of the UTF-8."""
-    total = 0
-    for message in messages:
+    return sum(_most_tokens(message) for message in messages)
+
+
+def _most_tokens(message: dict[str, Any]) -> int:
+    def bound() -> int:
         calls = message.get("tool_calls")
         content = message.get("content") or ""
-        total += _bytes(content) + (len(json.dumps(calls)) if calls else 0) + MESSAGE_OVERHEAD  # dumps is ASCII
-    return total
+        return _bytes(content) + (len(json.dumps(calls)) if calls else 0) + MESSAGE_OVERHEAD  # dumps is ASCII
+
+    return kept(message, "most tokens", bound)
 
 
 def exceeds(messages: list[dict[str, Any]], limit: int) -> bool:

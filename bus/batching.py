@@ -19,28 +19,12 @@ from typing import Any, cast
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from bus.outcome import Done, failure, log_failure
 from bus.redis_client import HeldConnection
 
 log = logging.getLogger("bus.batching")
 
 Build = Callable[[Pipeline], object]
-Done = Callable[[list[Any] | Exception], None]
-"""Told a write's outcome: its commands' results (a refused command's error among them), or the
-error that failed the whole pipeline (Redis away)."""
-
-
-def failure(outcome: list[Any] | Exception) -> Exception | None:
-    """What failed a write, if anything: the pipeline's error, else its first refused command's."""
-    if isinstance(outcome, Exception):
-        return outcome
-    return next((r for r in outcome if isinstance(r, Exception)), None)
-
-
-def log_failure(outcome: list[Any] | Exception, what: str = "a write sent without waiting") -> None:
-    """The default ``Done``: a failed write is logged, as ``what`` failed."""
-    error = failure(outcome)
-    if error is not None:
-        log.warning("%s failed: %s", what, error)
 
 
 class Batcher:

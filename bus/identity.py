@@ -4,7 +4,7 @@ turn after turn (a tool list until Hands' tools change), whose contents are cost
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -30,3 +30,28 @@ class ByIdentity(Generic[K, V]):
         value = self.make(key)
         self._made[id(key)] = (key, value)
         return value
+
+
+class Keeping(dict[str, Any]):
+    """A dict that keeps what is derived from it (its token count, its name in a record) beside its items: for
+    one read again and again unchanged (a transcript's messages, turn after turn), so nothing derived from it is
+    made twice, and nothing outlives it. Its readers never change its items."""
+
+    __slots__ = ("kept",)
+
+    def __init__(self, *args: Any, **items: Any) -> None:
+        super().__init__(*args, **items)
+        self.kept: dict[str, Any] = {}
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return dict, (dict(self),)  # a copy is a plain dict: whoever copies it may change it
+
+
+def kept(value: Any, what: str, make: Callable[[], V]) -> V:
+    """``make()``, kept on ``value`` as ``what`` when it is a ``Keeping`` (made again for any other value)."""
+    if type(value) is not Keeping:
+        return make()
+    found: V | None = value.kept.get(what)
+    if found is None:
+        found = value.kept[what] = make()
+    return found

@@ -16,10 +16,10 @@ from typing import Any
 from redis import exceptions as redis_errors
 
 from bus import trace
-from bus.batching import failure
 from bus.codec import MalformedMessage, decode
 from bus.log import kv
 from bus.loops import let_started_work_run
+from bus.outcome import failure
 from bus.protocol import Message
 from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
 

@@ -23,11 +23,11 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bus.batching import Done, failure, log_failure
 from bus.errors import PincerError
-from bus.identity import ByIdentity
+from bus.identity import ByIdentity, kept
 from bus.keys import Keys
 from bus.log import kv
+from bus.outcome import Done, failure, log_failure
 from bus.protocol import now_ms
 from bus.scripts import ScriptCall, lua
 from bus.store import RedisStore
@@ -89,7 +89,7 @@ class Parts:
         return len(self._named)
 
     def digest(self, value: Any) -> str:
-        return self._named(value)[0]
+        return kept(value, "record part", lambda: self._named(value)[0])  # its text is made again only if sent
 
     def text(self, value: Any) -> str:
         """``value``'s canonical JSON, made once with its name."""

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus.codec import pack
 from bus.errors import PincerError
+from bus.identity import Keeping
 from bus.keys import Keys
 from bus.loops import ready
 from bus.protocol import now_ms
@@ -78,8 +79,17 @@ class TranscriptEntry(BaseModel):
             return Marks()
 
     def to_llm(self) -> dict[str, Any]:
-        """The entry as the LLM reads it: no timestamps or metadata."""
-        return self.model_dump(include={"role", "content", "tool_calls", "tool_call_id", "name"}, exclude_none=True)
+        """The entry as the LLM reads it: no timestamps or metadata. Made once and the same object after (its
+        readers never change it; a transcript's entries are held from turn to turn), so a turn does not dump
+        the whole history again, nor count or name it again (``Keeping``); made again if the entry was
+        changed since (a tool result given its loop warning)."""
+        made = self.__dict__.get("_llm")
+        if made is not None and made[0] is self.content:
+            return made[1]  # type: ignore[no-any-return]
+        llm = Keeping(self.model_dump(include={"role", "content", "tool_calls", "tool_call_id", "name"},
+                                      exclude_none=True))
+        self.__dict__["_llm"] = (self.content, llm)  # as cached_property stores (pydantic compares fields only)
+        return llm
 
 
 # A session's first message makes its owner (``ARGV[1]``) the owner of record; later messages are

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bus.batching import log_failure
 from bus.log import kv
+from bus.outcome import log_failure
 from bus.protocol import (
     ApprovalDecision,
     ApprovalRequest,
