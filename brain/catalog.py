@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from bus.carry import Carried
 from bus.errors import PincerError
 from bus.presence import alive
 from bus.protocol import SkillInfo, ToolsAvailable, ToolsList, ToolSpec, now_ms
@@ -16,6 +17,13 @@ log = logging.getLogger("brain.catalog")
 
 class NoHandsAvailable(PincerError):
     """No Hands worker answered ``tools:list`` in time."""
+
+
+class Unread:
+    """The digest was not read yet: ``lookup`` reads it."""
+
+
+UNREAD = Unread()
 
 
 class ToolCatalog:
@@ -32,9 +40,11 @@ class ToolCatalog:
     async def tools(self, agent_id: str = "main", sender: str = "") -> list[ToolSpec]:
         return (await self.lookup(agent_id, sender))[0]
 
-    async def lookup(self, agent_id: str = "main", sender: str = "") -> tuple[list[ToolSpec], list[SkillInfo]]:
-        """The tools and instruction skills this agent may use with this sender."""
-        digest = await self._announced()
+    async def lookup(self, agent_id: str = "main", sender: str = "", *,
+                     announced: bytes | Unread | None = UNREAD) -> tuple[list[ToolSpec], list[SkillInfo]]:
+        """The tools and instruction skills this agent may use with this sender; ``announced``: the digest
+        Hands announces, read already (with the turn's first reads)."""
+        digest = await self._announced() if isinstance(announced, Unread) else announced
         if digest != self._digest:
             self._cache.clear()  # Hands' tools changed: every list is stale
         key = (agent_id, sender)
@@ -46,6 +56,16 @@ class ToolCatalog:
             asking = self._asking[key] = asyncio.get_running_loop().create_task(self._ask(agent_id, sender, digest))
             asking.add_done_callback(lambda done: self._asked(key, done))
         return await asyncio.shield(asking)  # a turn cancelled meanwhile leaves the others their answer
+
+    def digest_read(self) -> Carried[bytes | None]:
+        """The announced digest's read, for a caller that sends it with its own commands."""
+        key = self.bus.keys.tools_digest
+        return Carried(lambda pipe: pipe.get(key), 1, lambda got: got[0])
+
+    def offers(self, agent_id: str, sender: str, tool: str) -> bool:
+        """Whether the list last heard for this pair holds ``tool`` (False before any was heard)."""
+        cached = self._cache.get((agent_id, sender))
+        return cached is not None and any(spec.name == tool for spec in cached[0])
 
     async def _announced(self) -> bytes | None:
         """The digest Hands announces: one GET for all the turns that ask while it is on its way."""

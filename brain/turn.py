@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from brain.catalog import NoHandsAvailable, ToolCatalog
+from brain.catalog import UNREAD, NoHandsAvailable, ToolCatalog, Unread
 from brain.compaction import is_note, live, note_message, note_text, smaller, summarise
 from brain.config import BrainSettings
 from brain.context import fit, limit_of, shaped
@@ -41,6 +41,7 @@ from brain.tokens import count, exceeds
 from brain.tool_text import MAX_ARGS_DEPTH, depth, error_for_model, for_model, local_failure, summary
 from brain.usage import TurnLimits, TurnUsage
 from bus import otel, trace
+from bus.carry import together
 from bus.log import kv
 from bus.loops import ready
 from bus.metrics import Meter
@@ -61,7 +62,7 @@ from bus.redis_client import RedisAway
 from bus.replies import ReplyInbox
 from bus.streams import Bus
 from memory.flight import FlightRecorder, Parts, Step
-from memory.longterm import LongTermMemory
+from memory.longterm import LongTermMemory, Notes
 from memory.sessions import Marks, SessionStore, TranscriptEntry
 
 log = logging.getLogger("brain.turn")
@@ -85,6 +86,29 @@ class TurnDeps:
     pause_at: str = ""  # a test seam (brain/pause.py): the point of a turn where this Brain stops for good
 
 
+NOTES_TOOL = "memory_read"  # a turn that offers it shows the model the names of the notes it may read
+
+
+@dataclass(frozen=True)
+class FirstReads:
+    """What a turn reads before the model hears its message, when it was read with the session's taking:
+    the transcript (None when the list moved under what this Brain held), the digest of Hands' tools, and
+    the notes (None when not read: the tools last listed for the sender did not offer them)."""
+
+    history: list[TranscriptEntry] | None = None
+    digest: bytes | Unread | None = UNREAD
+    notes: Notes | None = None
+
+    @staticmethod
+    def carried(deps: TurnDeps, message: ChatMessage) -> tuple[Callable[[Any], object],
+                                                                Callable[[list[Any]], FirstReads]]:
+        """The commands to send with the session's taking, and what reads their results."""
+        notes = deps.memory.listing(message.agent_id, owner=message.sender) \
+            if deps.catalog.offers(message.agent_id, message.sender, NOTES_TOOL) else None
+        build, split = together([deps.sessions.reading(message.session_id), deps.catalog.digest_read(), notes])
+        return build, lambda results: FirstReads(*split(results))
+
+
 class Turn:
     """Runs one ``chat:message`` to its end; always finishes with a ``chat:reply`` or ``chat:error``.
 
@@ -95,9 +119,9 @@ class Turn:
     """
 
     def __init__(self, deps: TurnDeps, message: ChatMessage, lease: Lease | None = None, *,
-                 history: list[TranscriptEntry] | None = None) -> None:
+                 first: FirstReads | None = None) -> None:
         self.deps, self.message = deps, message
-        self.read_history = history  # the transcript as read when the session was taken (None: read it now)
+        self.first = first or FirstReads()  # what was read when the session was taken (the rest is read now)
         self.lease = lease or Lease(message.session_id)
         settings = deps.settings
         self.used, self.limits = TurnUsage(), TurnLimits.of(settings)
@@ -137,9 +161,11 @@ class Turn:
         try:
             # The tools and notes are read while the message is on its way to the transcript; it is
             # kept before anything answers it.
-            tools, skills = await deps.catalog.lookup(msg.agent_id, msg.sender)
-            notes = await deps.memory.list(msg.agent_id, owner=msg.sender) \
-                if any(t.name == "memory_read" for t in tools) else []
+            first = self.first
+            tools, skills = await deps.catalog.lookup(msg.agent_id, msg.sender, announced=first.digest)
+            notes = (first.notes if first.notes is not None else
+                     await deps.memory.list(msg.agent_id, owner=msg.sender)) \
+                if any(t.name == NOTES_TOOL for t in tools) else []
         except NoHandsAvailable as exc:
             await kept
             return self._error(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
@@ -189,7 +215,7 @@ class Turn:
         """The session before this message, this message's turn so far, and its keeping: a new message's
         append, queued (awaited by the caller before the model hears it)."""
         msg, sessions = self.message, self.deps.sessions
-        history = self.read_history if self.read_history is not None else await sessions.load(msg.session_id)
+        history = self.first.history if self.first.history is not None else await sessions.load(msg.session_id)
         # The raw field first: a new message (the usual case) is then checked against no entry's typed marks.
         start = next((i for i in range(len(history) - 1, -1, -1) if history[i].role == "user"
                       and history[i].metadata.get("message_id") == msg.message_id

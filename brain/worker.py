@@ -17,7 +17,7 @@ from brain.llm import LiteLLMClient, LLMClient, resolve_model, takes_litellm, wa
 from brain.scheduler import Scheduler
 from brain.session_order import SessionOrder
 from brain.spend import Governor
-from brain.turn import Turn, TurnDeps
+from brain.turn import FirstReads, Turn, TurnDeps
 from bus.admission import RateLimits
 from bus.broadcast import BroadcastReader
 from bus.consumer import GroupConsumer, HandedOver, Reply, delivery
@@ -116,8 +116,9 @@ class BrainWorker:
             done.set()
 
     async def _handle_turn(self, message: ChatMessage) -> Sequence[Reply]:
-        read = self.deps.sessions.reading(message.session_id)  # sent with the lease's taking: one round trip
-        async with self._sessions.turn(message, on_wait=self.consumer.set_aside, carry=read.build) as lease:
+        # The turn's first reads go with the session's taking: one round trip.
+        carry, read = FirstReads.carried(self.deps, message)
+        async with self._sessions.turn(message, on_wait=self.consumer.set_aside, carry=carry) as lease:
             await self.consumer.take_back()  # a turn slot again, if it gave its own away while waiting
             log.info("turn start %s", kv(session=message.session_id, message=message.message_id))
             if message.job is None:  # the identity talks to the agent itself (heartbeats skip idle owners)
@@ -129,7 +130,7 @@ class BrainWorker:
                     session_id=message.session_id, message_id=message.message_id, code=ErrorCode.INVALID_ARGUMENTS,
                     message=f"no agent named {message.agent_id!r}; agents: {', '.join(self.settings.agent_ids())}"))]
             turn = Turn(replace(self.deps, settings=agent, llm=self._llm(message.agent_id, agent)), message, lease,
-                        history=None if lease.carried is None else read.entries(lease.carried))
+                        first=None if lease.carried is None else read(lease.carried))
             task = asyncio.current_task()
             assert task is not None
             self._running[message.session_id] = task

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgpack
 
+from bus.carry import Carried
 from bus.codec import pack
 from bus.errors import PincerError
 from bus.keys import Keys
@@ -71,29 +72,23 @@ class LongTermMemory:
     async def list(self, agent_id: str, *, owner: str, holding: str = "") -> Notes:
         """``owner``'s notes and the shared ones (a shared note named like one of its own is hidden by it);
         ``holding``: only those whose name or text holds it, ignoring case."""
-        holding = holding.lower()
-        listed: Notes = []
-        seen: set[str] = set()
-        scopes = self._scopes(agent_id, owner)
+        listing = self.listing(agent_id, owner=owner, holding=holding)
         async with self.redis.pipeline(transaction=False) as pipe:
+            listing.build(pipe)
+            held = await pipe.execute()  # both scopes in one round trip: every turn lists them
+        return listing.read(held)
+
+    def listing(self, agent_id: str, *, owner: str, holding: str = "") -> Carried[Notes]:
+        """``list``'s read as pipeline commands, for a caller that sends them with its own (a turn's first
+        reads, with the session's taking)."""
+        scopes = self._scopes(agent_id, owner)
+
+        def build(pipe: Any) -> None:
             for _, where in scopes:
                 pipe.hgetall(where)
-            held = await pipe.execute()  # both scopes in one round trip: every turn lists them
-        for (scope, _), notes in zip(scopes, held, strict=True):
-            for raw_key, raw in sorted(notes.items()):
-                key = raw_key.decode()
-                if key in seen:
-                    continue
-                seen.add(key)
-                note = msgpack.unpackb(raw, raw=False)
-                if holding and holding not in key.lower() and holding not in note["content"].lower():
-                    continue
-                first_line = note["content"].strip().split("\n", 1)[0]
-                preview = first_line[:120] + ("…" if len(first_line) > 120 or "\n" in note["content"].strip()
-                                              else "")
-                listed.append({"key": key, "scope": scope, "chars": len(note["content"]), "updated": note["updated"],
-                               "preview": preview})
-        return listed
+
+        return Carried(build, len(scopes), lambda held: _listed(scopes, held, holding.lower()))
+
 
     async def search(self, agent_id: str, query: str, *, owner: str, limit: int = 10, turn: str = "") -> Notes:
         """What matches ``query`` among ``owner``'s notes and the shared ones, and (with a recall index) its past
@@ -134,3 +129,23 @@ class LongTermMemory:
 def _content(raw: bytes) -> str:
     content: str = msgpack.unpackb(raw, raw=False)["content"]
     return content
+
+
+def _listed(scopes: Places, held: list[dict[bytes, bytes]], holding: str) -> Notes:
+    listed: Notes = []
+    seen: set[str] = set()
+    for (scope, _), notes in zip(scopes, held, strict=True):
+        for raw_key, raw in sorted(notes.items()):
+            key = raw_key.decode()
+            if key in seen:
+                continue
+            seen.add(key)
+            note = msgpack.unpackb(raw, raw=False)
+            if holding and holding not in key.lower() and holding not in note["content"].lower():
+                continue
+            first_line = note["content"].strip().split("\n", 1)[0]
+            preview = first_line[:120] + ("…" if len(first_line) > 120 or "\n" in note["content"].strip()
+                                          else "")
+            listed.append({"key": key, "scope": scope, "chars": len(note["content"]), "updated": note["updated"],
+                           "preview": preview})
+    return listed

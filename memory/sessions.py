@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bus.carry import Carried
 from bus.codec import pack
 from bus.errors import PincerError
 from bus.identity import Keeping
@@ -108,15 +108,6 @@ if ttl > 0 then
 end
 return seq
 """)
-
-
-@dataclass(frozen=True)
-class TranscriptRead:
-    """``build`` adds the read's commands to a pipeline; ``entries`` reads their results (None: the list
-    moved under what was held, and must be read whole)."""
-
-    build: Callable[[Any], object]
-    entries: Callable[[list[Any]], list[TranscriptEntry] | None]
 
 
 def _numbered(seq: Any) -> int | None:
@@ -262,19 +253,19 @@ class SessionStore:
         async with self.redis.pipeline(transaction=False) as pipe:
             read.build(pipe)
             got = await pipe.execute()
-        entries = read.entries(got)
+        entries = read.read(got)
         if entries is None:  # the list is not what this process held: read it whole
             entries = self._whole(session_id, await self.redis.lrange(self.keys.transcript(session_id), 0, -1))
         return entries
 
-    def reading(self, session_id: str) -> TranscriptRead:
+    def reading(self, session_id: str) -> Carried[list[TranscriptEntry] | None]:
         """The transcript's read as pipeline commands, for a caller that sends them with its own (the Brain,
         with the session's lease). Held from an earlier read: is it still the list's head, and what came
-        after it; else the whole list."""
+        after it; else the whole list. Reads as None when the list moved under what was held (read it whole)."""
         key = self.keys.transcript(session_id)
         held = self.cache.get(session_id) if self.cache is not None else None
         if held is None:
-            return TranscriptRead(lambda pipe: pipe.lrange(key, 0, -1), lambda got: self._whole(session_id, got[0]))
+            return Carried(lambda pipe: pipe.lrange(key, 0, -1), 1, lambda got: self._whole(session_id, got[0]))
         count = len(held.entries)
 
         def build(pipe: Any) -> None:
@@ -291,7 +282,7 @@ class SessionStore:
                 self._hold(session_id, found, held.first, added[-1], held.size + held_bytes(added))
             return found
 
-        return TranscriptRead(build, entries)
+        return Carried(build, 3, entries)
 
     def _whole(self, session_id: str, raw: list[bytes]) -> list[TranscriptEntry]:
         entries = _parsed(raw)

@@ -1,16 +1,21 @@
 """A Brain's transcripts as it last read them: each read fetches only what was added, and any other change
-to the list (deleted, made again, restored shorter) is read afresh, on a real Redis."""
+to the list (deleted, made again, restored shorter) is read afresh, on a real Redis; a turn's first reads
+(the transcript, the tools' digest, the notes) go with the step that takes the session."""
 
 from __future__ import annotations
 
 import asyncio
 
+from brain.catalog import ToolCatalog
+from brain.llm import Completion
 from brain.session_order import SessionOrder
-from bus.protocol import ChatMessage
+from bus.protocol import ChatMessage, ChatReply
 from bus.streams import Bus
+from memory.longterm import LongTermMemory
 from memory.sessions import SessionStore, TranscriptEntry
 from memory.transcript_cache import held_bytes
 from tests.conftest import async_wait_until
+from tests.integration.brain_fakes import FakeLLM
 
 
 def said(text: str, role: str = "user") -> TranscriptEntry:
@@ -89,7 +94,7 @@ async def test_the_transcript_is_read_in_the_same_step_as_the_session_is_taken(b
         read = cached.reading("s")
         async with order.turn(ChatMessage(session_id="s", text="hi", reply_to="r", seq=seq), carry=read.build) as lease:
             assert await bus.redis.get(bus.keys.session_lease("s"))  # taken with the read
-            found = read.entries(lease.carried)
+            found = read.read(lease.carried)
         assert found is not None and [e.content for e in found] == expected
         await plain.append("s", said("three"))
         await bus.batcher.run(lambda pipe: pipe.ping())  # the session given back
@@ -97,7 +102,7 @@ async def test_the_transcript_is_read_in_the_same_step_as_the_session_is_taken(b
     await bus.redis.delete(bus.keys.transcript("s"))  # made again under what the Brain holds
     await plain.append("s", said("x"))
     async with order.turn(ChatMessage(session_id="s", text="hi", reply_to="r", seq=3), carry=read.build) as lease:
-        assert lease.carried is not None and read.entries(lease.carried) is None  # the caller reads it whole
+        assert lease.carried is not None and read.read(lease.carried) is None  # the caller reads it whole
     assert await contents(cached, "s") == ["x"]
 
 
@@ -125,3 +130,32 @@ async def test_a_turn_that_waits_for_the_session_does_not_read_the_transcript_at
     lease = await asyncio.wait_for(waiting, 10)
     await turn.__aexit__(None, None, None)
     assert tries == [1] and lease.carried is None  # sent with the first try only: the turn reads for itself
+
+
+async def test_a_turns_first_reads_go_with_the_session_taking_and_see_what_changed_before_it(
+        bus: Bus, pool, chat, monkeypatch) -> None:
+    llm = FakeLLM(lambda _messages: Completion(text="ok", model="fake"))
+    await pool(llm)
+    assert isinstance((await chat("first", sender="owner"))[-1], ChatReply)  # the tools heard: notes offered
+    await LongTermMemory(bus.redis, bus.keys).write("main", "pin", "the pin is 4321", owner="owner")
+    alone: list[str] = []  # reads a turn made on their own, not with the session's taking
+    listed, digest = LongTermMemory.list, ToolCatalog._read_digest
+
+    async def spied_list(memory, *args, **kwargs):
+        alone.append("notes")
+        return await listed(memory, *args, **kwargs)
+
+    async def spied_digest(catalog):
+        alone.append("digest")
+        return await digest(catalog)
+
+    monkeypatch.setattr(LongTermMemory, "list", spied_list)
+    monkeypatch.setattr(ToolCatalog, "_read_digest", spied_digest)
+    assert isinstance((await chat("second", sender="owner"))[-1], ChatReply)
+    shown = " ".join(str(m.get("content")) for m in llm.seen[-1] if m["role"] == "system")
+    assert "pin: the pin is 4321" in shown  # the note written between the turns, read with the session
+    assert [m["content"] for m in llm.seen[-1] if m["role"] == "user"] == ["first", "second"]
+    assert alone == []
+    await bus.redis.delete(bus.keys.tools_digest)  # the tools changed (a new digest): listed again, read alone
+    assert isinstance((await chat("third", sender="owner"))[-1], ChatReply)
+    assert alone == []
