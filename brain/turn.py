@@ -159,8 +159,8 @@ class Turn:
             await kept
             return finished
         try:
-            # The tools and notes are read while the message is on its way to the transcript; it is
-            # kept before anything answers it.
+            # The tools and notes, unless read with the session's taking (FirstReads), are read while
+            # the message is on its way to the transcript; it is kept before anything answers it.
             first = self.first
             tools, skills = await deps.catalog.lookup(msg.agent_id, msg.sender, announced=first.digest)
             notes = (first.notes if first.notes is not None else

@@ -19,6 +19,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -131,6 +132,9 @@ class KnownMessages:
 _KNOWN = KnownMessages()
 
 
+_NONE: frozenset[str] = frozenset()
+
+
 class StoredParts:
     """The parts each session's hash holds, as this process last heard. Every request of a session repeats
     its history and its tool list; sending each again grew with every turn (~13 KB a turn at 30 turns). A
@@ -143,12 +147,13 @@ class StoredParts:
         self._by_session: OrderedDict[str, set[str]] = OrderedDict()
         self._held = 0
 
-    def of(self, session_id: str) -> frozenset[str]:
+    def of(self, session_id: str) -> AbstractSet[str]:
+        """The session's names, not a copy: read them before the next ``add``."""
         names = self._by_session.get(session_id)
         if names is None:
-            return frozenset()
+            return _NONE
         self._by_session.move_to_end(session_id)
-        return frozenset(names)
+        return names
 
     def add(self, session_id: str, names: Iterable[str]) -> None:
         held = self._by_session.setdefault(session_id, set())
@@ -191,13 +196,38 @@ class FlightRecorder:
 
     async def write(self, session_id: str, step: Step | None, parts: dict[str, str] | None = None) -> None:
         """One step (and parts: each name's canonical JSON), or parts alone: queued, or one round trip."""
-        commands = self._commands(session_id, step, parts or {})
-        if self.send is not None:
-            self.send(commands)
+        await self._send(session_id, self._commands(session_id, step, parts or {}))
+
+    async def _send(self, session_id: str, build: Callable[[Any], object],
+                    then: Callable[[list[Any]], Callable[[Any], object] | None] = lambda results: None) -> None:
+        """``build``'s commands queued with the process's next writes (``send``), or one round trip now (raising
+        what fails it); ``then`` may make a second write from their results, sent the same way."""
+        if self.send is None:
+            try:
+                follow = then(await self._execute(build))
+                if follow is not None:
+                    await self._execute(follow)
+            except Exception:
+                self.stored.forget(session_id)
+                raise
             return
+        send = self.send
+
+        def resent(outcome: list[Any] | Exception) -> None:
+            self._lost(session_id, outcome)
+
+        def sent(outcome: list[Any] | Exception) -> None:
+            if not self._lost(session_id, outcome) and not isinstance(outcome, Exception):
+                follow = then(outcome)
+                if follow is not None:
+                    send(follow, done=resent)
+
+        send(build, done=sent)
+
+    async def _execute(self, build: Callable[[Any], object]) -> list[Any]:
         async with self.redis.pipeline(transaction=False) as pipe:
-            commands(pipe)
-            await pipe.execute()
+            build(pipe)
+            return await pipe.execute()
 
     def _commands(self, session_id: str, step: Step | None, parts: dict[str, str] | None = None
                   ) -> Callable[[Any], object]:
@@ -235,7 +265,7 @@ class FlightRecorder:
         known = self.stored.of(session_id)
         new = {name: parts.text(part) for name, (parts, part) in texts.items() if name not in known}
         told = [name for name in texts if name in known]
-        self.stored.add(session_id, new)
+        self.stored.add(session_id, new)  # after reading ``known``: it is the live set
         request = {"messages": names, "tools": tools_name, **params}
         step = Step(kind="model", message_id=message_id, data={"request": request, "response": response})
         call = ScriptCall(STORE_PARTS, (self.keys.session_record_parts(session_id),),
@@ -246,27 +276,14 @@ class FlightRecorder:
             call.add(pipe)
             steps(pipe)
 
-        def resend(missing: list[bytes]) -> dict[str, str]:
-            return {name: parts.text(part) for name in (m.decode() for m in missing) for parts, part in [texts[name]]}
+        def resend(results: list[Any]) -> Callable[[Any], object] | None:
+            missing = results[0]  # the parts the hash lacks after all: sent whole
+            if not missing:
+                return None
+            return self._commands(session_id, None, {
+                name: parts.text(part) for name in (m.decode() for m in missing) for parts, part in [texts[name]]})
 
-        if self.send is None:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                build(pipe)
-                missing = (await pipe.execute())[0]
-            if missing:
-                await self.write(session_id, None, resend(missing))
-            return
-
-        send = self.send
-
-        def resent(outcome: list[Any] | Exception) -> None:
-            self._lost(session_id, outcome)
-
-        def sent(outcome: list[Any] | Exception) -> None:
-            if not self._lost(session_id, outcome) and not isinstance(outcome, Exception) and outcome[0]:
-                send(self._commands(session_id, None, resend(outcome[0])), done=resent)
-
-        send(build, done=sent)
+        await self._send(session_id, build, resend)
 
     def _lost(self, session_id: str, outcome: list[Any] | Exception) -> bool:
         """Whether a write of parts failed; then what was sent may not be there, and the next request sends all."""
