@@ -29,7 +29,8 @@ def limit_of(window_tokens: int) -> int:
 
 def shaped(messages: list[dict[str, Any]], result_tokens: int) -> list[dict[str, Any]]:
     """The messages with every tool result cut to its own budget (head and tail kept)."""
-    return [_cut(message, result_tokens * CHARS_PER_TOKEN) for message in messages]
+    most = result_tokens * CHARS_PER_TOKEN
+    return [_cut(message, most) if message["role"] == "tool" else message for message in messages]
 
 
 def cut_middle(text: str, max_chars: int) -> str:

@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from bus.identity import kept
+from bus.identity import kept, known
 
 MESSAGE_OVERHEAD = 8  # tokens a provider adds around each message
 _CACHED = 20_000  # messages' counts kept, by digest (about 2 MB)
@@ -66,12 +66,21 @@ def _message_tokens(message: dict[str, Any]) -> int:
 
 
 def count(messages: list[dict[str, Any]]) -> int:
-    return sum(message_tokens(message) for message in messages)
+    total = 0
+    for message in messages:  # a loop, not sum(): a long conversation is summed before every model call
+        found = known(message).get("tokens")
+        total += found if found is not None else message_tokens(message)
+    return total
 
 
 def most_tokens(messages: list[dict[str, Any]]) -> int:
-    """At least ``count(messages)``, without the encoding: every token is at least one byte of the UTF-8."""
-    return sum(_most_tokens(message) for message in messages)
+    """At least ``count(messages)``, without the encoding: each message's count where it is known, else its
+    bytes (every token is at least one byte of the UTF-8)."""
+    total = 0
+    for message in messages:
+        kept_ = known(message)
+        total += kept_.get("tokens") or kept_.get("most tokens") or _most_tokens(message)
+    return total
 
 
 def _most_tokens(message: dict[str, Any]) -> int:
@@ -84,7 +93,8 @@ def _most_tokens(message: dict[str, Any]) -> int:
 
 
 def exceeds(messages: list[dict[str, Any]], limit: int) -> bool:
-    """``count(messages) > limit``, the encoding loaded only when the bytes cannot tell."""
+    """``count(messages) > limit``, the encoding loaded only when the bytes cannot tell; once the messages are
+    counted, one pass over what is known answers whether they fit."""
     return most_tokens(messages) > limit and count(messages) > limit
 
 

@@ -185,7 +185,8 @@ class Turn:
         self.history_start = len(before)
         messages = [self.system, *([note_message(state.note)] if state.note else []), *self.context]
         self.head = len(messages)  # the messages every request starts with: instructions, the note, the context
-        messages += [entry.to_llm() for entry in [*state.entries, *turn] if not is_note(entry)]
+        messages += [entry.to_llm() for entry in state.entries]  # live() left the notes out of these
+        messages += [entry.to_llm() for entry in turn if not is_note(entry)]
         alone = shaped([self.system, *self.context, turn[0].to_llm()], deps.settings.tool_result_max_tokens)
         if exceeds(alone, limit_of(self.window_tokens)):  # no summary or cut can help: say so before any model call
             return await self.stop(ErrorCode.BUDGET_EXHAUSTED, "the instructions and this message take "

@@ -3,7 +3,8 @@ turn after turn (a tool list until Hands' tools change), whose contents are cost
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
@@ -45,6 +46,15 @@ class Keeping(dict[str, Any]):
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return dict, (dict(self),)  # a copy is a plain dict: whoever copies it may change it
+
+
+_NOTHING: Mapping[str, Any] = MappingProxyType({})
+
+
+def known(value: Any) -> Mapping[str, Any]:
+    """What is kept on ``value`` (nothing for a value that is not a ``Keeping``): for a loop over many values
+    that reads what is there before making anything."""
+    return value.kept if type(value) is Keeping else _NOTHING
 
 
 def kept(value: Any, what: str, make: Callable[[], V]) -> V:

@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus.errors import PincerError
-from bus.identity import ByIdentity, kept
+from bus.identity import ByIdentity, kept, known
 from bus.keys import Keys
 from bus.log import kv
 from bus.outcome import Done, failure, log_failure
@@ -79,6 +79,9 @@ def canonical(value: Any) -> str:
     return _CANONICAL.encode(value)  # one encoder: json.dumps with options makes one per call
 
 
+PART_NAME = "record part"  # what a ``Keeping`` message keeps its name as
+
+
 class Parts:
     """What one turn has digested: each message is hashed once (by identity: a turn never changes a message
     it sent), however many of the turn's requests carry it."""
@@ -90,7 +93,7 @@ class Parts:
         return len(self._named)
 
     def digest(self, value: Any) -> str:
-        return kept(value, "record part", lambda: self._named(value)[0])  # its text is made again only if sent
+        return kept(value, PART_NAME, lambda: self._named(value)[0])  # its text is made again only if sent
 
     def text(self, value: Any) -> str:
         """``value``'s canonical JSON, made once with its name."""
@@ -256,16 +259,16 @@ class FlightRecorder:
         ``seen``: the turn's parts, so each is hashed once per turn; the parts the session's hash holds
         already are named, not sent."""
         seen = seen or Parts()
-        names = [seen.digest(m) for m in messages]
+        names = [known(m).get(PART_NAME) or seen.digest(m) for m in messages]  # most are named in earlier turns
         if len(self.shared) >= 64:  # tool lists of agents and senders long gone
             self.shared = Parts()
         tools_name = self.shared.digest(tools)
         texts: dict[str, tuple[Parts, Any]] = {name: (seen, part) for name, part in zip(names, messages, strict=True)}
         texts[tools_name] = (self.shared, tools)
-        known = self.stored.of(session_id)
-        new = {name: parts.text(part) for name, (parts, part) in texts.items() if name not in known}
-        told = [name for name in texts if name in known]
-        self.stored.add(session_id, new)  # after reading ``known``: it is the live set
+        held = self.stored.of(session_id)
+        new = {name: parts.text(part) for name, (parts, part) in texts.items() if name not in held}
+        told = [name for name in texts if name in held]
+        self.stored.add(session_id, new)  # after reading ``held``: it is the live set
         request = {"messages": names, "tools": tools_name, **params}
         step = Step(kind="model", message_id=message_id, data={"request": request, "response": response})
         call = ScriptCall(STORE_PARTS, (self.keys.session_record_parts(session_id),),

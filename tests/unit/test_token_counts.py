@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from brain import tokens
+from bus.identity import Keeping
 
 
 def test_a_count_is_remembered_by_digest_and_a_changed_message_is_counted_again() -> None:
@@ -30,3 +31,22 @@ def test_the_bytes_bound_is_never_below_the_count_so_exceeds_answers_as_the_coun
     assert tokens.most_tokens(messages) >= exact
     for limit in (0, exact - 1, exact, exact + 1, tokens.most_tokens(messages)):
         assert tokens.exceeds(messages, limit) == (exact > limit)
+
+
+def test_once_counted_a_kept_conversation_is_known_to_fit_without_counting_again(monkeypatch) -> None:
+    talk = [Keeping(role="user" if i % 2 == 0 else "assistant", content=f"message number {i} with a few words")
+            for i in range(40)]
+    exact, most = tokens.count(talk), sum(len(m["content"]) + tokens.MESSAGE_OVERHEAD for m in talk)
+    assert exact < most  # the bytes alone could not tell that it fits between the two
+    assert tokens.most_tokens(talk) == exact  # each message's kept count is the tightest bound known
+
+    def counted(_messages: object) -> int:
+        raise AssertionError("counted again")
+
+    monkeypatch.setattr(tokens, "count", counted)
+    assert not tokens.exceeds(talk, exact)
+    assert not tokens.exceeds(talk, (exact + most) // 2)
+    with pytest.raises(AssertionError, match="counted again"):  # over its known size: only a count can tell
+        tokens.exceeds(talk, exact - 1)
+    plain = [dict(m) for m in talk]  # plain copies keep nothing: their bound is their bytes
+    assert sum(tokens._most_tokens(m) for m in plain) == most
