@@ -24,8 +24,9 @@ from typing import Any
 
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
+from brain.deps import TurnDeps
 from brain.llm import Attempt, Completion, LLMClient, LLMError, OnText, ToolCall, tool_param
-from brain.turn import Turn, TurnDeps
+from brain.turn import Turn
 from bus.errors import PincerError
 from bus.protocol import (
     ChatMessage,

@@ -3,48 +3,41 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from brain.catalog import UNREAD, NoHandsAvailable, ToolCatalog, Unread
+from brain.catalog import UNREAD, NoHandsAvailable, Unread
 from brain.compaction import is_note, live, note_message, note_text, smaller, summarise
-from brain.config import BrainSettings
 from brain.context import fit, limit_of, shaped
 from brain.delegation import Delegations, child_session, is_delegate
+from brain.deps import TurnDeps
 from brain.hands_calls import HandsCalls, call_deadline_s
 from brain.llm import (
-    LOCAL,
     NOT_CONFIGURED,
-    Attempt,
-    Completion,
-    LLMClient,
     LLMError,
     ToolCall,
     context_window,
     resolve_model,
-    wire_tools,
 )
 from brain.loop_detector import LoopDetector
+from brain.model_calls import ModelCalls
 from brain.pause import pause
 from brain.plan import plan
 from brain.prompt import context_prompt, system_prompt
 from brain.resume import call_id_of, finished_answer
 from brain.session_order import Lease
-from brain.spend import BudgetExceeded, Governor
+from brain.spend import BudgetExceeded
 from brain.stream import Deltas
 from brain.tokens import count, exceeds
 from brain.tool_text import MAX_ARGS_DEPTH, depth, error_for_model, for_model, local_failure, summary
 from brain.usage import TurnLimits, TurnUsage
-from bus import otel, trace
+from bus import trace
 from bus.carry import together
 from bus.log import kv
 from bus.loops import ready
-from bus.metrics import Meter
 from bus.protocol import (
     ChatDelta,
     ChatError,
@@ -58,32 +51,11 @@ from bus.protocol import (
     ToolSpec,
     now_ms,
 )
-from bus.redis_client import RedisAway
-from bus.replies import ReplyInbox
-from bus.streams import Bus
-from memory.flight import FlightRecorder, Parts, Step
-from memory.longterm import LongTermMemory, Notes
-from memory.sessions import Marks, SessionStore, TranscriptEntry
+from memory.flight import Step
+from memory.longterm import Notes
+from memory.sessions import Marks, TranscriptEntry
 
 log = logging.getLogger("brain.turn")
-
-
-@dataclass
-class TurnDeps:
-    bus: Bus
-    inbox: ReplyInbox
-    sessions: SessionStore
-    memory: LongTermMemory
-    catalog: ToolCatalog
-    settings: BrainSettings
-    llm: LLMClient | None  # None: no model configured
-    meter: Meter = field(default_factory=Meter)  # what /metrics shows of this Brain (sent with its heartbeat)
-    spend: Governor | None = None  # the pool's spend governor (None: nothing counted, only in unit tests)
-    recorder: FlightRecorder | None = None  # the flight record (None: brain.record.enabled is off)
-    # The consumer's slot: a turn waiting on its sub-agents lends it out (they may need it) and takes it back.
-    set_aside: Callable[[], bool] = lambda: False
-    take_back: Callable[[], Awaitable[None]] = field(default=lambda: _nothing())
-    pause_at: str = ""  # a test seam (brain/pause.py): the point of a turn where this Brain stops for good
 
 
 NOTES_TOOL = "memory_read"  # a turn that offers it shows the model the names of the notes it may read
@@ -131,9 +103,6 @@ class Turn:
         self.unanswered: list[ToolCall] = []  # the model's tool calls still without a result
         self.window_tokens = settings.context_window_tokens or context_window(resolve_model(settings.model) or "")
         self.call_ids: dict[str, str] = {}  # the model's call id -> ours, for the latest response
-        self.model_name = resolve_model(settings.model) or ""
-        # The models a call may be answered by, as priced: the configured name, then each fallback.
-        self.models = [LOCAL if settings.model == LOCAL else self.model_name, *settings.fallbacks]
         self.hands = HandsCalls(deps.bus, deps.inbox, message, settings.tool_deadline_s, self._publish)
         self.delegations = Delegations(bus=deps.bus, sessions=deps.sessions, inbox=deps.inbox, settings=settings,
                                        message=message)
@@ -147,8 +116,8 @@ class Turn:
         self.live_before: list[TranscriptEntry] = []
         self.history_start = 0
         self.compacted = self.overflowed = False
-        self.record_parts = Parts()  # the flight record's parts this turn has sent (each message hashed and sent once)
         self.deltas = Deltas(self._stream_text, settings.stream_every_ms / 1000)
+        self.model_calls = ModelCalls(deps, message, self.used, self.deltas)
 
     async def run(self) -> ChatReply | ChatError:
         """The final event; deltas and tool events are published as they happen."""
@@ -256,7 +225,7 @@ class Turn:
                         keep_from=turn_starts, pinned=self.head)
             try:
                 try:
-                    completion = await self._call_model(shown, tools)
+                    completion = await self.model_calls.call(shown, tools)
                 except LLMError as exc:
                     if not exc.overflow or self.overflowed:
                         raise
@@ -269,7 +238,7 @@ class Turn:
                     shown = fit(messages, window_tokens=self.window_tokens // 2,
                                 result_tokens=budget.tool_result_max_tokens // 2, keep_from=turn_starts,
                                 pinned=self.head)
-                    completion = await self._call_model(shown, tools)
+                    completion = await self.model_calls.call(shown, tools)
             except BudgetExceeded as exc:
                 return await self.stop(ErrorCode.BUDGET_EXCEEDED, str(exc))
             final = not completion.tool_calls
@@ -294,74 +263,6 @@ class Turn:
             if stop:
                 return stop
 
-    async def _call_model(self, shown: list[dict[str, Any]], tools: list[ToolSpec], *, quiet: bool = False,
-                          max_output_tokens: int | None = None) -> Any:
-        """One model call under the spend governor: its cost bound held before (BudgetExceeded: not made),
-        each of its requests settled after at what it may have cost, whatever happens to it (a cancel, the
-        deadline, a broken stream: its prompt and what streamed at least); counted in the turn's usage.
-        ``quiet``: its text is not streamed to the person (a summary)."""
-        deps, msg = self.deps, self.message
-        spend = deps.spend
-        hold = await spend.reserve(msg.agent_id, msg.sender, self.models, shown, tools, job=msg.job) if spend else None
-        out = max_output_tokens or (deps.settings.budget.max_output_tokens if hold else None)
-        bound = {"max_output_tokens": out} if out else {}
-        attempts: list[Attempt] = []  # the client adds each request it sends, as it sends it
-        started = time.monotonic()
-        params = {"models": self.models, "max_output_tokens": out, "purpose": "summary" if quiet else "turn"}
-
-        async def settle(answered: str | None) -> float:
-            if not attempts:  # a client that tells nothing of its requests: one, of the first model, never free
-                attempts.append(Attempt(model=answered or self.models[0]))
-            for attempt in attempts:  # priced by the names the hold was priced by
-                attempt.model = attempt.model if attempt.model in self.models else answered or self.models[0]
-            # Not awaited: the cost is known here, and its writes precede the record and the reply in the batcher.
-            return await spend.settle_call(hold, msg.agent_id, msg.sender, attempts, shown, tools, job=msg.job,  # type: ignore[union-attr]  # only called with a governor
-                                           max_output_tokens=out, wait=False)
-
-        try:
-            with otel.span(f"chat {self.model_name}", kind="client", gen_ai__operation__name="chat",
-                           gen_ai__request__model=self.model_name, gen_ai__conversation__id=msg.session_id) as opened:
-                try:
-                    completion = await deps.llm.complete(shown, tools, _silent if quiet else self.deltas,  # type: ignore[union-attr]  # checked: a model is configured
-                                                         attempts=attempts, **bound)
-                finally:
-                    self.deltas.flush()  # the call's last words go before anything the turn sends next
-                otel.set_attributes(opened, gen_ai__response__model=completion.model,
-                                    gen_ai__usage__input_tokens=completion.usage.get("prompt_tokens"),
-                                    gen_ai__usage__output_tokens=completion.usage.get("completion_tokens"))
-        except BaseException as exc:
-            cost = 0.0
-            if spend is not None:  # no answer, yet the provider may have read the prompt and streamed some
-                cost = await asyncio.shield(settle(None))
-                self._spent(cost)
-            failed = {"error": f"{type(exc).__name__}: {exc}"[:2000], "cost_usd": cost, "tries": len(attempts),
-                      "total_ms": round((time.monotonic() - started) * 1000, 1)}
-            with contextlib.suppress(RedisAway):  # the call's own failure is the one to tell
-                await asyncio.shield(self._record_model(shown, tools, params, failed))
-            raise
-        cost = 0.0
-        if spend is not None:
-            answered = self.models[min(len(completion.tried), len(self.models) - 1)]
-            if not attempts:
-                attempts.append(Attempt(model=answered, usage=completion.usage, streamed=[completion.text]))
-            cost = await settle(answered)
-            self._spent(cost)
-        # In the record before anything acts on it (the transcript keeps it too: a resumed turn never asks again).
-        await self._record_model(shown, tools, params, _response(completion, attempts, started, cost))
-        self.used.model_calls += 1
-        self.used.add_tokens(completion.usage)
-        deps.meter.count("pincer_model_calls", completion.model)
-        for kind in ("prompt", "completion", "cached"):  # cached: of the prompt's, read from the provider's cache
-            deps.meter.count("pincer_model_tokens", completion.model, kind,
-                             value=completion.usage.get(f"{kind}_tokens") or 0)
-        return completion
-
-    def _spent(self, cost: float) -> None:
-        """The call's cost, in the turn's usage and the session's spend (with the next write, not awaited)."""
-        self.used.cost_usd += cost
-        if cost > 0:
-            self.deps.bus.batcher.send(self.deps.sessions.count_spend(self.message.session_id, round(cost * 1_000_000)))
-
     async def _compact(self, messages: list[dict[str, Any]], turn_starts: int) -> int:
         """Replace the earlier turns (``messages[:turn_starts]`` after the instructions) by a note the session
         keeps; where the turn starts now. Once per turn; a note no smaller than what it replaces is not kept."""
@@ -369,7 +270,7 @@ class Turn:
         msg = self.message
 
         async def ask(shown: list[dict[str, Any]], budget: int) -> str:
-            done = await self._call_model(shown, [], quiet=True, max_output_tokens=budget)
+            done = await self.model_calls.call(shown, [], quiet=True, max_output_tokens=budget)
             return str(done.text)
 
         summary, method = await summarise(ask, self.note, self.live_before, window=self.window_tokens,
@@ -555,14 +456,6 @@ class Turn:
             await self.deps.recorder.write(self.message.session_id,
                                            Step(kind=kind, message_id=self.message.message_id, data=data))
 
-    async def _record_model(self, shown: list[dict[str, Any]], tools: list[ToolSpec], params: dict[str, Any],
-                            response: dict[str, Any]) -> None:
-        if self.deps.recorder is None:
-            return
-        await self.deps.recorder.model_call(self.message.session_id, self.message.message_id, messages=shown,
-                                            tools=wire_tools(tools), params=params, response=response,
-                                            seen=self.record_parts)
-
     def _stream_text(self, text: str) -> None:
         self._publish_now(ChatDelta(session_id=self.message.session_id, message_id=self.message.message_id,
                                     text=text))
@@ -582,21 +475,3 @@ class Turn:
         log.warning("turn failed %s: %s", kv(session=self.message.session_id, code=code), message)
         return ChatError(session_id=self.message.session_id, message_id=self.message.message_id, code=code,
                          message=message)
-
-
-def _response(completion: Completion, attempts: list[Attempt], started: float, cost: float) -> dict[str, Any]:
-    """A model response as the flight record keeps it."""
-    first = next((a.first_at for a in attempts if a.first_at), 0.0)
-    return {"text": completion.text, "tool_calls": [call.to_openai() for call in completion.tool_calls],
-            "finish_reason": completion.finish_reason, "model": completion.model, "usage": completion.usage,
-            "tried": completion.tried, "cost_usd": cost,
-            "first_token_ms": round((first - started) * 1000, 1) if first else None,
-            "total_ms": round((time.monotonic() - started) * 1000, 1)}
-
-
-async def _nothing() -> None:
-    return None
-
-
-async def _silent(_text: str) -> None:
-    return None

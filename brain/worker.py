@@ -13,14 +13,16 @@ from typing import Any
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
 from brain.delegation import cancelled_before_start
+from brain.deps import TurnDeps
 from brain.llm import LiteLLMClient, LLMClient, resolve_model, takes_litellm, warm_up
 from brain.scheduler import Scheduler
 from brain.session_order import SessionOrder
 from brain.spend import Governor
-from brain.turn import FirstReads, Turn, TurnDeps
+from brain.turn import FirstReads, Turn
 from bus.admission import RateLimits
+from bus.answers import Reply
 from bus.broadcast import BroadcastReader
-from bus.consumer import GroupConsumer, HandedOver, Reply, delivery
+from bus.consumer import GroupConsumer, HandedOver, delivery
 from bus.keys import BRAIN_GROUP
 from bus.log import kv
 from bus.metrics import Meter

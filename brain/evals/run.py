@@ -12,12 +12,13 @@ from typing import Any
 
 from brain.catalog import ToolCatalog
 from brain.config import BrainSettings
+from brain.deps import TurnDeps
 from brain.evals.cases import Case
 from brain.evals.checks import Outcome
 from brain.llm import LLMClient
 from brain.replay import Replayer, turns_of
 from brain.spend import Governor, price_of
-from brain.turn import Turn, TurnDeps
+from brain.turn import Turn
 from bus.metrics import Meter
 from bus.protocol import ChatMessage, ChatReply
 from bus.replies import ReplyInbox
