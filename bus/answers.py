@@ -13,15 +13,18 @@ from redis.exceptions import ResponseError
 from bus import trace
 from bus.batching import Build
 from bus.log import kv
+from bus.protocol import Message
 from bus.records import DeadLetter
 
 if TYPE_CHECKING:
-    from bus.consumer import Reply
     from bus.streams import Bus
 
 log = logging.getLogger("bus")
 
-Entry = tuple[str, str, dict[bytes, bytes], Sequence["Reply"], bool]
+Reply = tuple[str, Message]
+"""What a handler answers: the stream to write to, and the message."""
+
+Entry = tuple[str, str, dict[bytes, bytes], Sequence[Reply], bool]
 """An answered entry: (stream, entry id, its fields, its replies, whether it was set aside)."""
 Key = tuple[str, str]  # (stream, entry id)
 Written = Callable[["Answers", "list[Any] | Exception"], None]

@@ -20,7 +20,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 
 from bus import trace
-from bus.answers import Answers, dead_letter, dead_letter_build
+from bus.answers import Answers, Reply, dead_letter, dead_letter_build
 from bus.codec import MalformedMessage, decode
 from bus.errors import PincerError
 from bus.log import kv
@@ -33,8 +33,6 @@ from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
 log = logging.getLogger("bus")
 
 WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # ~10 s for a reply, then the reaper's turn
-
-Reply = tuple[str, Message]
 
 # How many times the entry being handled has been delivered (2+ means another
 # consumer, or an earlier life of this one, took it and never acknowledged it).

@@ -28,10 +28,10 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
-from bus.answers import dead_letter
+from bus.answers import Reply, dead_letter
 from bus.codec import MalformedMessage, decode
 from bus.config import RedisSettings
-from bus.consumer import GroupConsumer, Reply
+from bus.consumer import GroupConsumer
 from bus.log import kv
 from bus.loops import every, finish
 from bus.presence import alive

@@ -10,8 +10,21 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from hands.config import PolicySettings
-from hands.registry import Permissions
+
+
+class Permissions(BaseModel):
+    """What a tool promises to touch; checked against the global policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    filesystem_read: list[str] = Field(default_factory=list)
+    filesystem_write: list[str] = Field(default_factory=list)
+    network: list[str] = Field(default_factory=list)
+    execute: list[str] = Field(default_factory=list)
+
 
 KINDS = ("filesystem_read", "filesystem_write", "network", "execute")
 

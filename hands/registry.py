@@ -20,11 +20,11 @@ from bus.protocol import ErrorCode, SkillInfo, ToolMeta, ToolSpec
 from bus.workspace import Workspace
 from hands.config import HandsSettings, RetryPolicy
 from hands.errors import ToolFailure
+from hands.permissions import PermissionPolicy, Permissions
 
 if TYPE_CHECKING:  # the services a handler may use, as Protocols (hands/seams.py): real ones or fakes
     from bus.protocol import ToolExecute
     from hands.notes import CallersNotes
-    from hands.permissions import PermissionPolicy
     from hands.seams import ApprovalAsking, BackgroundKeeping, QuestionAsking, Sandboxing
     from memory.jobs import JobStore
 
@@ -41,17 +41,6 @@ class Category(StrEnum):
     def key(self) -> str:
         """Its name in the config's per-category tables (hands.concurrency, hands.timeouts): ``file``, ..."""
         return self.value.split("_")[0]
-
-
-class Permissions(BaseModel):
-    """What a tool promises to touch; checked against the global policy."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    filesystem_read: list[str] = Field(default_factory=list)
-    filesystem_write: list[str] = Field(default_factory=list)
-    network: list[str] = Field(default_factory=list)
-    execute: list[str] = Field(default_factory=list)
 
 
 SendProgress = Callable[[str], Awaitable[Any]]

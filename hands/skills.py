@@ -26,13 +26,8 @@ from bus.errors import PincerError
 from bus.protocol import ErrorCode, SkillInfo
 from hands.config import RetryPolicy
 from hands.errors import ToolFailure
-from hands.permissions import PermissionPolicy
-from hands.registry import (
-    Category,
-    Permissions,
-    ToolDefinition,
-    ToolRegistry,
-)
+from hands.permissions import PermissionPolicy, Permissions
+from hands.registry import Category, ToolDefinition, ToolRegistry
 
 MAX_SKILL_BYTES = 256 * 1024
 NAME = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"

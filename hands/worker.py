@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from bus import otel
+from bus.answers import Reply
 from bus.broadcast import BroadcastReader
-from bus.consumer import GroupConsumer, Moved, Reply, current_entry, delivery
+from bus.consumer import GroupConsumer, Moved, current_entry, delivery
 from bus.keys import HANDS_GROUP
 from bus.log import kv
 from bus.metrics import Meter

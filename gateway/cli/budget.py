@@ -17,7 +17,7 @@ from brain.config import BrainSettings
 from brain.spend import report
 from bus.config import Config
 from bus.redis_client import RedisAway
-from gateway.cli.ops import connected_bus
+from gateway.cli.connect import connected_bus
 
 
 def command(args: argparse.Namespace, config: Config) -> int:

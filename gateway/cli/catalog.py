@@ -56,7 +56,7 @@ async def _tools(config: Config, *, as_json: bool) -> int:
     from bus.protocol import ToolsAvailable, ToolsList
     from bus.replies import ReplyInbox
     from bus.service import new_instance_id
-    from gateway.cli.ops import connected_bus
+    from gateway.cli.connect import connected_bus
 
     try:
         async with connected_bus(config) as bus:  # Redis answers first, or the error says it does not

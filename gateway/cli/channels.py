@@ -18,7 +18,7 @@ from gateway.channels import access
 from gateway.channels.config import KNOWN as KNOWN_CHANNELS
 from gateway.channels.config import ChannelSettings
 from gateway.cli.channel_setup import add_arguments
-from gateway.cli.ops import connected_bus
+from gateway.cli.connect import connected_bus
 
 
 def command(args: argparse.Namespace, config: Config) -> int:

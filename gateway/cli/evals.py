@@ -23,7 +23,7 @@ from brain.replay import Replayer
 from brain.worker import default_llm
 from bus.config import Config
 from bus.redis_client import RedisAway
-from gateway.cli.ops import connected_bus
+from gateway.cli.connect import connected_bus
 from memory.flight import RecordError
 
 NEEDS_A_MODEL = "a conversation runs against a model: add --live (or give the case a recording, `session: FILE`)"

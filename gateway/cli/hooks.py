@@ -13,7 +13,7 @@ from rich.table import Table
 
 from bus.config import Config
 from bus.redis_client import RedisAway
-from gateway.cli.ops import connected_bus
+from gateway.cli.connect import connected_bus
 from gateway.server.hooks import HookStore, remove_and_forget
 
 

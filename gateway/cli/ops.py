@@ -7,8 +7,6 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from rich.console import Console
@@ -17,21 +15,8 @@ from rich.table import Table
 from bus import pool as ops
 from bus.config import Config
 from bus.redis_client import RedisAway
-from bus.service import redis_url
-from bus.streams import Bus
+from gateway.cli.connect import connected_bus
 from gateway.runtime.daemon import StateFile, describe
-from gateway.tokens import OWNER
-from gateway.turns.session_names import SEPARATOR
-
-
-@asynccontextmanager
-async def connected_bus(config: Config) -> AsyncIterator[Bus]:
-    bus = Bus.from_settings(config.redis, redis_url(config))
-    try:
-        await bus.redis.ping()
-        yield bus
-    finally:
-        await bus.close()
 
 
 def _console() -> Console:
@@ -206,10 +191,6 @@ def dead(args: argparse.Namespace, config: Config) -> int:
 
 
 
-def qualified(session: str) -> str:
-    """A session named on the command line: ``NAME`` is the owner token's session of that name, ``OWNER/NAME``
-    anyone's."""
-    return session if SEPARATOR in session else f"{OWNER}{SEPARATOR}{session}"
 
 # --- arguments: each command's, declared beside it (gateway/cli/__init__.py reads ARGUMENTS) ---
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from bus.config import Config
-from gateway.cli.ops import connected_bus
+from gateway.cli.connect import connected_bus
 from hands.approvals import remembered
 from hands.config import HandsSettings
 from hands.errors import ToolFailure

@@ -16,7 +16,7 @@ from rich.table import Table
 from brain.config import BrainSettings
 from bus.config import Config
 from bus.redis_client import RedisAway
-from gateway.cli.ops import connected_bus, qualified
+from gateway.cli.connect import connected_bus, qualified
 from gateway.turns.session_names import SEPARATOR, owner_of
 from memory.archive import SessionArchive
 from memory.flight import FlightRecorder, RecordError, Step

@@ -19,7 +19,7 @@ from brain.replay import Report, replay
 from brain.worker import default_llm
 from bus.config import Config
 from bus.redis_client import RedisAway
-from gateway.cli.ops import connected_bus, qualified
+from gateway.cli.connect import connected_bus, qualified
 from hands.config import HandsSettings
 from hands.scratch import ScratchHands
 from memory.flight import FlightRecorder, RecordError, Step, read_lines

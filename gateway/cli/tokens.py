@@ -13,7 +13,7 @@ from rich.table import Table
 
 from bus.config import Config
 from bus.redis_client import RedisAway, RedisRefused
-from gateway.cli.ops import connected_bus
+from gateway.cli.connect import connected_bus
 from gateway.config import GatewaySettings
 from gateway.tokens import NAME_PATTERN, TokenError, TokenStore, revoke_and_forget
 

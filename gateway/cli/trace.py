@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from bus.config import Config
-from gateway.cli.ops import connected_bus, qualified
+from gateway.cli.connect import connected_bus, qualified
 from memory.sessions import SessionStore, TranscriptEntry
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from bus.protocol import ErrorCode
 from hands.errors import ToolFailure
-from hands.registry import Category, Permissions, ToolContext, ToolDefinition
+from hands.permissions import Permissions
+from hands.registry import Category, ToolContext, ToolDefinition
 from hands.sandbox.env import sandbox_env
 from hands.sandbox.runner import SandboxUnavailable
 from hands.sandbox.running import Running

@@ -8,7 +8,8 @@ from typing import Any
 
 from bus.protocol import ErrorCode
 from hands.errors import ToolFailure, to_tool_error
-from hands.registry import Category, Permissions, ToolContext, ToolDefinition
+from hands.permissions import Permissions
+from hands.registry import Category, ToolContext, ToolDefinition
 from hands.shaping import Batch
 
 MAX_LIST_ENTRIES = 1000
