@@ -16,7 +16,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bus.keys import Keys
-from memory.flight import FlightRecorder, Parts
+from memory.flight import FlightRecorder
+from memory.record_parts import Parts
 
 STEPS = 40
 

@@ -16,7 +16,7 @@ from brain.usage import TurnUsage
 from bus import otel
 from bus.protocol import ChatMessage, ToolSpec
 from bus.redis_client import RedisAway
-from memory.flight import Parts
+from memory.record_parts import Parts
 
 
 class ModelCalls:

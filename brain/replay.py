@@ -42,8 +42,9 @@ from bus.protocol import (
 )
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from memory.flight import Step, canonical, resolved
+from memory.flight import Step, resolved
 from memory.longterm import LongTermMemory
+from memory.record_parts import canonical
 from memory.sessions import SessionStore, TranscriptEntry
 
 SCRATCH = "replay"  # the owner part of a replay's scratch session

@@ -9,7 +9,8 @@ import pytest
 from brain.llm import Completion
 from bus.protocol import ChatError, ChatReply, ErrorCode
 from bus.streams import Bus
-from memory.flight import FlightRecorder, RecordError, canonical, digest, read_lines
+from memory.flight import FlightRecorder, RecordError, read_lines
+from memory.record_parts import canonical, digest
 from memory.sessions import SessionStore
 from tests.integration.brain_fakes import FakeLLM, call
 

@@ -8,7 +8,7 @@ import json
 
 from brain import tokens
 from bus.identity import ByIdentity, Keeping, kept
-from memory.flight import Parts
+from memory.record_parts import Parts
 from memory.sessions import TranscriptEntry
 
 

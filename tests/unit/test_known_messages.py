@@ -1,6 +1,6 @@
 """The recorder's process-wide names of plain messages: the same name as naming them afresh, and bounded."""
 
-from memory.flight import KnownMessages, canonical, digest
+from memory.record_parts import KnownMessages, canonical, digest
 
 
 def test_a_message_named_from_memory_has_the_name_and_text_of_naming_it_afresh() -> None:
