@@ -30,7 +30,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from brain.config import BrainSettings
-from brain.llm import LOCAL, Attempt, retry_pause, table_entries
+from brain.llm import LOCAL, Attempt, retry_pause
+from brain.model_table import table_entries
 from brain.tokens import MESSAGE_OVERHEAD, tokens
 from bus.errors import PincerError
 from bus.loops import Background

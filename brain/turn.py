@@ -19,11 +19,11 @@ from brain.llm import (
     NOT_CONFIGURED,
     LLMError,
     ToolCall,
-    context_window,
     resolve_model,
 )
 from brain.loop_detector import LoopDetector
 from brain.model_calls import ModelCalls
+from brain.model_table import context_window
 from brain.pause import pause
 from brain.plan import plan
 from brain.prompt import context_prompt, system_prompt

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from brain.llm import context_window, table_entries
+from brain.model_table import context_window, table_entries
 from brain.spend import table_price
 
 
@@ -39,7 +39,7 @@ def test_what_is_kept_is_the_models_entries_not_the_table() -> None:
     """In a fresh interpreter: in this one, other tests' imports of litellm hold its own copy of the table."""
     probe = (
         "import gc, sys\n"
-        "from brain.llm import table_entries\n"
+        "from brain.model_table import table_entries\n"
         "entries = table_entries('openai/gpt-4o-mini')\n"
         "assert entries and all('input_cost_per_token' in info for info in entries)\n"
         "gc.collect()\n"
