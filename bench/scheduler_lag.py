@@ -35,7 +35,8 @@ from bus.redis_server import EmbeddedRedis  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 from hands.config import HandsSettings  # noqa: E402
 from hands.worker import HandsWorker  # noqa: E402
-from memory.jobs import Job, JobStore, Schedule  # noqa: E402
+from memory.jobs import Job, JobStore  # noqa: E402
+from memory.schedule import Schedule  # noqa: E402
 
 
 def quantile(values: list[float], q: float) -> float:

@@ -6,7 +6,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from bus.config import Section
 from memory.flight import KEEP_DAYS
-from memory.jobs import parse_duration
+from memory.schedule import parse_duration
 from memory.spend import BudgetSettings
 
 DEFAULT_INSTRUCTIONS = (

@@ -35,7 +35,8 @@ from bus.reaper import Reaper
 from bus.redis_client import RedisAway
 from bus.scripts import lua
 from bus.streams import Bus
-from memory.jobs import SILENT, TURN_KEEP_S, Job, JobStore, Run, Schedule, due_field, parse_duration
+from memory.jobs import SILENT, TURN_KEEP_S, Job, JobStore, Run, due_field
+from memory.schedule import Schedule, parse_duration
 
 log = logging.getLogger("brain.scheduler")
 

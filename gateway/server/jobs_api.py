@@ -35,11 +35,10 @@ from memory.jobs import (
     JobLimits,
     JobStore,
     Run,
-    Schedule,
     as_json,
-    parse_duration,
     refusal,
 )
+from memory.schedule import Schedule, parse_duration
 
 SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 EXAMPLE = '{"name": "morning", "cron": "0 8 * * 1-5", "tz": "Europe/Berlin", "message": "What is on today?"}'

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from bus.protocol import ChannelSend, ErrorCode
 from hands.errors import ToolFailure
 from hands.registry import Category, ToolContext, ToolDefinition
-from memory.jobs import Job, JobCapReached, JobExists, JobStore, OwnerKind, Schedule, as_json, parse_duration, refusal
+from memory.jobs import Job, JobCapReached, JobExists, JobStore, OwnerKind, as_json, refusal
+from memory.schedule import Schedule, parse_duration
 
 # Platforms where a user's id is also their direct chat (Discord and Matrix need a DM channel or room made
 # first): a job made by such a user answers there.

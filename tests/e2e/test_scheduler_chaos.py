@@ -15,7 +15,8 @@ import pytest
 
 from bus.config import RedisSettings
 from bus.streams import Bus
-from memory.jobs import Job, JobStore, Run, Schedule
+from memory.jobs import Job, JobStore, Run
+from memory.schedule import Schedule
 from memory.sessions import SessionStore
 from tests.conftest import Processes, wait_until
 from tests.e2e.conftest import start_stack

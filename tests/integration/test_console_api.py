@@ -32,8 +32,9 @@ from gateway.server.hooks import HookStore, signed_headers
 from gateway.server.memory_api import PoolRecall
 from gateway.tokens import TokenStore
 from gateway.turns.refusal import Refused
-from memory.jobs import Job, JobStore, Schedule
+from memory.jobs import Job, JobStore
 from memory.longterm import SHARED, LongTermMemory
+from memory.schedule import Schedule
 from memory.spend import SpendView
 from tests.conftest import async_wait_until
 

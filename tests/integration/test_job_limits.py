@@ -31,7 +31,8 @@ from gateway.config import GatewaySettings
 from gateway.server.app import Gateway
 from gateway.server.hooks import HookStore
 from gateway.tokens import TokenStore
-from memory.jobs import Job, JobStore, OwnerKind, Run, Schedule
+from memory.jobs import Job, JobStore, OwnerKind, Run
+from memory.schedule import Schedule
 from tests.conftest import async_wait_until
 
 OWNER_TOKEN = "pincer_test_owner_token_for_job_limits_0123456789"

@@ -25,7 +25,8 @@ from bus.protocol import ChatMessage
 from bus.streams import Bus
 from hands.config import HandsSettings
 from hands.worker import HandsWorker
-from memory.jobs import Job, JobStore, Schedule
+from memory.jobs import Job, JobStore
+from memory.schedule import Schedule
 from tests.conftest import async_wait_until
 
 

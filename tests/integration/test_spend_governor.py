@@ -20,7 +20,8 @@ from bus.metrics import Meter
 from bus.protocol import ChatError, ChatMessage, ChatReply, ErrorCode, ToolSpec
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from memory.jobs import Job, JobStore, Schedule
+from memory.jobs import Job, JobStore
+from memory.schedule import Schedule
 from tests.conftest import async_wait_until
 
 MODEL = "fake/priced"

@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from brain.scheduler import plan
-from memory.jobs import Job, Schedule, parse_duration
+from memory.jobs import Job
+from memory.schedule import Schedule, parse_duration
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
