@@ -26,6 +26,8 @@ from bus.identity import kept, known
 
 MESSAGE_OVERHEAD = 8  # tokens a provider adds around each message
 _CACHED = 20_000  # messages' counts kept, by digest (about 2 MB)
+COUNTED = "tokens"  # what a message keeps its exact count as
+BOUNDED = "most tokens"  # ... and its bound from bytes, before it is counted
 _counts: OrderedDict[bytes, int] = OrderedDict()
 
 
@@ -46,7 +48,7 @@ def tokens(text: str) -> int:
 
 def message_tokens(message: dict[str, Any]) -> int:
     """One chat message's tokens, with the provider's overhead around it (kept on a transcript's message)."""
-    return kept(message, "tokens", lambda: _message_tokens(message))
+    return kept(message, COUNTED, lambda: _message_tokens(message))
 
 
 def _message_tokens(message: dict[str, Any]) -> int:
@@ -68,7 +70,7 @@ def _message_tokens(message: dict[str, Any]) -> int:
 def count(messages: list[dict[str, Any]]) -> int:
     total = 0
     for message in messages:  # a loop, not sum(): a long conversation is summed before every model call
-        found = known(message).get("tokens")
+        found = known(message).get(COUNTED)
         total += found if found is not None else message_tokens(message)
     return total
 
@@ -79,7 +81,7 @@ def most_tokens(messages: list[dict[str, Any]]) -> int:
     total = 0
     for message in messages:
         kept_ = known(message)
-        total += kept_.get("tokens") or kept_.get("most tokens") or _most_tokens(message)
+        total += kept_.get(COUNTED) or kept_.get(BOUNDED) or _most_tokens(message)
     return total
 
 
@@ -89,7 +91,7 @@ def _most_tokens(message: dict[str, Any]) -> int:
         content = message.get("content") or ""
         return _bytes(content) + (len(json.dumps(calls)) if calls else 0) + MESSAGE_OVERHEAD  # dumps is ASCII
 
-    return kept(message, "most tokens", bound)
+    return kept(message, BOUNDED, bound)
 
 
 def exceeds(messages: list[dict[str, Any]], limit: int) -> bool:

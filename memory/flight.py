@@ -22,14 +22,13 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bus.errors import PincerError
-from bus.identity import known
 from bus.keys import Keys
 from bus.log import kv
 from bus.outcome import Done, failure, log_failure
 from bus.protocol import now_ms
 from bus.scripts import ScriptCall, lua
 from bus.store import RedisStore
-from memory.record_parts import PART_NAME, STORE_PARTS, Parts, StoredParts, canonical, digest
+from memory.record_parts import STORE_PARTS, Parts, StoredParts, canonical, digest
 
 FORMAT = 1  # the export's version: a reader refuses a newer one by name
 KEEP_DAYS = 30.0  # a record lapses this long after its last step, unless brain.record.keep_days says
@@ -136,7 +135,7 @@ class FlightRecorder:
         ``seen``: the turn's parts, so each is hashed once per turn; the parts the session's hash holds
         already are named, not sent."""
         seen = seen or Parts()
-        names = [known(m).get(PART_NAME) or seen.digest(m) for m in messages]  # most are named in earlier turns
+        names = seen.names(messages)
         if len(self.shared) >= 64:  # tool lists of agents and senders long gone
             self.shared = Parts()
         tools_name = self.shared.digest(tools)

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from bus.identity import ByIdentity, kept
+from bus.identity import ByIdentity, kept, known
 from bus.scripts import lua
 
 
@@ -46,6 +46,10 @@ class Parts:
 
     def digest(self, value: Any) -> str:
         return kept(value, PART_NAME, lambda: self._named(value)[0])  # its text is made again only if sent
+
+    def names(self, messages: list[Any]) -> list[str]:
+        """Each message's name: most were named in earlier turns and keep it, read without a call."""
+        return [known(m).get(PART_NAME) or self.digest(m) for m in messages]
 
     def text(self, value: Any) -> str:
         """``value``'s canonical JSON, made once with its name."""
