@@ -19,36 +19,26 @@ Without it, encrypted rooms are declined with a notice.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import fcntl
 import functools
 import hashlib
 import html
 import json
 import logging
-import os
 import re
-import secrets
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import nio
 from nio.crypto.attachments import decrypt_attachment
 
-from bus.lease import Lease
-from bus.presence import alive
-from bus.private_file import open_private
 from bus.protocol import ChannelFile, ChannelUpdate
-from bus.redis_client import RedisAway
 from bus.streams import Bus
 from gateway.channels.config import MatrixSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
-from gateway.channels.intake import ROLE as CHANNEL_ROLE
 from gateway.channels.markup import fitted
+from gateway.channels.matrix_calls import checked, translated
+from gateway.channels.matrix_keys import DeviceKeys, store_key
 from gateway.channels.platform import patiently
 from gateway.channels.questions import Questions, first_word_choices
 from gateway.channels.reply import Buttons
@@ -64,8 +54,6 @@ ROOM_FILTER: dict[str, Any] = {"state": {"lazy_load_members": True}, "ephemeral"
 
 
 REACTIONS = {"allow once": "✅", "always": "🔁", "deny": "❌"}
-REFUSED = {"M_UNKNOWN_TOKEN", "M_MISSING_TOKEN", "M_FORBIDDEN", "M_NOT_FOUND", "M_TOO_LARGE", "M_BAD_JSON",
-           "M_NOT_JSON", "M_UNRECOGNIZED", "M_USER_DEACTIVATED", "M_INVALID_PARAM"}
 ENCRYPTED_NOTICE = ("This room is end-to-end encrypted, and this agent cannot read encrypted rooms. "
                     "Talk to it in an unencrypted room (or direct chat without encryption).")
 
@@ -77,32 +65,8 @@ def sync_filter(timeline_limit: int) -> dict[str, Any]:
 
 # Before the kit's own syncs, one that only learns the joined rooms (nio sends only to rooms it knows).
 ROOMS_FILTER = sync_filter(1)
-DEVICE_TTL_MS = 30_000  # the device lease; renewed every third of it
-DEVICE_WAIT_S = 60.0  # how long a second process waits for the device's holder to go
-UNDECRYPTED_KEEP_S = 3600.0  # a message whose room key never came is given up after this
 ENCRYPTED_FILE = "e2e:"  # a ChannelFile ref of an encrypted attachment: this, then its `file` as JSON
 IDENTITY_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
-
-
-def checked(response: Any, what: str) -> Any:
-    """A response, or the kit's error for an error response (nio returns errors rather than raising)."""
-    if not isinstance(response, nio.ErrorResponse):
-        return response
-    code = str(response.status_code or "")
-    said = f"Matrix {what}: {code} {response.message or ''}".strip()
-    if code == "M_LIMIT_EXCEEDED":
-        raise PlatformAway(said, retry_after=(response.retry_after_ms or 1000) / 1000)
-    if code in REFUSED:
-        raise PlatformRefused(said)
-    raise PlatformAway(said)
-
-
-@contextlib.asynccontextmanager
-async def translated(what: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        raise PlatformAway(f"Matrix {what}: {type(exc).__name__}: {exc}") from None
 
 
 def user_key(matrix_id: str) -> str:
@@ -110,31 +74,6 @@ def user_key(matrix_id: str) -> str:
     local, _, server = matrix_id.removeprefix("@").partition(":")
     key = f"{local}@{server}"
     return key if IDENTITY_SAFE.match(key) else "h" + hashlib.sha256(matrix_id.encode()).hexdigest()[:24]
-
-
-LEGACY_STORE_KEY = "pincer-matrix"  # the fixed key stores made before a key of their own was
-
-
-def store_key(settings: MatrixSettings, store_dir: Path) -> str:
-    """The key the device's store is encrypted with at rest: ``store_key`` when set, else one made at random for
-    this install and kept beside the store, ``<store_dir>.key`` (``<data_dir>/matrix.key``), 0600: a copy of the
-    store alone does not open it. A store made with the old fixed key keeps it (written to the file, warned)."""
-    configured = settings.store_key.get_secret_value()
-    if configured:
-        return configured
-    store_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = open_private(store_dir.with_name(f"{store_dir.name}.key"), os.O_RDWR)
-    with os.fdopen(fd, "r+", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # two processes starting at once make one key, not two
-        key = handle.read().strip()
-        if not key:
-            legacy = store_dir.is_dir() and any(store_dir.glob("*.db"))
-            key = LEGACY_STORE_KEY if legacy else secrets.token_urlsafe(32)
-            handle.write(key)
-            if legacy:
-                log.warning("Matrix: the device's store in %s is encrypted with the old fixed key; set store_key "
-                            "(or move the store aside for a new device) to have a key of its own", store_dir)
-    return key
 
 
 class Matrix:
@@ -147,7 +86,6 @@ class Matrix:
     def __init__(self, settings: MatrixSettings, bus: Bus, *, store_dir: Path, instance_id: str = "") -> None:
         self.settings, self.bus = settings, bus
         self.limit = settings.max_message_chars
-        self.store_dir, self.instance_id = store_dir, instance_id
         config = nio.AsyncClientConfig(store_sync_tokens=False, encryption_enabled=settings.encryption,
                                        pickle_key=store_key(settings, store_dir) if settings.encryption else "",
                                        max_limit_exceeded=0, max_timeouts=0, request_timeout=30)
@@ -159,10 +97,8 @@ class Matrix:
         self._asked: dict[str, set[str]] = {}  # a question posted (by its step id) -> the reactions added to it
         self.bot_id = ""
         self.username = ""
-        self._device: Lease | None = None
-        self._holding: asyncio.Task[None] | None = None
-        self._read_late: list[str] = []  # waiting messages the last poll returned (the bus has them now)
-        self._device_lost = ""  # why this process may no longer use the device's keys
+        self.keys = DeviceKeys(self.client, bus, settings, channel=NAME, store_dir=store_dir,
+                               instance_id=instance_id)
 
     async def start(self) -> None:
         """Ask the homeserver whose token this is (a wrong token fails here, plainly); with encryption,
@@ -175,116 +111,20 @@ class Matrix:
         self.client.device_id = me.device_id
         self.bot_id = self.username = me.user_id
         if self.settings.encryption:
-            await self._open_keys(str(me.device_id or ""))
+            await self.keys.open(str(me.device_id or ""))
+            async with translated("sync rooms"):  # nio encrypts only for rooms (and members) it knows
+                checked(await self.client.sync(timeout=0, sync_filter=ROOMS_FILTER, full_state=True), "sync rooms")
+            await self.keys.exchange()
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.client.close()
 
-    # --- end-to-end encryption: the device's keys, held by one process ---
-
-    async def _open_keys(self, device_id: str) -> None:
-        if not device_id:
-            raise PlatformRefused("the access token has no device, and encryption needs one: make the token by "
-                                  "logging in (docs/channels/matrix.md), or set encryption: false")
-        if self._device is None:  # start() is tried again while the homeserver is away
-            await self._hold_device(device_id)
-        await asyncio.to_thread(self.store_dir.mkdir, mode=0o700, parents=True, exist_ok=True)
-        self.client.load_store()
-        log.info("Matrix: end-to-end encryption on, device %s, keys in %s", device_id, self.store_dir)
-        async with translated("sync rooms"):  # nio encrypts only for rooms (and members) it knows
-            checked(await self.client.sync(timeout=0, sync_filter=ROOMS_FILTER, full_state=True), "sync rooms")
-        await self._exchange_keys()
-
-    async def _hold_device(self, device_id: str) -> None:
-        """The device lease: two processes using one device's keys would break each other's sessions. A
-        holder that stopped (cleanly or killed) has no heartbeat, and its lease is taken at once."""
-        key = self.bus.keys.channel_thread(NAME, f"device:{self.settings.user_id}:{device_id}")
-        self._device = lease = Lease(self.bus.redis, key, self.instance_id or f"matrix-{id(self)}",
-                                     ttl_ms=DEVICE_TTL_MS)
-        deadline = time.monotonic() + DEVICE_WAIT_S
-        while not await lease.take():
-            holder: bytes | None = await self.bus.redis.get(key)  # type: ignore[assignment]  # bytes
-            if holder is not None and holder.decode() not in await alive(self.bus, CHANNEL_ROLE):
-                await self.bus.redis.delete(key)  # its process is gone (killed): no heartbeat
-                continue
-            if time.monotonic() > deadline:
-                raise PlatformRefused(f"another Matrix channel process ({holder.decode() if holder else '?'}) holds "
-                                      f"device {device_id}'s encryption keys; run one Matrix channel with "
-                                      "encryption, or give each its own access token")
-            await asyncio.sleep(2.0)
-        self._holding = asyncio.create_task(self._keep_device(lease))
-
-    async def _keep_device(self, lease: Lease) -> None:
-        while True:
-            await asyncio.sleep(lease.ttl_ms / 3000)
-            try:
-                if not await lease.take():
-                    self._device_lost = (f"another process took device {self.client.device_id}'s encryption keys "
-                                         "(its lease lapsed while Redis was away?); restart this channel")
-                    log.error("Matrix: %s", self._device_lost)
-                    return
-            except RedisAway as exc:  # Redis away: the lease is retaken when it is back
-                log.warning("Matrix: device lease not renewed (%s)", exc)
-
-    async def _exchange_keys(self) -> None:
-        """What nio learnt it owes after a sync: its keys uploaded, others' fetched, room keys sent."""
-        client = self.client
-        async with translated("keys"):
-            if client.should_upload_keys:
-                checked(await client.keys_upload(), "keys upload")
-            if client.should_query_keys:
-                checked(await client.keys_query(), "keys query")
-            if client.should_claim_keys:
-                checked(await client.keys_claim(client.get_users_for_key_claiming()), "keys claim")
-            for sent in await client.send_to_device_messages():
-                checked(sent, "to-device")
-
-    async def _wait_for_key(self, room_id: str, event: nio.MegolmEvent) -> None:
-        """A message whose room key has not come yet: kept (in Redis, so a restart keeps it) and the key
-        asked of the sender's devices."""
-        waiting = self.bus.keys.channel_thread(NAME, f"undecrypted:{self.bot_id}")
-        await self.bus.redis.hset(waiting, event.event_id, json.dumps({"room": room_id, "at": time.time(),
-                                                                       "source": event.source}))
-        log.info("Matrix: message %s in %s waits for its room key", event.event_id, room_id)
-        with contextlib.suppress(nio.LocalProtocolError):  # already asked for this session
-            async with translated("key request"):
-                checked(await self.client.request_room_key(event), "key request")
-
-    async def _read_waiting(self) -> list[ChannelUpdate]:
-        """The waiting messages whose keys have come since (or given up on, after UNDECRYPTED_KEEP_S)."""
-        waiting = self.bus.keys.channel_thread(NAME, f"undecrypted:{self.bot_id}")
-        if self._read_late:
-            await self.bus.redis.hdel(waiting, *self._read_late)
-        self._read_late = []
-        updates = []
-        kept: dict[bytes, bytes] = await self.bus.redis.hgetall(waiting)  # type: ignore[assignment]  # bytes
-        for event_id, raw in kept.items():
-            entry = json.loads(raw)
-            event = nio.Event.parse_encrypted_event(entry["source"])
-            if not isinstance(event, nio.MegolmEvent):
-                await self.bus.redis.hdel(waiting, event_id)
-                continue
-            event.room_id = entry["room"]
-            try:
-                decrypted = self.client.decrypt_event(event)
-            except nio.EncryptionError:
-                if time.time() - float(entry["at"]) > UNDECRYPTED_KEEP_S:
-                    log.warning("Matrix: message %s in %s never became readable (its room key did not come); "
-                                "given up", event.event_id, entry["room"])
-                    await self.bus.redis.hdel(waiting, event_id)
-                continue
-            self._read_late.append(event_id.decode())
-            update = await self._update(entry["room"], decrypted.source) if isinstance(decrypted, nio.Event) else None
-            if update is not None:
-                updates.append(update)
-        return updates
-
     # --- reading: the sync ---
 
     async def poll(self, offset: str) -> tuple[str, list[ChannelUpdate]]:
-        if self._device_lost:
-            raise PlatformRefused(self._device_lost)
+        if self.keys.lost:
+            raise PlatformRefused(self.keys.lost)
         wait_ms = self.settings.poll_timeout_s * 1000 if offset else 0
         async with translated("sync"):
             sync = checked(await self.client.sync(timeout=wait_ms, since=offset or None, full_state=not offset,
@@ -297,14 +137,17 @@ class Matrix:
                     events = [*await self._gap(room_id, room.timeline.prev_batch, offset), *events]
                 for event in events:  # nio has decrypted what it holds the keys of
                     if isinstance(event, nio.MegolmEvent) and self.client.olm is not None:
-                        await self._wait_for_key(room_id, event)
+                        await self.keys.wait_for_key(room_id, event)
                         continue
                     update = await self._update(room_id, event.source)
                     if update is not None:
                         updates.append(update)
         if self.client.olm is not None:
-            await self._exchange_keys()
-            updates.extend(await self._read_waiting())
+            await self.keys.exchange()
+            for room_id, source in await self.keys.readable():
+                update = await self._update(room_id, source)
+                if update is not None:
+                    updates.append(update)
         return str(sync.next_batch), updates
 
     async def _gap(self, room_id: str, start: str, until: str) -> list[Any]:
@@ -399,8 +242,8 @@ class Matrix:
                     step: str | None = None) -> str:
         """One event sent; ``step`` (a step of a send made of several) names its transaction, so the
         homeserver answers a retried step with the event it already made instead of making another."""
-        if self._device_lost:
-            raise PlatformRefused(self._device_lost)
+        if self.keys.lost:
+            raise PlatformRefused(self.keys.lost)
         async with translated("send"):
             sent = checked(await self.client.room_send(room_id, kind, content, tx_id=step,
                                                        ignore_unverified_devices=True), "send")

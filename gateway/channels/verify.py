@@ -103,7 +103,7 @@ async def _discord(settings: DiscordSettings) -> str:
 async def _matrix(settings: MatrixSettings) -> str:
     import nio
 
-    from gateway.channels.matrix import checked, translated
+    from gateway.channels.matrix_calls import checked, translated
 
     client = nio.AsyncClient(settings.homeserver, user=settings.user_id,
                              config=nio.AsyncClientConfig(max_limit_exceeded=0, max_timeouts=0, request_timeout=30))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bus.streams import Bus
-from gateway.channels import matrix as matrix_module
+from gateway.channels import matrix_keys
 from gateway.channels.config import MatrixSettings
 from gateway.channels.errors import PlatformRefused
 from gateway.channels.intake import ROLE as CHANNEL_ROLE
@@ -24,16 +24,16 @@ async def test_one_process_holds_an_encrypted_device_and_a_dead_holders_lease_is
                                               "access_token": "t", "encryption": True})
     first = Matrix(settings, bus, store_dir=tmp_path / "a", instance_id="matrix-a")
     second = Matrix(settings, bus, store_dir=tmp_path / "b", instance_id="matrix-b")
-    monkeypatch.setattr(matrix_module, "DEVICE_WAIT_S", 0.0)
+    monkeypatch.setattr(matrix_keys, "DEVICE_WAIT_S", 0.0)
     try:
-        await first._hold_device("DEV")
+        await first.keys.hold("DEV")
         await bus.redis.zadd(bus.keys.alive(CHANNEL_ROLE), {"matrix-a": time.time() + 60})
         with pytest.raises(PlatformRefused, match=r"matrix-a.*holds device DEV's encryption keys"):
-            await second._hold_device("DEV")
+            await second.keys.hold("DEV")
         await bus.redis.zrem(bus.keys.alive(CHANNEL_ROLE), "matrix-a")  # its heartbeat stopped: killed
-        await second._hold_device("DEV")
+        await second.keys.hold("DEV")
         assert await bus.redis.get(bus.keys.channel_thread("matrix", f"device:{BOT}:DEV")) == b"matrix-b"
     finally:
         for platform in (first, second):
-            if platform._holding is not None:
-                platform._holding.cancel()
+            if platform.keys.holding is not None:
+                platform.keys.holding.cancel()

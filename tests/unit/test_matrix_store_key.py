@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.channels.config import MatrixSettings
-from gateway.channels.matrix import LEGACY_STORE_KEY, store_key
+from gateway.channels.matrix_keys import LEGACY_STORE_KEY, store_key
 
 SETTINGS = {"homeserver": "https://matrix.example", "user_id": "@pincer:example", "access_token": "t",
             "encryption": True}
