@@ -63,9 +63,12 @@ def start_channel(processes: Processes, discord: FakeDiscord, name: str = "disco
                identified, timeout=60, what="the channel on the gateway")
 
 
-def answer(discord: FakeDiscord, channel: str, contains: str, *, timeout: float = 60) -> Sent:
-    return wait_until(lambda: next((s for s in discord.in_channel(channel) if contains in s.content), None),
-                      timeout=timeout, what=f"a message in {channel} with {contains!r}")
+def answer(discord: FakeDiscord, channel: str, contains: str, *also: str, timeout: float = 60) -> Sent:
+    """The bot's message in ``channel`` that shows ``contains`` and each of ``also`` (edits included), once it
+    does: a test reading more of it than it waited for would race the reply's last edit."""
+    texts = (contains, *also)
+    return wait_until(lambda: next((s for s in discord.in_channel(channel) if all(t in s.content for t in texts)),
+                                   None), timeout=timeout, what=f"a message in {channel} with {texts!r}")
 
 
 def test_a_plain_turn_and_a_tool_turn_stream_into_one_message_each(
@@ -73,11 +76,11 @@ def test_a_plain_turn_and_a_tool_turn_stream_into_one_message_each(
     start_channel(processes, discord)
     dm = discord.dm(ALICE)
     discord.say(ALICE, "hello @everyone [x](https://evil.test)")
-    shown = answer(discord, dm, "echo: hello")
+    shown = answer(discord, dm, "echo: hello", "evil.test)")
     assert "@everyone" not in shown.content and "x (https://evil.test)" in shown.content  # no ping, no masked link
     discord.say(ALICE, 'CALL read_file {"path": "notes.txt"}')
-    tool = answer(discord, dm, "RESULT read_file")
-    assert "pincer-42" in tool.content and "⚙ read_file" in tool.content and tool.edits >= 1
+    tool = answer(discord, dm, "RESULT read_file", "pincer-42")
+    assert "⚙ read_file" in tool.content and tool.edits >= 1
     assert len(discord.in_channel(dm)) == 2
 
 
@@ -113,8 +116,9 @@ def test_an_approval_is_pressed_by_its_own_person_only(
     discord.press(ALICE, ask, once)
     done = answer(discord, dm, "RESULT exec")
     assert "approved" in done.content and (alices(ws) / "out.txt").read_text() == "approved\n"
-    assert discord.followups[1]["content"] == "Allowed once." and len(discord.callbacks) == 2
-    assert ask.content.startswith("Allowed once.") and not ask.buttons
+    wait_until(lambda: len(discord.followups) == 2 and ask.content.startswith("Allowed once."), timeout=30,
+               what="the press answered and the question edited")  # both run beside the turn, in no order
+    assert discord.followups[1]["content"] == "Allowed once." and len(discord.callbacks) == 2 and not ask.buttons
 
 
 def test_six_choices_fit_discords_rows_and_only_their_person_picks_one(
@@ -131,7 +135,8 @@ def test_six_choices_fit_discords_rows_and_only_their_person_picks_one(
     assert "not yours" in discord.followups[0]["content"]
     discord.press(ALICE, ask, six)
     done = answer(discord, dm, "RESULT ask_user")
-    assert '"answers": ["six"]' in done.content.replace("\\", "")
+    wait_until(lambda: '"answers": ["six"]' in done.content.replace("\\", ""), timeout=30,
+               what="the answer in the result")  # the result's last edit, not one before it
     results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
     assert [json.loads(r)["answers"] for r in results] == [["six"]]
 
@@ -159,7 +164,7 @@ def test_files_land_in_the_workspace_and_go_back_out(
     dm = discord.dm(ALICE)
     discord.say(ALICE, 'CALL read_file {"path": "inbox/discord/data.txt"}',
                 file=("../../data.txt", b"hello from a file"))
-    assert "hello from a file" in answer(discord, dm, "RESULT read_file").content
+    answer(discord, dm, "RESULT read_file", "hello from a file")
     discord.say(ALICE, "here you are\n[attach: notes.txt]")
     sent = wait_until(lambda: next((s for s in discord.in_channel(dm) if s.files), None), timeout=60,
                       what="the file sent back")

@@ -64,11 +64,13 @@ def start_channel(processes: Processes, name: str = "matrix") -> None:
     wait_until(lambda: processes.logs().count("matrix channel up") > up, timeout=60, what="the channel up")
 
 
-def answer(person: Person, room: str, contains: str, *, timeout: float = 60) -> dict[str, Any]:
-    """The bot's message in ``room`` that shows ``contains`` (its edits applied), once it does."""
+def answer(person: Person, room: str, contains: str, *also: str, timeout: float = 60) -> dict[str, Any]:
+    """The bot's message in ``room`` that shows ``contains`` and each of ``also`` (its edits applied), once it
+    does, as it reads then: wait for the whole of what the test reads, not a piece streamed before it."""
+    texts = (contains, *also)
     return wait_until(lambda: next((m for m in person.messages(room) if m["type"] == "m.room.message"
-                                    and contains in str(m["content"].get("body", ""))), None),
-                      timeout=timeout, what=f"a message in {room} with {contains!r}")
+                                    and all(t in str(m["content"].get("body", "")) for t in texts)), None),
+                      timeout=timeout, what=f"a message in {room} with {texts!r}")
 
 
 def direct_room(person: Person, bot: Person) -> str:
@@ -90,12 +92,12 @@ def test_a_plain_turn_and_a_tool_turn_stream_by_edits(
     (own_tree(ws, alice) / "notes.txt").write_text("the secret word is pincer-42\n")
     room = direct_room(alice, bot)
     alice.say(room, "hello <b>there</b> **you**")
-    shown = answer(alice, room, "echo: hello")
+    shown = answer(alice, room, "echo: hello", "</b> you")
     assert shown["content"]["body"] == "echo: hello <b>there</b> you"
     assert shown["content"]["formatted_body"] == "echo: hello &lt;b&gt;there&lt;/b&gt; <b>you</b>"
     alice.say(room, 'CALL read_file {"path": "notes.txt"}')
-    tool = answer(alice, room, "RESULT read_file")
-    assert "pincer-42" in tool["content"]["body"] and "⚙ read_file" in tool["content"]["body"]
+    tool = answer(alice, room, "RESULT read_file", "pincer-42")
+    assert "⚙ read_file" in tool["content"]["body"]
     assert tool.get("edits", 0) >= 1  # streamed into one message by m.replace edits
     assert len([m for m in alice.messages(room) if m["type"] == "m.room.message"]) == 2
 
@@ -146,9 +148,9 @@ def test_in_a_group_a_mention_is_needed_and_an_approval_is_its_own_persons(
     assert not (ws / "out.txt").exists() and not (own_tree(ws, bob) / "out.txt").exists()  # hers alone
     assert not any("ourselves" in t for t in alice.texts(room))
     bob.say(room, f"{bot.user_id.removeprefix('@').partition(':')[0]}: what now?")  # named: a mention
-    assert answer(alice, room, "echo: what")["content"]["body"] == "echo: what now?"  # the name left out
+    assert answer(alice, room, "echo: what", "now?")["content"]["body"] == "echo: what now?"  # the name left out
     bob.say(room, f"{bot.user_id}: and then?")  # by the full id
-    assert answer(alice, room, "echo: and")["content"]["body"] == "echo: and then?"
+    assert answer(alice, room, "echo: and", "then?")["content"]["body"] == "echo: and then?"
 
 
 def test_ask_user_is_answered_by_a_numbered_reaction_and_a_next_message(
@@ -174,8 +176,7 @@ def test_ask_user_is_answered_by_a_numbered_reaction_and_a_next_message(
     answer(alice, room, "Answered: blue")
     alice.say(room, "it is calm")
     answer(alice, room, "Noted")
-    done = answer(alice, room, "RESULT ask_user")
-    assert "blue" in done["content"]["body"] and "it is calm" in done["content"]["body"]
+    answer(alice, room, "RESULT ask_user", "blue", "it is calm")
     results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
     assert [json.loads(r)["answers"] for r in results] == [["blue", "it is calm"]]
 
@@ -189,8 +190,7 @@ def test_files_both_ways_and_an_encrypted_room_is_declined_plainly(
     alice.send_file(room, "../../data.txt", b"hello from a file")
     answer(alice, room, "The person sent a file, saved in the workspace at inbox/matrix/")
     alice.say(room, 'CALL read_file {"path": "inbox/matrix/data.txt"}')  # her own workspace's inbox
-    result = answer(alice, room, "RESULT read_file")
-    assert "hello from a file" in result["content"]["body"]
+    answer(alice, room, "RESULT read_file", "hello from a file")
     mine = own_tree(ws, alice)
     assert (mine / "inbox" / "matrix" / "data.txt").read_bytes() == b"hello from a file"
     (mine / "notes.txt").write_text("the secret word is pincer-42\n")

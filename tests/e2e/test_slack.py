@@ -73,21 +73,23 @@ def start_channel(processes: Processes, slack: FakeSlack, name: str = "slack") -
                what="the channel connected by Socket Mode")
 
 
-def answer(slack: FakeSlack, channel: str, contains: str, *, timeout: float = 60) -> Posted:
-    """The bot's message in ``channel`` that shows ``contains`` (streamed edits included), once it does."""
-    return wait_until(lambda: next((p for p in slack.in_channel(channel) if contains in p.text), None),
-                      timeout=timeout, what=f"a message in {channel} with {contains!r}")
+def answer(slack: FakeSlack, channel: str, contains: str, *also: str, timeout: float = 60) -> Posted:
+    """The bot's message in ``channel`` that shows ``contains`` and each of ``also`` (streamed edits included),
+    once it does: a test reading more of it than it waited for would race the reply's last edit."""
+    texts = (contains, *also)
+    return wait_until(lambda: next((p for p in slack.in_channel(channel) if all(t in p.text for t in texts)), None),
+                      timeout=timeout, what=f"a message in {channel} with {texts!r}")
 
 
 def test_a_plain_turn_and_a_tool_turn_stream_into_one_message_each(
         processes: Processes, slack_env: dict[str, str], slack: FakeSlack) -> None:
     start_channel(processes, slack)
     slack.say(ALICE, "hello &lt;!channel&gt; **there**")  # Slack escapes what people type
-    shown = answer(slack, DM, "echo: hello")
+    shown = answer(slack, DM, "echo: hello", "there*")
     assert shown.text == "echo: hello &lt;!channel&gt; *there*"  # the model's words cannot ping a channel
     slack.say(ALICE, 'CALL read_file {"path": "notes.txt"}')
-    tool = answer(slack, DM, "RESULT read_file")
-    assert "pincer-42" in tool.text and "⚙ read_file" in tool.text and "✓" in tool.text
+    tool = answer(slack, DM, "RESULT read_file", "pincer-42")
+    assert "⚙ read_file" in tool.text and "✓" in tool.text
     assert len(slack.in_channel(DM)) == 2 and tool.edits >= 1  # one message per turn, edited as it went
     assert slack.unacked() == 0  # every envelope acknowledged once the bus had it
 
@@ -123,8 +125,10 @@ def test_an_approval_is_pressed_by_its_own_person_only(
     slack.press(ALICE, ask, once)
     done = answer(slack, DM, "RESULT exec")
     assert "approved" in done.text and (alices(ws) / "out.txt").read_text() == "approved\n"
+    wait_until(lambda: len(slack.ephemeral) == 2 and ask.text.startswith("Allowed once."), timeout=30,
+               what="the press answered and the question edited")  # both run beside the turn, in no order
     assert slack.ephemeral[1] == {**slack.ephemeral[1], "user": ALICE, "text": "Allowed once."}
-    assert ask.text.startswith("Allowed once.") and not ask.buttons  # the question shows its answer
+    assert not ask.buttons  # the question shows its answer
 
 
 def test_ask_user_in_a_thread_is_answered_by_its_own_person_only(
@@ -146,8 +150,7 @@ def test_ask_user_in_a_thread_is_answered_by_its_own_person_only(
     wait_until(lambda: len(slack.ephemeral) == 2, timeout=30, what="Alice's press answered")
     slack.say(ALICE, "it is calm", channel="C0GENERAL", thread_ts=top)  # in the thread, no mention needed
     answer(slack, "C0GENERAL", "Noted")
-    done = answer(slack, "C0GENERAL", "RESULT ask_user")
-    assert "blue" in done.text and "it is calm" in done.text
+    answer(slack, "C0GENERAL", "RESULT ask_user", "blue", "it is calm")
     results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
     assert [json.loads(r)["answers"] for r in results] == [["blue", "it is calm"]]
 
@@ -173,8 +176,7 @@ def test_files_land_in_the_workspace_and_go_back_out(
     start_channel(processes, slack)
     slack.say(ALICE, 'CALL read_file {"path": "inbox/slack/data.txt"}',
               file=("../../data.txt", b"hello from a file"))
-    result = answer(slack, DM, "RESULT read_file")
-    assert "hello from a file" in result.text
+    answer(slack, DM, "RESULT read_file", "hello from a file")
     slack.say(ALICE, "here you are\n[attach: notes.txt]")
     wait_until(lambda: slack.uploads, timeout=60, what="the file uploaded")
     assert slack.uploads == [(DM, "", "notes.txt", b"the secret word is pincer-42\n")]

@@ -58,22 +58,24 @@ def start_channel(processes: Processes, telegram: FakeTelegram, name: str = "tel
     wait_until(lambda: len(telegram.calls_of("getUpdates")) > polls, timeout=60, what="the channel polling")
 
 
-def answer(telegram: FakeTelegram, chat: int, contains: str, *, timeout: float = 60) -> Sent:
-    """The bot's message in ``chat`` that shows ``contains`` (streamed edits included), once it does."""
-    return wait_until(lambda: next((s for s in telegram.to(chat) if contains in s.text), None), timeout=timeout,
-                      what=f"a message to {chat} with {contains!r}")
+def answer(telegram: FakeTelegram, chat: int, contains: str, *also: str, timeout: float = 60) -> Sent:
+    """The bot's message in ``chat`` that shows ``contains`` and each of ``also`` (streamed edits included),
+    once it does: a test reading more of it than it waited for would race the reply's last edit."""
+    texts = (contains, *also)
+    return wait_until(lambda: next((s for s in telegram.to(chat) if all(t in s.text for t in texts)), None),
+                      timeout=timeout, what=f"a message to {chat} with {texts!r}")
 
 
 def test_a_plain_turn_and_a_tool_turn_stream_into_one_message_each(
         processes: Processes, channel_env: dict[str, str], telegram: FakeTelegram) -> None:
     start_channel(processes, telegram)
     telegram.say(ALICE, "hello <b>there</b> & [a link](http://evil.example)")
-    shown = answer(telegram, ALICE, "echo: hello")
+    shown = answer(telegram, ALICE, "echo: hello", "evil.example)")
     assert shown.text == "echo: hello <b>there</b> & a link (http://evil.example)"  # the model's markup is text
     assert "<b>there" not in shown.markup and "href" not in shown.markup
     telegram.say(ALICE, 'CALL read_file {"path": "notes.txt"}')
-    tool = answer(telegram, ALICE, "RESULT read_file")
-    assert "pincer-42" in tool.text and "⚙ read_file" in tool.text and "✓" in tool.text
+    tool = answer(telegram, ALICE, "RESULT read_file", "pincer-42")
+    assert "⚙ read_file" in tool.text and "✓" in tool.text
     assert len(telegram.to(ALICE)) == 2  # one message per turn: the answer edited in, never a second one
     assert telegram.calls_of("sendChatAction")  # typing while the agent worked
 
@@ -83,7 +85,7 @@ def test_each_chat_user_has_notes_and_conversations_of_their_own(
     """The channel door sets the sender: Alice's note and words are hers; Bob finds none of them."""
     start_channel(processes, telegram)
     telegram.say(ALICE, 'CALL memory_write {"key": "gift", "content": "a kite for Sam"}')
-    assert '"scope": "own"' in answer(telegram, ALICE, "RESULT memory_write").text
+    answer(telegram, ALICE, "RESULT memory_write", '"scope": "own"')
     telegram.say(ALICE, "my bike lock code is 5521")
     answer(telegram, ALICE, "echo: my bike lock code")
     telegram.say(BOB, 'CALL memory_search {"query": "kite bike lock code"}', username="bob_b")
@@ -148,8 +150,9 @@ def test_an_approval_is_answered_by_its_own_person_only(
     telegram.press(ALICE, ask, once)
     done = answer(telegram, ALICE, "RESULT exec")
     assert "approved" in done.text and (alices(ws) / "out.txt").read_text() == "approved\n"
-    assert telegram.answers[2]["text"] == "Allowed once."
-    assert ask.text.startswith("Allowed once.") and not ask.buttons  # the question shows its answer
+    wait_until(lambda: len(telegram.answers) == 3 and ask.text.startswith("Allowed once."), timeout=30,
+               what="the press answered and the question edited")  # both run beside the turn, in no order
+    assert telegram.answers[2]["text"] == "Allowed once." and not ask.buttons  # the question shows its answer
 
 
 def test_ask_user_is_answered_by_a_button_and_the_next_message_of_its_own_person_only(
@@ -175,7 +178,8 @@ def test_ask_user_is_answered_by_a_button_and_the_next_message_of_its_own_person
     telegram.say(BOB, "it is calm, says Bob")  # his own chat: a turn of his, no answer to Alice's question
     answer(telegram, BOB, "echo: it is calm, says Bob")
     telegram.press(ALICE, ask, blue)
-    wait_until(lambda: len(telegram.answers) == 3, timeout=30, what="Alice's press answered")
+    wait_until(lambda: len(telegram.answers) == 3 and "Answered: blue" in ask.text, timeout=30,
+               what="Alice's press answered and the question edited")  # the answer first, then the edit
     assert telegram.answers[2]["text"] == "Answered: blue"
     assert ask.text.startswith("❓ Which colour?") and "Answered: blue" in ask.text and not ask.buttons
     assert not [b for b in scripted_llm.requests if any(m.get("role") == "tool" for m in b["messages"])]
@@ -184,8 +188,7 @@ def test_ask_user_is_answered_by_a_button_and_the_next_message_of_its_own_person
     start_channel(processes, telegram, name="telegram-2")
     telegram.say(ALICE, "it is calm")
     answer(telegram, ALICE, "Noted")
-    done = answer(telegram, ALICE, "RESULT ask_user", timeout=120)
-    assert "blue" in done.text and "it is calm" in done.text
+    answer(telegram, ALICE, "RESULT ask_user", "blue", "it is calm", timeout=120)
     assert sum("RESULT ask_user" in s.text for s in telegram.to(ALICE)) == 1
     results = [m["content"] for b in scripted_llm.requests for m in b["messages"] if m.get("role") == "tool"]
     assert [json.loads(r) for r in results] == [{"answers": ["blue", "it is calm"], "by": f"telegram:{ALICE}"}]
@@ -209,8 +212,7 @@ def test_files_land_in_the_workspace_and_go_back_out(
     start_channel(processes, telegram)
     telegram.say(ALICE, 'CALL read_file {"path": "inbox/telegram/data.txt"}',
                  document=("../../data.txt", b"hello from a file"))
-    result = answer(telegram, ALICE, "RESULT read_file")
-    assert "hello from a file" in result.text
+    answer(telegram, ALICE, "RESULT read_file", "hello from a file")
     assert (alices(ws) / "inbox" / "telegram" / "data.txt").read_bytes() == b"hello from a file"
     telegram.say(ALICE, "here you are\n[attach: notes.txt]\n[attach: ../../etc/passwd]")
     wait_until(lambda: any(s.document for s in telegram.to(ALICE)), timeout=60, what="the file sent back")
@@ -343,11 +345,10 @@ def test_a_photo_is_saved_and_a_file_over_the_cap_is_refused_by_name(
     processes.env = {**channel_env, "PINCER_CHANNELS__TELEGRAM__MAX_FILE_BYTES": "2048"}
     start_channel(processes, telegram)
     telegram.say(ALICE, "a picture", photo=b"\xff\xd8\xff" + b"p" * 100)
-    shown = answer(telegram, ALICE, "saved in the workspace at inbox/telegram/photo-")
-    assert "103 bytes" in shown.text
+    answer(telegram, ALICE, "saved in the workspace at inbox/telegram/photo-", "103 bytes")
     telegram.say(ALICE, "a big one", document=("big.bin", b"x" * 4096))
-    refused = answer(telegram, ALICE, "big.bin, but it was not saved")
-    assert "over the 2048" in refused.text and not (alices(ws) / "inbox" / "telegram" / "big.bin").exists()
+    answer(telegram, ALICE, "big.bin, but it was not saved", "over the 2048")
+    assert not (alices(ws) / "inbox" / "telegram" / "big.bin").exists()
 
 
 def test_webhook_mode_checks_the_secret_and_answers_a_redelivered_update_once(
