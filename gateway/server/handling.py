@@ -15,7 +15,7 @@ from bus.protocol import ErrorCode
 from gateway.server.connections import Credential
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
-from gateway.turns.session_names import qualify
+from gateway.turns.session_names import ALL_OWNERS, qualify
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -61,6 +61,16 @@ async def collect_or_cancel(request: Request, collect: Coroutine[Any, Any, Respo
         return Response(status_code=499)
     result: Response = done.result()
     return result
+
+
+def listed_owner(request: Request, what: str) -> str | None:
+    """Whose ``what`` a list shows: the caller's own; an operator's ``?owner=NAME`` that identity's, and
+    ``?owner=*`` every one's (None)."""
+    identity = caller(request)
+    owner = request.query_params.get("owner") or identity.name
+    if owner != identity.name and not identity.operator:
+        raise Refused(ErrorCode.FORBIDDEN, f"only an operator token may list another identity's {what}")
+    return None if owner == ALL_OWNERS else owner
 
 
 def session_id_of(request: Request) -> str:

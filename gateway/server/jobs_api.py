@@ -22,11 +22,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bus.protocol import ChatError, ChatMessage, ChatReply, ErrorCode, Message
-from gateway.server.handling import caller, read_json
+from gateway.server.handling import caller, listed_owner, read_json
 from gateway.tokens import OWNER, Identity
 from gateway.turns.refusal import Refused, not_found
 from gateway.turns.runner import TurnRunner
-from gateway.turns.session_names import ALL_OWNERS, OWNER_NAME
+from gateway.turns.session_names import OWNER_NAME
 from memory.jobs import (
     CatchUp,
     Job,
@@ -75,11 +75,7 @@ class JobRoutes:
 
     async def list_jobs(self, request: Request) -> Response:
         """The caller's jobs; an operator's ``?owner=NAME`` lists that identity's, ``?owner=*`` every one's."""
-        identity = caller(request)
-        owner = request.query_params.get("owner") or identity.name
-        if owner != identity.name and not identity.operator:
-            raise Refused(ErrorCode.FORBIDDEN, "only an operator token may list another identity's jobs")
-        jobs = await self.store.all(owner=None if owner == ALL_OWNERS else owner)
+        jobs = await self.store.all(owner=listed_owner(request, "jobs"))
         return JSONResponse({"jobs": [as_json(job, next_due=await self.store.next_due(job.id)) for job in jobs]})
 
     async def add(self, request: Request) -> Response:

@@ -15,11 +15,11 @@ from starlette.routing import Route
 from bus.log import kv
 from bus.protocol import ErrorCode
 from bus.streams import Bus
-from gateway.server.handling import caller, read_json, session_id_of
+from gateway.server.handling import caller, listed_owner, read_json, session_id_of
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused, not_found
 from gateway.turns.runner import TurnRunner
-from gateway.turns.session_names import ALL_OWNERS, SEPARATOR, check_session_name, owner_of, shown_to
+from gateway.turns.session_names import SEPARATOR, check_session_name, owner_of, shown_to
 from memory.archive import Archived
 from memory.flight import KEEP_DAYS, FlightRecorder
 from memory.retention import Archiver
@@ -139,20 +139,18 @@ class SessionRoutes:
     async def list_sessions(self, request: Request) -> Response:
         """The caller's sessions by name; an operator's ``?owner=NAME`` lists that identity's, ``?owner=*`` all."""
         identity = caller(request)
-        owner = request.query_params.get("owner") or identity.name
-        if owner != identity.name and not identity.operator:
-            raise Refused(ErrorCode.FORBIDDEN, "only an operator token may list another identity's sessions")
-        found = await self.sessions.list_sessions(owner=None if owner == ALL_OWNERS else owner)
+        owner = listed_owner(request, "sessions")
+        found = await self.sessions.list_sessions(owner=owner)
         about = await self.sessions.about(found)
         if self.archiver is not None:  # archived ones too, marked (their ids are not in Redis any more)
             live = set(found)
             about += [{**{k: v for k, v in header.items() if k in ARCHIVED_SHOWN}, "id": header["session_id"],
                        "archived": True}
-                      for header in self.archiver.archive.listed(None if owner == ALL_OWNERS else owner)
+                      for header in self.archiver.archive.listed(owner)
                       if header.get("session_id") not in live]
         query = (request.query_params.get("q") or "").casefold()
         for entry in about:
-            entry["id"] = shown_to(identity, entry["id"]) if owner != ALL_OWNERS else entry["id"]
+            entry["id"] = shown_to(identity, entry["id"]) if owner is not None else entry["id"]
         if query:  # search: the name or the title holds it
             about = [e for e in about if query in e["id"].casefold() or query in e["title"].casefold()]
         # "sessions": the names, as before; "details": each one's title, messages, last change and spend
