@@ -32,11 +32,11 @@ from bench.bus_roundtrip import bench_env, one_call, wait_for_workers  # noqa: E
 from brain.config import BrainSettings, RecordSettings  # noqa: E402
 from brain.llm import Completion, ToolCall  # noqa: E402
 from brain.worker import BrainWorker  # noqa: E402
-from bus.config import RedisSettings  # noqa: E402
 from bus.protocol import ChatMessage, ChatReply  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
 from bus.replies import ReplyInbox  # noqa: E402
 from bus.service import run_loop  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 
 

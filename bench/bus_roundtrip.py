@@ -22,12 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bus.config import RedisSettings  # noqa: E402
 from bus.presence import alive  # noqa: E402
 from bus.protocol import ToolExecute, now_ms  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
 from bus.replies import ReplyInbox  # noqa: E402
 from bus.service import run_loop  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 
 

@@ -36,11 +36,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway_turns import ScriptedModel  # noqa: E402
-from bus.config import RedisSettings  # noqa: E402
 from bus.presence import alive  # noqa: E402
 from bus.protocol import ChatError, ChatMessage, ChatReply  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
 from bus.replies import ReplyInbox  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 
 KINDS = {"plain": "hello", "tool": "CALL list_directory {}", "delegate": "CALL delegate " + json.dumps({"task": "hi"})}

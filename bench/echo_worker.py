@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bus.answers import Reply
 from bus.codec import decode
-from bus.config import RedisSettings
 from bus.consumer import GroupConsumer
 from bus.keys import HANDS_GROUP
 from bus.protocol import Message, ResultMetadata, ToolExecute, ToolResult
 from bus.service import run_loop
+from bus.settings import RedisSettings
 from bus.streams import Bus
 
 

@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bus_roundtrip import bench_env, wait_for_workers  # noqa: E402
-from bus.config import RedisSettings  # noqa: E402
 from bus.protocol import ToolExecute, ToolResult, now_ms  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
 from bus.replies import ReplyInbox  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 
 

@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.delegation import Pool, turn, until_alive  # noqa: E402
 from bench.gateway_turns import ScriptedModel  # noqa: E402
-from bus.config import RedisSettings  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
 from bus.replies import ReplyInbox  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 
 

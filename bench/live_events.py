@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from websockets.asyncio.client import connect  # noqa: E402
 
-from bus.config import RedisSettings  # noqa: E402
 from bus.protocol import ChatDelta  # noqa: E402
 from bus.redis_server import EmbeddedRedis, free_port  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 from gateway.runtime.procinfo import resident_mb  # noqa: E402
 from gateway.turns.events import SessionEvents  # noqa: E402

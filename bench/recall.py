@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bus.config import RedisSettings  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 from memory.recall import Recall  # noqa: E402
 from memory.sessions import SessionStore, TranscriptEntry  # noqa: E402

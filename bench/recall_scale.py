@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 import msgpack  # noqa: E402
 
-from bus.config import RedisSettings  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 from memory.log import note_written, said  # noqa: E402
 

@@ -29,11 +29,11 @@ from brain.config import BrainSettings
 from brain.llm import Completion, ToolCall
 from brain.replay import Replayer
 from brain.worker import BrainWorker
-from bus.config import RedisSettings
 from bus.protocol import ChatMessage, ChatReply
 from bus.redis_server import EmbeddedRedis
 from bus.replies import ReplyInbox
 from bus.service import run_loop
+from bus.settings import RedisSettings
 from bus.streams import Bus
 from memory.flight import FlightRecorder, read_lines
 

@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 from redis import Redis  # noqa: E402
 
 from bench.bus_roundtrip import bench_env, measure  # noqa: E402
-from bus.config import RedisSettings  # noqa: E402
 from bus.presence import alive  # noqa: E402
 from bus.redis_server import free_port  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 
 

@@ -28,10 +28,10 @@ from brain.scheduler import Scheduler  # noqa: E402
 from brain.testing import FunctionModel  # noqa: E402
 from brain.worker import BrainWorker  # noqa: E402
 from bus.codec import decode  # noqa: E402
-from bus.config import RedisSettings  # noqa: E402
 from bus.metrics import Meter  # noqa: E402
 from bus.protocol import ChatMessage  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 from hands.config import HandsSettings  # noqa: E402
 from hands.worker import HandsWorker  # noqa: E402

@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway_turns import ScriptedModel, start_stack, stop_stack, wait_healthy  # noqa: E402
-from bus.config import RedisSettings  # noqa: E402
 from bus.redis_server import EmbeddedRedis  # noqa: E402
+from bus.settings import RedisSettings  # noqa: E402
 from bus.streams import Bus  # noqa: E402
 from gateway.tokens import TokenStore  # noqa: E402
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from bus.config import Section
+from bus.settings import Section
 from memory.flight import KEEP_DAYS
 from memory.schedule import parse_duration
 from memory.spend import BudgetSettings

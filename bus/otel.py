@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from bus import trace
-from bus.config import RuntimeSettings
 from bus.private_file import append_private
+from bus.settings import RuntimeSettings
 
 log = logging.getLogger("bus.otel")
 

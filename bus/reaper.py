@@ -30,13 +30,13 @@ from redis import exceptions as redis_errors
 
 from bus.answers import Reply, dead_letter
 from bus.codec import MalformedMessage, decode
-from bus.config import RedisSettings
 from bus.consumer import GroupConsumer
 from bus.log import kv
 from bus.loops import every, finish
 from bus.presence import alive
 from bus.protocol import Message
 from bus.scripts import lua
+from bus.settings import RedisSettings
 from bus.streams import Bus
 
 log = logging.getLogger("bus.reaper")

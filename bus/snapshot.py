@@ -32,10 +32,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import msgpack
 
 from bus.codec import pack
-from bus.config import RedisSettings
 from bus.errors import PincerError
 from bus.progress import Progress
 from bus.redis_server import find_redis_server
+from bus.settings import RedisSettings
 from bus.streams import Bus
 
 BATCH = 500  # keys per round trip, both ways

@@ -23,11 +23,11 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from bus import trace
 from bus.batching import Batcher
 from bus.codec import encode
-from bus.config import RedisSettings
 from bus.keys import Keys
 from bus.protocol import Message
 from bus.redis_client import CONNECTION_ERRORS as CONNECTION_ERRORS  # re-exported: the bus names what "Redis away" is
 from bus.redis_client import HeldConnection, connect, connect_sentinel
+from bus.settings import RedisSettings
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 
 from bus.admission import RateLimits
-from bus.config import Section
+from bus.settings import Section
 from memory.jobs import JobLimits
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")

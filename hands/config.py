@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from bus.config import Config, ConfigError, Section
+from bus.config import Config, ConfigError
+from bus.settings import Section
 from bus.workspaces import Workspaces
 from memory.jobs import ModelJobLimits
 

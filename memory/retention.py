@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from redis import exceptions as redis_errors
 
-from bus.config import RetentionSettings
 from bus.keys import Keys
 from bus.lease import Lease
 from bus.log import kv
 from bus.loops import every, finish
 from bus.scripts import lua
+from bus.settings import RetentionSettings
 from bus.streams import Bus
 from memory.archive import Archived, SessionArchive
 from memory.flight import KEEP_DAYS, FlightRecorder

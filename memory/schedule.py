@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from bus.config import time_zone
+from bus.settings import time_zone
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}

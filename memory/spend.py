@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from bus.config import Section, time_zone
+from bus.settings import Section, time_zone
 from memory.jobs import Job, JobStore
 
 if TYPE_CHECKING:  # only named: the Brain's settings import BudgetSettings, `pincer up` among them

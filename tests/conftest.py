@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bus.config import RedisSettings
 from bus.redis_server import EmbeddedRedis, free_port
+from bus.settings import RedisSettings
 from bus.streams import Bus
 from tests.mailservers import Dovecot, SmtpSink
 from tests.scripted_llm import ScriptedLLM

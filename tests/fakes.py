@@ -12,9 +12,9 @@ from typing import Any
 
 import fakeredis
 
-from bus.config import RedisSettings
 from bus.keys import Keys
 from bus.protocol import ErrorCode, Question, ToolExecute
+from bus.settings import RedisSettings
 from bus.store import RedisStore
 from bus.streams import Bus
 from hands.errors import ToolFailure

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from redis import Redis
 
-from bus.config import RedisSettings
 from bus.redis_server import free_port
+from bus.settings import RedisSettings
 from bus.streams import Bus
 
 if TYPE_CHECKING:

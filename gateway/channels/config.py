@@ -9,7 +9,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 
-from bus.config import Section, from_environment
+from bus.config import from_environment
+from bus.settings import Section
 
 
 def http_url(value: str, key: str, example: str) -> str:

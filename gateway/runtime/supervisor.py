@@ -16,10 +16,11 @@ from pathlib import Path
 
 from brain.config import BrainSettings
 from brain.llm import LOCAL, NOT_CONFIGURED, resolve_model
-from bus.config import ENV_PREFIX, REFERENCE, Config, ConfigError, RedisSettings, RuntimeSettings, secret_variables
+from bus.config import ENV_PREFIX, REFERENCE, Config, ConfigError, secret_variables
 from bus.private_file import write_private
 from bus.progress import Brief, Tee, for_stream
 from bus.redis_server import EmbeddedRedis, free_port
+from bus.settings import RedisSettings, RuntimeSettings
 from gateway.channels.config import ChannelSettings
 from gateway.config import GatewaySettings
 from gateway.runtime.daemon import AlreadyRunning, DaemonState, DataDirLock, StateFile, this_process

@@ -27,7 +27,6 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from bus import pool as ops
-from bus.config import RetentionSettings
 from bus.log import kv
 from bus.metrics import Meter
 from bus.presence import Presence, alive
@@ -41,6 +40,7 @@ from bus.protocol import (
     QuestionRequest,
 )
 from bus.replies import ReplyInbox
+from bus.settings import RetentionSettings
 from bus.streams import Bus
 from gateway.config import GatewaySettings
 from gateway.server.admin_api import AdminRoutes

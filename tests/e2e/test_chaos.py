@@ -24,12 +24,12 @@ import httpx
 import openai
 import pytest
 
-from bus.config import RedisSettings
 from bus.presence import alive
 from bus.protocol import ToolExecute, ToolResult, now_ms
 from bus.redis_client import RedisRefused
 from bus.redis_server import EmbeddedRedis
 from bus.replies import ReplyInbox
+from bus.settings import RedisSettings
 from bus.streams import CONNECTION_ERRORS, Bus
 from tests.conftest import (
     OWNER_TOKEN,

@@ -21,9 +21,9 @@ import pytest
 
 from brain.config import BrainSettings
 from brain.spend import Governor
-from bus.config import RedisSettings
 from bus.metrics import Meter
 from bus.presence import Presence
+from bus.settings import RedisSettings
 from bus.streams import Bus
 from gateway.channels.access import Access
 from memory.longterm import SHARED, LongTermMemory

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bus.config import RedisSettings
+from bus.settings import RedisSettings
 from bus.streams import Bus
 from memory.longterm import SHARED, LongTermMemory
 from tests.conftest import Processes, gateway_client, gateway_health, wait_until

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from bus.config import RedisSettings
 from bus.presence import instances
 from bus.protocol import ToolExecute, ToolResult, now_ms
 from bus.redis_server import EmbeddedRedis
 from bus.replies import ReplyInbox
+from bus.settings import RedisSettings
 from bus.streams import Bus
 from hands.config import HandsSettings
 from hands.worker import HandsWorker

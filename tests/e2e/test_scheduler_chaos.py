@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bus.config import RedisSettings
+from bus.settings import RedisSettings
 from bus.streams import Bus
 from memory.jobs import Job, JobStore, Run
 from memory.schedule import Schedule

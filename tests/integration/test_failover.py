@@ -15,9 +15,9 @@ import pytest
 
 from brain.config import BrainSettings
 from brain.worker import BrainWorker
-from bus.config import RedisSettings
 from bus.protocol import ChatError, ChatMessage, ChatReply, ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
+from bus.settings import RedisSettings
 from bus.streams import CONNECTION_ERRORS, Bus
 from tests.conftest import async_wait_until
 from tests.integration.brain_fakes import FakeLLM, read_then_answer

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from bus.codec import decode
-from bus.config import RedisSettings
 from bus.consumer import GroupConsumer, delivery
 from bus.presence import Presence
 from bus.protocol import ChatMessage, ChatReply, Message
 from bus.reaper import Reaper, trim_delivered
+from bus.settings import RedisSettings
 from bus.streams import Bus
 from tests.conftest import async_wait_until, nothing_pending
 

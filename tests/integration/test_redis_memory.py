@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bus.config import RedisSettings
+from bus.settings import RedisSettings
 from bus.streams import Bus
 
 

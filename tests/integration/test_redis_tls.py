@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from bus.config import RedisSettings
 from bus.protocol import ToolExecute, ToolResult, now_ms
 from bus.redis_server import free_port
+from bus.settings import RedisSettings
 from bus.streams import Bus
 from tests.redis_topology import Topology, make_certificates, worker_and_caller
 

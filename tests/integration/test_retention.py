@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bus.config import RetentionSettings
+from bus.settings import RetentionSettings
 from bus.streams import Bus
 from gateway.config import GatewaySettings
 from gateway.server.app import Gateway

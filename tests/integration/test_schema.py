@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bus import schema
-from bus.config import RedisSettings
 from bus.schema import Migration, SchemaTooNew, ensure_current
+from bus.settings import RedisSettings
 from bus.streams import Bus
 from tests.conftest import Processes
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bus import snapshot
-from bus.config import RedisSettings
+from bus.settings import RedisSettings
 from bus.snapshot import SnapshotError
 from bus.streams import Bus
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bus.config import Config, RetentionSettings, load_config
+from bus.config import Config, load_config
+from bus.settings import RetentionSettings
 from memory.archive import OPERATORS, Archived, SessionArchive, file_name, merged, owner_dir
 from memory.sessions import TranscriptEntry
 

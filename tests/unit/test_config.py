@@ -11,16 +11,8 @@ import yaml
 from pydantic import BaseModel
 
 from brain.config import BrainSettings
-from bus.config import (
-    DEFAULT_CONFIG,
-    ConfigError,
-    MissingVariable,
-    RedisSettings,
-    RuntimeSettings,
-    Section,
-    from_environment,
-    load_config,
-)
+from bus.config import DEFAULT_CONFIG, ConfigError, MissingVariable, from_environment, load_config
+from bus.settings import RedisSettings, RuntimeSettings, Section
 from gateway.channels.config import ChannelSettings
 from gateway.cli import SECTIONS
 from gateway.cli.runtime import validate_all
@@ -211,7 +203,8 @@ def test_unknown_section_and_missing_file(tmp_path: Path) -> None:
 
 
 def test_sentinels_are_host_and_port(tmp_path) -> None:
-    from bus.config import RedisSettings, load_config
+    from bus.config import load_config
+    from bus.settings import RedisSettings
 
     good = RedisSettings(sentinels=["127.0.0.1:26379", "[::1]:26380"], sentinel_master="m")
     assert good.sentinels[1] == "[::1]:26380"

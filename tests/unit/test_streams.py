@@ -9,10 +9,10 @@ import pytest
 from redis import exceptions as redis_errors
 
 from bus.codec import decode
-from bus.config import RedisSettings
 from bus.consumer import GroupConsumer, delivery
 from bus.protocol import ChatCancel, ToolExecute, ToolsAvailable, ToolsList, now_ms
 from bus.replies import ReplyInbox
+from bus.settings import RedisSettings
 from bus.streams import Bus
 from tests.conftest import async_wait_until, nothing_pending
 from tests.fakes import fake_bus as in_memory_bus

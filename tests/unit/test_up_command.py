@@ -51,7 +51,7 @@ def test_every_setting_reaches_the_roles_it_should_under_pincer_up() -> None:
     """A secret is known by what it is (a SecretStr setting, a URL with a password, a provider's key), never
     by its name's ending: every other documented key reaches every role from the environment."""
     from brain.config import BrainSettings
-    from bus.config import RedisSettings, RuntimeSettings
+    from bus.settings import RedisSettings, RuntimeSettings
     from gateway.config import GatewaySettings
     from gateway.runtime.supervisor import PINCER_ROLES, SECRETS, role_env
     from hands.config import HandsSettings
