@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from bus.codec import encode
 from bus.lease import HOLDS, Lease
+from bus.loops import sleep_or_stop
 from bus.presence import alive
 from bus.protocol import ChannelUpdate
 from bus.redis_client import RedisAway
@@ -257,8 +258,3 @@ async def abandoned_after(seconds: float, work: Coroutine[Any, Any, T], *, what:
 def _left_behind(what: str, task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.info("%s, abandoned, ended with %r", what, task.exception())
-
-
-async def sleep_or_stop(stop: asyncio.Event, delay: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), delay)

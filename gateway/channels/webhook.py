@@ -15,8 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bus.loops import sleep_or_stop
 from gateway.channels.errors import PlatformAway, PlatformRefused
-from gateway.channels.intake import Intake, sleep_or_stop
+from gateway.channels.intake import Intake
 from gateway.channels.platform import Webhooked, patiently
 
 MAX_BYTES = 1 << 20
