@@ -150,9 +150,9 @@ class BrainWorker:
             except HandedOver:
                 raise  # another Brain holds the session now: it finishes the turn and answers
             except RedisAway as exc:
-                # Not the turn's fault: its message stays pending and is delivered again once Redis is
-                # back (a failover, a restart); that delivery resumes the turn from its transcript.
-                log.warning("Redis away mid-turn; the turn resumes when its message is redelivered %s: %s",
+                # Not the turn's fault: the consumer keeps its message and runs it again once Redis takes
+                # writes (a failover, a restart); that run resumes the turn from its transcript.
+                log.warning("Redis away mid-turn; the turn resumes once Redis is back %s: %s",
                             kv(session=message.session_id, message=message.message_id), exc)
                 raise
             except Exception as exc:  # the person must always hear back

@@ -32,7 +32,7 @@ from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
 
 log = logging.getLogger("bus")
 
-WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # ~10 s for a reply, then the reaper's turn
+WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # then every 2 s while running; ~10 s once stopping
 
 # How many times the entry being handled has been delivered (2+ means another
 # consumer, or an earlier life of this one, took it and never acknowledged it).
@@ -314,24 +314,30 @@ class GroupConsumer:
     async def _handle(self, stream: str, entry_id: str, fields: dict[bytes, bytes], message: Message) -> None:
         answered = False
         try:
-            try:
-                replies = await self.handler(message, stream)
-            except asyncio.CancelledError:
-                raise
-            except HandedOver as exc:  # another consumer holds the entry now: it answers and acknowledges
-                if not isinstance(exc, Moved):
-                    log.info("handed over %s: %s", kv(stream=stream, entry=entry_id), exc)
-                return
-            except CONNECTION_ERRORS as exc:  # not the message's fault: it stays pending, for a redelivery
-                log.warning("Redis away while handling %s (%s); left pending for the reaper",
-                            kv(stream=stream, entry=entry_id), exc)
-                return
-            except Exception as exc:  # a handler bug must not lose the message or kill the loop
-                log.exception("handler failed %s", kv(stream=stream, entry=entry_id, type=message.type))
-                await dead_letter(
-                    self.bus, stream, self.group, entry_id, fields, f"handler crashed: {type(exc).__name__}: {exc}"
-                )
-                return
+            while True:
+                try:
+                    replies = await self.handler(message, stream)
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except HandedOver as exc:  # another consumer holds the entry now: it answers and acknowledges
+                    if not isinstance(exc, Moved):
+                        log.info("handed over %s: %s", kv(stream=stream, entry=entry_id), exc)
+                    return
+                except CONNECTION_ERRORS as exc:
+                    # Not the message's fault, so not a delivery: it stays held here (the reaper renews it, so
+                    # nobody claims it and max_deliveries counts only workers that died) and runs again once
+                    # Redis takes writes (a failover's replica may take a while to confirm them).
+                    log.warning("Redis away while handling %s (%s); run again here once Redis takes writes",
+                                kv(stream=stream, entry=entry_id), exc)
+                    if not await self._writes_go_through():
+                        return  # stopping: left pending, for whoever runs next
+                except Exception as exc:  # a handler bug must not lose the message or kill the loop
+                    log.exception("handler failed %s", kv(stream=stream, entry=entry_id, type=message.type))
+                    await dead_letter(
+                        self.bus, stream, self.group, entry_id, fields, f"handler crashed: {type(exc).__name__}: {exc}"
+                    )
+                    return
             # The task ends here; the entry stays held (and its slot taken) until the reply is written.
             self._reply_and_ack(stream, entry_id, fields, replies, _aside.get())
             answered = True
@@ -339,6 +345,18 @@ class GroupConsumer:
             self._tasks.pop((stream, entry_id), None)  # by key: current_task() costs a getpid call on 3.11
             if not answered:
                 self._release(stream, entry_id, _aside.get())
+
+    async def _writes_go_through(self) -> bool:
+        """Wait until a write goes through (with its WAIT, under redis.min_replicas); False once stopping."""
+        attempt = 0
+        while not self.stopping:
+            try:
+                await self.bus.batcher.run(lambda pipe: pipe.ping())
+                return True
+            except CONNECTION_ERRORS:
+                await asyncio.sleep(WRITE_RETRY_DELAYS[min(attempt, len(WRITE_RETRY_DELAYS) - 1)])
+                attempt += 1
+        return False
 
     def _reply_and_ack(self, stream: str, entry_id: str, fields: dict[bytes, bytes], replies: Sequence[Reply],
                        aside: bool) -> None:
@@ -355,11 +373,14 @@ class GroupConsumer:
 
     def _written(self, answers: Answers, outcome: list[Any] | Exception) -> None:
         """A round came back from Redis: release its entries, or try again while Redis is away."""
-        if isinstance(outcome, CONNECTION_ERRORS) and answers.attempt < len(WRITE_RETRY_DELAYS):
+        # While running, answers are retried until Redis takes them: the entries stay held (renewed, never
+        # claimed or counted); a stopping consumer gives up after ~10 s and leaves them pending.
+        if isinstance(outcome, CONNECTION_ERRORS) and (answers.attempt < len(WRITE_RETRY_DELAYS) or not self.stopping):
             if answers.attempt == 0:
                 log.warning("Redis away while answering %d entr%s; retrying", len(answers.entries),
                             "y" if len(answers.entries) == 1 else "ies")
-            asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[answers.attempt], answers.again().send)
+            delay = WRITE_RETRY_DELAYS[min(answers.attempt, len(WRITE_RETRY_DELAYS) - 1)]
+            asyncio.get_running_loop().call_later(delay, answers.again().send)
             return
         pending, refused = answers.failures(outcome)
         for stream, entry_id, fields, _replies, aside in answers.entries:

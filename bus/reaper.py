@@ -3,7 +3,9 @@
 Each consumer runs one. Every ``reap_interval_s`` it
 1. renews the lease on what it is handling itself (``XCLAIM … 0 … JUSTID``
    resets the idle time without counting a delivery), so only a consumer
-   that stopped renewing (a dead one) lets its entries go idle.
+   that stopped renewing (a dead one) lets its entries go idle. A consumer
+   whose handler met Redis away keeps the entry and runs it again itself
+   (``GroupConsumer._handle``): an outage is not a delivery.
 Then one consumer of the pool per interval (the one that sets the stream's
 ``reaper_turn`` key, ``SET NX PX``) does the rest for everyone:
 2. takes over entries idle longer than ``claim_idle_s`` (``XAUTOCLAIM``,
@@ -16,6 +18,9 @@ Then one consumer of the pool per interval (the one that sets the stream's
    so pending work is claimed first and never dropped;
 5. trims the stream below the oldest entry any group still needs (its oldest
    pending entry, or the first it has not been given): ``XTRIM MINID ~``.
+After a pass that found Redis away, a reaper only renews for ``claim_idle_s``:
+what live consumers held while nobody could renew it went idle meanwhile, and
+they renew it before anyone claims it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -37,7 +43,7 @@ from bus.presence import alive
 from bus.protocol import Message
 from bus.scripts import lua
 from bus.settings import RedisSettings
-from bus.streams import Bus
+from bus.streams import CONNECTION_ERRORS, Bus
 
 log = logging.getLogger("bus.reaper")
 
@@ -59,6 +65,7 @@ class Reaper:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._forget = bus.redis.register_script(FORGET_CONSUMER)
+        self._claims_from = 0.0  # monotonic: no taking over before this (Redis was away until lately)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"reaper:{self.consumer.consumer}")
@@ -71,6 +78,8 @@ class Reaper:
             try:
                 await self.reap_once()
             except (redis_errors.RedisError, OSError) as exc:
+                if isinstance(exc, CONNECTION_ERRORS):  # live consumers renew what they hold before any claim
+                    self._claims_from = time.monotonic() + self.settings.claim_idle_s
                 log.warning("reaper pass failed: %s", exc)
             except Exception:  # a reaper that ended would leave dead workers' calls unanswered, silently
                 log.exception("reaper pass failed unexpectedly; the next pass tries again")
@@ -78,7 +87,7 @@ class Reaper:
     async def reap_once(self) -> None:
         for stream in self.consumer.streams:
             await self._renew(stream)
-            if not self.consumer.stopping and await self._my_turn(stream):
+            if not self.consumer.stopping and time.monotonic() >= self._claims_from and await self._my_turn(stream):
                 await self._claim(stream)
                 await self._forget_gone(stream)
                 await trim_delivered(self.bus.redis, stream)

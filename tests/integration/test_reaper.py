@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any
 
 import pytest
+from redis import exceptions as redis_errors
 
 from bus.codec import decode
 from bus.consumer import GroupConsumer, delivery
 from bus.presence import Presence
 from bus.protocol import ChatMessage, ChatReply, Message
 from bus.reaper import Reaper, trim_delivered
+from bus.redis_client import NotReplicated
 from bus.settings import RedisSettings
 from bus.streams import Bus
 from tests.conftest import async_wait_until, nothing_pending
@@ -133,6 +136,70 @@ async def test_poison_entries_go_to_dead_after_max_deliveries_and_the_caller_hea
     finally:
         await live.close()
         await pool_bus.redis.delete("pincer-test:replies")
+
+
+async def test_redis_away_mid_handling_is_no_delivery_and_the_entry_runs_again_where_it_was(pool_bus: Bus) -> None:
+    """A handler that meets Redis away (a failover whose replica does not confirm writes yet) keeps its entry:
+    renewed, never claimed, so the outage does not count toward max_deliveries (2 here), and it runs again in
+    the same consumer once writes go through. Each failed run outlasts claim_idle_s (0.3 s): before, every
+    one was a takeover, and the third made the entry poison."""
+    stream = pool_bus.keys.brain_inbox
+    poisoned: list[Message] = []
+
+    async def on_poison(msg: Message) -> list:
+        poisoned.append(msg)
+        return []
+
+    worker = Worker(pool_bus, stream, "holder", on_poison=on_poison)
+    handle = worker.handle
+    failures = 4
+
+    async def away_a_while(msg: Message, stream_: str) -> list:
+        await handle(msg, stream_)
+        if len(worker.seen) <= failures:
+            await asyncio.sleep(0.4)
+            raise NotReplicated("0 of the 1 replicas redis.min_replicas asks for confirmed the write")
+        return []
+
+    worker.consumer.handler = away_a_while
+    await worker.start()
+    try:
+        await pool_bus.publish(stream, message("through the failover"))
+        await async_wait_until(lambda: len(worker.seen) == failures, what="the fourth run")
+        (pending,) = await pool_bus.redis.xpending_range(stream, GROUP, min="-", max="+", count=10)
+        assert pending["consumer"] == b"holder" and pending["times_delivered"] == 1
+        await nothing_pending(pool_bus, stream, GROUP)
+        assert worker.seen == [("through the failover", 1)] * (failures + 1)  # here, each time a first delivery
+        assert not poisoned and not await pool_bus.redis.xrange(pool_bus.keys.dead)
+    finally:
+        await worker.close()
+
+
+async def test_after_a_pass_that_found_redis_away_nothing_is_claimed_for_claim_idle_s(
+        pool_bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live holders could not renew while Redis was away: they get claim_idle_s to renew before a claim."""
+    stream = pool_bus.keys.hands_requests
+    await pool_bus.publish(stream, message("orphan"))
+    (entry_id,) = await grab_and_die(pool_bus, stream, "dead-worker")
+    await pool_bus.redis.xclaim(stream, GROUP, "dead-worker", min_idle_time=0, message_ids=[entry_id], idle=60_000,
+                                justid=True)  # long idle already: claimable at the first pass that may claim
+    live = Worker(pool_bus, stream, "live")
+    renew, away_at = live.reaper._renew, []
+
+    async def away_once(stream_: str) -> None:
+        if not away_at:
+            away_at.append(time.monotonic())
+            raise redis_errors.ConnectionError("Connection closed by server.")
+        await renew(stream_)
+
+    monkeypatch.setattr(live.reaper, "_renew", away_once)
+    await live.start()
+    try:
+        await async_wait_until(lambda: live.seen, timeout=5, what="the orphan taken over")
+        assert time.monotonic() - away_at[0] >= pool_bus.settings.claim_idle_s  # not at the next pass (0.1 s)
+        assert live.seen == [("orphan", 2)]
+    finally:
+        await live.close()
 
 
 async def test_trimming_keeps_everything_pending_or_undelivered(pool_bus: Bus) -> None:
