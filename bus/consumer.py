@@ -34,6 +34,10 @@ log = logging.getLogger("bus")
 
 WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # then every 2 s while running; ~10 s once stopping
 
+# A handler cut off this many times in a row while Redis took the very next write each time meets
+# no outage (say, its own socket fails): its entry goes back to the reaper, which counts deliveries.
+QUICK_CUTOFFS = 3
+
 # How many times the entry being handled has been delivered (2+ means another
 # consumer, or an earlier life of this one, took it and never acknowledged it).
 delivery: ContextVar[int] = ContextVar("delivery", default=1)
@@ -313,6 +317,7 @@ class GroupConsumer:
 
     async def _handle(self, stream: str, entry_id: str, fields: dict[bytes, bytes], message: Message) -> None:
         answered = False
+        quick = 0  # runs cut off in a row while Redis took the very next write: not an outage, then
         try:
             while True:
                 try:
@@ -330,8 +335,14 @@ class GroupConsumer:
                     # Redis takes writes (a failover's replica may take a while to confirm them).
                     log.warning("Redis away while handling %s (%s); run again here once Redis takes writes",
                                 kv(stream=stream, entry=entry_id), exc)
-                    if not await self._writes_go_through():
+                    waited = await self._writes_go_through()
+                    if waited is None:
                         return  # stopping: left pending, for whoever runs next
+                    quick = 0 if waited else quick + 1
+                    if quick >= QUICK_CUTOFFS:  # the handler's own socket fails, not Redis: a delivery after all
+                        log.error("handler cut off %d times while Redis took writes %s; left for the reaper",
+                                  quick, kv(stream=stream, entry=entry_id))
+                        return
                 except Exception as exc:  # a handler bug must not lose the message or kill the loop
                     log.exception("handler failed %s", kv(stream=stream, entry=entry_id, type=message.type))
                     await dead_letter(
@@ -346,17 +357,18 @@ class GroupConsumer:
             if not answered:
                 self._release(stream, entry_id, _aside.get())
 
-    async def _writes_go_through(self) -> bool:
-        """Wait until a write goes through (with its WAIT, under redis.min_replicas); False once stopping."""
+    async def _writes_go_through(self) -> bool | None:
+        """Wait until a write goes through (with its WAIT, under redis.min_replicas): whether that took
+        more than one try, or None once stopping."""
         attempt = 0
         while not self.stopping:
             try:
                 await self.bus.batcher.run(lambda pipe: pipe.ping())
-                return True
+                return attempt > 0
             except CONNECTION_ERRORS:
                 await asyncio.sleep(WRITE_RETRY_DELAYS[min(attempt, len(WRITE_RETRY_DELAYS) - 1)])
                 attempt += 1
-        return False
+        return None
 
     def _reply_and_ack(self, stream: str, entry_id: str, fields: dict[bytes, bytes], replies: Sequence[Reply],
                        aside: bool) -> None:

@@ -5,7 +5,9 @@ Redis restarted mid-run (append-only file on); (d) SIGTERM drains a worker and
 leaves nothing pending; (e) a burst of 2,000 sandboxed `exec` calls published at
 once to 3 workers waits in the pool's backlog (not refused) through a worker
 SIGKILLed and Redis restarted; (f) while Redis is away the Gateway answers 503 with Retry-After, and a
-chat turn caught mid-way goes on once it is back. (c), poison entries, is in tests/integration/test_reaper.py.
+chat turn caught mid-way goes on once it is back; (g) a turn held by one of two Brains through an outage longer
+than claim_idle_s is finished by its holder, not taken over or counted as a delivery. (c), poison entries, is
+in tests/integration/test_reaper.py.
 Sizes and sleeps are small so the whole file stays within CI's budget.
 """
 
@@ -37,6 +39,7 @@ from tests.conftest import (
     Processes,
     async_wait_until,
     gateway_client,
+    gateway_health,
     gateway_url,
     make_skill,
     nothing_pending,
@@ -339,6 +342,41 @@ async def test_while_redis_is_away_the_gateway_says_503_and_a_turn_goes_on_after
         assert accepted["type"] == "accepted" and accepted["ref"] == 2, accepted
         socket.close()
         assert all(proc.poll() is None for _, proc, _ in processes.started)
+    finally:
+        processes.stop_all()
+        server.stop()
+
+
+async def test_a_turn_held_through_an_outage_longer_than_claim_idle_s_is_not_taken_over(
+        processes: Processes, pincer_env: dict[str, str], scripted_llm: ScriptedLLM, tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "own-redis")
+    url = server.start()
+    # Two Brains; max_deliveries 1 poisons any takeover, so a turn counted as redelivered would fail.
+    processes.env = {**pincer_env, "PINCER_REDIS_URL": url, "PINCER_REDIS__CLAIM_IDLE_S": "1",
+                     "PINCER_REDIS__REAP_INTERVAL_S": "0.3", "PINCER_REDIS__MAX_DELIVERIES": "1"}
+    try:
+        start_stack(processes, hands=1)
+        processes.start("brain", name="brain-2")
+        await async_wait_until(lambda: (gateway_health(processes.env) or {}).get("brains") == 2, timeout=60,
+                               what="two Brains")
+        thinking = asyncio.create_task(asyncio.to_thread(send, processes.env, "SLEEP 2", "held"))
+        await async_wait_until(lambda: any("SLEEP 2" in str(r["messages"]) for r in scripted_llm.requests),
+                               what="the turn at the model")
+        await asyncio.to_thread(server.stop)
+        await async_wait_until(lambda: "Redis away mid-turn" in processes.logs(), timeout=30,
+                               what="the Brain meeting the outage mid-turn")
+        await asyncio.sleep(2.5)  # the outage itself: longer than claim_idle_s plus a reaper's interval
+        await asyncio.to_thread(server.start)  # same port, password and data
+        answered = await asyncio.wait_for(thinking, 90)
+        assert answered.status_code == 200 and answered.json()["text"] == "slept 2s", answered.text
+        logs = processes.logs()
+        assert "took over" not in logs and "poison" not in logs.lower(), logs[-3000:]
+        bus = Bus.from_settings(RedisSettings(prefix=processes.env["PINCER_REDIS__PREFIX"]), url)
+        try:
+            await nothing_pending(bus, bus.keys.brain_inbox, "brain")
+            assert await bus.redis.xlen(bus.keys.dead) == 0
+        finally:
+            await bus.close()
     finally:
         processes.stop_all()
         server.stop()

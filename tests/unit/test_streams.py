@@ -9,7 +9,7 @@ import pytest
 from redis import exceptions as redis_errors
 
 from bus.codec import decode
-from bus.consumer import GroupConsumer, delivery
+from bus.consumer import QUICK_CUTOFFS, GroupConsumer, delivery
 from bus.protocol import ChatCancel, ToolExecute, ToolsAvailable, ToolsList, now_ms
 from bus.replies import ReplyInbox
 from bus.settings import RedisSettings
@@ -132,6 +132,27 @@ async def test_a_handler_cut_off_from_redis_runs_again_in_place_as_the_same_deli
         assert tries == [1, 1]  # held and run again here: no takeover, no delivery counted
         await nothing_pending(fake_bus, stream, "g")
         assert await fake_bus.redis.xlen(fake_bus.keys.dead) == 0 and not consumer.holding[stream]
+    finally:
+        stop.set()
+        await task
+
+
+async def test_a_handler_cut_off_while_redis_takes_writes_goes_back_to_the_reaper(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    await fake_bus.publish(stream, _execute(1))
+    tries: list[int] = []
+
+    async def handler(message, _stream):
+        tries.append(delivery.get())
+        raise ConnectionRefusedError("its own socket, not Redis")  # an OSError, yet Redis is up
+
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler, block_ms=50)
+    stop, task = await _run(consumer)
+    try:
+        await async_wait_until(lambda: not consumer.holding.get(stream) and tries, what="the entry let go")
+        assert tries == [1] * QUICK_CUTOFFS  # not run in place for ever
+        pending = await fake_bus.redis.xpending(stream, "g")
+        assert pending["pending"] == 1  # left for the reaper, which counts it as a delivery
     finally:
         stop.set()
         await task
