@@ -15,7 +15,7 @@ from bus.protocol import ErrorCode
 from gateway.server.connections import Credential
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
-from gateway.turns.session_names import ALL_OWNERS, qualify
+from gateway.turns.session_names import ALL_OWNERS, owner_meant, qualify
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -66,11 +66,12 @@ async def collect_or_cancel(request: Request, collect: Coroutine[Any, Any, Respo
 def listed_owner(request: Request, what: str) -> str | None:
     """Whose ``what`` a list shows: the caller's own; an operator's ``?owner=NAME`` that identity's, and
     ``?owner=*`` every one's (None)."""
-    identity = caller(request)
-    owner = request.query_params.get("owner") or identity.name
-    if owner != identity.name and not identity.operator:
-        raise Refused(ErrorCode.FORBIDDEN, f"only an operator token may list another identity's {what}")
-    return None if owner == ALL_OWNERS else owner
+    identity, asked = caller(request), request.query_params.get("owner")
+    if asked == ALL_OWNERS:
+        if not identity.operator:
+            raise Refused(ErrorCode.FORBIDDEN, f"only an operator token may list every identity's {what}")
+        return None
+    return owner_meant(identity, asked, f"list another identity's {what}")
 
 
 def session_id_of(request: Request) -> str:

@@ -26,7 +26,7 @@ from gateway.server.handling import caller, listed_owner, read_json
 from gateway.tokens import OWNER, Identity
 from gateway.turns.refusal import Refused, not_found
 from gateway.turns.runner import TurnRunner
-from gateway.turns.session_names import OWNER_NAME
+from gateway.turns.session_names import owner_meant
 from memory.jobs import (
     CatchUp,
     Job,
@@ -121,7 +121,7 @@ class JobRoutes:
     async def _own(self, request: Request) -> Job:
         """The job the request names: the caller's own, or (an operator's ``?owner=``) another identity's."""
         identity, name = caller(request), request.path_params["name"]
-        owner = _owner(identity, request.query_params.get("owner"))
+        owner = owner_meant(identity, request.query_params.get("owner"), "act on another identity's job")
         job = await self.store.get(f"{owner}/{name}")
         if job is None:
             where = " (pincer cron list shows yours)" if owner == identity.name else f" of {owner}'s"
@@ -173,18 +173,6 @@ class JobRoutes:
         """A run's end, to the stream the scheduler records (and delivers) every job's outcome from."""
         if isinstance(end, (ChatReply, ChatError)):
             await self.turns.bus.publish(self.turns.bus.keys.jobs_results, end)
-
-
-def _owner(identity: Identity, asked: str | None) -> str:
-    """Whose job a request means: the caller's unless an operator names another owner (as sessions do)."""
-    if not asked or asked == identity.name:
-        return identity.name
-    if not identity.operator:
-        raise Refused(ErrorCode.FORBIDDEN, "only an operator token may act on another identity's job; "
-                      "leave out `owner` to use your own")
-    if not re.match(OWNER_NAME, asked):
-        raise Refused(ErrorCode.BAD_REQUEST, f"owner {asked[:64]!r} is not an identity's name")
-    return asked
 
 
 def _instant(text: str, tz: str) -> float:

@@ -22,6 +22,7 @@ from bus.streams import Bus
 from gateway.server.handling import caller
 from gateway.turns.limits import CallerLimits
 from gateway.turns.refusal import Refused
+from gateway.turns.session_names import owner_meant
 from memory.longterm import SHARED, LongTermMemory
 
 KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # as the memory tools name notes
@@ -117,12 +118,11 @@ class MemoryRoutes:
             raise Refused(ErrorCode.INVALID_ARGUMENTS, f"{agent[:40]!r} is not an agent's id")
         if not identity.may_use(agent):
             raise Refused(ErrorCode.FORBIDDEN, f"this token may not use agent {agent!r}")
-        shared = request.query_params.get("shared") in ("1", "true")
-        owner = SHARED if shared else request.query_params.get("owner") or identity.name
-        if owner != identity.name and not identity.operator:
-            raise Refused(ErrorCode.FORBIDDEN, "only an operator token may touch the shared notes or another "
-                          "identity's")
-        return agent, owner
+        if request.query_params.get("shared") in ("1", "true"):
+            if not identity.operator:
+                raise Refused(ErrorCode.FORBIDDEN, "only an operator token may touch the shared notes")
+            return agent, SHARED
+        return agent, owner_meant(identity, request.query_params.get("owner"), "touch another identity's notes")
 
 
 def _query(request: Request, *, required: bool) -> str:

@@ -30,17 +30,22 @@ def check_session_name(name: str) -> None:
                       "(starting with a letter or digit)")
 
 
+def owner_meant(identity: Identity, asked: str | None, doing: str) -> str:
+    """Whose things a request means: the caller's own, unless an operator names another ``asked`` owner
+    on purpose (``doing``, such as "act on another identity's job", says what was refused to others)."""
+    if not asked or asked == identity.name:
+        return identity.name
+    if not identity.operator:
+        raise Refused(ErrorCode.FORBIDDEN, f"only an operator token may {doing}; leave out `owner` to use your own")
+    if not re.match(OWNER_NAME, asked):
+        raise Refused(ErrorCode.BAD_REQUEST, f"owner {asked[:64]!r} is not an identity's name")
+    return asked
+
+
 def qualify(identity: Identity, name: str, owner: str | None = None) -> str:
     """The wire id of the session ``identity`` means by ``name`` (another ``owner``'s: operators only)."""
     check_session_name(name)
-    if owner is None or owner == "" or owner == identity.name:
-        return f"{identity.name}{SEPARATOR}{name}"
-    if not identity.operator:
-        raise Refused(ErrorCode.FORBIDDEN, "only an operator token may act on another identity's session; "
-                      "leave out `owner` to use your own")
-    if not re.match(OWNER_NAME, owner):
-        raise Refused(ErrorCode.BAD_REQUEST, f"owner {owner[:64]!r} is not an identity's name")
-    return f"{owner}{SEPARATOR}{name}"
+    return owner_meant(identity, owner, "act on another identity's session") + SEPARATOR + name
 
 
 def owner_of(session_id: str) -> str:

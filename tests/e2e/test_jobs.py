@@ -95,7 +95,7 @@ def test_a_chat_token_keeps_to_its_own_jobs_and_chats(processes: Processes, jobs
     gone = processes.run("cron", "rm", "owners", extra_env={"PINCER_TOKEN": alice})
     assert gone.returncode == 1 and "no job named 'owners'" in gone.stderr
     nosy = processes.run("cron", "list", "--owner", "*", extra_env={"PINCER_TOKEN": alice})
-    assert nosy.returncode == 1 and "only an operator token may list another identity's jobs" in nosy.stderr
+    assert nosy.returncode == 1 and "only an operator token may list every identity's jobs" in nosy.stderr
     assert [j["id"] for j in cron(processes, "list", "--owner", "alice")["jobs"]] == ["alice/daily"]
     everyone = cron(processes, "list", "--owner", "*")["jobs"]
     assert len(everyone) == 2 and {j["name"]: j["owner"] for j in everyone}["daily"] == "alice"

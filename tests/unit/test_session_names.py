@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from starlette.requests import Request
 
 from bus.protocol import ErrorCode
 from gateway.server.errors import refusal_response
+from gateway.server.handling import listed_owner
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
-from gateway.turns.session_names import name_of, owner_of, path_of, qualify, shown_to
+from gateway.turns.session_names import name_of, owner_meant, owner_of, path_of, qualify, shown_to
 
 ALICE = Identity(name="alice")
 OPS = Identity(name="ops", scope="operator")
@@ -37,6 +39,27 @@ def test_an_operator_names_another_owner_on_purpose() -> None:
         with pytest.raises(Refused) as refused:
             qualify(OPS, "main", bad_owner)
         assert refused.value.code == ErrorCode.BAD_REQUEST
+
+
+def _listing(identity: Identity, query: bytes) -> Request:
+    request = Request({"type": "http", "query_string": query, "headers": [], "state": {}})
+    request.state.identity = identity
+    return request
+
+
+def test_one_owner_check_for_acting_and_listing() -> None:
+    assert owner_meant(ALICE, None, "act on another identity's job") == "alice"
+    with pytest.raises(Refused) as refused:
+        owner_meant(ALICE, "bob", "act on another identity's job")
+    assert refused.value.message.startswith("only an operator token may act on another identity's job;")
+    assert listed_owner(_listing(ALICE, b""), "jobs") == "alice"
+    assert listed_owner(_listing(OPS, b"owner=alice"), "jobs") == "alice"
+    assert listed_owner(_listing(OPS, b"owner=*"), "jobs") is None  # every one's
+    for identity, query, code in ((ALICE, b"owner=*", ErrorCode.FORBIDDEN), (ALICE, b"owner=bob", ErrorCode.FORBIDDEN),
+                                  (OPS, b"owner=a%2Fb", ErrorCode.BAD_REQUEST)):  # a list's owner is checked too
+        with pytest.raises(Refused) as refused:
+            listed_owner(_listing(identity, query), "sessions")
+        assert refused.value.code == code, (identity, query)
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "../etc", "x" * 129, "-lead", "sp ace", "ümlaut"])
