@@ -18,9 +18,9 @@ Then one consumer of the pool per interval (the one that sets the stream's
    so pending work is claimed first and never dropped;
 5. trims the stream below the oldest entry any group still needs (its oldest
    pending entry, or the first it has not been given): ``XTRIM MINID ~``.
-After a pass that found Redis away, a reaper only renews for ``claim_idle_s``:
-what live consumers held while nobody could renew it went idle meanwhile, and
-they renew it before anyone claims it.
+After a pass that found Redis away, a reaper only renews for ``claim_idle_s``
+from the pass that reaches it again: what live consumers held while nobody
+could renew it went idle meanwhile, and they renew it before anyone claims it.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class Reaper:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._forget = bus.redis.register_script(FORGET_CONSUMER)
+        self._away = False  # the last pass found Redis away
         self._claims_from = 0.0  # monotonic: no taking over before this (Redis was away until lately)
 
     async def start(self) -> None:
@@ -79,12 +80,15 @@ class Reaper:
                 await self.reap_once()
             except (redis_errors.RedisError, OSError) as exc:
                 if isinstance(exc, CONNECTION_ERRORS):  # live consumers renew what they hold before any claim
-                    self._claims_from = time.monotonic() + self.settings.claim_idle_s
+                    self._away = True
                 log.warning("reaper pass failed: %s", exc)
             except Exception:  # a reaper that ended would leave dead workers' calls unanswered, silently
                 log.exception("reaper pass failed unexpectedly; the next pass tries again")
 
     async def reap_once(self) -> None:
+        if self._away:  # once Redis answers again, everyone's holders get claim_idle_s to renew what went idle
+            await self.bus.redis.ping()  # a reaper holding nothing sends no other command before a claim
+            self._away, self._claims_from = False, time.monotonic() + self.settings.claim_idle_s
         for stream in self.consumer.streams:
             await self._renew(stream)
             if not self.consumer.stopping and time.monotonic() >= self._claims_from and await self._my_turn(stream):
