@@ -9,7 +9,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
@@ -24,6 +23,7 @@ from bus.streams import Bus
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.platform import Heard, Listening, Platform, Polled, Webhooked, backoff
+from gateway.channels.report import Progress
 
 log = logging.getLogger("gateway.channels")
 T = TypeVar("T")
@@ -59,20 +59,6 @@ return 0
 """)
 
 
-@dataclass
-class Progress:
-    """What a replica reports of itself in its heartbeat: whether it takes updates, when it last did, counts."""
-
-    counts: dict[str, int] = field(default_factory=lambda: {"in": 0, "out": 0, "errors": 0})
-    polling: bool = False
-    last: float = 0.0  # wall clock of the last successful poll (or webhook check)
-    last_error: str = ""
-
-    def failed(self, exc: BaseException) -> None:
-        self.counts["errors"] += 1
-        self.last_error = f"{time.strftime('%H:%M:%S')} {exc}"
-
-
 class Intake:
     def __init__(self, bus: Bus, platform: Platform, settings: ChannelCommon, *, instance_id: str,
                  progress: Progress) -> None:
@@ -89,7 +75,7 @@ class Intake:
         if hooked is not None and hooked.webhook_url:
             from gateway.channels.webhook import serve_webhook  # a web server only for a channel that takes one
 
-            await serve_webhook(self, hooked, stop)
+            await serve_webhook(hooked, self.take_event, self.progress, stop)
         elif isinstance(self.platform, Listening):
             await self._listen(self.platform, stop)
         elif isinstance(self.platform, Polled):

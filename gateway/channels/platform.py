@@ -75,6 +75,7 @@ class Heard(Protocol):
 class Webhooked(Protocol):
     """A platform that can push its updates to a webhook instead (Telegram's webhook, Slack's Events API)."""
 
+    name: str
     webhook_url: str  # empty: not by webhook
     webhook_listen: str  # host:port the webhook is served on
 

@@ -55,10 +55,11 @@ from gateway.channels.access import Access
 from gateway.channels.asking import ChatQuestions
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
-from gateway.channels.intake import ROLE, Intake, Progress
+from gateway.channels.intake import ROLE, Intake
 from gateway.channels.lanes import Lanes
 from gateway.channels.platform import Invited, Patient, Platform, backoff, patiently
 from gateway.channels.reply import Buttons, Delivery, StreamedReply
+from gateway.channels.report import Progress
 from gateway.config import GatewaySettings
 from gateway.tokens import Identity
 from gateway.turns.limits import CallerLimits
