@@ -22,12 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path, PurePosixPath
 from typing import Any
 
 from bus.consumer import GroupConsumer, HandedOver
@@ -41,20 +39,18 @@ from bus.protocol import (
     ChatError,
     ChatReply,
     ChatTool,
-    ErrorCode,
     Message,
     QuestionRequest,
 )
 from bus.reaper import Reaper
 from bus.replies import ReplyInbox
-from bus.scripts import lua
 from bus.streams import Bus
-from bus.workspace import PathRefused, Workspace
 from bus.workspaces import Workspaces
 from gateway.channels.access import Access
 from gateway.channels.asking import ChatQuestions
 from gateway.channels.config import ChannelCommon
 from gateway.channels.errors import PlatformAway, PlatformRefused
+from gateway.channels.files import ChatFiles, attachments
 from gateway.channels.intake import ROLE, Intake
 from gateway.channels.lanes import Lanes
 from gateway.channels.platform import Invited, Patient, Platform, backoff, patiently
@@ -72,21 +68,11 @@ log = logging.getLogger("gateway.channels")
 
 GROUP = "channel"
 ANSWER_POLL_S = 0.5  # a restarted channel reads the transcript this often for a turn's answer
-ATTACH = re.compile(r"^[ \t]*\[attach:\s*([^\]\n]{1,512})\][ \t]*$", re.M)
-SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 SESSION_UNSAFE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9_.:-]+")
 
 INSTRUCTIONS = ("You are talking with a person through {platform}. Keep answers short enough to read on a "
                 "phone. To send them a file from the workspace, write a line `[attach: PATH]` (PATH relative "
                 "to the workspace); files they send you are saved under inbox/{channel}/ in the workspace.")
-# Count a person's file for today and refuse it past the cap, in one step (parallel updates cannot pass it).
-# KEYS: the identity's counter for today. ARGV: the cap, the key's lifetime in seconds.
-TAKE_UPLOAD = lua("gateway.channels.worker.take_upload", """
-local n = redis.call('incr', KEYS[1])
-if n == 1 then redis.call('expire', KEYS[1], ARGV[2]) end
-if n > tonumber(ARGV[1]) then redis.call('decr', KEYS[1]) return 0 end
-return 1
-""")
 HELP = ("Talk to me as you would to a person. /new starts a fresh conversation, /stop stops what I am doing.")
 
 
@@ -102,7 +88,6 @@ class ChannelWorker:
                  workspaces: Workspaces, instance_id: str, heartbeat_s: float = 3.0) -> None:
         self.bus, self.platform, self.settings = bus, platform, settings
         self.workspaces, self.instance_id, self.heartbeat_s = workspaces, instance_id, heartbeat_s
-        self._take_upload = bus.redis.register_script(TAKE_UPLOAD)
         self.name = platform.name
         self.inbox = ReplyInbox(bus, instance_id)
         self.sessions = SessionStore(bus.redis, bus.keys, batcher=bus.batcher)
@@ -115,6 +100,7 @@ class ChannelWorker:
         self.progress = Progress()
         self.counts = self.progress.counts
         self.questions = ChatQuestions(bus, self.name, self.turns, platform, self.surface, self._say)
+        self.files = ChatFiles(bus, platform, settings, workspaces, self._say)
 
     # --- the process ---
 
@@ -287,17 +273,17 @@ class ChannelWorker:
             if ran is None:
                 return
             answer = ran
-        answer, files = _attachments(answer)
+        answer, files = attachments(answer)
         await reply.finish(answer)
         for path in files:
-            await self._send_file(identity, update.chat, path)
+            await self.files.send(identity, update.chat, path)
         await delivery.note(done="1")
         self.counts["out"] += 1
 
     async def _run_turn(self, identity: Identity, session: str, update: ChannelUpdate, text: str,
                         reply: StreamedReply, delivery: Delivery, admitted: Callable[[], None]) -> str | None:
         # A person's files are fetched only once their turn is admitted (a sender past a limit costs nothing).
-        files = partial(self._save_files, identity, update) if update.files else None
+        files = partial(self.files.save, identity, update) if update.files else None
         try:
             turn = await self.turns.start(identity, session, agent_id=self.settings.agent, text=text,
                                           instructions=INSTRUCTIONS.format(platform=self.name.title(),
@@ -376,69 +362,6 @@ class ChannelWorker:
             with contextlib.suppress(PlatformRefused):
                 await self.surface.edit(update.chat, update.platform_message,
                                         self.surface.render(f"{said} ({who})")[0])
-
-    async def _save_files(self, identity: Identity, update: ChannelUpdate) -> str:
-        """The person's files, in their own workspace under inbox/<channel>/; what to tell the agent of them.
-
-        Written through the workspace boundary (a new file each, 0600, never through a link planted at its
-        name by a sandboxed command), after the per-person daily cap is taken for each."""
-        workspace = self.workspaces.of(identity.name)
-        folder, notes = f"inbox/{self.name}", []
-        for file in update.files:
-            shown = file.name or "a file"
-            if not await self._may_upload(identity):
-                notes.append(f"[The person sent {shown}, but it was not saved: they have sent "
-                             f"{self.settings.max_files_per_day} files today (channels.{self.name}.max_files_per_day)]")
-                continue
-            try:
-                data = await patiently(partial(self.platform.fetch_file, file, self.settings.max_file_bytes),
-                                       what="fetch a file")
-            except (PlatformRefused, PlatformAway) as exc:
-                notes.append(f"[The person sent {shown}, but it was not saved: {exc}]")
-                continue
-            name = SAFE_NAME.sub("_", Path(file.name).name).strip("._") or "file"
-            try:
-                path = await asyncio.to_thread(_write_new, workspace, folder, name, data)
-            except (PathRefused, OSError) as exc:
-                log.warning("%s: a file was not saved %s", self.name, kv(user=update.user, error=str(exc)))
-                notes.append(f"[The person sent {shown}, but it was not saved: {getattr(exc, 'message', exc)}]")
-                continue
-            notes.append(f"[The person sent a file, saved in the workspace at {path} ({len(data)} bytes)]")
-        return "\n".join(notes)
-
-    async def _may_upload(self, identity: Identity) -> bool:
-        day = int(time.time() // 86_400)
-        taken = await self._take_upload(keys=[self.bus.keys.upload_quota(identity.name, day)],
-                                        args=[self.settings.max_files_per_day, 2 * 86_400])
-        return bool(int(taken))
-
-    async def _send_file(self, identity: Identity, chat: str, relative: str) -> None:
-        """A file of the person's own workspace, read from the descriptor that was checked (no link followed)."""
-        workspace = self.workspaces.of(identity.name)
-        try:
-            data = await asyncio.to_thread(workspace.read_bytes, relative.strip(), limit=self.settings.max_file_bytes)
-        except PathRefused as exc:
-            problem = exc.message
-            if exc.code is ErrorCode.RESOURCE_EXHAUSTED:
-                problem += f" (channels.{self.name}.max_file_bytes)"
-            await self._say(chat, f"(could not send {relative}: {problem})")
-            return
-        name = PurePosixPath(relative.strip()).name
-        await patiently(lambda: self.platform.send_file(chat, name, data), what="send a file")
-
-
-def _attachments(answer: str) -> tuple[str, list[str]]:
-    files = [m.group(1).strip() for m in ATTACH.finditer(answer)]
-    return (ATTACH.sub("", answer).strip() if files else answer), files
-
-
-def _write_new(workspace: Workspace, folder: str, name: str, data: bytes) -> str:
-    with workspace.create_new(folder, name) as (path, fd):
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    return path
-
 
 async def _awaited(task: asyncio.Task[None]) -> None:
     """The poller ends within a poll of ``stop``; waited for, then cancelled if it lingers."""
