@@ -117,7 +117,6 @@ class Matrix:
             await self.keys.exchange()
 
     async def close(self) -> None:
-        await self.keys.close()
         with contextlib.suppress(Exception):
             await self.client.close()
 

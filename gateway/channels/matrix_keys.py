@@ -112,16 +112,6 @@ class DeviceKeys:
             except RedisAway as exc:  # Redis away: the lease is retaken when it is back
                 log.warning("Matrix: device lease not renewed (%s)", exc)
 
-    async def close(self) -> None:
-        """Stop renewing the device lease and give it back: the next process holds the keys at once."""
-        if self.holding is not None:
-            self.holding.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.holding
-        if self.lease is not None:  # released only if still ours (compare and delete)
-            with contextlib.suppress(RedisAway):
-                await self.lease.release()
-
     async def exchange(self) -> None:
         """What nio learnt it owes after a sync: its keys uploaded, others' fetched, room keys sent."""
         client = self.client
