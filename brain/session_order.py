@@ -111,8 +111,8 @@ class SessionOrder:
         try:
             yield lease
         except RedisAway:
-            # Redis went away mid-turn: the message stays pending and its redelivery resumes the turn,
-            # so the session is freed for it but not counted done (its later messages keep waiting).
+            # Redis went away mid-turn: the consumer runs the message again once Redis is back, resuming the
+            # turn, so the session is freed for it but not counted done (its later messages keep waiting).
             await finish(renewing, stop, grace_s=5)
             with contextlib.suppress(RedisAway):
                 await self._run(RELEASE, keys, (owner, 0))

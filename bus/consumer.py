@@ -34,9 +34,10 @@ log = logging.getLogger("bus")
 
 WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # then every 2 s while running; ~10 s once stopping
 
-# A handler cut off this many times in a row while Redis took the very next write each time meets
-# no outage (say, its own socket fails): its entry goes back to the reaper, which counts deliveries.
+# A handler cut off from Redis this many times in a row while Redis took the very next write each
+# time meets no outage: its entry goes back to the reaper, which counts deliveries.
 QUICK_CUTOFFS = 3
+REDIS_AWAY = (redis_errors.ConnectionError, redis_errors.TimeoutError)  # RedisAway, and fakeredis's own
 
 # How many times the entry being handled has been delivered (2+ means another
 # consumer, or an earlier life of this one, took it and never acknowledged it).
@@ -329,7 +330,7 @@ class GroupConsumer:
                     if not isinstance(exc, Moved):
                         log.info("handed over %s: %s", kv(stream=stream, entry=entry_id), exc)
                     return
-                except CONNECTION_ERRORS as exc:
+                except REDIS_AWAY as exc:
                     # Not the message's fault, so not a delivery: it stays held here (the reaper renews it, so
                     # nobody claims it and max_deliveries counts only workers that died) and runs again once
                     # Redis takes writes (a failover's replica may take a while to confirm them).
@@ -339,10 +340,18 @@ class GroupConsumer:
                     if waited is None:
                         return  # stopping: left pending, for whoever runs next
                     quick = 0 if waited else quick + 1
-                    if quick >= QUICK_CUTOFFS:  # the handler's own socket fails, not Redis: a delivery after all
+                    if quick >= QUICK_CUTOFFS:  # the handler's own Redis calls fail, not Redis: a delivery after all
                         log.error("handler cut off %d times while Redis took writes %s; left for the reaper",
                                   quick, kv(stream=stream, entry=entry_id))
                         return
+                    if not await self._still_mine(stream, entry_id):
+                        log.info("taken over while Redis was away %s", kv(stream=stream, entry=entry_id))
+                        return
+                    delivery.set(max(delivery.get(), 2))  # a second run: the handler treats it as a repeat
+                except CONNECTION_ERRORS as exc:  # the handler's own socket, not Redis: pending, for the reaper
+                    log.warning("handler cut off %s (%s); left pending for the reaper",
+                                kv(stream=stream, entry=entry_id), exc)
+                    return
                 except Exception as exc:  # a handler bug must not lose the message or kill the loop
                     log.exception("handler failed %s", kv(stream=stream, entry=entry_id, type=message.type))
                     await dead_letter(
@@ -361,14 +370,27 @@ class GroupConsumer:
         """Wait until a write goes through (with its WAIT, under redis.min_replicas): whether that took
         more than one try, or None once stopping."""
         attempt = 0
-        while not self.stopping:
+        while not self.halting:
             try:
                 await self.bus.batcher.run(lambda pipe: pipe.ping())
                 return attempt > 0
-            except CONNECTION_ERRORS:
+            except (*CONNECTION_ERRORS, redis_errors.RedisError):  # a refusal too (READONLY mid-failover)
                 await asyncio.sleep(WRITE_RETRY_DELAYS[min(attempt, len(WRITE_RETRY_DELAYS) - 1)])
                 attempt += 1
         return None
+
+    async def _still_mine(self, stream: str, entry_id: str) -> bool:
+        """Whether the entry is still pending to us (a reaper that saw no outage may have taken it over)."""
+        try:
+            rows = await self.bus.redis.xpending_range(stream, self.group, min=entry_id, max=entry_id, count=1)
+        except (*CONNECTION_ERRORS, redis_errors.RedisError):
+            return True  # away again: the run meets it too, and waits once more
+        return bool(rows) and rows[0]["consumer"] in (self.consumer, self.consumer.encode())
+
+    @property
+    def halting(self) -> bool:
+        """Stopping, or asked to: a stop must not wait on work held through an outage."""
+        return self.stopping or (self._stop is not None and self._stop.is_set())
 
     def _reply_and_ack(self, stream: str, entry_id: str, fields: dict[bytes, bytes], replies: Sequence[Reply],
                        aside: bool) -> None:
@@ -387,7 +409,7 @@ class GroupConsumer:
         """A round came back from Redis: release its entries, or try again while Redis is away."""
         # While running, answers are retried until Redis takes them: the entries stay held (renewed, never
         # claimed or counted); a stopping consumer gives up after ~10 s and leaves them pending.
-        if isinstance(outcome, CONNECTION_ERRORS) and (answers.attempt < len(WRITE_RETRY_DELAYS) or not self.stopping):
+        if isinstance(outcome, CONNECTION_ERRORS) and (answers.attempt < len(WRITE_RETRY_DELAYS) or not self.halting):
             if answers.attempt == 0:
                 log.warning("Redis away while answering %d entr%s; retrying", len(answers.entries),
                             "y" if len(answers.entries) == 1 else "ies")

@@ -129,7 +129,7 @@ async def test_a_handler_cut_off_from_redis_runs_again_in_place_as_the_same_deli
     stop, task = await _run(consumer)
     try:
         await async_wait_until(lambda: len(tries) == 2, what="the second run")
-        assert tries == [1, 1]  # held and run again here: no takeover, no delivery counted
+        assert tries == [1, 2]  # held and run again here, as a repeat: no takeover, no delivery counted
         await nothing_pending(fake_bus, stream, "g")
         assert await fake_bus.redis.xlen(fake_bus.keys.dead) == 0 and not consumer.holding[stream]
     finally:
@@ -144,18 +144,84 @@ async def test_a_handler_cut_off_while_redis_takes_writes_goes_back_to_the_reape
 
     async def handler(message, _stream):
         tries.append(delivery.get())
-        raise ConnectionRefusedError("its own socket, not Redis")  # an OSError, yet Redis is up
+        raise redis_errors.ConnectionError("its own connection, not Redis")  # yet Redis takes writes
 
     consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler, block_ms=50)
     stop, task = await _run(consumer)
     try:
         await async_wait_until(lambda: not consumer.holding.get(stream) and tries, what="the entry let go")
-        assert tries == [1] * QUICK_CUTOFFS  # not run in place for ever
+        assert tries == [1] + [2] * (QUICK_CUTOFFS - 1)  # not run in place for ever
         pending = await fake_bus.redis.xpending(stream, "g")
         assert pending["pending"] == 1  # left for the reaper, which counts it as a delivery
     finally:
         stop.set()
         await task
+
+
+async def test_a_handler_whose_own_socket_fails_leaves_its_entry_for_the_reaper_at_once(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    await fake_bus.publish(stream, _execute(1))
+    tries: list[int] = []
+
+    async def handler(message, _stream):
+        tries.append(delivery.get())
+        raise ConnectionRefusedError("a service of its own, not Redis")  # an OSError: no rerun in place
+
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler, block_ms=50)
+    stop, task = await _run(consumer)
+    try:
+        await async_wait_until(lambda: tries and not consumer.holding.get(stream), what="the entry let go")
+        assert tries == [1] and (await fake_bus.redis.xpending(stream, "g"))["pending"] == 1
+    finally:
+        stop.set()
+        await task
+
+
+async def test_an_entry_taken_over_during_the_outage_is_not_run_again_here(fake_bus: Bus) -> None:
+    stream = fake_bus.keys.hands_requests
+    entry_id = await fake_bus.publish(stream, _execute(1))
+    tries: list[int] = []
+
+    async def handler(message, _stream):
+        tries.append(delivery.get())
+        if len(tries) == 1:  # meanwhile a reaper that saw no outage gave it to w2
+            await fake_bus.redis.xclaim(stream, "g", "w2", min_idle_time=0, message_ids=[entry_id], justid=True)
+            raise redis_errors.ConnectionError("Connection closed by server.")
+        return []
+
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler, block_ms=50)
+    stop, task = await _run(consumer)
+    try:
+        await async_wait_until(lambda: tries and not consumer.holding.get(stream), what="the entry let go")
+        assert tries == [1]  # w2 runs and answers it, not w1 as well
+        (row,) = await fake_bus.redis.xpending_range(stream, "g", min="-", max="+", count=10)
+        assert row["consumer"] == b"w2"
+    finally:
+        stop.set()
+        await task
+
+
+async def test_a_stop_during_an_outage_does_not_wait_for_redis(
+        fake_bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = fake_bus.keys.hands_requests
+    await fake_bus.publish(stream, _execute(1))
+    tries: list[int] = []
+
+    async def handler(message, _stream):
+        tries.append(delivery.get())
+        raise redis_errors.ConnectionError("Connection closed by server.")
+
+    async def away(*_args, **_kwargs):
+        raise redis_errors.ConnectionError("Error 111 connecting. Connection refused.")
+
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", handler=handler, block_ms=50,
+                             concurrency=1)  # its one slot is held through the outage
+    monkeypatch.setattr(fake_bus.batcher, "run", away)  # no write goes through
+    stop, task = await _run(consumer)
+    await async_wait_until(lambda: tries, what="the handler cut off")
+    stop.set()
+    await asyncio.wait_for(task, 30)  # ends: the held entry stays pending for whoever runs next
+    assert tries == [1] and (await fake_bus.redis.xpending(stream, "g"))["pending"] == 1
 
 
 async def test_a_read_that_fails_unexpectedly_is_logged_and_the_loop_reads_on(
