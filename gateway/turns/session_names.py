@@ -25,7 +25,7 @@ ALL_OWNERS = "*"
 
 
 def check_session_name(name: str) -> None:
-    if not isinstance(name, str) or not re.match(SESSION_ID, name):
+    if not isinstance(name, str) or not re.fullmatch(SESSION_ID, name):
         raise Refused(ErrorCode.BAD_REQUEST, "session ids are 1-128 characters: letters, digits and _ . : - "
                       "(starting with a letter or digit)")
 
@@ -37,7 +37,7 @@ def owner_meant(identity: Identity, asked: str | None, doing: str) -> str:
         return identity.name
     if not identity.operator:
         raise Refused(ErrorCode.FORBIDDEN, f"only an operator token may {doing}; leave out `owner` to use your own")
-    if not re.match(OWNER_NAME, asked):
+    if not re.fullmatch(OWNER_NAME, asked):
         raise Refused(ErrorCode.BAD_REQUEST, f"owner {asked[:64]!r} is not an identity's name")
     return asked
 

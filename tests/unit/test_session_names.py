@@ -35,7 +35,7 @@ def test_a_chat_token_never_names_another_owner(owner: str) -> None:
 def test_an_operator_names_another_owner_on_purpose() -> None:
     assert qualify(OPS, "main", "alice") == "alice/main"
     assert qualify(OPS, "chat-7", "telegram:42") == "telegram:42/chat-7"
-    for bad_owner in ("../x", "a/b", " ", "x" * 200, "*"):
+    for bad_owner in ("../x", "a/b", " ", "x" * 200, "*", "alice\n"):  # `$` alone would pass the newline
         with pytest.raises(Refused) as refused:
             qualify(OPS, "main", bad_owner)
         assert refused.value.code == ErrorCode.BAD_REQUEST
@@ -62,7 +62,7 @@ def test_one_owner_check_for_acting_and_listing() -> None:
         assert refused.value.code == code, (identity, query)
 
 
-@pytest.mark.parametrize("name", ["", "a/b", "../etc", "x" * 129, "-lead", "sp ace", "ümlaut"])
+@pytest.mark.parametrize("name", ["", "a/b", "../etc", "x" * 129, "-lead", "sp ace", "ümlaut", "main\n"])
 def test_a_bad_name_is_refused_for_everyone(name: str) -> None:
     for identity in (ALICE, OPS):
         with pytest.raises(Refused) as refused:
