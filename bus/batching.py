@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from bus.outcome import Done, failure, log_failure
-from bus.redis_client import HeldConnection
+from bus.redis_client import HeldConnection, NotReplicated
 
 log = logging.getLogger("bus.batching")
 
@@ -99,8 +99,10 @@ class Batcher:
             results = await self._write(pipe)
         except BaseException as exc:  # connection lost: every caller hears it
             error = exc if isinstance(exc, Exception) else ConnectionError("cancelled")
-            for _, target in batch:
-                _settle(target, error)
+            start = 0
+            for (_, target), size in zip(batch, sizes, strict=True):  # unconfirmed: each with its own results
+                _settle(target, error.part(start, size) if isinstance(error, NotReplicated) else error)
+                start += size
             if not isinstance(exc, Exception):
                 raise
             return

@@ -24,9 +24,9 @@ from bus.answers import Answers, Reply, dead_letter, dead_letter_build
 from bus.codec import MalformedMessage, decode
 from bus.errors import PincerError
 from bus.log import kv
-from bus.loops import let_started_work_run, sleep_or_stop
+from bus.loops import Background, let_started_work_run, sleep_or_stop
 from bus.protocol import Message
-from bus.redis_client import HeldConnection
+from bus.redis_client import HeldConnection, NotReplicated
 from bus.slots import Slots
 from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
 
@@ -38,6 +38,7 @@ WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # then every 2 s while 
 # time meets no outage: its entry goes back to the reaper, which counts deliveries.
 QUICK_CUTOFFS = 3
 REDIS_AWAY = (redis_errors.ConnectionError, redis_errors.TimeoutError)  # RedisAway, and fakeredis's own
+NOT_THROUGH = (*CONNECTION_ERRORS, redis_errors.RedisError)  # away, or refused (READONLY mid-failover)
 
 # How many times the entry being handled has been delivered (2+ means another
 # consumer, or an earlier life of this one, took it and never acknowledged it).
@@ -99,6 +100,7 @@ class GroupConsumer:
         self._writing = 0  # entries handled whose replies and ack are not yet in Redis
         self._answers: Answers | None = None  # the round of answers still open to more
         self._all_written: asyncio.Future[None] | None = None  # drain waits on it
+        self._confirming = Background()  # rounds applied but not yet confirmed by replicas (_confirm)
 
     @property
     def in_flight(self) -> int:
@@ -274,7 +276,7 @@ class GroupConsumer:
 
     async def _read_once(self, reader: HeldConnection, cursor: dict[str, str], stop: asyncio.Event,
                          room: int | None = None, *, block: bool = True) -> dict[str, str]:
-        free = await self._slots.free_soon()  # read only when there is room to run what we read
+        free = await self._slots.free_soon(stop)  # read only when there is room to run what we read
         if stop.is_set():
             return cursor
         count = min(self.batch, free, max(room, 1) if room is not None else self.batch)
@@ -370,11 +372,11 @@ class GroupConsumer:
         """Wait until a write goes through (with its WAIT, under redis.min_replicas): whether that took
         more than one try, or None once stopping."""
         attempt = 0
-        while not self.halting:
+        while not self.stopping:
             try:
                 await self.bus.batcher.run(lambda pipe: pipe.ping())
                 return attempt > 0
-            except (*CONNECTION_ERRORS, redis_errors.RedisError):  # a refusal too (READONLY mid-failover)
+            except NOT_THROUGH:
                 await asyncio.sleep(WRITE_RETRY_DELAYS[min(attempt, len(WRITE_RETRY_DELAYS) - 1)])
                 attempt += 1
         return None
@@ -382,15 +384,10 @@ class GroupConsumer:
     async def _still_mine(self, stream: str, entry_id: str) -> bool:
         """Whether the entry is still pending to us (a reaper that saw no outage may have taken it over)."""
         try:
-            rows = await self.bus.redis.xpending_range(stream, self.group, min=entry_id, max=entry_id, count=1)
-        except (*CONNECTION_ERRORS, redis_errors.RedisError):
+            held = await self.bus.pending_to(stream, self.group, entry_id)
+        except NOT_THROUGH:
             return True  # away again: the run meets it too, and waits once more
-        return bool(rows) and rows[0]["consumer"] in (self.consumer, self.consumer.encode())
-
-    @property
-    def halting(self) -> bool:
-        """Stopping, or asked to: a stop must not wait on work held through an outage."""
-        return self.stopping or (self._stop is not None and self._stop.is_set())
+        return held is not None and held[0] == self.consumer
 
     def _reply_and_ack(self, stream: str, entry_id: str, fields: dict[bytes, bytes], replies: Sequence[Reply],
                        aside: bool) -> None:
@@ -407,9 +404,12 @@ class GroupConsumer:
 
     def _written(self, answers: Answers, outcome: list[Any] | Exception) -> None:
         """A round came back from Redis: release its entries, or try again while Redis is away."""
+        if isinstance(outcome, NotReplicated) and outcome.applied is not None:
+            self._confirming.start(self._confirm(answers, outcome.applied))
+            return
         # While running, answers are retried until Redis takes them: the entries stay held (renewed, never
         # claimed or counted); a stopping consumer gives up after ~10 s and leaves them pending.
-        if isinstance(outcome, CONNECTION_ERRORS) and (answers.attempt < len(WRITE_RETRY_DELAYS) or not self.halting):
+        if isinstance(outcome, CONNECTION_ERRORS) and (answers.attempt < len(WRITE_RETRY_DELAYS) or not self.stopping):
             if answers.attempt == 0:
                 log.warning("Redis away while answering %d entr%s; retrying", len(answers.entries),
                             "y" if len(answers.entries) == 1 else "ies")
@@ -431,6 +431,26 @@ class GroupConsumer:
             self._release(stream, entry_id, aside)
         if not self._writing and self._all_written is not None and not self._all_written.done():
             self._all_written.set_result(None)
+
+    async def _confirm(self, answers: Answers, applied: list[Any]) -> None:
+        """A round the primary applied but too few replicas confirmed in time: once writes are confirmed
+        again it counts as written, unless a failover lost it (then it is sent again). Sending it again
+        at once would add its replies a second time on the primary that has them."""
+        stream, entry_id = answers.entries[0][:2]  # one transaction: every entry of it or none was applied
+        while True:
+            await self._writes_go_through()  # None once stopping: then it stands as the primary answered
+            try:
+                held = await self.bus.pending_to(stream, self.group, entry_id)
+            except NOT_THROUGH:
+                if not self.stopping:
+                    continue
+                held = None
+            break
+        if held is not None and held[0] == self.consumer:
+            log.warning("a round of answers lost in a failover; sending it again %s", kv(stream=stream, entry=entry_id))
+            answers.again().send()
+        else:
+            self._written(answers, applied)
 
     def _release(self, stream: str, entry_id: str, aside: bool) -> None:
         """The entry is answered (or left to the reaper): its slot goes to the next one."""

@@ -3,7 +3,9 @@
 Each consumer runs one. Every ``reap_interval_s`` it
 1. renews the lease on what it is handling itself (``XCLAIM … 0 … JUSTID``
    resets the idle time without counting a delivery), so only a consumer
-   that stopped renewing (a dead one) lets its entries go idle. A consumer
+   that stopped renewing (a dead one) lets its entries go idle. Only what is
+   still pending to it: one another consumer took over meanwhile (this one
+   was too slow to renew) stays with the taker, and is no longer renewed here. A consumer
    whose handler met Redis away keeps the entry and runs it again itself
    (``GroupConsumer._handle``): an outage is not a delivery.
 Then one consumer of the pool per interval (the one that sets the stream's
@@ -58,6 +60,22 @@ return -1
 """)
 
 
+# KEYS: stream. ARGV: group, consumer, entry ids. Renews those still pending to the consumer; returns
+# those pending to another (one no longer pending is being acknowledged: nothing to renew).
+RENEW_OWN = lua("bus.reaper.renew_own", """
+local taken = {}
+for i = 3, #ARGV do
+  local row = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)[1]
+  if row and row[2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+  elseif row then
+    taken[#taken + 1] = ARGV[i]
+  end
+end
+return taken
+""")
+
+
 class Reaper:
     def __init__(self, bus: Bus, consumer: GroupConsumer, settings: RedisSettings,
                  *, on_poison: OnPoison | None = None) -> None:
@@ -65,6 +83,7 @@ class Reaper:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._forget = bus.redis.register_script(FORGET_CONSUMER)
+        self._renew_own = bus.redis.register_script(RENEW_OWN)
         self._away = False  # the last pass found Redis away
         self._claims_from = 0.0  # monotonic: no taking over before this (Redis was away until lately)
 
@@ -113,10 +132,14 @@ class Reaper:
                 log.info("forgot consumer %s", kv(stream=stream, consumer=name))
 
     async def _renew(self, stream: str) -> None:
-        mine = sorted(self.consumer.holding.get(stream, ()))
-        if mine:
-            await self.bus.redis.xclaim(stream, self.consumer.group, self.consumer.consumer, min_idle_time=0,
-                                        message_ids=list[Any](mine), justid=True)
+        held = self.consumer.holding.get(stream, set())
+        if not held:
+            return
+        taken = await self._renew_own(keys=[stream], args=[self.consumer.group, self.consumer.consumer, *sorted(held)])
+        for raw in taken:  # we were too slow to renew it: the taker runs it; our handler's run is not stopped
+            entry_id = raw.decode() if isinstance(raw, bytes) else raw
+            held.discard(entry_id)  # nor handed back on a drain
+            log.warning("taken over while still running here %s", kv(stream=stream, entry=entry_id))
 
     async def _claim(self, stream: str) -> None:
         idle_ms, cursor = int(self.settings.claim_idle_s * 1000), "0-0"
@@ -135,9 +158,8 @@ class Reaper:
             entry_id = raw_id.decode()
             if entry_id in self.consumer.holding.get(stream, ()):
                 continue  # ours, and still being handled
-            pending = await self.bus.redis.xpending_range(stream, self.consumer.group, min=entry_id, max=entry_id,
-                                                          count=1)
-            times = int(pending[0]["times_delivered"]) if pending else 2
+            held = await self.bus.pending_to(stream, self.consumer.group, entry_id)
+            times = held[1] if held is not None else 2
             log.warning("took over %s", kv(stream=stream, entry=entry_id, deliveries=times))
             if times > self.settings.max_deliveries:
                 await self._poison(stream, entry_id, fields, times)

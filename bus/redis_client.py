@@ -242,7 +242,17 @@ def _closed_by_server(connection: AbstractConnection) -> bool:
 
 class NotReplicated(RedisAway):
     """Fewer replicas than ``redis.min_replicas`` confirmed a write within its timeout: it does not
-    count as sent (a failover now could lose it), so it fails as a lost connection does."""
+    count as sent (a failover now could lose it), so it fails as a lost connection does. Yet the
+    primary applied it: ``applied`` holds each command's result there, for a caller that would
+    rather wait for the replicas than send it again (and write it twice)."""
+
+    def __init__(self, message: str, applied: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.applied = applied
+
+    def part(self, start: int, size: int) -> NotReplicated:
+        """The same failure, with the results of ``size`` commands from ``start`` (one caller's share)."""
+        return NotReplicated(str(self), None if self.applied is None else self.applied[start:start + size])
 
 
 class HeldConnection:
@@ -304,19 +314,19 @@ class HeldConnection:
             if isinstance(exc, CONNECTION_ERRORS):
                 raise away(exc) from exc
             raise
-        if replicas is not None:
-            confirmed = replies.pop()
-            if not isinstance(confirmed, int) or confirmed < replicas[0]:
-                raise NotReplicated(f"{confirmed} of the {replicas[0]} replicas redis.min_replicas asks for confirmed "
-                                    f"the write within {replicas[1]} ms")
+        confirmed = replies.pop() if replicas is not None else None
         if transaction:
             applied = replies[-1]
             if not isinstance(applied, list):  # EXECABORT: the refusal is among the QUEUED replies
                 raise next((r for r in replies if isinstance(r, ResponseError)),
                            RedisRefused(f"transaction not applied: {applied!r}"))
             replies = applied
-        return [self._parsed(args[0], reply, options)
-                for (args, options), reply in zip(commands, replies, strict=True)]
+        results = [self._parsed(args[0], reply, options)
+                   for (args, options), reply in zip(commands, replies, strict=True)]
+        if replicas is not None and (not isinstance(confirmed, int) or confirmed < replicas[0]):
+            raise NotReplicated(f"{confirmed} of the {replicas[0]} replicas redis.min_replicas asks for confirmed "
+                                f"the write within {replicas[1]} ms", results)
+        return results
 
     def _parsed(self, command: str | bytes, reply: Any, options: dict[str, Any]) -> Any:
         """A reply as ``Redis.parse_response`` (or a transaction pipeline) would give it: redis-py's

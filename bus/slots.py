@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
+from collections.abc import Coroutine
+from typing import Any
 
 
 class Slots:
@@ -43,9 +46,29 @@ class Slots:
                 return
         self.free += 1
 
-    async def free_soon(self) -> int:
-        """How many slots are free, once at least one is."""
-        await self.take()
+    async def free_soon(self, stop: asyncio.Event | None = None) -> int:
+        """How many slots are free, once at least one is; 0 if ``stop`` is set first (a stop must not
+        wait for work held through an outage to let a slot go)."""
+        if not self.take_now():
+            if stop is None:
+                await self.take()
+            elif not await _first(self.take(), stop):
+                return 0
         free = self.free + 1
         self.give()
         return free
+
+
+async def _first(taking: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Whether ``taking`` (a slot) ended before ``stop`` was set; a slot taken as it lost is given back
+    (``take``'s own cancellation does that)."""
+    took = asyncio.ensure_future(taking)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({took, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if took.done():
+        return True
+    took.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await took
+    return False

@@ -123,6 +123,14 @@ class Bus:
             if "BUSYGROUP" not in str(exc):
                 raise
 
+    async def pending_to(self, stream: str, group: str, entry_id: str) -> tuple[str, int] | None:
+        """Which consumer holds a pending entry, and how many times it was delivered; None if it is not pending."""
+        rows = await self.redis.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
+        if not rows:
+            return None
+        name, times = rows[0]["consumer"], int(rows[0]["times_delivered"])
+        return name.decode() if isinstance(name, bytes) else str(name), times
+
     async def close(self) -> None:
         await self.batcher.close()
         await self.redis.aclose()

@@ -177,6 +177,23 @@ async def test_redis_away_mid_handling_is_no_delivery_and_the_entry_runs_again_w
         await worker.close()
 
 
+async def test_an_entry_taken_over_from_a_slow_holder_is_not_taken_back_by_its_renewal(pool_bus: Bus) -> None:
+    """A holder too slow to renew (a stalled process) loses its entry to a takeover: its next renewal must leave
+    it with the taker (an XCLAIM would take it back, and both would run it), and its drain must not hand it back."""
+    bus = dataclasses.replace(pool_bus, settings=pool_bus.settings.model_copy(update={"claim_idle_s": 30.0}))
+    stream = bus.keys.hands_requests
+    entry_id = await bus.publish(stream, message("slow"))
+    slow = await Worker(bus, stream, "slow", delay=60).start()
+    try:
+        await async_wait_until(lambda: slow.seen, what="the slow holder running it")
+        await bus.redis.xclaim(stream, GROUP, "taker", min_idle_time=0, message_ids=[entry_id], justid=True)
+        await async_wait_until(lambda: entry_id not in slow.consumer.holding[stream], what="the holder letting go")
+        assert await bus.pending_to(stream, GROUP, entry_id) == ("taker", 1)
+    finally:
+        await slow.close()
+    assert await bus.pending_to(stream, GROUP, entry_id) == ("taker", 1)
+
+
 async def test_after_a_pass_that_found_redis_away_nothing_is_claimed_for_claim_idle_s(
         pool_bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
     """Live holders could not renew while Redis was away: they get claim_idle_s from when it is back to renew

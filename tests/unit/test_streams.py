@@ -11,6 +11,7 @@ from redis import exceptions as redis_errors
 from bus.codec import decode
 from bus.consumer import QUICK_CUTOFFS, GroupConsumer, delivery
 from bus.protocol import ChatCancel, ToolExecute, ToolsAvailable, ToolsList, now_ms
+from bus.redis_client import NotReplicated
 from bus.replies import ReplyInbox
 from bus.settings import RedisSettings
 from bus.streams import Bus
@@ -395,6 +396,38 @@ async def test_a_reply_written_while_redis_is_away_is_retried_and_its_entry_held
     replies = await fake_bus.redis.xrange("u:reply:b")
     assert [decode(f).session_id for _, f in replies] == ["c1"]  # written once, when Redis answered
     assert consumer._slots.free == 1  # its slot came back exactly once
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["on-the-primary", "lost-in-a-failover"])
+async def test_a_round_too_few_replicas_confirmed_is_written_once(fake_bus: Bus, applied: bool) -> None:
+    """Under redis.min_replicas the primary has applied a round whose WAIT fell short: sending it again at once
+    would add its reply twice. Once writes are confirmed again it stands, or is sent again if a failover lost it."""
+    stream = fake_bus.keys.hands_requests
+    await fake_bus.publish(stream, _execute(1))
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", block_ms=50,
+                             handler=lambda m, _s: _answer(m))
+    sent: list[list[str]] = []
+    write = fake_bus.batcher._write
+
+    async def unconfirmed_once(pipe):
+        sent.append([command[0][0] for command in pipe.command_stack])
+        if len(sent) > 1:
+            return await write(pipe)
+        results = await write(pipe) if applied else [1] * len(pipe.command_stack)
+        raise NotReplicated("0 of the 1 replicas redis.min_replicas asks for confirmed the write", results)
+
+    fake_bus.batcher._write = unconfirmed_once
+    stop, task = await _run(consumer)
+    try:
+        await async_wait_until(lambda: sent and consumer.in_flight == 0, what="the entry released")
+        await nothing_pending(fake_bus, stream, "g")
+        again = [["XADD", "PEXPIRE", "XACK"]] if not applied else []
+        assert sent == [["XADD", "PEXPIRE", "XACK"], ["PING"], *again]
+        replies = await fake_bus.redis.xrange("u:reply:b")
+        assert [decode(f).session_id for _, f in replies] == ["c1"]
+    finally:
+        stop.set()
+        await task
 
 
 def consumer_entry(consumer: GroupConsumer, stream: str) -> str:
