@@ -17,9 +17,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bus.consumer import WRITE_RETRY_DELAYS, HandedOver
+from bus.consumer import HandedOver
 from bus.log import kv
 from bus.loops import every, finish
+from bus.outage import WRITE_RETRY_DELAYS
 from bus.outcome import failure
 from bus.protocol import ChatMessage
 from bus.redis_client import RedisAway

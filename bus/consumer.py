@@ -6,6 +6,7 @@ XACK in one transaction, so no ack lands without its reply (``bus/answers.py``).
 Garbage is acknowledged, logged and copied to the ``dead`` stream; a read that
 fails is retried, so the loop never ends while the process runs. Streams read
 "gated" (``add_gated``) are read by a loop each, only as far as ``room`` allows.
+An entry whose handler met Redis away is held and run again here (``bus/outage.py``).
 """
 
 from __future__ import annotations
@@ -25,20 +26,13 @@ from bus.codec import MalformedMessage, decode
 from bus.errors import PincerError
 from bus.log import kv
 from bus.loops import Background, let_started_work_run, sleep_or_stop
+from bus.outage import REDIS_AWAY, WRITE_RETRY_DELAYS, Outage
 from bus.protocol import Message
 from bus.redis_client import HeldConnection, NotReplicated
 from bus.slots import Slots
 from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
 
 log = logging.getLogger("bus")
-
-WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # then every 2 s while running; ~10 s once stopping
-
-# A handler cut off from Redis this many times in a row while Redis took the very next write each
-# time meets no outage: its entry goes back to the reaper, which counts deliveries.
-QUICK_CUTOFFS = 3
-REDIS_AWAY = (redis_errors.ConnectionError, redis_errors.TimeoutError)  # RedisAway, and fakeredis's own
-NOT_THROUGH = (*CONNECTION_ERRORS, redis_errors.RedisError)  # away, or refused (READONLY mid-failover)
 
 # How many times the entry being handled has been delivered (2+ means another
 # consumer, or an earlier life of this one, took it and never acknowledged it).
@@ -100,7 +94,8 @@ class GroupConsumer:
         self._writing = 0  # entries handled whose replies and ack are not yet in Redis
         self._answers: Answers | None = None  # the round of answers still open to more
         self._all_written: asyncio.Future[None] | None = None  # drain waits on it
-        self._confirming = Background()  # rounds applied but not yet confirmed by replicas (_confirm)
+        self.outage = Outage(bus, group, consumer, lambda: self.stopping)
+        self._confirming = Background()  # rounds the primary applied that replicas have not confirmed
 
     @property
     def in_flight(self) -> int:
@@ -338,17 +333,10 @@ class GroupConsumer:
                     # Redis takes writes (a failover's replica may take a while to confirm them).
                     log.warning("Redis away while handling %s (%s); run again here once Redis takes writes",
                                 kv(stream=stream, entry=entry_id), exc)
-                    waited = await self._writes_go_through()
-                    if waited is None:
-                        return  # stopping: left pending, for whoever runs next
-                    quick = 0 if waited else quick + 1
-                    if quick >= QUICK_CUTOFFS:  # the handler's own Redis calls fail, not Redis: a delivery after all
-                        log.error("handler cut off %d times while Redis took writes %s; left for the reaper",
-                                  quick, kv(stream=stream, entry=entry_id))
+                    again = await self.outage.run_again(stream, entry_id, quick)
+                    if again is None:
                         return
-                    if not await self._still_mine(stream, entry_id):
-                        log.info("taken over while Redis was away %s", kv(stream=stream, entry=entry_id))
-                        return
+                    quick = again
                     delivery.set(max(delivery.get(), 2))  # a second run: the handler treats it as a repeat
                 except CONNECTION_ERRORS as exc:  # the handler's own socket, not Redis: pending, for the reaper
                     log.warning("handler cut off %s (%s); left pending for the reaper",
@@ -368,27 +356,6 @@ class GroupConsumer:
             if not answered:
                 self._release(stream, entry_id, _aside.get())
 
-    async def _writes_go_through(self) -> bool | None:
-        """Wait until a write goes through (with its WAIT, under redis.min_replicas): whether that took
-        more than one try, or None once stopping."""
-        attempt = 0
-        while not self.stopping:
-            try:
-                await self.bus.batcher.run(lambda pipe: pipe.ping())
-                return attempt > 0
-            except NOT_THROUGH:
-                await asyncio.sleep(WRITE_RETRY_DELAYS[min(attempt, len(WRITE_RETRY_DELAYS) - 1)])
-                attempt += 1
-        return None
-
-    async def _still_mine(self, stream: str, entry_id: str) -> bool:
-        """Whether the entry is still pending to us (a reaper that saw no outage may have taken it over)."""
-        try:
-            held = await self.bus.pending_to(stream, self.group, entry_id)
-        except NOT_THROUGH:
-            return True  # away again: the run meets it too, and waits once more
-        return held is not None and held[0] == self.consumer
-
     def _reply_and_ack(self, stream: str, entry_id: str, fields: dict[bytes, bytes], replies: Sequence[Reply],
                        aside: bool) -> None:
         """Queue the replies and the ack for the next write (one transaction: ``Answers``); the
@@ -405,7 +372,7 @@ class GroupConsumer:
     def _written(self, answers: Answers, outcome: list[Any] | Exception) -> None:
         """A round came back from Redis: release its entries, or try again while Redis is away."""
         if isinstance(outcome, NotReplicated) and outcome.applied is not None:
-            self._confirming.start(self._confirm(answers, outcome.applied))
+            self._confirming.start(self._settle_unconfirmed(answers, outcome.applied))
             return
         # While running, answers are retried until Redis takes them: the entries stay held (renewed, never
         # claimed or counted); a stopping consumer gives up after ~10 s and leaves them pending.
@@ -432,25 +399,11 @@ class GroupConsumer:
         if not self._writing and self._all_written is not None and not self._all_written.done():
             self._all_written.set_result(None)
 
-    async def _confirm(self, answers: Answers, applied: list[Any]) -> None:
-        """A round the primary applied but too few replicas confirmed in time: once writes are confirmed
-        again it counts as written, unless a failover lost it (then it is sent again). Sending it again
-        at once would add its replies a second time on the primary that has them."""
-        stream, entry_id = answers.entries[0][:2]  # one transaction: every entry of it or none was applied
-        while True:
-            await self._writes_go_through()  # None once stopping: then it stands as the primary answered
-            try:
-                held = await self.bus.pending_to(stream, self.group, entry_id)
-            except NOT_THROUGH:
-                if not self.stopping:
-                    continue
-                held = None
-            break
-        if held is not None and held[0] == self.consumer:
-            log.warning("a round of answers lost in a failover; sending it again %s", kv(stream=stream, entry=entry_id))
-            answers.again().send()
-        else:
+    async def _settle_unconfirmed(self, answers: Answers, applied: list[Any]) -> None:
+        if await self.outage.confirmed(answers):
             self._written(answers, applied)
+        else:
+            answers.again().send()
 
     def _release(self, stream: str, entry_id: str, aside: bool) -> None:
         """The entry is answered (or left to the reaper): its slot goes to the next one."""

@@ -11,7 +11,8 @@ import pytest
 from redis import exceptions as redis_errors
 
 from bus.codec import decode
-from bus.consumer import QUICK_CUTOFFS, GroupConsumer, delivery
+from bus.consumer import GroupConsumer, delivery
+from bus.outage import QUICK_CUTOFFS
 from bus.presence import Presence
 from bus.protocol import ChatMessage, ChatReply, Message
 from bus.reaper import Reaper, trim_delivered

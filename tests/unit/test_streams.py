@@ -9,7 +9,8 @@ import pytest
 from redis import exceptions as redis_errors
 
 from bus.codec import decode
-from bus.consumer import QUICK_CUTOFFS, GroupConsumer, delivery
+from bus.consumer import GroupConsumer, delivery
+from bus.outage import QUICK_CUTOFFS
 from bus.protocol import ChatCancel, ToolExecute, ToolsAvailable, ToolsList, now_ms
 from bus.redis_client import NotReplicated
 from bus.replies import ReplyInbox
