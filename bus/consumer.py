@@ -94,7 +94,7 @@ class GroupConsumer:
         self._writing = 0  # entries handled whose replies and ack are not yet in Redis
         self._answers: Answers | None = None  # the round of answers still open to more
         self._all_written: asyncio.Future[None] | None = None  # drain waits on it
-        self.outage = Outage(bus, group, consumer, lambda: self.stopping)
+        self.outage = Outage(bus, group, consumer, self._stop_asked)
         self._confirming = Background()  # rounds the primary applied that replicas have not confirmed
 
     @property
@@ -154,6 +154,7 @@ class GroupConsumer:
         if self._gated_loops:  # each ends within one block_ms of stop
             await asyncio.wait(self._gated_loops, timeout=self.block_ms / 1000 + 5)
         await self.drain(self.bus.settings.drain_timeout_s)
+        await self._confirming.finish()  # rounds still waiting for replicas: their entries stay pending
 
     async def burst(self) -> int:
         """Handle every entry there is now (our own pending ones first), wait until their answers are in
@@ -372,11 +373,14 @@ class GroupConsumer:
     def _written(self, answers: Answers, outcome: list[Any] | Exception) -> None:
         """A round came back from Redis: release its entries, or try again while Redis is away."""
         if isinstance(outcome, NotReplicated) and outcome.applied is not None:
-            self._confirming.start(self._settle_unconfirmed(answers, outcome.applied))
-            return
+            if not self._stop_asked():
+                self._confirming.start(self._settle_unconfirmed(answers, outcome.applied))
+                return
+            outcome = outcome.applied  # stopping: it stands as the primary applied it, unconfirmed
         # While running, answers are retried until Redis takes them: the entries stay held (renewed, never
         # claimed or counted); a stopping consumer gives up after ~10 s and leaves them pending.
-        if isinstance(outcome, CONNECTION_ERRORS) and (answers.attempt < len(WRITE_RETRY_DELAYS) or not self.stopping):
+        retrying = answers.attempt < len(WRITE_RETRY_DELAYS) or not self._stop_asked()
+        if isinstance(outcome, CONNECTION_ERRORS) and retrying:
             if answers.attempt == 0:
                 log.warning("Redis away while answering %d entr%s; retrying", len(answers.entries),
                             "y" if len(answers.entries) == 1 else "ies")
@@ -400,10 +404,21 @@ class GroupConsumer:
             self._all_written.set_result(None)
 
     async def _settle_unconfirmed(self, answers: Answers, applied: list[Any]) -> None:
-        if await self.outage.confirmed(answers):
+        try:
+            stands = await self.outage.confirmed(answers)
+        except Exception:  # its entries must be let go whatever happens, or their slots leak
+            log.exception("confirming a round of answers failed; it stands as the primary applied it")
+            stands = True
+        if stands:
             self._written(answers, applied)
-        else:
-            answers.again().send()
+        else:  # paced as the away path is: a round lost again and again is not sent in a tight loop
+            delay = WRITE_RETRY_DELAYS[min(answers.attempt, len(WRITE_RETRY_DELAYS) - 1)]
+            asyncio.get_running_loop().call_later(delay, answers.again().send)
+
+    def _stop_asked(self) -> bool:
+        """Stopping, or asked to while the read loop has not ended yet (it may wait on a slot in dispatch):
+        work held through an outage lets go either way."""
+        return self.stopping or (self._stop is not None and self._stop.is_set())
 
     def _release(self, stream: str, entry_id: str, aside: bool) -> None:
         """The entry is answered (or left to the reaper): its slot goes to the next one."""

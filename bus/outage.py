@@ -82,13 +82,18 @@ class Outage:
         """Whether a round the primary applied stands, once writes are confirmed again: False if a failover
         lost it (its entries are still pending to us), to be sent again."""
         stream, entry_id = answers.entries[0][:2]  # one transaction: every entry of it or none was applied
+        attempt = 0
         while True:
             await self.writes_go_through()  # None once stopping: then it stands as the primary answered
             try:
                 held = await self.bus.pending_to(stream, self.group, entry_id)
-            except NOT_THROUGH:
-                if not self.stopping():
-                    continue
+            except CONNECTION_ERRORS:
+                if self.stopping():
+                    return True
+                await asyncio.sleep(WRITE_RETRY_DELAYS[min(attempt, len(WRITE_RETRY_DELAYS) - 1)])
+                attempt += 1
+                continue
+            except redis_errors.RedisError:  # refused (its group gone with Redis's data): the round's results say
                 return True
             if held is not None and held[0] == self.consumer:
                 log.warning("a round of answers lost in a failover; sending it again %s",

@@ -314,18 +314,29 @@ class HeldConnection:
             if isinstance(exc, CONNECTION_ERRORS):
                 raise away(exc) from exc
             raise
-        confirmed = replies.pop() if replicas is not None else None
+        short = None
+        if replicas is not None:
+            confirmed = replies.pop()
+            if not isinstance(confirmed, int) or confirmed < replicas[0]:
+                short = (f"{confirmed} of the {replicas[0]} replicas redis.min_replicas asks for confirmed the write "
+                         f"within {replicas[1]} ms")
         if transaction:
             applied = replies[-1]
             if not isinstance(applied, list):  # EXECABORT: the refusal is among the QUEUED replies
+                if short:  # a demoted primary refuses writes: nothing applied, and sending again is safe
+                    raise NotReplicated(short)
                 raise next((r for r in replies if isinstance(r, ResponseError)),
                            RedisRefused(f"transaction not applied: {applied!r}"))
             replies = applied
-        results = [self._parsed(args[0], reply, options)
-                   for (args, options), reply in zip(commands, replies, strict=True)]
-        if replicas is not None and (not isinstance(confirmed, int) or confirmed < replicas[0]):
-            raise NotReplicated(f"{confirmed} of the {replicas[0]} replicas redis.min_replicas asks for confirmed "
-                                f"the write within {replicas[1]} ms", results)
+        try:
+            results = [self._parsed(args[0], reply, options)
+                       for (args, options), reply in zip(commands, replies, strict=True)]
+        except Exception:
+            if short:  # unconfirmed all the same: what the primary applied is not known to the caller
+                raise NotReplicated(short) from None
+            raise
+        if short:
+            raise NotReplicated(short, results)
         return results
 
     def _parsed(self, command: str | bytes, reply: Any, options: dict[str, Any]) -> Any:

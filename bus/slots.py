@@ -64,11 +64,12 @@ async def _first(taking: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool
     (``take``'s own cancellation does that)."""
     took = asyncio.ensure_future(taking)
     stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({took, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if took.done():
-        return True
-    took.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await took
-    return False
+    try:
+        await asyncio.wait({took, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        return took.done()
+    finally:  # on losing, and on being cancelled: no slot taken later that nobody gives back
+        stopped.cancel()
+        if not took.done():
+            took.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await took

@@ -8,6 +8,7 @@ import pytest
 from redis.exceptions import ResponseError
 
 from bus.batching import Batcher
+from bus.redis_client import NotReplicated
 from tests.fakes import fake_redis
 
 
@@ -162,3 +163,22 @@ async def test_closing_sends_what_is_still_queued_first(redis, batcher) -> None:
     batcher.send(lambda p: p.rpush("events", "reply"))
     await batcher.close()
     assert await redis.lrange("events", 0, -1) == [b"last delta", b"reply"]
+
+
+async def test_a_write_too_few_replicas_confirmed_gives_each_caller_what_the_primary_applied_of_its_own(
+        redis, batcher) -> None:
+    write = batcher._write
+
+    async def unconfirmed(pipe):
+        raise NotReplicated("0 of the 1 replicas confirmed", await write(pipe))
+
+    batcher._write = unconfirmed
+    outcomes: list[object] = []
+    batcher.send(lambda p: p.set("a", 1), done=outcomes.append)
+    batcher.send(lambda p: (p.incr("n"), p.incr("n")), done=outcomes.append)
+    with pytest.raises(NotReplicated) as awaited:
+        await batcher.run(lambda p: p.get("a"))
+    first, second = outcomes
+    assert isinstance(first, NotReplicated) and first.applied == [True]
+    assert isinstance(second, NotReplicated) and second.applied == [1, 2]
+    assert awaited.value.applied == [b"1"]  # applied on the primary, all the same

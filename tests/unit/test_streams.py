@@ -405,8 +405,12 @@ async def test_a_round_too_few_replicas_confirmed_is_written_once(fake_bus: Bus,
     would add its reply twice. Once writes are confirmed again it stands, or is sent again if a failover lost it."""
     stream = fake_bus.keys.hands_requests
     await fake_bus.publish(stream, _execute(1))
-    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", block_ms=50,
-                             handler=lambda m, _s: _answer(m))
+    async def handler(message, _stream):
+        fake_bus.send("u:events", ChatCancel(session_id="event"))  # another caller of the same write
+        return await _answer(message)
+
+    consumer = GroupConsumer(fake_bus, streams=[stream], group="g", consumer="w1", block_ms=50, concurrency=1,
+                             handler=handler)
     sent: list[list[str]] = []
     write = fake_bus.batcher._write
 
@@ -422,10 +426,11 @@ async def test_a_round_too_few_replicas_confirmed_is_written_once(fake_bus: Bus,
     try:
         await async_wait_until(lambda: sent and consumer.in_flight == 0, what="the entry released")
         await nothing_pending(fake_bus, stream, "g")
-        again = [["XADD", "PEXPIRE", "XACK"]] if not applied else []
-        assert sent == [["XADD", "PEXPIRE", "XACK"], ["PING"], *again]
+        again = [["XADD", "PEXPIRE", "XACK"]] if not applied else []  # the round alone, not the event
+        assert sent == [["XADD", "XADD", "PEXPIRE", "XACK"], ["PING"], *again]
         replies = await fake_bus.redis.xrange("u:reply:b")
         assert [decode(f).session_id for _, f in replies] == ["c1"]
+        assert consumer._slots.free == 1  # its slot came back exactly once
     finally:
         stop.set()
         await task
