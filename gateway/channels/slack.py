@@ -7,10 +7,8 @@ seconds and follows ``disconnect`` messages; the kit's liveness is what arrives 
 answer to a ping), and a connection silent past stall_s is replaced.
 
 Order: Slack retries what a dead connection missed on its own schedule, not in the order it was
-said. So after each connection the replica first reads back each conversation it knows from the
-last message it took (``conversations.history``, ``conversations.replies``) and takes what it
-missed in order; envelopes wait for that, then go in as they arrive. A message is taken once by
-its channel and ``ts``, so Slack's late retry of one already read back is a repeat.
+said. So after each connection the replica first reads back what it missed, in order
+(``slack_catch_up.py``); envelopes wait for that, then go in as they arrive.
 
 Conversations: a direct message is one session; in a channel the bot answers when mentioned,
 in a thread under the message, and the thread is a session (later messages in a thread the bot
@@ -27,7 +25,6 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -42,13 +39,13 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bus.protocol import ChannelFile, ChannelUpdate
-from bus.redis_client import RedisAway
 from bus.streams import Bus
 from gateway.channels.config import SlackSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.markup import fitted, slack_mrkdwn
 from gateway.channels.platform import Hook, Take
 from gateway.channels.reply import Buttons
+from gateway.channels.slack_catch_up import CatchUp, message_id, slack_ts
 
 log = logging.getLogger("gateway.channels.slack")
 
@@ -56,8 +53,6 @@ NAME = "slack"
 LIMIT = 3000  # characters of a section block's text (a message's text alone may be longer; ours stay under)
 THREAD_KEEP_S = 30 * 86_400  # a thread the bot answered in is followed without a mention this long
 TIMEOUT_S = 30
-SEEN_KEEP_S = 30 * 86_400  # a conversation is read back after a reconnection for this long after its last message
-CATCH_UP_CHATS = 20  # the conversations most recently heard in, read back after a reconnection
 CATCH_UP = 200  # messages read back per conversation (pages of 100; Slack's history calls are rate-tiered)
 # Errors that say the call will never work as made (anything unknown counts so too: it is logged).
 AWAY = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout",
@@ -104,6 +99,7 @@ class Slack:
         self._in_order = asyncio.Lock()  # envelopes taken one at a time, in the order they came
         self._behind = False  # a connection was made: what it missed is read back before any envelope
         self._catching_up: asyncio.Task[None] | None = None
+        self.catch_up = CatchUp(bus, bus.keys.channel_thread(NAME, "seen"), self._message, self._said_since)
 
     # --- or the Events API: Slack posts signed requests to events_url ---
 
@@ -208,7 +204,7 @@ class Slack:
             if self._take is None or not await self._take(event_id, update):
                 return  # the bus is away: Slack delivers it again
             if update is not None and request.type == "events_api":
-                await self._mark(request.payload["event"])
+                await self.catch_up.mark(request.payload["event"])
         await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
 
     # --- reading back what a connection missed ---
@@ -219,59 +215,12 @@ class Slack:
         async with self._in_order:
             if self._behind:
                 self._behind = False
-                await self._catch_up()
+                await self.catch_up.read_back(self._take)
             yield
 
     async def _read_back(self) -> None:
         async with self._turn():
             pass
-
-    def _seen_key(self) -> str:
-        return self.bus.keys.channel_thread(NAME, "seen")
-
-    async def _mark(self, event: dict[str, Any]) -> None:
-        """Where to read a conversation back from after a reconnection: its last message taken."""
-        channel, ts = str(event["channel"]), str(event["ts"])
-        thread = str(event.get("thread_ts") or "")
-        conversation = f"{channel}:{thread}" if thread and thread != ts else channel
-        with contextlib.suppress(RedisAway):  # taken already; without the mark only the order is Slack's
-            await self.bus.redis.hset(self._seen_key(), conversation, f"{ts} {event.get('channel_type') or ''}")
-
-    async def _catch_up(self) -> None:
-        """The conversations most recently heard in, each read from its last message taken, in order."""
-        try:
-            marks: dict[bytes, bytes] = await self.bus.redis.hgetall(self._seen_key())  # type: ignore[assignment]
-        except RedisAway as exc:
-            log.warning("Slack: no catching up (Redis away: %s); Slack's own retries follow", exc)
-            return
-        known = []
-        for raw_conversation, raw_mark in marks.items():
-            ts, _, kind = raw_mark.decode().partition(" ")
-            known.append((_ts(ts), raw_conversation.decode(), ts, kind))
-        known.sort(reverse=True)
-        cutoff = Decimal(time.time() - SEEN_KEEP_S)
-        stale = [c for when, c, _, _ in known if when < cutoff]
-        if stale:
-            with contextlib.suppress(RedisAway):
-                await self.bus.redis.hdel(self._seen_key(), *stale)
-        for when, conversation, last, kind in known[:CATCH_UP_CHATS]:
-            if when < cutoff:
-                break
-            channel, _, thread = conversation.partition(":")
-            try:
-                missed = await self._said_since(channel, thread, last)
-            except (PlatformAway, PlatformRefused) as exc:  # a rate limit on one is a rate limit on the next
-                log.warning("Slack: catching up on %s stopped: %s", conversation, exc)
-                return
-            for message in missed:
-                event = {**message, "type": "message", "channel": channel, "channel_type": kind}
-                if event.get("thread_ts") == event["ts"] and event.get("subtype") != "thread_broadcast":
-                    del event["thread_ts"]  # a thread's first message: said at the top, as it arrived live
-                update = await self._message(event)
-                if self._take is None or not await self._take(message_id(channel, str(event["ts"])), update):
-                    return  # the bus is away: Slack's own retries bring these
-                if update is not None:
-                    await self._mark(event)
 
     async def _said_since(self, channel: str, thread: str, last: str) -> list[dict[str, Any]]:
         """The messages after ``last`` in a channel (its top level) or a thread, oldest first."""
@@ -289,9 +238,10 @@ class Slack:
                 cursor = str((page.get("response_metadata") or {}).get("next_cursor") or "")
                 if not page.get("has_more") or not cursor:
                     break
-        after = _ts(last)
-        fresh = {str(m["ts"]): m for m in found if "ts" in m and _ts(str(m["ts"])) > after and m["ts"] != thread}
-        return [fresh[ts] for ts in sorted(fresh, key=_ts)]
+        after = slack_ts(last)
+        fresh = {str(m["ts"]): m for m in found
+                 if "ts" in m and slack_ts(str(m["ts"])) > after and m["ts"] != thread}
+        return [fresh[ts] for ts in sorted(fresh, key=slack_ts)]
 
     async def parse(self, kind: str, payload: dict[str, Any], envelope_id: str) -> tuple[str, ChannelUpdate | None]:
         """An envelope's payload: its id (the same on Slack's redeliveries), and what the kit handles of it."""
@@ -403,19 +353,6 @@ class Slack:
         async with translated("files.upload"):
             await self.web.files_upload_v2(channel=channel, thread_ts=thread or None, content=data,
                                            filename=name, title=name)
-
-
-def message_id(channel: str, ts: str) -> str:
-    """A message's one id, whether it came live, as Slack's retry, or read back from the history."""
-    return f"msg:{channel}:{ts}"
-
-
-def _ts(ts: str) -> Decimal:
-    """Slack's message timestamp ("1712345678.000200") as a number that orders exactly."""
-    try:
-        return Decimal(ts)
-    except InvalidOperation:
-        return Decimal(0)
 
 
 def _blocks(rendered: str, buttons: Buttons) -> list[dict[str, Any]]:

@@ -67,7 +67,7 @@ def live(server: FakeSlack, ts: str) -> dict[str, Any]:
 async def arrive(platform: Slack, inbox: Inbox, payload: dict[str, Any]) -> None:
     event_id, update = await platform.parse("events_api", payload, "env")
     if await inbox.take(event_id, update):
-        await platform._mark(payload["event"])
+        await platform.catch_up.mark(payload["event"])
 
 
 async def test_what_a_connection_missed_is_taken_in_order_and_a_late_retry_is_a_repeat(
@@ -79,7 +79,7 @@ async def test_what_a_connection_missed_is_taken_in_order_and_a_late_retry_is_a_
     server._chat_postMessage({"channel": DM, "text": "echo: before"})  # the bot's own answer is passed over
     missed = [server.say(ALICE, f"during {n}") for n in range(3)]  # the connection is down
     in_thread = server.say(ALICE, "thread 1", thread_ts=before)
-    await platform._catch_up()  # a new connection reads back first
+    await platform.catch_up.read_back(platform._take)  # a new connection reads back first
     for late in (missed[2], missed[0], in_thread):  # then Slack's retries, in its own order: repeats
         await arrive(platform, inbox, live(server, late))
     dm = [u.text for u in inbox.taken if u.chat == DM]
@@ -95,9 +95,9 @@ async def test_read_back_is_in_the_order_said_and_pages_through_a_long_outage(
     await arrive(platform, inbox, live(server, server.say(ALICE, "before")))
     for n in range(150):  # more than one page of history (Slack returns the newest page first)
         server.say(ALICE, f"during {n}")
-    await platform._catch_up()
+    await platform.catch_up.read_back(platform._take)
     assert [u.text for u in inbox.taken] == ["before", *(f"during {n}" for n in range(150))]
-    await platform._catch_up()  # nothing new: nothing taken again
+    await platform.catch_up.read_back(platform._take)  # nothing new: nothing taken again
     assert len(inbox.taken) == 151
     assert any(method == "conversations.history" and params.get("cursor") for method, params in server.calls)
 
@@ -108,7 +108,7 @@ async def test_a_rate_limited_read_back_leaves_the_rest_to_slacks_retries(
     await arrive(platform, inbox, live(server, server.say(ALICE, "before")))
     server.say(ALICE, "during")
     server.fail("conversations.history", status=429, error="ratelimited", retry_after=30)
-    await platform._catch_up()  # logged, not raised: the connection goes on
+    await platform.catch_up.read_back(platform._take)  # logged, not raised: the connection goes on
     assert [u.text for u in inbox.taken] == ["before"]
-    await platform._catch_up()
+    await platform.catch_up.read_back(platform._take)
     assert [u.text for u in inbox.taken] == ["before", "during"]
