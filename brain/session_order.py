@@ -20,7 +20,7 @@ from typing import Any
 from bus.consumer import HandedOver
 from bus.log import kv
 from bus.loops import every, finish
-from bus.outage import WRITE_RETRY_DELAYS
+from bus.outage import WRITE_RETRY_DELAYS, retry_delay
 from bus.outcome import failure
 from bus.protocol import ChatMessage
 from bus.redis_client import RedisAway
@@ -88,7 +88,7 @@ class SessionOrder:
             if error is None:
                 return
             if isinstance(error, RedisAway) and attempt < len(WRITE_RETRY_DELAYS):
-                asyncio.get_running_loop().call_later(WRITE_RETRY_DELAYS[attempt], self._release_soon,
+                asyncio.get_running_loop().call_later(retry_delay(attempt), self._release_soon,
                                                       keys, owner, seq, attempt + 1)
                 return
             log.warning("session not given back; its lease lapses %s: %s",

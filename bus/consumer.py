@@ -2,7 +2,7 @@
 
 It reads its own pending entries first, then new ones, runs a handler per
 message within a concurrency limit, and writes the handler's replies and the
-XACK in one transaction, so no ack lands without its reply (``bus/answers.py``).
+XACK in one transaction, so no ack lands without its reply (``bus/answer_writer.py``).
 Garbage is acknowledged, logged and copied to the ``dead`` stream; a read that
 fails is retried, so the loop never ends while the process runs. Streams read
 "gated" (``add_gated``) are read by a loop each, only as far as ``room`` allows.
@@ -21,14 +21,15 @@ from typing import Any
 from redis import exceptions as redis_errors
 
 from bus import trace
-from bus.answers import Answers, Reply, dead_letter, dead_letter_build
+from bus.answer_writer import AnswerWriter
+from bus.answers import Reply, dead_letter
 from bus.codec import MalformedMessage, decode
 from bus.errors import PincerError
 from bus.log import kv
-from bus.loops import Background, let_started_work_run, sleep_or_stop
-from bus.outage import REDIS_AWAY, WRITE_RETRY_DELAYS, Outage
+from bus.loops import let_started_work_run, sleep_or_stop
+from bus.outage import REDIS_AWAY, Outage
 from bus.protocol import Message
-from bus.redis_client import HeldConnection, NotReplicated
+from bus.redis_client import HeldConnection
 from bus.slots import Slots
 from bus.streams import CONNECTION_ERRORS, RECONNECT_DELAYS, Bus
 
@@ -88,19 +89,20 @@ class GroupConsumer:
         self._slots = Slots(concurrency)
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}  # (stream, entry id) -> its handler's task
         self.holding: dict[str, set[str]] = {s: set() for s in self.streams}  # entry ids being handled
-        self.stopping = False  # set on stop: read nothing more, take nothing over
         self.dispatched = 0  # entries handed to the handler, over this consumer's life
         self._entries_read = 0  # and read (a malformed or trimmed one is read, never handed over)
-        self._writing = 0  # entries handled whose replies and ack are not yet in Redis
-        self._answers: Answers | None = None  # the round of answers still open to more
-        self._all_written: asyncio.Future[None] | None = None  # drain waits on it
-        self.outage = Outage(bus, group, consumer, self._stop_asked)
-        self._confirming = Background()  # rounds the primary applied that replicas have not confirmed
+        self.outage = Outage(bus, group, consumer, lambda: self.stopping)
+        self.answers = AnswerWriter(bus, group, self.outage, self._release, lambda: self.stopping)
+
+    @property
+    def stopping(self) -> bool:
+        """Asked to stop: read nothing more, take nothing over, and let go of work held through an outage."""
+        return self._stop is not None and self._stop.is_set()
 
     @property
     def in_flight(self) -> int:
         """Entries being handled or answered."""
-        return len(self._tasks) + self._writing
+        return len(self._tasks) + self.answers.writing
 
     @property
     def waiting(self) -> int:
@@ -150,11 +152,10 @@ class GroupConsumer:
             await self._read_until(stop, reader, cursor)
         finally:
             await reader.aclose()
-        self.stopping = True
         if self._gated_loops:  # each ends within one block_ms of stop
             await asyncio.wait(self._gated_loops, timeout=self.block_ms / 1000 + 5)
         await self.drain(self.bus.settings.drain_timeout_s)
-        await self._confirming.finish()  # rounds still waiting for replicas: their entries stay pending
+        await self.answers.finish()
 
     async def burst(self) -> int:
         """Handle every entry there is now (our own pending ones first), wait until their answers are in
@@ -214,11 +215,9 @@ class GroupConsumer:
         running: set[asyncio.Task[None]] = set()
         if self._tasks:
             _done, running = await asyncio.wait(set(self._tasks.values()), timeout=timeout_s)
-        if self._writing and not running:  # answers still on their way to Redis
-            self._all_written = asyncio.get_running_loop().create_future()
+        if not running:  # answers still on their way to Redis
             left = None if timeout_s is None else max(0.0, timeout_s - (asyncio.get_running_loop().time() - started))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._all_written), left)
+            await self.answers.all_written(left)
         if not running:
             return
         handed = await self.hand_back()
@@ -350,75 +349,12 @@ class GroupConsumer:
                     )
                     return
             # The task ends here; the entry stays held (and its slot taken) until the reply is written.
-            self._reply_and_ack(stream, entry_id, fields, replies, _aside.get())
+            self.answers.send(stream, entry_id, fields, replies, _aside.get())
             answered = True
         finally:
             self._tasks.pop((stream, entry_id), None)  # by key: current_task() costs a getpid call on 3.11
             if not answered:
                 self._release(stream, entry_id, _aside.get())
-
-    def _reply_and_ack(self, stream: str, entry_id: str, fields: dict[bytes, bytes], replies: Sequence[Reply],
-                       aside: bool) -> None:
-        """Queue the replies and the ack for the next write (one transaction: ``Answers``); the
-        entry stays held (its slot taken) until Redis has them. Entries answered in one round
-        share one write as long as nothing else was queued after it, so nothing overtakes what
-        was sent before."""
-        self._writing += 1
-        answers = self._answers
-        if answers is None or self.bus.batcher.last_queued is not answers:
-            answers = self._answers = Answers(self.bus, self.group, self._written)
-            answers.send()
-        answers.entries.append((stream, entry_id, fields, replies, aside))
-
-    def _written(self, answers: Answers, outcome: list[Any] | Exception) -> None:
-        """A round came back from Redis: release its entries, or try again while Redis is away."""
-        if isinstance(outcome, NotReplicated) and outcome.applied is not None:
-            if not self._stop_asked():
-                self._confirming.start(self._settle_unconfirmed(answers, outcome.applied))
-                return
-            outcome = outcome.applied  # stopping: it stands as the primary applied it, unconfirmed
-        # While running, answers are retried until Redis takes them: the entries stay held (renewed, never
-        # claimed or counted); a stopping consumer gives up after ~10 s and leaves them pending.
-        retrying = answers.attempt < len(WRITE_RETRY_DELAYS) or not self._stop_asked()
-        if isinstance(outcome, CONNECTION_ERRORS) and retrying:
-            if answers.attempt == 0:
-                log.warning("Redis away while answering %d entr%s; retrying", len(answers.entries),
-                            "y" if len(answers.entries) == 1 else "ies")
-            delay = WRITE_RETRY_DELAYS[min(answers.attempt, len(WRITE_RETRY_DELAYS) - 1)]
-            asyncio.get_running_loop().call_later(delay, answers.again().send)
-            return
-        pending, refused = answers.failures(outcome)
-        for stream, entry_id, fields, _replies, aside in answers.entries:
-            error = pending.get((stream, entry_id))
-            if error is not None:  # still pending: the reaper hands it out again
-                log.error("reply not written %s: %s", kv(stream=stream, entry=entry_id), error)
-            error = refused.get((stream, entry_id))
-            if error is not None:  # acknowledged with its round; no answer can reach its caller
-                self.bus.batcher.send(dead_letter_build(self.bus, stream, self.group, entry_id, fields,
-                                                        f"reply refused by Redis: {error}"))
-                log.error("reply refused %s: %s; the entry is copied to dead", kv(stream=stream, entry=entry_id),
-                          error)
-            self._writing -= 1
-            self._release(stream, entry_id, aside)
-        if not self._writing and self._all_written is not None and not self._all_written.done():
-            self._all_written.set_result(None)
-
-    async def _settle_unconfirmed(self, answers: Answers, applied: list[Any]) -> None:
-        try:
-            stands = await self.outage.confirmed(answers)
-        except Exception:  # its entries must be let go whatever happens, or their slots leak
-            log.exception("confirming a round of answers failed; it stands as the primary applied it")
-            stands = True
-        if stands:
-            self._written(answers, applied)
-        else:  # paced as the away path is: a round lost again and again is not sent in a tight loop
-            delay = WRITE_RETRY_DELAYS[min(answers.attempt, len(WRITE_RETRY_DELAYS) - 1)]
-            asyncio.get_running_loop().call_later(delay, answers.again().send)
-
-    def _stop_asked(self) -> bool:
-        """Stopping, or asked to while the read loop has not ended yet (it may wait on a slot in dispatch):
-        work held through an outage lets go either way."""
-        return self.stopping or (self._stop is not None and self._stop.is_set())
 
     def _release(self, stream: str, entry_id: str, aside: bool) -> None:
         """The entry is answered (or left to the reaper): its slot goes to the next one."""

@@ -27,6 +27,12 @@ log = logging.getLogger("bus")
 
 WRITE_RETRY_DELAYS = (*RECONNECT_DELAYS, 2.0, 2.0, 2.0)  # then every 2 s while running; ~10 s once stopping
 
+
+def retry_delay(attempt: int) -> float:
+    """How long to wait before writing again after ``attempt`` tries met Redis away (the last step repeats)."""
+    return WRITE_RETRY_DELAYS[min(attempt, len(WRITE_RETRY_DELAYS) - 1)]
+
+
 # A handler cut off from Redis this many times in a row while Redis took the very next write each
 # time meets no outage: its entry goes back to the reaper, which counts deliveries.
 QUICK_CUTOFFS = 3
@@ -66,7 +72,7 @@ class Outage:
                 await self.bus.batcher.run(lambda pipe: pipe.ping())
                 return attempt > 0
             except NOT_THROUGH:
-                await asyncio.sleep(WRITE_RETRY_DELAYS[min(attempt, len(WRITE_RETRY_DELAYS) - 1)])
+                await asyncio.sleep(retry_delay(attempt))
                 attempt += 1
         return None
 
@@ -90,7 +96,7 @@ class Outage:
             except CONNECTION_ERRORS:
                 if self.stopping():
                     return True
-                await asyncio.sleep(WRITE_RETRY_DELAYS[min(attempt, len(WRITE_RETRY_DELAYS) - 1)])
+                await asyncio.sleep(retry_delay(attempt))
                 attempt += 1
                 continue
             except redis_errors.RedisError:  # refused (its group gone with Redis's data): the round's results say
