@@ -12,6 +12,7 @@ from bus.protocol import ChannelUpdate, ErrorCode, QuestionRequest
 from bus.streams import Bus
 from gateway.channels.errors import PlatformRefused
 from gateway.channels.platform import Patient, Platform, patiently
+from gateway.numbers import whole_number
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
 from gateway.turns.runner import TurnRunner
@@ -70,16 +71,17 @@ class ChatQuestions:
         """A choice of an agent's question: answered for its own person only, as an approval is."""
         _, question_id, index, choice = [*update.data.split(":"), "", "", ""][:4]
         said, chosen, asked = "This is not yours to answer, or it was answered already.", "", ""
-        if identity is not None and index.isdigit() and choice.isdigit():
+        asked_at, chose = whole_number(index), whole_number(choice)
+        if identity is not None and asked_at is not None and chose is not None:
             try:
                 waiting = await self.turns.questions.unanswered(question_id)
-                if waiting is None or int(index) >= len(waiting[0].questions) or \
-                        int(choice) >= len(waiting[0].questions[int(index)].choices):
+                if waiting is None or asked_at >= len(waiting[0].questions) or \
+                        chose >= len(waiting[0].questions[asked_at].choices):
                     raise Refused(ErrorCode.NOT_FOUND, "gone")
-                asked = waiting[0].questions[int(index)].text
-                chosen = waiting[0].questions[int(index)].choices[int(choice)]
+                asked = waiting[0].questions[asked_at].text
+                chosen = waiting[0].questions[asked_at].choices[chose]
                 given: list[str | None] = [None] * len(waiting[0].questions)
-                given[int(index)] = chosen
+                given[asked_at] = chosen
                 await self.turns.answer_question(identity, question_id, given)
                 said = f"Answered: {chosen}"
             except Refused:

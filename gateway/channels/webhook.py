@@ -64,8 +64,8 @@ async def _pushed(hooked: Webhooked, take: TakeEvent, request: Request) -> Respo
         return JSONResponse({"error": refusal}, status_code=401)
     try:
         hook = await hooked.read_hook(request.headers, body)
-    except (ValueError, TypeError, KeyError) as exc:
-        return JSONResponse({"error": f"not an event: {exc}"}, status_code=400)
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+        return JSONResponse({"error": f"not an event: {type(exc).__name__}: {str(exc)[:200]}"}, status_code=400)
     if hook.answer is not None:
         return JSONResponse(hook.answer)
     if not await take(hook.event_id, hook.update):  # not taken: the platform delivers it again

@@ -22,6 +22,7 @@ from bus.config import DEFAULT_CONFIG, ConfigError, data_dir_config
 from bus.errors import PincerError
 from bus.private_file import write_private
 from bus.secrets_file import save_secrets, secrets_path
+from gateway.numbers import whole_number
 
 
 class Unanswered(PincerError):
@@ -100,12 +101,13 @@ class Asker:
             print(f"  {number}. {options[name]}", file=sys.stderr)
 
         def known(answer: str) -> str | None:
-            if answer in names or (answer.isdigit() and 1 <= int(answer) <= len(names)):
+            if answer in names or 1 <= (whole_number(answer) or 0) <= len(names):
                 return None
             return f"answer a number from 1 to {len(names)}, or one of: {', '.join(names)}"
 
         answer = self.text("choose", flag=flag, default=default, check=known)
-        return names[int(answer) - 1] if answer.isdigit() else answer
+        picked = whole_number(answer)
+        return names[picked - 1] if picked is not None else answer
 
 
 # --- the data dir's files ---

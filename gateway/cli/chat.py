@@ -17,6 +17,7 @@ from rich.text import Text
 
 from bus.config import Config
 from bus.errors import PincerError
+from gateway.numbers import whole_number
 
 
 class ChatFailed(PincerError):
@@ -143,8 +144,8 @@ class ChatClient:
                     return  # nobody at the terminal: the question times out, and the agent goes on
                 if not choices:
                     answer = said or None
-                elif said.isdigit() and 1 <= int(said) <= len(choices):
-                    answer = question["choices"][int(said) - 1]
+                elif 1 <= (number := whole_number(said) or 0) <= len(choices):
+                    answer = question["choices"][number - 1]
                 else:
                     answer = next((c for c in question["choices"] if c.lower() == said.lower()), None)
                 if answer is None:

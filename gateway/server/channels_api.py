@@ -13,6 +13,7 @@ from bus.pool import channel_rows
 from bus.protocol import ErrorCode
 from bus.streams import Bus
 from gateway.channels.config import KNOWN
+from gateway.numbers import whole_number
 from gateway.server.handling import caller
 from gateway.turns.refusal import Refused
 
@@ -64,7 +65,7 @@ class ChannelRoutes:
                 by, _, rest = how.partition(" ")
                 at, _, handle = rest.partition(" ")
                 found.append({"channel": name, "user": user, "identity": access.identity_name(name, user),
-                              "by": by, "at": int(at) if at.isdigit() else None, "username": handle.lstrip("@")})
+                              "by": by, "at": whole_number(at), "username": handle.lstrip("@")})
         return JSONResponse({"paired": found})
 
     async def unpair(self, request: Request) -> Response:

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from bus.metrics import Meter
 from bus.protocol import ErrorCode
 from gateway.config import GatewaySettings
+from gateway.numbers import whole_number
 from gateway.server.connections import Credential
 from gateway.server.errors import REDIS_AWAY, refusal_response
 from gateway.tokens import Identity, TokenStore, WebSessions, digest
@@ -96,7 +97,8 @@ class Guard:
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> Receive:
         """Read the whole body now (at most max_body bytes) and hand it on as one message."""
         declared = headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
+        length = None if declared is None else whole_number(declared)
+        if declared is not None and (length is None or length > self.max_body):
             raise self._too_large()
         chunks: list[bytes] = []
         size = 0

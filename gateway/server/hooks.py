@@ -31,6 +31,7 @@ from bus.log import kv
 from bus.loops import Background
 from bus.protocol import ChatError, ChatReply, ErrorCode
 from bus.streams import Bus
+from gateway.numbers import whole_number
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
 from gateway.turns.runner import AGENT_ID, Turn, TurnRunner
@@ -159,7 +160,8 @@ class Hooks:
             raise Refused(ErrorCode.UNAUTHENTICATED, "unsigned: send X-Pincer-Timestamp (Unix seconds) and "
                           "X-Pincer-Signature (sha256= and the hex HMAC-SHA256 of \"{timestamp}.{body}\" with the "
                           "hook's secret)")
-        if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > WINDOW_S:
+        signed_at = whole_number(timestamp)
+        if signed_at is None or abs(time.time() - signed_at) > WINDOW_S:
             raise Refused(ErrorCode.UNAUTHENTICATED, f"X-Pincer-Timestamp {timestamp[:20]!r} is not within "
                           f"{WINDOW_S}s of now (a replay, or a clock that is off)")
         secrets_now = [hook.secret, *([hook.previous] if hook.previous and time.time() < hook.previous_until else [])]
@@ -220,7 +222,7 @@ def _worth_retrying(exc: BaseException) -> bool:
 def _untrusted(name: str, body: bytes) -> str:
     """The payload as data the model is told not to obey (JSON shown indented; cut past PAYLOAD_MAX)."""
     text = body.decode("utf-8", errors="replace")
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):  # not JSON, or nested too deep to show indented
         text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
     if len(text) > PAYLOAD_MAX:
         text = text[:PAYLOAD_MAX] + "\n[... cut]"

@@ -43,6 +43,9 @@ log = logging.getLogger("gateway.live")
 AUTH_TIMEOUT_S = 10.0
 OUTBOX = 256  # frames waiting for a slow client, across its subscriptions
 MAX_FRAME = 256 * 1024
+# What the server reads of one WebSocket message at most (uvicorn closes past it, 1009): room for a frame
+# refused with a message of its own, and no 16 MiB held for a stranger before sign-in.
+MAX_SOCKET_MESSAGE = 4 * MAX_FRAME
 
 
 class LiveSocket:
@@ -106,7 +109,7 @@ class LiveSocket:
         try:
             async with asyncio.timeout(AUTH_TIMEOUT_S):
                 frame = json.loads(await self.ws.receive_text())
-        except (TimeoutError, ValueError, WebSocketDisconnect):
+        except (TimeoutError, ValueError, RecursionError, WebSocketDisconnect):  # "[[[[…": RecursionError
             frame = {}
         token = frame.get("token") if isinstance(frame, dict) and frame.get("type") == "auth" else None
         self.identity = await self.tokens.identify(token) if isinstance(token, str) else None
@@ -134,7 +137,7 @@ class LiveSocket:
                 raise Refused(ErrorCode.BAD_REQUEST, "a frame is a JSON object with a type")
             ref = frame.get("ref")
             await self._dispatch(frame)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: thousands of nested brackets
             await self._error(ErrorCode.BAD_REQUEST, "a frame is a JSON object with a type", ref)
         except Refused as refusal:
             await self._error(refusal.code, refusal.message, ref)

@@ -15,6 +15,7 @@ from bus.streams import Bus
 from gateway.channels.config import enabled_names
 from gateway.config import GatewaySettings
 from gateway.server.app import Gateway
+from gateway.server.live import MAX_SOCKET_MESSAGE
 from memory.archive import SessionArchive
 from memory.spend import SpendView
 
@@ -46,6 +47,7 @@ def main(config: Config, *, port: int | None = None) -> int:
         server = uvicorn.Server(uvicorn.Config(
             gateway.app(), host=settings.host, port=settings.port, log_config=None, access_log=False,
             lifespan="on", timeout_graceful_shutdown=5,
+            ws_max_size=MAX_SOCKET_MESSAGE,  # uvicorn's 16 MiB would be held for any stranger before sign-in
             http="httptools",  # named, not uvicorn's "auto": a missing parser fails the start, never falls back to h11
         ))
         # Our loop owns SIGTERM/SIGINT (run_service); uvicorn must not take them over.

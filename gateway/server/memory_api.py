@@ -19,6 +19,7 @@ from starlette.routing import Route
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
+from gateway.numbers import whole_number
 from gateway.server.handling import caller
 from gateway.turns.limits import CallerLimits
 from gateway.turns.refusal import Refused
@@ -88,7 +89,8 @@ class MemoryRoutes:
         agent, owner = self._whose(request)
         query = _query(request, required=True)
         raw = request.query_params.get("limit", "10")
-        if not raw.isdigit() or not 1 <= int(raw) <= RECALL_LIMIT:
+        limit = whole_number(raw)
+        if limit is None or not 1 <= limit <= RECALL_LIMIT:
             raise Refused(ErrorCode.INVALID_ARGUMENTS, f"limit must be a whole number from 1 to {RECALL_LIMIT}, "
                           f"got {raw[:20]!r}")
         if self.recaller is None:

@@ -10,6 +10,7 @@ from starlette.routing import Route
 
 from bus.protocol import ErrorCode
 from bus.streams import Bus
+from gateway.numbers import whole_number
 from gateway.server.handling import caller
 from gateway.turns.refusal import Refused
 from memory.spend import HISTORY_DAYS, SpendView, daily, report
@@ -36,7 +37,8 @@ def _days(raw: str | None) -> int:
     """``?days=N`` as a number of days (0: not asked for)."""
     if raw is None:
         return 0
-    if not raw.isdigit() or not 1 <= int(raw) <= HISTORY_DAYS:
+    days = whole_number(raw)
+    if days is None or not 1 <= days <= HISTORY_DAYS:
         raise Refused(ErrorCode.INVALID_ARGUMENTS, f"days must be a whole number from 1 to {HISTORY_DAYS} "
                       f"(the days of spend kept), got {raw[:20]!r}")
-    return int(raw)
+    return days

@@ -164,6 +164,10 @@ def test_a_socket_sends_follows_and_decides_an_approval(asking: dict) -> None:
 
         socket.send("not json")
         assert json.loads(socket.recv(timeout=10))["code"] == "BAD_REQUEST"
+        socket.send("[" * 50_000)  # deeper than the JSON parser recurses: refused as any other bad frame
+        assert json.loads(socket.recv(timeout=10))["code"] == "BAD_REQUEST"
+        socket.send(json.dumps({"type": "subscribe", "session": "x" * 300_000}))
+        assert json.loads(socket.recv(timeout=10))["code"] == "PAYLOAD_TOO_LARGE"
         socket.send(json.dumps({"type": "subscribe", "session": "../etc"}))
         assert json.loads(socket.recv(timeout=10))["code"] == "BAD_REQUEST"
 
@@ -178,6 +182,14 @@ def test_a_socket_without_a_token_or_from_a_foreign_page_is_refused(asking: dict
         assert refused["code"] == "UNAUTHENTICATED"
         with pytest.raises(ConnectionClosed):
             socket.recv(timeout=10)
+    with connect(socket_url(asking)) as socket:  # before sign-in: nested too deep is no token, and no crash
+        socket.send("[" * 50_000)
+        assert json.loads(socket.recv(timeout=10))["code"] == "UNAUTHENTICATED"
+    with connect(socket_url(asking), max_size=None) as socket:  # the server reads no more than 1 MiB of it
+        socket.send("x" * (2 << 20))
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
     with pytest.raises(InvalidStatus) as foreign:
         connect(socket_url(asking), origin="https://evil.example",
                 additional_headers={"Authorization": f"Bearer {OWNER_TOKEN}"})

@@ -140,7 +140,7 @@ async def test_pincer_budget_shows_what_the_operator_is_shown(bus: Bus, redis_ur
     assert printed["budgets"] == shown["budgets"] and printed["alerts"] == shown["alerts"]
 
 
-@pytest.mark.parametrize("days", ["0", "32", "many", "-3"])
+@pytest.mark.parametrize("days", ["0", "32", "many", "-3", "%C2%B2", "%D9%A3", "9" * 5000])
 async def test_a_bad_number_of_days_is_refused_saying_what_fits(api, days: str) -> None:
     _refused(await (await api()).get(f"/v1/spend?days={days}"), 400, "days must be a whole number from 1 to 31")
 
@@ -271,6 +271,9 @@ async def test_a_hook_made_over_http_takes_signed_requests_rotates_and_goes(bus:
     body = b'{"build": "green"}'
     stale = await (await api("")).post("/v1/hooks/ci", content=body, headers=signed_headers(secret, body))
     assert stale.status_code == 401, stale.text  # the old secret, with no grace, is refused at once
+    for when in ("\u00b2", "1" * 5000):  # not a time a clock gives: refused as one, before any secret is tried
+        odd = {**signed_headers(rotated.json()["secret"], body), "X-Pincer-Timestamp": when.encode("latin-1")}
+        _refused(await (await api("")).post("/v1/hooks/ci", content=body, headers=odd), 401, "is not within")
     await _job_of(bus, "hook:ci")
     gone = await client.delete("/v1/admin/hooks/ci")
     assert gone.status_code == 200 and gone.json()["jobs_removed"] == ["daily"], gone.text
@@ -351,6 +354,8 @@ async def test_recall_finds_what_the_agents_search_does_for_the_caller_alone(bus
     _refused(await alice.get("/v1/memory/recall?q=scarf&owner=bob"), 403, "operator")
     _refused(await alice.get("/v1/memory/recall"), 400, "?q=")
     _refused(await alice.get("/v1/memory/recall?q=scarf&limit=51"), 400, "limit")
+    for digits in ("%C2%B2", "9" * 5000):  # "²" passes str.isdigit and fails int(); so do 5,000 digits
+        _refused(await alice.get(f"/v1/memory/recall?q=scarf&limit={digits}"), 400, "limit must be a whole number")
 
 
 async def test_recall_with_no_hands_worker_says_so(bus: Bus) -> None:
