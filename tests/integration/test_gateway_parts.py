@@ -173,3 +173,23 @@ def test_host_headers_are_read_without_their_port(header: str, name: str) -> Non
 ])
 def test_only_loopback_binds_count_as_private(host: str, private: bool) -> None:
     assert GatewaySettings(host=host).loopback_only is private
+
+
+async def test_healthz_without_redis_says_down_and_not_where_redis_is(prefix: str) -> None:
+    import json
+
+    from bus.redis_server import free_port
+    from bus.settings import RedisSettings
+    from gateway.server.app import Gateway
+    from memory.spend import SpendView
+
+    gone = Bus.from_settings(RedisSettings(prefix=prefix), f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        gateway = Gateway(gone, GatewaySettings(), instance_id="gw-down", heartbeat_s=0.5, spend=SpendView(),
+                          channels=[])
+        answer = await gateway.healthz(None)  # type: ignore[arg-type]  # it reads nothing of the request
+    finally:
+        await gone.close()
+    body = json.loads(bytes(answer.body))
+    assert answer.status_code == 503 and body["status"] == "down" and body["redis"].startswith("error: ")
+    assert "127.0.0.1" not in body["redis"]  # answered without a token: the address stays in the log
