@@ -8,11 +8,11 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
+from bus.numbers import whole_number
 from bus.protocol import ChannelUpdate, ErrorCode, QuestionRequest
 from bus.streams import Bus
 from gateway.channels.errors import PlatformRefused
 from gateway.channels.platform import Patient, Platform, patiently
-from gateway.numbers import whole_number
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
 from gateway.turns.runner import TurnRunner

@@ -20,9 +20,9 @@ import yaml
 
 from bus.config import DEFAULT_CONFIG, ConfigError, data_dir_config
 from bus.errors import PincerError
+from bus.numbers import whole_number
 from bus.private_file import write_private
 from bus.secrets_file import save_secrets, secrets_path
-from gateway.numbers import whole_number
 
 
 class Unanswered(PincerError):

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from bus.config import Config
 from bus.errors import PincerError
-from gateway.numbers import whole_number
+from bus.numbers import whole_number
 
 
 class ChatFailed(PincerError):

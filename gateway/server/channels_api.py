@@ -9,11 +9,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import gateway.channels.access as access
+from bus.numbers import whole_number
 from bus.pool import channel_rows
 from bus.protocol import ErrorCode
 from bus.streams import Bus
 from gateway.channels.config import KNOWN
-from gateway.numbers import whole_number
 from gateway.server.handling import caller
 from gateway.turns.refusal import Refused
 

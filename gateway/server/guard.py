@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bus.metrics import Meter
+from bus.numbers import whole_number
 from bus.protocol import ErrorCode
 from gateway.config import GatewaySettings
-from gateway.numbers import whole_number
 from gateway.server.connections import Credential
 from gateway.server.errors import REDIS_AWAY, refusal_response
 from gateway.tokens import Identity, TokenStore, WebSessions, digest

@@ -29,9 +29,9 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from bus.keys import Keys
 from bus.log import kv
 from bus.loops import Background
+from bus.numbers import whole_number
 from bus.protocol import ChatError, ChatReply, ErrorCode
 from bus.streams import Bus
-from gateway.numbers import whole_number
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
 from gateway.turns.runner import AGENT_ID, Turn, TurnRunner

@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bus.numbers import whole_number
 from bus.protocol import ErrorCode, ToolExecute, ToolResult, now_ms
 from bus.replies import ReplyInbox
 from bus.streams import Bus
-from gateway.numbers import whole_number
 from gateway.server.handling import caller
 from gateway.turns.limits import CallerLimits
 from gateway.turns.refusal import Refused

@@ -8,9 +8,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bus.numbers import whole_number
 from bus.protocol import ErrorCode
 from bus.streams import Bus
-from gateway.numbers import whole_number
 from gateway.server.handling import caller
 from gateway.turns.refusal import Refused
 from memory.spend import HISTORY_DAYS, SpendView, daily, report

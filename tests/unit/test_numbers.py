@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.numbers import whole_number
+from bus.numbers import whole_number
 
 
 @pytest.mark.parametrize(("text", "number"), [("0", 0), ("7", 7), ("0042", 42), ("1" * 18, int("1" * 18))])
