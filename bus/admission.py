@@ -18,9 +18,10 @@ from bus.scripts import ScriptCall, lua
 if TYPE_CHECKING:  # only named: the Gateway's settings hold RateLimits, and `pincer up` reads those
     from bus.streams import Bus
 
-# KEYS: the identity's bucket. ARGV: capacity, tokens per ms. 0: taken; else how many ms until one is there.
+# KEYS: the identity's bucket. ARGV: capacity, tokens per ms, how many to take (at most the capacity).
+# 0: taken; else how many ms until that many are there.
 TAKE = lua("bus.admission.take", """
-local capacity, per_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local capacity, per_ms, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local state = redis.call('hmget', KEYS[1], 'tokens', 'at')
@@ -28,7 +29,7 @@ local tokens = tonumber(state[1]) or capacity
 local at = tonumber(state[2]) or now
 tokens = math.min(capacity, tokens + math.max(0, now - at) * per_ms)
 local wait_ms = 0
-if tokens >= 1 then tokens = tokens - 1 else wait_ms = math.ceil((1 - tokens) / per_ms) end
+if tokens >= cost then tokens = tokens - cost else wait_ms = math.ceil((cost - tokens) / per_ms) end
 redis.call('hset', KEYS[1], 'tokens', tostring(tokens), 'at', now)
 redis.call('pexpire', KEYS[1], math.ceil(capacity / per_ms) + 1000)
 return wait_ms
@@ -54,10 +55,12 @@ class Admission:
         # With the bus's writes, so messages arriving together share a round trip (EVAL: see bus/scripts.py).
         return int(take.read((await self.bus.batcher.run(take.add))[0]))
 
-    def take_call(self, identity: str) -> ScriptCall:
-        """``take_message`` as a script to run (alone, or as the gate of what the message does next)."""
+    def take_call(self, identity: str, messages: int = 1) -> ScriptCall:
+        """``take_message`` as a script to run (alone, or as the gate of what the message does next); what
+        costs as much as several messages takes that many, at most a whole burst."""
         per_ms = self.limits.messages_per_minute / 60_000
-        return ScriptCall(TAKE, (self.bus.keys.message_rate(identity),), (self.limits.burst, per_ms), int)
+        cost = max(1, min(messages, self.limits.burst))
+        return ScriptCall(TAKE, (self.bus.keys.message_rate(identity),), (self.limits.burst, per_ms, cost), int)
 
     async def waiting(self) -> int:
         """Messages in the Brain inbox no Brain has read yet (counted up to the backlog limit)."""

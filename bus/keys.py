@@ -212,6 +212,11 @@ class Keys:
         """A browser's sign-in (its cookie, hashed): the identity and the token it came from."""
         return f"{self.prefix}{{tokens}}:web:{session_digest}"
 
+    def sign_ins_of(self, token_digest: str) -> str:
+        """Sorted set of one token's live sign-in codes and browser sessions (their keys, by when each
+        lapses): how many each token keeps is bounded, and revoking the token ends them all."""
+        return f"{self.prefix}{{tokens}}:sign-ins:{token_digest}"
+
     def message_rate(self, token_name: str) -> str:
         """A token's message bucket (tokens left, last refill), shared by every Gateway of the pool."""
         return f"{self.prefix}rate:{token_name}"

@@ -43,11 +43,43 @@ OWNER_TOKEN_FILE = "gateway.token"
 CACHE_S = 2.0  # a revoked token still works this long on a Gateway that used it just before
 CACHE_MAX = 4096
 
+# Each token keeps this many sign-in codes, and this many browser sessions, at most: a new one ends the
+# oldest (a token holder signing in over and over must not fill Redis with week-long keys).
+MOST_CODES = 20
+MOST_BROWSERS = 20
+
 # Name unique, then the record: one step, so a crash leaves neither half.
 CREATE = lua("gateway.tokens.create", """
 if redis.call('hsetnx', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('hset', KEYS[1], ARGV[2], ARGV[3])
 return 1
+""")
+
+# KEYS: the new sign-in's key, its token's index (Keys.sign_ins_of). ARGV: record, life in s, how many of
+# this kind the token keeps, the kind's key prefix, and a key to drop from the index (the code a session
+# was made from) or "". Stored and indexed in one step, scored by when each lapses in µs (so two made in
+# one second keep their order); returns the keys of the oldest of that kind past the bound, taken out of
+# the index (the caller deletes them).
+KEEP_SIGN_IN = lua("gateway.tokens.keep_sign_in", """
+local life = tonumber(ARGV[2])
+redis.call('set', KEYS[1], ARGV[1], 'EX', life)
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if ARGV[5] ~= '' then redis.call('zrem', KEYS[2], ARGV[5]) end
+redis.call('zremrangebyscore', KEYS[2], '-inf', now)
+redis.call('zadd', KEYS[2], now + life * 1000000, KEYS[1])
+if redis.call('ttl', KEYS[2]) < life then redis.call('expire', KEYS[2], life) end
+local kind, mine = ARGV[4], {}
+for _, key in ipairs(redis.call('zrange', KEYS[2], 0, -1)) do
+  if string.sub(key, 1, #kind) == kind then mine[#mine + 1] = key end
+end
+local over = #mine - tonumber(ARGV[3])
+local ended = {}
+for i = 1, over do
+  redis.call('zrem', KEYS[2], mine[i])
+  ended[i] = mine[i]
+end
+return ended
 """)
 
 
@@ -116,12 +148,16 @@ class TokenStore:
         return sorted((Identity.model_validate_json(r) for r in raw), key=lambda i: i.name)
 
     async def revoke(self, name: str) -> bool:
+        """Revoke the token named ``name`` and end its sign-in codes and browser sessions."""
         found = await self.redis.hget(self.keys.token_names, name)
         if found is None:
             return False
+        token_digest = found.decode() if isinstance(found, bytes) else str(found)
+        signed_in = await self.redis.zrange(self.keys.sign_ins_of(token_digest), 0, -1)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self.keys.token_names, name)
             pipe.hdel(self.keys.tokens, found)
+            pipe.delete(self.keys.sign_ins_of(token_digest), *signed_in)
             await pipe.execute()
         return True
 
@@ -174,12 +210,14 @@ async def revoke_and_forget(bus: Bus, store: TokenStore, name: str) -> list[str]
 
 class WebSessions:
     """Browser sign-ins: a one-time link's code becomes an HttpOnly cookie's session, which lasts as
-    long as the token it came from (revoke the token and its browser sessions end with it)."""
+    long as the token it came from (revoke the token and its browser sessions end with it). A token keeps
+    at most ``MOST_CODES`` codes and ``MOST_BROWSERS`` sessions; a new one ends the oldest."""
 
     def __init__(self, redis: Any, keys: Keys, tokens: TokenStore, *, link_s: int = 120,
                  session_s: int = 7 * 86_400) -> None:
         self.redis, self.keys, self.tokens = redis, keys, tokens
         self.link_s, self.session_s = link_s, session_s
+        self._keep = redis.register_script(KEEP_SIGN_IN)
 
     async def link(self, token: str) -> str | None:
         """A one-time code for the bearer of ``token`` (None if the token is not valid)."""
@@ -188,18 +226,20 @@ class WebSessions:
             return None
         code = secrets.token_urlsafe(24)
         record = json.dumps({"identity": identity.model_dump(mode="json"), "token": digest(token)})
-        await self.redis.set(self.keys.login_code(digest(code)), record, ex=self.link_s)
+        await self._kept(self.keys.login_code(digest(code)), digest(token), record, self.link_s, MOST_CODES)
         return code
 
     async def redeem(self, code: str) -> str | None:
         """The cookie value for a code used for the first time within its life; None otherwise."""
         if not code or len(code) > 128:
             return None
-        record = await self.redis.getdel(self.keys.login_code(digest(code)))
+        used = self.keys.login_code(digest(code))
+        record = await self.redis.getdel(used)
         if record is None:
             return None
         session = secrets.token_urlsafe(32)
-        await self.redis.set(self.keys.web_session(digest(session)), record, ex=self.session_s)
+        await self._kept(self.keys.web_session(digest(session)), json.loads(record)["token"], record,
+                         self.session_s, MOST_BROWSERS, used=used)
         return session
 
     async def sign_in(self, token: str) -> str | None:
@@ -229,7 +269,20 @@ class WebSessions:
         return [bool(f) for f in found]
 
     async def end(self, session: str) -> None:
-        await self.redis.delete(self.keys.web_session(digest(session)))
+        """Sign a browser out (its place among its token's sessions goes to the next)."""
+        key = self.keys.web_session(digest(session))
+        record = await self.redis.getdel(key)
+        if record is not None:
+            await self.redis.zrem(self.keys.sign_ins_of(json.loads(record)["token"]), key)
+
+    async def _kept(self, key: str, token_digest: str, record: str | bytes, life_s: int, most: int, *,
+                    used: str = "") -> None:
+        """Store a code or a session for its token, ending the token's oldest of that kind past ``most``."""
+        kind = key[:key.rindex(":") + 1]
+        ended = await self._keep(keys=[key, self.keys.sign_ins_of(token_digest)],
+                                 args=[record, life_s, most, kind, used])
+        if ended:
+            await self.redis.delete(*ended)
 
 
 def owner_token_path(data_dir: Path) -> Path:

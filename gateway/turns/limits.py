@@ -51,16 +51,19 @@ class CallerLimits:
         self._streams[name] += 1
         return Hold(name, [self._streams])
 
-    async def take_message(self, name: str, *, then: ScriptCall | None = None) -> Any:
-        """Count one message against the token's rate; refuse it when the bucket is empty. ``then``: a script
-        run in the same step only when the message is taken (its number, say); its result is returned."""
-        take = self.admission.take_call(name)
+    async def take_message(self, name: str, *, then: ScriptCall | None = None, messages: int = 1) -> Any:
+        """Count one message (or ``messages``, at most a burst) against the token's rate; refuse it when the
+        bucket is short. ``then``: a script run in the same step only when the message is taken (its number,
+        say); its result is returned."""
+        take = self.admission.take_call(name, messages)
         call = take if then is None else gated(take, then)
         said = call.read((await self.bus.batcher.run(call.add))[0])
         wait_ms, result = (said, None) if then is None else said
         if wait_ms > 0:
+            costs = "" if messages <= 1 else \
+                f" (this counts as {min(messages, self.settings.burst)}: one for each message it copies)"
             raise Refused(ErrorCode.RATE_LIMITED, f"this token sent more than "
-                          f"{self.settings.messages_per_minute} messages a minute "
+                          f"{self.settings.messages_per_minute} messages a minute{costs} "
                           "(gateway.limits.messages_per_minute); slow down", retry_after=-(-wait_ms // 1000))
         return result
 

@@ -69,3 +69,30 @@ async def test_a_stream_stops_when_its_connection_ends_and_its_source_is_closed(
                 connection.end("revoked")
     assert taken == [0, 1, 2, 3, 4, 5]
     await asyncio.wait_for(closed.wait(), 5)
+
+
+async def _keys(bus: Bus, kind: str) -> int:
+    return len([k async for k in bus.redis.scan_iter(match=f"{bus.keys.prefix}{{tokens}}:{kind}:*")])
+
+
+async def test_a_token_keeps_a_bounded_number_of_sign_ins_and_revoking_it_ends_them_all(bus: Bus) -> None:
+    from gateway.tokens import MOST_BROWSERS, MOST_CODES
+
+    tokens = TokenStore(bus.redis, bus.keys)
+    web = WebSessions(bus.redis, bus.keys, tokens)
+    alice, bob = await tokens.create("alice"), await tokens.create("bob")
+    cookies = [await web.sign_in(alice) for _ in range(MOST_BROWSERS + 5)]
+    assert all(cookies) and await _keys(bus, "web") == MOST_BROWSERS
+    assert [await web.identify(c or "") is not None for c in cookies] == [False] * 5 + [True] * MOST_BROWSERS
+    codes = [await web.link(alice) for _ in range(MOST_CODES + 3)]
+    assert await _keys(bus, "login") == MOST_CODES  # the oldest three codes were ended
+    assert await web.redeem(codes[0] or "") is None
+    kept = await web.redeem(codes[-1] or "")  # a redeemed code is a new session: the oldest session ends
+    assert kept is not None and await web.identify(kept) is not None and await web.identify(cookies[5] or "") is None
+    await web.end(kept)  # signing out gives its place back: the next sign-in ends nobody
+    assert await web.sign_in(alice) is not None and await web.identify(cookies[6] or "") is not None
+    bobs = await web.sign_in(bob)
+    assert await tokens.revoke("alice")
+    assert await _keys(bus, "web") == 1 and await _keys(bus, "login") == 0  # only bob's is left
+    assert not await bus.redis.exists(bus.keys.sign_ins_of(digest(alice)))
+    assert await web.identify(bobs or "") is not None

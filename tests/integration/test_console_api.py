@@ -381,3 +381,30 @@ async def test_recall_counts_against_the_callers_messages_a_minute(bus: Bus, eng
         assert (await alice.get("/v1/memory/recall?q=scarf")).status_code == 200
         _refused(await alice.get("/v1/memory/recall?q=scarf"), 429, "messages a minute")
         assert (await alice.get("/v1/memory?q=scarf")).status_code == 200  # listing asks no worker: not counted
+
+
+async def test_a_fork_costs_one_message_for_each_it_copies_up_to_a_burst(bus: Bus) -> None:
+    from memory.sessions import SessionStore, TranscriptEntry
+
+    sessions = SessionStore(bus.redis, bus.keys)
+    assert await sessions.claim_and_number("alice/long", "alice") == 1
+    for n in range(8):
+        await sessions.append("alice/long", TranscriptEntry(role="user", content=f"question {n}"),
+                              TranscriptEntry(role="assistant", content=f"answer {n}"))
+    settings = GatewaySettings.model_validate({"token": OWNER_TOKEN,
+                                               "limits": {"burst": 5, "messages_per_minute": 1}})
+    gateway = Gateway(bus, settings, instance_id="gw-fork-limits", heartbeat_s=0.5, spend=SpendView(), channels=[])
+    app = gateway.app()
+    async with gateway.lifespan(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8780",
+            headers={"Authorization": f"Bearer {await _chat_token(bus, 'alice')}"}) as alice:
+        made = await alice.post("/v1/sessions/long/fork", json={"at": 3, "name": "a"})
+        assert made.status_code == 201 and made.json()["entries"] == 6, made.text  # 3 of the 5 taken
+        _refused(await alice.post("/v1/sessions/long/fork", json={"at": 3, "name": "b"}), 429,
+                 "this counts as 3", "messages_per_minute")
+        assert not await sessions.exists("alice/b")
+        assert (await alice.post("/v1/sessions/long/fork", json={"at": 2, "name": "c"})).status_code == 201
+        # A fork longer than a burst costs the whole burst: it waits for a full bucket, and is not refused for ever.
+        refused = await alice.post("/v1/sessions/long/fork", json={"at": 8, "name": "d"})
+        _refused(refused, 429, "this counts as 5")
+        assert int(refused.headers["retry-after"]) <= 5 * 60
