@@ -36,6 +36,11 @@ PAGE_PREFIX = "/static/"
 HOOK_PREFIX = "/v1/hooks/"  # signed with the hook's own secret instead (gateway/server/hooks.py)
 SOCKET_PATH = "/v1/ws"  # may authenticate with its first frame (a browser cannot set headers on a WebSocket)
 COOKIE = "pincer_session"
+# A browser sends the cookie with what other pages of the same site ask too (another port on localhost, where
+# SameSite does not tell them apart); it says where each request comes from (Fetch Metadata), and the cookie
+# counts only from the Gateway's own pages, or a person's own navigation. Clients that send no such header
+# (not a browser) are unaffected.
+COOKIE_SITES = frozenset({"same-origin", "none"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -125,7 +130,8 @@ class Guard:
         (an open connection lives only as long as that); None only where ``optional``."""
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            session = _cookie(headers.get("cookie", ""), COOKIE)
+            own = headers.get("sec-fetch-site", "same-origin") in COOKIE_SITES
+            session = _cookie(headers.get("cookie", ""), COOKIE) if own else None
             found = await self.web.identify(session) if session and self.web is not None else None
             if found is not None:
                 return found[0], Credential(token_digest=found[1], web_session=session)

@@ -408,3 +408,16 @@ async def test_a_fork_costs_one_message_for_each_it_copies_up_to_a_burst(bus: Bu
         refused = await alice.post("/v1/sessions/long/fork", json={"at": 8, "name": "d"})
         _refused(refused, 429, "this counts as 5")
         assert int(refused.headers["retry-after"]) <= 5 * 60
+
+
+async def test_the_sign_in_cookie_counts_only_from_the_gateways_own_pages(bus: Bus, api) -> None:
+    signed = await (await api("")).post("/login", json={"token": await _chat_token(bus, "alice")})
+    assert signed.status_code == 200, signed.text
+    browser = await api("")
+    cookie = {"Cookie": f"pincer_session={signed.cookies['pincer_session']}"}
+    for site, status in (("same-origin", 200), ("none", 200), (None, 200),  # no header: not a browser
+                         ("same-site", 401), ("cross-site", 401)):  # another port on localhost; another site
+        headers = {**cookie, **({"Sec-Fetch-Site": site} if site else {})}
+        answer = await browser.get("/v1/me", headers=headers)
+        assert answer.status_code == status, (site, answer.text)
+    assert (await browser.get("/", headers={**cookie, "Sec-Fetch-Site": "cross-site"})).status_code == 200
