@@ -38,6 +38,7 @@ from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.markup import fitted, plain_links
 from gateway.channels.platform import Take
 from gateway.channels.reply import Buttons
+from gateway.channels.untrusted import file_of, files_of, read_one
 
 log = logging.getLogger("gateway.channels.discord")
 
@@ -185,7 +186,7 @@ class Discord:
         await self._took(message)
 
     async def _took(self, message: discord.Message) -> bool:
-        update = await self._update(message)
+        update = await read_one(message, self._update, what="Discord")
         if self._take is None or not await self._take(str(message.id), update):
             return False
         if update is not None:  # where to read on from after a reconnection
@@ -250,8 +251,7 @@ class Discord:
         if thread and (named or replied):  # a thread the bot is called into is followed from then on
             await self.bus.redis.set(self.bus.keys.channel_thread(NAME, f"thread:{chat}"), "1", ex=THREAD_KEEP_S)
         mentioned = direct or named or replied or (thread and await self._following(chat))
-        files = [ChannelFile(ref=a.url, name=a.filename, size=a.size, mime=a.content_type or "")
-                 for a in message.attachments][:10]
+        files = files_of(file_of(a.url, a.filename, a.size, a.content_type) for a in message.attachments)
         return ChannelUpdate(channel=NAME, event_id=str(message.id), user=str(author.id), username=author.name,
                              chat=chat, group=not direct, text=text[:64_000], mentioned=mentioned, files=files,
                              platform_message=str(message.id))

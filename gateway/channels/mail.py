@@ -36,6 +36,7 @@ from gateway.channels.config import EmailSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.questions import Questions, first_word_choices
 from gateway.channels.reply import Buttons
+from gateway.channels.untrusted import file_of, files_of
 
 log = logging.getLogger("gateway.channels.email")
 
@@ -231,7 +232,8 @@ class Email:
             log.info("email: UID %s was deleted before it was read", uid)
             return None
         try:
-            mail = mailtext.read(raw, own_address=self.settings.address)
+            # In a thread: a large HTML mail takes seconds to parse, and the loop serves every turn meanwhile.
+            mail = await asyncio.to_thread(mailtext.read, raw, own_address=self.settings.address)
         except Exception:  # a message the parser cannot read is skipped, never a stuck mailbox
             log.exception("email: UID %s is unreadable; passed over", uid)
             return None
@@ -260,8 +262,8 @@ class Email:
                     "allowed (channels.email.max_message_bytes): it was not read. Tell them so.]")
         elif mail.subject and not mail.replied_to:
             text = f"Subject: {mail.subject}\n\n{text}"
-        files = [ChannelFile(ref=f"{self._validity}:{uid}:{a.index}", name=a.name, size=a.size, mime=a.mime)
-                 for a in mail.attachments] if size <= self.settings.max_message_bytes else []
+        files = files_of(file_of(f"{self._validity}:{uid}:{a.index}", a.name, a.size, a.mime)
+                         for a in mail.attachments) if size <= self.settings.max_message_bytes else []
         return base.model_copy(update={"text": text[:64_000], "files": files})
 
     async def _pressed(self, mail: mailtext.Incoming) -> str | None:

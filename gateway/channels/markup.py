@@ -37,8 +37,17 @@ def _fenced(text: str, block: Callable[[str], str], inline: Callable[[str], str]
 
 
 def _inline(text: str) -> str:
+    def italics(part: str) -> str:
+        return ITALIC.sub(r"<i>\1</i>", part)
+
     def plain(part: str) -> str:
-        return ITALIC.sub(r"<i>\1</i>", BOLD.sub(r"<b>\1</b>", html.escape(part, quote=False)))
+        # Italics within each bold span and between them, never across a bold's edge: "**a _b** c_" would
+        # overlap the tags, and Telegram refuses the whole message for that.
+        escaped, out, last = html.escape(part, quote=False), [], 0
+        for found in BOLD.finditer(escaped):
+            out += [italics(escaped[last:found.start()]), f"<b>{italics(found.group(1))}</b>"]
+            last = found.end()
+        return "".join([*out, italics(escaped[last:])])
 
     return _coded(text, lambda code: f"<code>{html.escape(code, quote=False)}</code>", plain)
 

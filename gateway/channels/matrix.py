@@ -26,6 +26,7 @@ import html
 import json
 import logging
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from gateway.channels.matrix_keys import DeviceKeys, store_key
 from gateway.channels.platform import patiently
 from gateway.channels.questions import Questions, first_word_choices
 from gateway.channels.reply import Buttons
+from gateway.channels.untrusted import file_of, files_of, read_each
 
 log = logging.getLogger("gateway.channels.matrix")
 
@@ -135,19 +137,11 @@ class Matrix:
                 events = list(room.timeline.events)
                 if room.timeline.limited:  # more happened than one sync brings: the rest read back to our token
                     events = [*await self._gap(room_id, room.timeline.prev_batch, offset), *events]
-                for event in events:  # nio has decrypted what it holds the keys of
-                    if isinstance(event, nio.MegolmEvent) and self.client.olm is not None:
-                        await self.keys.wait_for_key(room_id, event)
-                        continue
-                    update = await self._update(room_id, event.source)
-                    if update is not None:
-                        updates.append(update)
+                updates += await read_each(events, partial(self._timeline_event, room_id), what="Matrix")
         if self.client.olm is not None:
             await self.keys.exchange()
-            for room_id, source in await self.keys.readable():
-                update = await self._update(room_id, source)
-                if update is not None:
-                    updates.append(update)
+            updates += await read_each(await self.keys.readable(), lambda found: self._update(*found),
+                                       what="Matrix")
         return str(sync.next_batch), updates
 
     async def _gap(self, room_id: str, start: str, until: str) -> list[Any]:
@@ -167,6 +161,12 @@ class Matrix:
                     room_id, GAP_PAGES * 100)
         return list(reversed(found))
 
+    async def _timeline_event(self, room_id: str, event: Any) -> ChannelUpdate | None:
+        if isinstance(event, nio.MegolmEvent) and self.client.olm is not None:  # nio decrypted what it could
+            await self.keys.wait_for_key(room_id, event)
+            return None
+        return await self._update(room_id, event.source)
+
     def _invitation(self, room_id: str, room: Any) -> ChannelUpdate | None:
         for event in room.invite_state:  # nio's own events (it takes the content out of their source)
             if (isinstance(event, nio.InviteMemberEvent) and event.state_key == self.bot_id
@@ -184,8 +184,8 @@ class Matrix:
         if kind == "m.room.encrypted":
             await self._decline_encrypted(room_id)
             return None
-        content = source.get("content") or {}
-        relates = content.get("m.relates_to") or {}
+        content = _object(source.get("content"))  # any member of a room (or its server) writes these
+        relates = _object(content.get("m.relates_to"))
         base = ChannelUpdate(channel=NAME, event_id=str(source["event_id"]), user=user_key(sender),
                              username=sender.removeprefix("@"), chat=room_id, group=self._group(room_id),
                              platform_message=str(source["event_id"]))
@@ -196,20 +196,20 @@ class Matrix:
             return None
         msgtype = content.get("msgtype")
         text = _without_reply_fallback(str(content.get("body") or ""))
-        replied = str((relates.get("m.in_reply_to") or {}).get("event_id") or "")
+        replied = str(_object(relates.get("m.in_reply_to")).get("event_id") or "")
         if replied:
             data = await self.questions.answer(replied, text.split("\n")[0])
             if data:
                 return base.model_copy(update={"press": room_id, "data": data})
         files: list[ChannelFile] = []
         if msgtype in ("m.file", "m.image", "m.audio", "m.video") and (ref := _attachment(content)):
-            info = content.get("info") or {}
-            files = [ChannelFile(ref=ref, name=str(content.get("filename") or text or "file"),
-                                 size=int(info.get("size") or 0), mime=str(info.get("mimetype") or ""))]
-            text = ""
+            info = _object(content.get("info"))
+            files = files_of([file_of(ref, content.get("filename") or text, info.get("size"), info.get("mimetype"))])
+            text = "" if files else text  # a file that cannot be fetched: its name is what was said
         elif msgtype not in ("m.text", "m.emote"):  # m.notice is what bots say: never answered (no loops)
             return None
-        mentions = (content.get("m.mentions") or {}).get("user_ids") or []
+        mentions = _object(content.get("m.mentions")).get("user_ids")
+        mentions = mentions if isinstance(mentions, list) else []
         local = self.bot_id.removeprefix("@").partition(":")[0]
         mentioned = (not base.group or self.bot_id in mentions or self.bot_id in text
                      or bool(re.search(rf"(?<![\w@]){re.escape(local)}\b", text, re.I)))
@@ -325,6 +325,11 @@ def _content(rendered: str) -> dict[str, Any]:
     """A text message: the rendered HTML, and the same as plain text for clients without HTML."""
     plain = html.unescape(re.sub(r"<[^>]+>", "", rendered))
     return {"msgtype": "m.text", "body": plain, "format": "org.matrix.custom.html", "formatted_body": rendered}
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A JSON object an event should hold here; anything else (a string, a list) as an empty one."""
+    return value if isinstance(value, dict) else {}
 
 
 def _attachment(content: dict[str, Any]) -> str:

@@ -46,6 +46,7 @@ from gateway.channels.markup import fitted, slack_mrkdwn
 from gateway.channels.platform import Hook, Take
 from gateway.channels.reply import Buttons
 from gateway.channels.slack_catch_up import CatchUp, message_id, slack_ts
+from gateway.channels.untrusted import file_of, files_of
 
 log = logging.getLogger("gateway.channels.slack")
 
@@ -368,13 +369,10 @@ def _blocks(rendered: str, buttons: Buttons) -> list[dict[str, Any]]:
 
 
 def _files(event: dict[str, Any]) -> list[ChannelFile]:
-    found = []
-    for file in event.get("files") or []:
-        url = file.get("url_private_download") or file.get("url_private")
-        if url:
-            found.append(ChannelFile(ref=str(url), name=str(file.get("name") or file.get("id") or "file"),
-                                     size=int(file.get("size") or 0), mime=str(file.get("mimetype") or "")))
-    return found[:10]
+    described = event.get("files")
+    return files_of(file_of(file.get("url_private_download") or file.get("url_private"),
+                            file.get("name") or file.get("id"), file.get("size"), file.get("mimetype"))
+                    for file in (described if isinstance(described, list) else []) if isinstance(file, dict))
 
 
 def _unescaped(text: str) -> str:

@@ -22,6 +22,7 @@ from bus.redis_client import RedisAway
 from bus.streams import Bus
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.platform import Take
+from gateway.channels.untrusted import read_one
 
 log = logging.getLogger("gateway.channels.slack")
 
@@ -91,7 +92,7 @@ class CatchUp:
                 event = {**message, "type": "message", "channel": channel, "channel_type": kind}
                 if event.get("thread_ts") == event["ts"] and event.get("subtype") != "thread_broadcast":
                     del event["thread_ts"]  # a thread's first message: said at the top, as it arrived live
-                update = await self.read(event)
+                update = await read_one(event, self.read, what="Slack")
                 if take is None or not await take(message_id(channel, str(event["ts"])), update):
                     return  # the bus is away: Slack's own retries bring these
                 if update is not None:

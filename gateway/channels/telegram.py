@@ -28,6 +28,7 @@ from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.markup import fitted
 from gateway.channels.platform import Hook
 from gateway.channels.reply import Buttons
+from gateway.channels.untrusted import file_of, files_of, read_each
 
 log = logging.getLogger("gateway.channels.telegram")
 
@@ -106,7 +107,7 @@ class Telegram:
                                                  allowed_updates=["message", "callback_query"])
         if not updates:
             return offset, []
-        return str(updates[-1].update_id + 1), [u for u in map(self._update, updates) if u is not None]
+        return str(updates[-1].update_id + 1), await read_each(updates, self._update, what="Telegram")
 
     def refusal(self, headers: Mapping[str, str], body: bytes) -> str | None:
         """Every request must carry the secret token registered with the webhook."""
@@ -219,16 +220,15 @@ def _keyboard(buttons: Buttons) -> InlineKeyboardMarkup | None:
 
 
 def _files(message: Message) -> list[ChannelFile]:
-    found: list[ChannelFile] = []
+    found: list[ChannelFile | None] = []
     if message.document is not None:
         doc = message.document
-        found.append(ChannelFile(ref=doc.file_id, name=doc.file_name or f"file-{message.message_id}",
-                                 size=doc.file_size or 0, mime=doc.mime_type or ""))
+        found.append(file_of(doc.file_id, doc.file_name or f"file-{message.message_id}", doc.file_size,
+                             doc.mime_type))
     if message.photo:
         largest = message.photo[-1]  # Telegram lists a photo's sizes smallest first
-        found.append(ChannelFile(ref=largest.file_id, name=f"photo-{message.message_id}.jpg",
-                                 size=largest.file_size or 0, mime="image/jpeg"))
-    return found
+        found.append(file_of(largest.file_id, f"photo-{message.message_id}.jpg", largest.file_size, "image/jpeg"))
+    return files_of(found)
 
 
 def _without(text: str, mention: str) -> str:

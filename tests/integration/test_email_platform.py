@@ -121,6 +121,24 @@ async def test_html_attachments_and_an_approval_answered_by_reply(dovecot: Dovec
         await email.close()
 
 
+async def test_a_mail_with_an_odd_attachment_is_read_and_the_mail_after_it_too(
+        dovecot: Dovecot, smtp: SmtpSink, bus: Bus) -> None:
+    email = Email(settings(dovecot, smtp), bus)
+    await email.start()
+    try:
+        offset, _ = await email.poll("")
+        odd = mail(ALICE, "see attached")
+        odd.add_attachment(b"data", maintype="application", subtype="x" * 300, filename="f" * 300 + ".bin")
+        dovecot.deliver(odd)  # a type past what a file's description holds: cut, never a stuck mailbox
+        dovecot.deliver(mail(ALICE, "and this one"))
+        _, updates = await email.poll(offset)
+        assert [u.text.rsplit("\n", 1)[-1] for u in updates] == ["see attached", "and this one"]
+        [file] = updates[0].files
+        assert file.mime == "" and len(file.name) <= 255 and await email.fetch_file(file, 1 << 20) == b"data"
+    finally:
+        await email.close()
+
+
 async def test_tls_both_ways_and_credentials_refused_plainly(
         dovecot: Dovecot, mail_certs: Path, bus: Bus, tmp_path: Path) -> None:
     for tls, imap_port, sink in (("starttls", dovecot.port, SmtpSink(mail_certs)),

@@ -57,6 +57,7 @@ def tags_of(rendered: str) -> _Tags:
 @pytest.mark.parametrize("hostile", [
     "<a href='http://evil'>click</a>", "</b></pre><script>x</script>", "**bold <i>** mixed</i>",
     "[totally safe](javascript:alert(1))", "```\n</pre><b>\n```", "`<code>` & &amp; &lt;", "*_*_*_", "<<<>>>",
+    "**a _b** c_", "_a **b_ c**", "**a *b** c*", "*a **b* c**",  # an italic across a bold's edge
 ])
 def test_the_models_text_never_opens_closes_or_links_a_tag(hostile: str) -> None:
     parser = tags_of(telegram_html(hostile))

@@ -69,6 +69,13 @@ def test_html_is_text_without_scripts_styles_or_quoted_history() -> None:
     assert "the doc (https://example.com/doc)" in text and "old thread" not in text
 
 
+def test_html_blocks_and_breaks_are_lines_however_many_there_are() -> None:
+    text = mailtext.text_of_html("<div><p>one</p><p>two<br>three</p></div>" + "<p>x</p>" * 5000 + "end<br>")
+    lines = text.split("\n")
+    assert lines[:5] == ["one", "", "two", "three", ""] and lines.count("x") == 5000 and lines[-1] == "end"
+    assert len(mailtext.text_of_html("<p>" + "y" * (mailtext.HTML_READ + 10) + "</p>")) == mailtext.HTML_READ - 3
+
+
 def test_broken_charsets_and_encodings_still_read() -> None:
     broken = raw(f"From: {ALICE}\nSubject: x\nContent-Type: text/plain; charset=no-such-charset\n"
                  "Content-Transfer-Encoding: base64\n\naGVsbG8gd29ybGQ=\n")

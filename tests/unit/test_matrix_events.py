@@ -137,3 +137,29 @@ async def test_a_send_retried_whole_goes_on_from_the_step_that_failed(matrix: Ma
     assert again == "$event-0" and [k for k, _ in first.events.values()].count("m.room.message") == 1
     assert len([k for k, _ in first.events.values() if k == "m.reaction"]) == 3  # none twice
     assert first.asked.count("m.reaction") == 3  # the first reaction was not sent again
+
+
+@pytest.mark.parametrize("odd", [
+    {"m.relates_to": "x"}, {"m.relates_to": {"m.in_reply_to": "x"}}, {"m.mentions": []},
+    {"m.mentions": {"user_ids": "@pincer:example.org"}}, {"m.relates_to": ["x"]},
+])
+async def test_fields_of_the_wrong_kind_read_as_absent(matrix: Matrix, odd: dict[str, Any]) -> None:
+    said = await matrix._update(ROOM, message("hello", **odd))  # any room member (or their server) writes these
+    assert said is not None and said.text == "hello"
+
+
+@pytest.mark.parametrize(("content", "name", "size"), [
+    ({"info": "x"}, "notes.txt", 0), ({"info": {"size": "big"}}, "notes.txt", 0),
+    ({"info": {"size": -1, "mimetype": "t" * 300}}, "notes.txt", 0), ({"filename": "n" * 300}, "n" * 255, 0),
+    ({"info": {"size": 12, "mimetype": "text/plain"}}, "notes.txt", 12),
+])
+async def test_a_files_description_is_cut_to_fit_or_read_as_unknown(matrix: Matrix, content: dict[str, Any],
+                                                                    name: str, size: int) -> None:
+    event = message("notes.txt", msgtype="m.file", url="mxc://example.org/abc", **content)
+    said = await matrix._update(ROOM, event)
+    assert said is not None and [(f.name, f.size) for f in said.files] == [(name, size)] and said.text == ""
+
+
+async def test_a_file_that_cannot_be_fetched_leaves_its_words(matrix: Matrix) -> None:
+    said = await matrix._update(ROOM, message("notes.txt", msgtype="m.file", url="mxc://example.org/" + "a" * 600))
+    assert said is not None and said.files == [] and said.text == "notes.txt"
