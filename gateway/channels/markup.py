@@ -41,13 +41,17 @@ def _inline(text: str) -> str:
         return ITALIC.sub(r"<i>\1</i>", part)
 
     def plain(part: str) -> str:
-        # Italics within each bold span and between them, never across a bold's edge: "**a _b** c_" would
-        # overlap the tags, and Telegram refuses the whole message for that.
-        escaped, out, last = html.escape(part, quote=False), [], 0
-        for found in BOLD.finditer(escaped):
-            out += [italics(escaped[last:found.start()]), f"<b>{italics(found.group(1))}</b>"]
-            last = found.end()
-        return "".join([*out, italics(escaped[last:])])
+        # Each bold span is one unit to the italics around it (a mark "<N>", which escaped text cannot hold):
+        # an italic may hold a whole bold span, never end inside one ("**a _b** c_" would overlap the tags,
+        # and Telegram refuses the whole message for that).
+        spans: list[str] = []
+
+        def mark(found: re.Match[str]) -> str:
+            spans.append(f"<b>{italics(found.group(1))}</b>")
+            return f"<{len(spans) - 1}>"
+
+        marked = italics(BOLD.sub(mark, html.escape(part, quote=False)))
+        return re.sub(r"<(\d+)>", lambda found: spans[int(found.group(1))], marked)
 
     return _coded(text, lambda code: f"<code>{html.escape(code, quote=False)}</code>", plain)
 

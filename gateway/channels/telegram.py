@@ -28,7 +28,7 @@ from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.channels.markup import fitted
 from gateway.channels.platform import Hook
 from gateway.channels.reply import Buttons
-from gateway.channels.untrusted import file_of, files_of, read_each
+from gateway.channels.untrusted import file_of, files_of, read_each, read_one
 
 log = logging.getLogger("gateway.channels.telegram")
 
@@ -119,7 +119,7 @@ class Telegram:
     async def read_hook(self, headers: Mapping[str, str], body: bytes) -> Hook:
         """An update as a webhook request carries it: its id, and what the kit handles of it (if anything)."""
         update = Update.de_json(json.loads(body), self.bot)
-        return Hook(event_id=str(update.update_id), update=self._update(update))
+        return Hook(event_id=str(update.update_id), update=await read_one(update, self._update, what="Telegram"))
 
     async def set_webhook(self) -> None:
         async with translated("setWebhook"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bus.config import Config, ConfigError
+from bus.numbers import whole_number
 from gateway.channels.config import KNOWN, ChannelCommon, ChannelSettings
 from gateway.channels.errors import PlatformAway, PlatformRefused
 from gateway.cli.answers import Asker, Unanswered, config_target, merge_config, outranked, store_secrets
@@ -123,7 +124,7 @@ def _check(question: Question) -> Any:
     if question.key == "tls":
         return lambda answer: None if answer in PORTS else "ssl, starttls or none"
     if question.key.endswith("_port"):
-        return lambda answer: None if answer.isdigit() and 0 < int(answer) < 65536 else "a port number"
+        return lambda answer: None if 0 < (whole_number(answer) or 0) < 65536 else "a port number"
     if question.default is None:
         return lambda answer: None if answer else "an answer is needed"
     return lambda answer: None

@@ -125,6 +125,8 @@ class SessionRoutes:
         await self.turns.own_session(identity, session_id, existing=True)
         target = f"{owner_of(session_id)}{SEPARATOR}{body.name}"
         check_session_name(body.name)
+        if await self.sessions.exists(target):  # before it is charged: the page tries the next name on a 409
+            raise Refused(ErrorCode.CONFLICT, "a session of that name exists already: choose another name")
         # Copying messages costs what sending them did (at most a burst): a fork is no cheaper way to fill Redis.
         await self.turns.limits.take_message(identity.name, messages=body.at)
         try:

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urljoin
 
+from bus.numbers import whole_number
 from bus.protocol import ErrorCode
 from hands.errors import ToolFailure
 from hands.netguard import Target, resolve
@@ -65,7 +66,8 @@ def _from_search(url: str, ctx: ToolContext) -> str:
     """``#N``: the N-th result of the web_search asked for in the same response (run before this call)."""
     if not url.startswith("#"):
         return url
-    if not url[1:].isdigit() or int(url[1:]) < 1:
+    index = whole_number(url[1:]) or 0
+    if index < 1:
         raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"url {url!r}: use an http(s) URL, or #N (N from 1) for the "
                           "N-th result of a web_search in the same response")
     searches = [p for p in (ctx.call.prior if ctx.call else []) if p.tool == "web_search" and p.success]
@@ -73,7 +75,6 @@ def _from_search(url: str, ctx: ToolContext) -> str:
         raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"url {url!r} names a search result, but no web_search "
                           "succeeded before this call in the same response; call web_search with it, or give a URL")
     found = [r.get("url", "") for s in searches for r in (s.data or {}).get("results", [])]
-    index = int(url[1:])
     if index > len(found):
         raise ToolFailure(ErrorCode.INVALID_ARGUMENTS, f"url {url!r}: the search before it found {len(found)} "
                           "result(s)", suggestions=[f"use #1 to #{len(found)}"] if found else [])

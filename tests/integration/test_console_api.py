@@ -403,6 +403,8 @@ async def test_a_fork_costs_one_message_for_each_it_copies_up_to_a_burst(bus: Bu
         _refused(await alice.post("/v1/sessions/long/fork", json={"at": 3, "name": "b"}), 429,
                  "this counts as 3", "messages_per_minute")
         assert not await sessions.exists("alice/b")
+        _refused(await alice.post("/v1/sessions/long/fork", json={"at": 2, "name": "a"}), 409, "exists already")
+        # The 409 cost nothing: 2 are left for this one.
         assert (await alice.post("/v1/sessions/long/fork", json={"at": 2, "name": "c"})).status_code == 201
         # A fork longer than a burst costs the whole burst: it waits for a full bucket, and is not refused for ever.
         refused = await alice.post("/v1/sessions/long/fork", json={"at": 8, "name": "d"})

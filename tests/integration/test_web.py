@@ -133,8 +133,9 @@ async def test_a_fetch_can_name_a_result_of_the_search_before_it(web: str, bus, 
     assert beyond.error.code is ErrorCode.INVALID_ARGUMENTS and "found 2 result(s)" in beyond.error.message
     alone = await fetch("#1", [])
     assert alone.error.code is ErrorCode.INVALID_ARGUMENTS and "no web_search succeeded" in alone.error.message
-    junk = await fetch("#one", [search])
-    assert junk.error.code is ErrorCode.INVALID_ARGUMENTS and "#N" in junk.error.message
+    for odd in ("#one", "#\u00b2", "#" + "9" * 40):  # "²" passes str.isdigit and fails int()
+        junk = await fetch(odd, [search])
+        assert junk.error.code is ErrorCode.INVALID_ARGUMENTS and "#N" in junk.error.message
 
 
 async def test_caps_and_http_errors(web: str, call) -> None:

@@ -65,6 +65,13 @@ def test_the_models_text_never_opens_closes_or_links_a_tag(hostile: str) -> None
     assert set(parser.tags) <= {"b", "i", "code", "pre"} and "a" not in parser.tags
 
 
+def test_an_italic_may_hold_a_whole_bold_span_but_never_end_inside_one() -> None:
+    assert telegram_html("_see **this** now_") == "<i>see <b>this</b> now</i>"
+    assert telegram_html("**a _b_ c** and _d_") == "<b>a <i>b</i> c</b> and <i>d</i>"
+    assert telegram_html("**a _b** c_") == "<b>a _b</b> c_"
+    assert telegram_html("**x** <0> _y_") == "<b>x</b> &lt;0&gt; <i>y</i>"  # the mark a bold span leaves is not text's
+
+
 def test_markdown_forms_become_telegram_tags_and_links_become_plain_text() -> None:
     rendered = telegram_html("**Done**: see `out.txt` and [the docs](https://example.com/x)\n```py\nx < 1\n```")
     assert rendered == ("<b>Done</b>: see <code>out.txt</code> and the docs (https://example.com/x)\n"
