@@ -84,6 +84,9 @@ class CallRecords:
     async def _claim(self, call: ToolExecute, mine: bytes) -> ToolResult | ToolFailure | None:
         key = self.keys.call_record(call.call_id)
         while True:
+            kept = self._unwritten.get(call.call_id)
+            if kept is not None:  # the run this one waited for ended here; its record is on its way
+                return kept
             if await self.bus.redis.set(key, mine, nx=True, px=self.keep_ms):
                 return None
             record = await self.bus.redis.get(key)
@@ -111,16 +114,21 @@ class CallRecords:
             await asyncio.sleep(0.05)  # the same call is running elsewhere: its result will be ours
 
     async def done(self, call: ToolExecute, result: ToolResult) -> None:
-        """Keep the result as the call's record; while Redis is away, here, and in Redis once it answers."""
+        """Keep the result as the call's record; while Redis is away, here, and in Redis once it answers.
+        Called with no await since the run left ``running_here``: a second delivery waiting for that run
+        (its record still says running here) must find the result here until Redis has it, or it would
+        take the record for a claim cut off before the run started, and run the call again."""
+        self._unwritten[call.call_id] = result
         packed = pack(result.model_dump(mode="json", exclude_none=True))
         key = self.keys.call_record(call.call_id)
         try:
             await self.bus.redis.set(key, packed, px=self.keep_ms)
         except RedisAway as exc:  # the answer goes on; a second delivery here gets the kept result
             log.warning("call record not written yet %s: %s", kv(call=call.call_id), exc)
-            self._unwritten[call.call_id] = result
             self._settle(f"the record of {call.call_id}", self.bus.redis.set, key, packed, px=self.keep_ms,
                          then=lambda: self._unwritten.pop(call.call_id, None))
+        else:
+            self._unwritten.pop(call.call_id, None)
 
     def _settle(self, what: str, command: Callable[..., Awaitable[Any]], *args: Any,
                 then: Callable[[], object] = lambda: None, **kwargs: Any) -> None:

@@ -139,3 +139,47 @@ async def test_a_result_redis_did_not_take_is_kept_and_written_when_it_answers(b
 async def _is_result(bus: Bus, key: str) -> bool:
     record = await bus.redis.get(key)
     return record is not None and not record.startswith(b"running:")
+
+
+class HeldResult:
+    """A Redis client whose ``set`` of a result (not a claim) waits until ``let_go`` is set, and which counts
+    the reads of a record."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis, self.let_go, self.holding, self.reads = redis, asyncio.Event(), asyncio.Event(), 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.redis, name)
+
+    async def set(self, key: str, value: bytes, **kwargs: Any) -> Any:
+        if not value.startswith(b"running:"):
+            self.holding.set()
+            await self.let_go.wait()
+        return await self.redis.set(key, value, **kwargs)
+
+    async def get(self, key: str) -> Any:
+        self.reads += 1
+        return await self.redis.get(key)
+
+
+async def test_a_delivery_waiting_on_a_run_here_gets_its_result_while_the_record_is_written(bus: Bus) -> None:
+    running = {"between"}
+    redis = HeldResult(bus.redis)
+    records = CallRecords(SimpleNamespace(redis=redis, keys=bus.keys), "w-here", keep_s=60,
+                          running_here=lambda call_id: call_id in running)
+    assert await records.claim(_call("between")) is None  # the first delivery runs it
+    second = asyncio.ensure_future(records.claim(_call("between")))  # the same call again: waits for that run
+    await async_wait_until(lambda: _read(redis), timeout=10, what="the second delivery waiting on the run")
+    result = ToolResult(call_id="between", success=True, data="ran once", metadata=ResultMetadata(tool_name="once"))
+    running.discard("between")  # the run ends, and its record is on its way (held) while the second looks again
+    written = asyncio.ensure_future(records.done(_call("between"), result))
+    await redis.holding.wait()
+    assert await asyncio.wait_for(second, 10) == result  # not None: that would be a second run of the call
+    redis.let_go.set()
+    await written
+    assert msgpack.unpackb(await bus.redis.get(bus.keys.call_record("between")), raw=False)["data"] == "ran once"
+    await records.close()
+
+
+async def _read(redis: HeldResult) -> bool:
+    return redis.reads > 0
