@@ -108,6 +108,10 @@ async def main(args: argparse.Namespace) -> None:
         bus = Bus.from_settings(RedisSettings(prefix="scale:"), url)
         try:
             await populate(bus, args.people)
+            if importlib.util.find_spec("memory.session_index"):  # the owners' lists, as a Gateway's start builds
+                from memory.sessions import SessionStore
+
+                await SessionStore(bus.redis, bus.keys).catch_up()
             results = {}
             for name, ref in (("old " + args.old, args.old), ("this release", None)):
                 command = [sys.executable, __file__, "--child", url, "--people", str(args.people)]

@@ -190,6 +190,16 @@ class Keys:
         """Sorted set of session ids, scored by last activity."""
         return f"{self.prefix}sessions"
 
+    def sessions_of(self, owner: str) -> str:
+        """Sorted set of one owner's session ids (``owner/...``), scored by last activity: a list that
+        reads only theirs (memory/session_index.py)."""
+        return f"{self.prefix}sessions:of:{owner}"
+
+    @property
+    def sessions_indexed(self) -> str:
+        """When the owners' lists last caught up with the pool's (seconds since the epoch)."""
+        return f"{self.prefix}sessions:indexed"
+
     def session_owner(self, session_id: str) -> str:
         """Name of the Gateway token that started the session (only it, or an operator, may use it)."""
         return f"{self.prefix}session:{{{session_id}}}:owner"

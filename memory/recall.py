@@ -46,6 +46,7 @@ from memory.log import MemoryLog, session_forgotten
 from memory.log import note_deleted as note_deleted  # the log's entries, named where the index reads them
 from memory.log import note_written as note_written
 from memory.log import said as said
+from memory.session_index import SessionIndex
 
 log = logging.getLogger("memory.recall")
 READ_BATCH = 2_000
@@ -70,11 +71,6 @@ def _said(line: str) -> None:
 
 def _quiet(_line: str) -> None:
     """A build too small to report (one batch)."""
-
-
-def _glob(text: str) -> str:
-    """``text`` matched literally by a Redis MATCH pattern."""
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def _ms(entry_id: str) -> int:
@@ -305,8 +301,7 @@ class Recall:
         """``owner``'s sessions and their transcripts' lengths."""
         if not owner:
             return []
-        found = [member.decode(errors="replace") async for member, _ in
-                 self.redis.zscan_iter(self.keys.sessions, match=f"{_glob(owner)}/*", count=1_000)]
+        found = await SessionIndex(self.redis, self.keys).newest(owner)
         async with self.redis.pipeline(transaction=False) as pipe:
             for session_id in found:
                 pipe.llen(self.keys.transcript(session_id))

@@ -20,6 +20,7 @@ from bus.protocol import now_ms
 from bus.scripts import ScriptCall, lua
 from bus.store import RedisStore
 from memory.log import MemoryLog, said
+from memory.session_index import Caught, SessionIndex
 from memory.transcript_cache import Held, TranscriptCache, held_bytes
 
 if TYPE_CHECKING:
@@ -147,6 +148,14 @@ def _parsed(raw: list[bytes]) -> list[TranscriptEntry]:
     return [TranscriptEntry.model_validate(msgpack.unpackb(item, raw=False)) for item in raw]
 
 
+def session_keys(keys: Keys, session_id: str) -> list[str]:
+    """Every key of a session but its transcript: what deleting it removes, and what lapses with it (one
+    hash tag, so a script may take them all)."""
+    return [keys.session_seq(session_id), keys.session_done(session_id), keys.session_owner(session_id),
+            keys.session_events(session_id), keys.session_events_seq(session_id), keys.session_record(session_id),
+            keys.session_record_parts(session_id), keys.session_about(session_id), keys.session_processes(session_id)]
+
+
 class SessionStore:
     def __init__(self, redis: RedisStore, keys: Keys, *, cache_bytes: int = 0, batcher: Batcher | None = None) -> None:
         """``cache_bytes``: keep transcripts read, up to about that much memory, and read only what each
@@ -159,6 +168,7 @@ class SessionStore:
         self._adopt = redis.register_script(ADOPT)
         self._about = redis.register_script(ABOUT)
         self.log = MemoryLog(redis, keys)
+        self.index = SessionIndex(redis, keys)
 
     def append(self, session_id: str, *entries: TranscriptEntry) -> Awaitable[object]:
         """Add entries to the transcript: kept once what this returns is awaited. With a batcher they are
@@ -173,7 +183,7 @@ class SessionStore:
 
         def build(pipe: Any) -> None:
             pipe.rpush(self.keys.transcript(session_id), *packed)
-            pipe.zadd(self.keys.sessions, {session_id: time.time()})
+            self.index.touch(pipe, session_id, time.time())
             if asked is not None:  # titled by its first message, until someone names it
                 ScriptCall(ABOUT, (self.keys.session_about(session_id), self.keys.transcript(session_id)),
                            ("first", title_of(asked))).add(pipe)
@@ -240,11 +250,7 @@ class SessionStore:
         """Let every key of the session lapse ``ttl_s`` from now (a session a client did not name), its
         event log too."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            for key in (self.keys.session_owner(session_id), self.keys.transcript(session_id),
-                        self.keys.session_seq(session_id), self.keys.session_done(session_id),
-                        self.keys.session_events(session_id), self.keys.session_events_seq(session_id),
-                        self.keys.session_record(session_id), self.keys.session_record_parts(session_id),
-                        self.keys.session_about(session_id)):
+            for key in (self.keys.transcript(session_id), *session_keys(self.keys, session_id)):
                 pipe.expire(key, ttl_s)
             await pipe.execute()
 
@@ -302,15 +308,18 @@ class SessionStore:
 
     async def list_sessions(self, *, owner: str | None = None) -> list[str]:
         """Sessions newest first; only ``owner``'s when given. Ids whose transcript lapsed are dropped."""
-        ids = [s.decode() for s in await self.redis.zrevrange(self.keys.sessions, 0, -1)]
+        ids = await self.index.newest(owner)
         async with self.redis.pipeline(transaction=False) as pipe:
             for session_id in ids:
                 pipe.exists(self.keys.transcript(session_id))
                 pipe.get(self.keys.session_owner(session_id))
             found = await pipe.execute()
         gone = [i for n, i in enumerate(ids) if not found[2 * n]]
-        if gone:
-            await self.redis.zrem(self.keys.sessions, *gone)
+        if gone:  # lapsed: what is left of them goes too (their words in the memory log, say)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for session_id in gone:
+                    self.deleting(pipe, session_id)
+                await pipe.execute()
         return [i for n, i in enumerate(ids) if found[2 * n]
                 and (owner is None or (found[2 * n + 1] or b"").decode() == owner)]
 
@@ -367,11 +376,15 @@ class SessionStore:
     async def delete(self, session_id: str) -> None:
         """The session's transcript, events, flight record and state, and its words in the memory log."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.delete(self.keys.transcript(session_id), self.keys.session_seq(session_id),
-                        self.keys.session_done(session_id), self.keys.session_owner(session_id),
-                        self.keys.session_events(session_id), self.keys.session_events_seq(session_id),
-                        self.keys.session_record(session_id), self.keys.session_record_parts(session_id),
-                        self.keys.session_about(session_id))
-            pipe.zrem(self.keys.sessions, session_id)
-            self.log.forgotten(pipe, session_id)  # its words leave the memory log and every worker's index
+            self.deleting(pipe, session_id)
             await pipe.execute()
+
+    def deleting(self, pipe: Any, session_id: str) -> None:
+        """``delete`` as pipeline commands."""
+        pipe.delete(self.keys.transcript(session_id), *session_keys(self.keys, session_id))
+        self.index.forget(pipe, session_id)
+        self.log.forgotten(pipe, session_id)  # its words leave the memory log and every worker's index
+
+    async def catch_up(self) -> Caught:
+        """The owners' lists brought up to the pool's, and what lapsed deleted (``SessionIndex.catch_up``)."""
+        return await self.index.catch_up(drop=self.deleting)

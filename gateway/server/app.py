@@ -9,6 +9,7 @@ started; an ``operator`` token sees all. The OpenAI-compatible routes live in
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -69,6 +70,7 @@ from memory.archive import SessionArchive
 from memory.jobs import JobStore
 from memory.longterm import LongTermMemory
 from memory.retention import Archiver, RetentionLoop
+from memory.session_index import catch_up_logged
 from memory.sessions import SessionStore
 from memory.spend import SpendView
 
@@ -123,9 +125,13 @@ class Gateway:
         await self.connections.start()
         if self.retention is not None:
             await self.retention.start()
+        # In the background: with many sessions it takes a while, and lists read the pool's list meanwhile.
+        indexing = asyncio.create_task(catch_up_logged(self.sessions.catch_up), name="session-index")
         try:
             yield
         finally:
+            indexing.cancel()
+            await asyncio.gather(indexing, return_exceptions=True)
             if self.retention is not None:
                 await self.retention.close()
             await self.connections.close()

@@ -139,11 +139,11 @@ async def test_a_brain_backlog_past_the_bound_refuses_new_messages(bus: Bus) -> 
 @pytest.mark.parametrize("batched", [False, True], ids=["own-round-trip", "with-the-batcher"])
 async def test_a_session_belongs_to_the_token_that_started_it(bus: Bus, batched: bool) -> None:
     sessions = SessionStore(bus.redis, bus.keys, batcher=bus.batcher if batched else None)  # the Gateway's: batched
-    assert await sessions.claim_and_number("s1", "alice") == 1
-    assert await sessions.claim_and_number("s1", "bob") is None
-    assert await sessions.claim_and_number("s1", "ops", operator=True) == 2  # operators may, and take nothing
-    assert await sessions.claim_and_number("s1", "alice") == 3
-    assert await sessions.owner("s1") == "alice" and await sessions.owner("never") is None
+    assert await sessions.claim_and_number("alice/s1", "alice") == 1
+    assert await sessions.claim_and_number("alice/s1", "bob") is None
+    assert await sessions.claim_and_number("alice/s1", "ops", operator=True) == 2  # operators may, and take nothing
+    assert await sessions.claim_and_number("alice/s1", "alice") == 3
+    assert await sessions.owner("alice/s1") == "alice" and await sessions.owner("never") is None
 
     await sessions.append("legacy", TranscriptEntry(role="user", content="from before owners"))
     assert await sessions.owner("legacy") == ""
@@ -153,10 +153,10 @@ async def test_a_session_belongs_to_the_token_that_started_it(bus: Bus, batched:
     assert await sessions.claim_and_number("brief", "alice", ttl_s=120) == 1
     assert 0 < await bus.redis.ttl(bus.keys.session_owner("brief")) <= 120
 
-    await sessions.append("s1", TranscriptEntry(role="user", content="hi"))
-    assert await sessions.list_sessions(owner="alice") == ["s1"]
+    await sessions.append("alice/s1", TranscriptEntry(role="user", content="hi"))
+    assert await sessions.list_sessions(owner="alice") == ["alice/s1"]  # ids start with their owner's name
     assert await sessions.list_sessions(owner="bob") == []
-    assert set(await sessions.list_sessions()) == {"s1", "legacy"}
+    assert set(await sessions.list_sessions()) == {"alice/s1", "legacy"}  # an operator's ?owner=*
 
 
 @pytest.mark.parametrize(("header", "name"), [
