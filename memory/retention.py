@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from redis import exceptions as redis_errors
 
-from bus.keys import Keys
 from bus.lease import Lease
 from bus.log import kv
 from bus.loops import every, finish
@@ -39,9 +38,11 @@ from bus.settings import RetentionSettings
 from bus.streams import Bus
 from memory.archive import Archived, SessionArchive
 from memory.flight import KEEP_DAYS, FlightRecorder
-from memory.sessions import SessionStore
+from memory.sessions import SessionStore, session_keys
 
 log = logging.getLogger("memory.retention")
+GONE_WORKER_S = 3600.0  # a gone worker's stream is deleted once nothing came to it for this long
+PASS_S = 60.0  # a retention pass archives for at most this long (or half its interval), then yields
 DAY_S = 86_400
 
 # KEYS: the transcript, then the session's other keys (one slot: all are tagged with its id). ARGV: the
@@ -53,18 +54,14 @@ return 1
 """)
 
 
-def session_keys(keys: Keys, session_id: str) -> list[str]:
-    """Every key of a session but its transcript (those ``SessionStore.delete`` removes)."""
-    return [keys.session_seq(session_id), keys.session_done(session_id), keys.session_owner(session_id),
-            keys.session_events(session_id), keys.session_events_seq(session_id), keys.session_record(session_id),
-            keys.session_record_parts(session_id), keys.session_about(session_id)]
-
-
 @dataclass
 class Swept:
     archived: int = 0
     dead_letters: int = 0
     alerts: int = 0
+    indexed: int = 0  # sessions put in their owner's list (memory/session_index.py)
+    lapsed: int = 0  # sessions whose transcript had lapsed, taken off the lists
+    worker_streams: int = 0  # streams of Hands workers gone (drop_gone_workers)
 
 
 class Archiver:
@@ -76,10 +73,10 @@ class Archiver:
         self.record = FlightRecorder(bus.redis, bus.keys, keep_s=0)
         self._remove_if_unchanged = bus.redis.register_script(REMOVE_IF_UNCHANGED)
 
-    async def idle(self, keep_days: float, *, most: int) -> list[str]:
-        """Sessions with no message for ``keep_days``, the longest idle first."""
+    async def idle(self, keep_days: float, *, most: int, skip: int = 0) -> list[str]:
+        """Sessions with no message for ``keep_days``, the longest idle first (past the first ``skip``)."""
         before = self.clock() - keep_days * DAY_S
-        found = await self.bus.redis.zrangebyscore(self.bus.keys.sessions, "-inf", before, start=0, num=most)
+        found = await self.bus.redis.zrangebyscore(self.bus.keys.sessions, "-inf", before, start=skip, num=most)
         return [s.decode() if isinstance(s, bytes) else str(s) for s in found]
 
     async def gather(self, session_id: str) -> Archived | None:
@@ -129,6 +126,24 @@ class Archiver:
         return True
 
 
+async def drop_gone_workers(bus: Bus, *, now: float) -> int:
+    """Delete the stream of each Hands worker that is gone (every start has a new id, so each restart
+    left one) once nothing was sent to it for GONE_WORKER_S: a call in it would never be read, and its
+    caller gave up long ago. How many were deleted."""
+    from bus.presence import alive  # here: only a retention pass asks
+
+    prefix, live, dropped = bus.keys.hands_worker(""), set(await alive(bus, "hands")), 0
+    async for raw in bus.redis.scan_iter(match=f"{prefix}*", count=500, _type="stream"):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if key[len(prefix):] in live:
+            continue
+        last = (await bus.redis.xinfo_stream(key))["last-generated-id"]
+        last_ms = int((last.decode() if isinstance(last, bytes) else str(last)).partition("-")[0])
+        if now * 1000 - last_ms > GONE_WORKER_S * 1000:  # a live worker missing a beat, say, keeps its stream
+            dropped += await bus.redis.delete(key)
+    return dropped
+
+
 async def trim_older(bus: Bus, stream: str, days: float, *, now: float) -> int:
     """Entries of ``stream`` older than ``days`` removed (ids are milliseconds since the epoch)."""
     floor_ms = int((now - days * DAY_S) * 1000)
@@ -139,17 +154,34 @@ async def sweep(archiver: Archiver, settings: RetentionSettings) -> Swept:
     """One retention pass over the pool."""
     swept, now = Swept(), archiver.clock()
     if settings.transcript_days is not None:
-        for session_id in await archiver.idle(settings.transcript_days, most=settings.batch):
-            try:
-                swept.archived += await archiver.archive_one(session_id)
-            except (ValidationError, ValueError) as exc:  # one unreadable session must not stop the rest
-                log.warning("session not archived %s", kv(session=session_id, error=exc))
+        await _archive_idle(archiver, settings, swept)
     keys = archiver.bus.keys
     if settings.dead_letter_days is not None:
         swept.dead_letters = await trim_older(archiver.bus, keys.dead, settings.dead_letter_days, now=now)
     if settings.alert_days is not None:
         swept.alerts = await trim_older(archiver.bus, keys.alerts, settings.alert_days, now=now)
+    swept.worker_streams = await drop_gone_workers(archiver.bus, now=time.time())
+    # Last, so a failure here leaves the trims done: what an older release's writer missed, and what lapsed
+    caught = await archiver.sessions.catch_up()
+    swept.indexed, swept.lapsed = caught.put, caught.dropped
     return swept
+
+
+async def _archive_idle(archiver: Archiver, settings: RetentionSettings, swept: Swept) -> None:
+    """Batch after batch until no idle session is left or the pass has taken its time: one batch an
+    interval would fall behind a pool that starts more sessions than that."""
+    assert settings.transcript_days is not None
+    ends, unreadable = time.monotonic() + min(PASS_S, settings.interval_s / 2), 0
+    while True:
+        found = await archiver.idle(settings.transcript_days, most=settings.batch, skip=unreadable)
+        for session_id in found:
+            try:
+                swept.archived += await archiver.archive_one(session_id)
+            except (ValidationError, ValueError) as exc:  # one unreadable session must not stop the rest
+                log.warning("session not archived %s", kv(session=session_id, error=exc))
+                unreadable += 1  # still at the head of the idle ones: the next batch starts past it
+        if len(found) < settings.batch or time.monotonic() > ends:
+            return
 
 
 class RetentionLoop:
@@ -175,9 +207,10 @@ class RetentionLoop:
             try:
                 if await self.lease.take():
                     swept = await sweep(self.archiver, self.settings)
-                    if swept.archived or swept.dead_letters or swept.alerts:
+                    if swept.archived or swept.dead_letters or swept.alerts or swept.lapsed or swept.worker_streams:
                         log.info("retention pass %s", kv(archived=swept.archived, dead_letters=swept.dead_letters,
-                                                         alerts=swept.alerts))
+                                                         alerts=swept.alerts, lapsed=swept.lapsed,
+                                                         worker_streams=swept.worker_streams))
             except (redis_errors.RedisError, OSError) as exc:
                 log.warning("retention pass failed: %s", exc)
             except Exception:  # a loop that ended would let Redis grow again, silently

@@ -21,7 +21,7 @@ from gateway.server.app import Gateway
 from gateway.tokens import TokenStore
 from memory.archive import SessionArchive
 from memory.flight import FlightRecorder
-from memory.retention import DAY_S, Archiver, RetentionLoop, sweep
+from memory.retention import DAY_S, GONE_WORKER_S, Archiver, RetentionLoop, sweep
 from memory.sessions import SessionStore, TranscriptEntry
 from tests.conftest import async_wait_until
 
@@ -141,6 +141,44 @@ async def test_an_unreadable_session_is_left_and_the_others_archived(bus: Bus, t
     assert (await sweep(later(bus, tmp_path), RetentionSettings())).archived == 1
     assert await bus.redis.exists(bus.keys.transcript("alice/a"))  # kept where it is, said in the log
     assert not await bus.redis.exists(bus.keys.transcript("alice/b"))
+
+
+async def test_one_pass_archives_batch_after_batch_past_the_unreadable_ones(bus: Bus, tmp_path: Path) -> None:
+    for n in range(7):
+        await talk(bus, f"alice/s{n}", "alice", f"message {n}")
+    for n in (0, 1):  # the two longest idle cannot be read: each batch starts past them
+        await bus.redis.rpush(bus.keys.transcript(f"alice/s{n}"), b"not msgpack of an entry")
+        await bus.redis.zadd(bus.keys.sessions, {f"alice/s{n}": time.time() - 2 * LATER})
+    swept = await sweep(later(bus, tmp_path), RetentionSettings(batch=2))
+    assert swept.archived == 5  # three batches of two (and a short one), not one batch an interval
+    assert [await bus.redis.exists(bus.keys.transcript(f"alice/s{n}")) for n in range(7)] == [1, 1, 0, 0, 0, 0, 0]
+
+
+async def test_a_pass_deletes_what_is_left_of_a_lapsed_session_and_lists_the_rest(bus: Bus, tmp_path: Path) -> None:
+    await talk(bus, "alice/brief", "alice", "my locker code is 7781")
+    await talk(bus, "alice/kept", "alice", "still here")
+    assert "locker code" in await memory_log_text(bus)
+    await bus.redis.delete(bus.keys.transcript("alice/brief"))  # its time to live ran out
+    swept = await sweep(Archiver(bus, SessionArchive(tmp_path / "archive")), RetentionSettings())
+    assert swept.lapsed == 1 and swept.archived == 0
+    assert await bus.redis.exists(*session_keys(bus, "alice/brief")) == 0
+    assert "locker code" not in await memory_log_text(bus)
+    assert await bus.redis.zscore(bus.keys.sessions, "alice/brief") is None
+    assert await SessionStore(bus.redis, bus.keys).list_sessions(owner="alice") == ["alice/kept"]
+
+
+async def test_the_streams_of_hands_workers_gone_for_an_hour_are_deleted(bus: Bus, tmp_path: Path) -> None:
+    hour_ago_ms = int((time.time() - 2 * GONE_WORKER_S) * 1000)
+    for worker in ("gone-empty", "gone-quiet", "gone-lately", "live"):
+        await bus.redis.xgroup_create(bus.keys.hands_worker(worker), "hands", id="0", mkstream=True)
+    await bus.redis.xadd(bus.keys.hands_worker("gone-quiet"), {"d": "x"}, id=f"{hour_ago_ms}-0")
+    await bus.redis.xadd(bus.keys.hands_worker("gone-lately"), {"d": "a call handed on just now"})
+    await bus.redis.zadd(bus.keys.alive("hands"), {"live": time.time() + 30})  # its heartbeat is fresh
+    swept = await sweep(Archiver(bus, SessionArchive(tmp_path / "archive")), RetentionSettings())
+    assert swept.worker_streams == 2
+    left = {w for w in ("gone-empty", "gone-quiet", "gone-lately", "live")
+            if await bus.redis.exists(bus.keys.hands_worker(w))}
+    assert left == {"gone-lately", "live"}
 
 
 async def test_old_dead_letters_and_alerts_are_trimmed_new_ones_kept(bus: Bus, tmp_path: Path) -> None:
