@@ -207,7 +207,8 @@ class Discord:
         for raw in chats:
             chat = raw.decode()
             last = await self.bus.redis.get(self._seen_key(chat))
-            if last is None:
+            if last is None:  # quiet for SEEN_KEEP_S: not caught up on, nor kept in the set for ever
+                await self.bus.redis.srem(self._seen_key("*"), chat)
                 continue
             channel = client.get_partial_messageable(int(chat))
             try:

@@ -44,6 +44,7 @@ NAME = "email"
 LIMIT = 200_000  # characters of one answer: mail has no practical limit, a runaway answer does
 BATCH = 20  # mails read in one poll
 THREAD_KEEP_S = 90 * 86_400  # a conversation can be picked up again for this long
+SUBJECT_KEEP = 998  # a header line's most (RFC 5322); a longer subject is cut for the reply
 TIMEOUT_S = 30.0  # one IMAP command, or one SMTP exchange
 
 
@@ -251,8 +252,11 @@ class Email:
         event_id = f"{self._validity}:{uid}"
         base = ChannelUpdate(channel=NAME, event_id=event_id, user=mail.sender, username=mail.sender, chat=chat,
                              platform_message=mail.message_id, mentioned=True)
-        await self.book.remember(chat, Thread(to=mail.sender, subject=mail.subject, references=mail.references,
-                                              quoted=mail.text, quoted_date=mail.date))
+        # Before the access check, so a stranger's mail is kept too: only what an answer uses (its quote's
+        # first characters), not the whole of a mail that may be megabytes, for THREAD_KEEP_S
+        await self.book.remember(chat, Thread(to=mail.sender, subject=mail.subject[:SUBJECT_KEEP],
+                                              references=mail.references, quoted=mail.text[:mailtext.QUOTED_KEEP],
+                                              quoted_date=mail.date))
         pressed = await self._pressed(mail)
         if pressed is not None:  # answered in the presser's own thread (another's press is refused there)
             return base.model_copy(update={"press": chat, "data": pressed})

@@ -139,6 +139,23 @@ async def test_a_mail_with_an_odd_attachment_is_read_and_the_mail_after_it_too(
         await email.close()
 
 
+async def test_a_long_mail_keeps_only_what_its_answer_quotes(dovecot: Dovecot, smtp: SmtpSink, bus: Bus) -> None:
+    email = Email(settings(dovecot, smtp), bus)
+    await email.start()
+    try:
+        offset, _ = await email.poll("")
+        # 500 KB of text, kept 90 days even for a stranger's mail: not whole
+        dovecot.deliver(mail(ALICE, "word " * 100_000, subject="s" * 5_000))
+        _, [update] = await email.poll(offset)
+        kept = await bus.redis.get(bus.keys.channel_thread("email", update.chat))
+        assert kept is not None and len(kept) < 8_000, len(kept or b"")
+        await email.send(update.chat, "answered")
+        answer = wait_until(lambda: smtp.to(ALICE), what="the answer sent")[-1]
+        assert answer.text.startswith("answered") and "> word word" in answer.text  # its start still quoted
+    finally:
+        await email.close()
+
+
 async def test_tls_both_ways_and_credentials_refused_plainly(
         dovecot: Dovecot, mail_certs: Path, bus: Bus, tmp_path: Path) -> None:
     for tls, imap_port, sink in (("starttls", dovecot.port, SmtpSink(mail_certs)),
