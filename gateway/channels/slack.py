@@ -46,7 +46,7 @@ from gateway.channels.markup import fitted, slack_mrkdwn
 from gateway.channels.platform import Hook, Take
 from gateway.channels.reply import Buttons
 from gateway.channels.slack_catch_up import CatchUp, message_id, slack_ts
-from gateway.channels.untrusted import file_of, files_of
+from gateway.channels.untrusted import file_of, files_of, read_one
 
 log = logging.getLogger("gateway.channels.slack")
 
@@ -197,11 +197,9 @@ class Slack:
 
     async def _envelope(self, client: Any, request: SocketModeRequest) -> None:
         async with self._turn():
-            try:
-                event_id, update = await self.parse(request.type, request.payload, request.envelope_id)
-            except (KeyError, TypeError, ValueError) as exc:  # not what Slack documents: acknowledged, logged
-                log.warning("Slack: an envelope of type %s could not be read: %s", request.type, exc)
-                event_id, update = request.envelope_id, None
+            # Not what Slack documents: logged and acknowledged, or Slack would send it again for nothing
+            read = await read_one(request, self._parsed, what=f"Slack (an envelope of type {request.type})")
+            event_id, update = read or (request.envelope_id, None)
             if self._take is None or not await self._take(event_id, update):
                 return  # the bus is away: Slack delivers it again
             if update is not None and request.type == "events_api":
@@ -243,6 +241,9 @@ class Slack:
         fresh = {str(m["ts"]): m for m in found
                  if "ts" in m and slack_ts(str(m["ts"])) > after and m["ts"] != thread}
         return [fresh[ts] for ts in sorted(fresh, key=slack_ts)]
+
+    async def _parsed(self, request: SocketModeRequest) -> tuple[str, ChannelUpdate | None]:
+        return await self.parse(request.type, request.payload, request.envelope_id)
 
     async def parse(self, kind: str, payload: dict[str, Any], envelope_id: str) -> tuple[str, ChannelUpdate | None]:
         """An envelope's payload: its id (the same on Slack's redeliveries), and what the kit handles of it."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 from bus.protocol import ChannelFile, ChannelUpdate
 from bus.redis_client import RedisAway, RedisRefused
@@ -16,6 +16,7 @@ from gateway.channels.errors import PlatformAway
 log = logging.getLogger("gateway.channels")
 
 E = TypeVar("E")
+R = TypeVar("R")
 MOST_REF = 512  # ChannelFile's bounds
 MOST_NAME = 255
 
@@ -39,12 +40,17 @@ def files_of(described: Iterable[ChannelFile | None]) -> list[ChannelFile]:
     return [f for f in described if f is not None][:10]
 
 
-Read = Callable[[E], "Awaitable[ChannelUpdate | None] | ChannelUpdate | None"]
+@overload
+async def read_one(event: E, read: Callable[[E], Awaitable[R]], *, what: str) -> R | None: ...
 
 
-async def read_one(event: E, read: Read[E], *, what: str) -> ChannelUpdate | None:
-    """The event read into an update (None: nothing for the agent, or it could not be read: logged). Redis
-    or the platform away is not the event's fault: that raises, and the read is made again."""
+@overload
+async def read_one(event: E, read: Callable[[E], R], *, what: str) -> R | None: ...
+
+
+async def read_one(event: E, read: Callable[[E], Any], *, what: str) -> Any:
+    """The event read (into an update, say; None: nothing for the agent, or it could not be read: logged).
+    Redis or the platform away is not the event's fault: that raises, and the read is made again."""
     try:
         update = read(event)
         return await update if inspect.isawaitable(update) else update
@@ -55,6 +61,7 @@ async def read_one(event: E, read: Read[E], *, what: str) -> ChannelUpdate | Non
         return None
 
 
-async def read_each(events: Iterable[E], read: Read[E], *, what: str) -> list[ChannelUpdate]:
+async def read_each(events: Iterable[E], read: Callable[[E], Awaitable[ChannelUpdate | None]]
+                    | Callable[[E], ChannelUpdate | None], *, what: str) -> list[ChannelUpdate]:
     """Each event read into an update (``read_one``), those for the agent in order."""
-    return [u for u in [await read_one(event, read, what=what) for event in events] if u is not None]
+    return [u for u in [await read_one(event, read, what=what) for event in events] if isinstance(u, ChannelUpdate)]

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
 
 from bus.protocol import ChannelFile
 from bus.streams import Bus
@@ -48,6 +50,26 @@ async def test_messages_to_the_bot_and_the_rest(slack: Slack) -> None:
         event_id, nothing = await slack.parse("events_api", passed_over, "e4")
         assert nothing is None and event_id == "Ev1"
     assert await slack.parse("slash_commands", {"command": "/x"}, "e5") == ("e5", None)
+
+
+async def test_an_envelope_that_cannot_be_read_is_passed_over_and_acknowledged(slack: Slack) -> None:
+    taken: list[tuple[str, object]] = []
+    acknowledged: list[str] = []
+
+    async def take(event_id: str, update: object) -> bool:
+        taken.append((event_id, update))
+        return True
+
+    class Socket:
+        async def send_socket_mode_response(self, response: SocketModeResponse) -> None:
+            acknowledged.append(response.envelope_id)
+
+    slack._take = take
+    for n, odd in enumerate(({"event_id": "Ev1", "event": "a string"},  # AttributeError deep in the reading
+                             {"event": {"type": "message", "user": "U1", "text": "hi", "channel": "C1"}})):
+        await slack._envelope(Socket(), SocketModeRequest(type="events_api", envelope_id=f"env{n}", payload=odd))
+    assert taken == [("env0", None), ("env1", None)]  # logged, taken as nothing for the agent ...
+    assert acknowledged == ["env0", "env1"]  # ... and acknowledged, so Slack does not send it again
 
 
 async def test_a_message_is_one_event_by_its_channel_and_ts_whatever_slack_numbered_it(slack: Slack) -> None:
