@@ -59,8 +59,13 @@ class Admission:
         """``take_message`` as a script to run (alone, or as the gate of what the message does next); what
         costs as much as several messages takes that many, at most a whole burst."""
         per_ms = self.limits.messages_per_minute / 60_000
-        cost = max(1, min(messages, self.limits.burst))
-        return ScriptCall(TAKE, (self.bus.keys.message_rate(identity),), (self.limits.burst, per_ms, cost), int)
+        return ScriptCall(TAKE, (self.bus.keys.message_rate(identity),),
+                          (self.limits.burst, per_ms, self.cost_of(messages)), int)
+
+    def cost_of(self, messages: int) -> int:
+        """What taking ``messages`` costs: at most a whole burst, so a long fork waits for a full bucket
+        rather than being refused for ever."""
+        return max(1, min(messages, self.limits.burst))
 
     async def waiting(self) -> int:
         """Messages in the Brain inbox no Brain has read yet (counted up to the backlog limit)."""

@@ -61,7 +61,7 @@ class CallerLimits:
         wait_ms, result = (said, None) if then is None else said
         if wait_ms > 0:
             costs = "" if messages <= 1 else \
-                f" (this counts as {min(messages, self.settings.burst)}: one for each message it copies)"
+                f" (this counts as {self.admission.cost_of(messages)}: one for each message it copies)"
             raise Refused(ErrorCode.RATE_LIMITED, f"this token sent more than "
                           f"{self.settings.messages_per_minute} messages a minute{costs} "
                           "(gateway.limits.messages_per_minute); slow down", retry_after=-(-wait_ms // 1000))

@@ -44,14 +44,15 @@ PRICES = {MODEL: {"input_per_mtok": 1000.0, "output_per_mtok": 3000.0}}
 BUDGET = {"daily_usd": 5.0, "identities": {"alice": {"daily_usd": 0.01}}}
 
 
-@pytest.fixture
-async def api(bus: Bus) -> AsyncIterator[Any]:
-    """``api(token)``: an HTTP client of an in-process Gateway on the test's Redis (the owner's token: an
-    operator's)."""
+@contextlib.asynccontextmanager
+async def gateway_clients(bus: Bus, *, limits: dict[str, Any] | None = None, spend: SpendView | None = None,
+                          channels: list[str] | None = None) -> AsyncIterator[Any]:
+    """``client(token)``: an HTTP client of an in-process Gateway on the test's Redis (the owner's token: an
+    operator's), with ``limits`` as the gateway section's."""
     async with contextlib.AsyncExitStack() as stack:
-        settings = GatewaySettings.model_validate({"token": OWNER_TOKEN})
-        gateway = Gateway(bus, settings, instance_id="gw-console", heartbeat_s=0.5,
-                          spend=SpendView.model_validate({"budget": BUDGET}), channels=["email", "telegram"])
+        settings = GatewaySettings.model_validate({"token": OWNER_TOKEN, **({"limits": limits} if limits else {})})
+        gateway = Gateway(bus, settings, instance_id="gw-console", heartbeat_s=0.5, spend=spend or SpendView(),
+                          channels=channels or [])
         app = gateway.app()
         await stack.enter_async_context(gateway.lifespan(app))
 
@@ -60,6 +61,14 @@ async def api(bus: Bus) -> AsyncIterator[Any]:
                 transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8780",
                 headers={"Authorization": f"Bearer {token}"}))
 
+        yield client
+
+
+@pytest.fixture
+async def api(bus: Bus) -> AsyncIterator[Any]:
+    """``api(token)``: a client of the Gateway the console tests share (a budget, two channels)."""
+    async with gateway_clients(bus, spend=SpendView.model_validate({"budget": BUDGET}),
+                               channels=["email", "telegram"]) as client:
         yield client
 
 
@@ -371,13 +380,8 @@ async def test_recall_with_no_hands_worker_says_so(bus: Bus) -> None:
 
 async def test_recall_counts_against_the_callers_messages_a_minute(bus: Bus, engine) -> None:
     await engine()
-    settings = GatewaySettings.model_validate({"token": OWNER_TOKEN,
-                                               "limits": {"burst": 1, "messages_per_minute": 1}})
-    gateway = Gateway(bus, settings, instance_id="gw-recall-limits", heartbeat_s=0.5, spend=SpendView(), channels=[])
-    app = gateway.app()
-    async with gateway.lifespan(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8780",
-            headers={"Authorization": f"Bearer {await _chat_token(bus, 'alice')}"}) as alice:
+    async with gateway_clients(bus, limits={"burst": 1, "messages_per_minute": 1}) as client:
+        alice = await client(await _chat_token(bus, "alice"))
         assert (await alice.get("/v1/memory/recall?q=scarf")).status_code == 200
         _refused(await alice.get("/v1/memory/recall?q=scarf"), 429, "messages a minute")
         assert (await alice.get("/v1/memory?q=scarf")).status_code == 200  # listing asks no worker: not counted
@@ -391,13 +395,8 @@ async def test_a_fork_costs_one_message_for_each_it_copies_up_to_a_burst(bus: Bu
     for n in range(8):
         await sessions.append("alice/long", TranscriptEntry(role="user", content=f"question {n}"),
                               TranscriptEntry(role="assistant", content=f"answer {n}"))
-    settings = GatewaySettings.model_validate({"token": OWNER_TOKEN,
-                                               "limits": {"burst": 5, "messages_per_minute": 1}})
-    gateway = Gateway(bus, settings, instance_id="gw-fork-limits", heartbeat_s=0.5, spend=SpendView(), channels=[])
-    app = gateway.app()
-    async with gateway.lifespan(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8780",
-            headers={"Authorization": f"Bearer {await _chat_token(bus, 'alice')}"}) as alice:
+    async with gateway_clients(bus, limits={"burst": 5, "messages_per_minute": 1}) as client:
+        alice = await client(await _chat_token(bus, "alice"))
         made = await alice.post("/v1/sessions/long/fork", json={"at": 3, "name": "a"})
         assert made.status_code == 201 and made.json()["entries"] == 6, made.text  # 3 of the 5 taken
         _refused(await alice.post("/v1/sessions/long/fork", json={"at": 3, "name": "b"}), 429,
