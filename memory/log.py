@@ -34,8 +34,25 @@ if ARGV[2] == 'put' then redis.call('hset', KEYS[2], ARGV[1], id) else redis.cal
 return id
 """)
 
-# KEYS: the log, the session's entries. ARGV: the entry's fields.
+# KEYS: the log, the session's entries. ARGV: the entry's fields. The session's ids the log no longer holds
+# (trimmed after hands.recall.log_keep_s) leave its list from the head, two a time, so a session spoken in
+# for months keeps about a day's ids, not every one it ever had.
 SAID = lua("memory.log.said", """
+local function before(a, b)
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  if not ams or not bms then return false end
+  ams, bms = tonumber(ams), tonumber(bms)
+  return ams < bms or (ams == bms and tonumber(aseq) < tonumber(bseq))
+end
+local first = redis.call('xrange', KEYS[1], '-', '+', 'COUNT', 1)[1]
+if first then
+  for _ = 1, 2 do
+    local head = redis.call('lindex', KEYS[2], 0)
+    if not head or not before(head, first[1]) then break end
+    redis.call('lpop', KEYS[2])
+  end
+end
 local id = redis.call('xadd', KEYS[1], '*', unpack(ARGV))
 redis.call('rpush', KEYS[2], id)
 return id

@@ -92,3 +92,18 @@ async def test_copies_an_older_release_left_in_the_log_leave_it_by_age(bus: Bus)
     finally:
         stop.set()
         await running
+
+
+async def test_a_session_spoken_in_for_months_keeps_only_the_ids_the_log_still_holds(bus: Bus) -> None:
+    sessions = SessionStore(bus.redis, bus.keys)
+    for n in range(5):
+        await sessions.append("ana/daily", TranscriptEntry(role="user", content=f"day {n}: water the plants"))
+    ids = [i.decode() for i in await bus.redis.lrange(bus.keys.memory_log_session("ana/daily"), 0, -1)]
+    assert len(ids) == 5
+    await bus.redis.xtrim(bus.keys.memory_log, minid=ids[3], approximate=False)  # a day on: the log trimmed
+    for n in range(5, 7):
+        await sessions.append("ana/daily", TranscriptEntry(role="user", content=f"day {n}: water the plants"))
+    kept = [i.decode() for i in await bus.redis.lrange(bus.keys.memory_log_session("ana/daily"), 0, -1)]
+    assert kept[:2] == ids[3:] and len(kept) == 4  # each write let go of (at most two) trimmed ones
+    await sessions.delete("ana/daily")  # and deleting it still takes every word it has left
+    assert "water the plants" not in await log_text(bus)
