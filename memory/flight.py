@@ -10,7 +10,8 @@ A request's messages and tool list are stored once each by digest in the session
 referenced from the entry, so a long conversation costs one copy of each message, not one per step, and
 each is sent once per session (memory/record_parts.py).
 The record's keys share the session's hash tag, its owner and its fate (deleted with the session,
-lapsing with it), and live ``keep_s`` past their last write.
+lapsing with it), and live ``keep_s`` past their last write; each step leaves ``keep_s`` after it was
+written, so a session that never goes quiet does not keep every step it ever took.
 """
 
 from __future__ import annotations
@@ -116,8 +117,8 @@ class FlightRecorder:
         def build(pipe: Any) -> None:
             for name, text in (parts or {}).items():
                 pipe.hsetnx(stored, name, text)
-            if entry is not None:
-                pipe.xadd(record, {"e": entry})
+            if entry is not None:  # a step older than keep_s leaves, however busy the session stays
+                pipe.xadd(record, {"e": entry}, minid=f"{max(0, now_ms() - self.keep_s * 1000)}-0", approximate=False)
                 pipe.expire(record, self.keep_s)
             pipe.expire(stored, self.keep_s)
         return build

@@ -171,3 +171,17 @@ async def test_a_failed_write_makes_the_next_request_send_every_part(bus: Bus) -
     assert len(_sent_texts(bus, sent)) == 3  # the tool list and both messages: none was taken as stored
     await bus.batcher.run(lambda pipe: pipe.ping())
     assert set(await recorder.parts("s2")) == {digest(m) for m in talk} | {digest([])}
+
+
+async def test_a_session_that_never_goes_quiet_keeps_its_steps_for_keep_s_each(bus: Bus) -> None:
+    from bus.protocol import now_ms
+    from memory.flight import Step
+
+    recorder = FlightRecorder(bus.redis, bus.keys, keep_s=60)
+    record = bus.keys.session_record("alice/cron-tidy")
+    for age_s in (3600, 120, 30):  # steps written an hour, two minutes and half a minute ago
+        step = Step(kind="turn", at=now_ms() - age_s * 1000, message_id=f"m{age_s}")
+        await bus.redis.xadd(record, {"e": step.model_dump_json()}, id=f"{now_ms() - age_s * 1000}-0")
+    await recorder.write("alice/cron-tidy", Step(kind="turn", message_id="now"))
+    assert [s.message_id for s in await recorder.steps("alice/cron-tidy")] == ["m30", "now"]
+    assert 0 < await bus.redis.ttl(record) <= 60
