@@ -135,6 +135,8 @@ class BackgroundProcesses:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hset(key, mapping=record)
                 pipe.sadd(self.keys.session_processes(process.session_id), process.id)
-                if process.status != "running":
-                    pipe.expire(key, int(self.keep_s) + 60)
+                # Running: until its timeout and the keep after it, so a worker killed -9 leaves none for good
+                running_s = time.monotonic() - process.running.started
+                left_s = max(0.0, process.timeout_s - running_s) if process.status == "running" else 0.0
+                pipe.expire(key, int(left_s + self.keep_s) + 60)
                 await pipe.execute()

@@ -24,6 +24,7 @@ from gateway.turns.events import Event, Resync, SessionEvents, entry_event, even
 log = logging.getLogger("gateway.fanout")
 
 QUEUE = 256  # events waiting for one slow client before it is moved off the live feed
+WAKE_KEEP_S = 3600  # a wake stream nobody woke for an hour lapses (the next wake makes it again)
 _BEHIND = object()
 
 
@@ -115,7 +116,10 @@ class Fanout:
 
     async def _wake(self) -> None:
         with contextlib.suppress(RedisAway):
-            await self.bus.redis.xadd(self.wake_key, {"w": "1"}, maxlen=10, approximate=False)
+            async with self.bus.redis.pipeline(transaction=False) as pipe:
+                pipe.xadd(self.wake_key, {"w": "1"}, maxlen=10, approximate=False)
+                pipe.expire(self.wake_key, WAKE_KEEP_S)  # a Gateway killed -9 never deletes its own
+                await pipe.execute()
 
     async def _read_loop(self) -> None:
         wake_cursor = "$"

@@ -18,11 +18,14 @@ async def workers(engine, ws: Path):
     return [await engine(**settings), await engine(**settings)]
 
 
-async def test_a_slow_command_yields_a_background_process_that_can_be_polled_to_its_end(workers, call) -> None:
+async def test_a_slow_command_yields_a_background_process_that_can_be_polled_to_its_end(workers, call,
+                                                                                        bus: Bus) -> None:
     started = await call("exec", {"command": "echo start; sleep 1; echo done; exit 3", "yield_ms": 300})
     assert started.success and started.data["status"] == "running" and started.data["stdout"] == "start\n"
     process_id = started.data["process_id"]
     owner = started.metadata.worker_id
+    # Its record lapses even if its worker is killed -9 now: after its timeout and the keep after it
+    assert 30 < await bus.redis.ttl(bus.keys.hands_process(process_id))
     finished = await call("process", {"action": "poll", "process_id": process_id, "wait_s": 10})
     since_start = finished.data["stdout"]
     while finished.data["status"] == "running":  # a poll may wake on the new line before the exit

@@ -6,7 +6,7 @@ import asyncio
 
 from bus.protocol import ChatDelta
 from bus.streams import Bus
-from gateway.server.fanout import QUEUE, Fanout
+from gateway.server.fanout import QUEUE, WAKE_KEEP_S, Fanout
 from gateway.turns.events import Event, SessionEvents
 
 
@@ -35,6 +35,7 @@ async def test_more_clients_than_redis_connections_all_get_every_event(bus: Bus)
                 await log.append(f"many-{session}", delta(f"many-{session}", n))
         got = await asyncio.wait_for(asyncio.gather(*readers), 30)
         assert all(texts == ["t0", "t1", "t2", "t3", "t4"] for texts in got)
+        assert 0 < await bus.redis.ttl(fanout.wake_key) <= WAKE_KEEP_S  # a Gateway killed -9 leaves none for good
     finally:
         await fanout.close()
 
