@@ -45,11 +45,11 @@ if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 if not holder then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0
 """)
-# KEYS: done, lease. ARGV: owner, seq (0: none).
+# KEYS: done, lease. ARGV: owner, seq (0: none). KEEPTTL: a session that lapses takes its count with it.
 RELEASE = lua("brain.session_order.release", """
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 local seq = tonumber(ARGV[2])
-if seq > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < seq then redis.call('SET', KEYS[1], seq) end
+if seq > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < seq then redis.call('SET', KEYS[1], seq, 'KEEPTTL') end
 return 1
 """)
 

@@ -35,6 +35,12 @@ async def test_two_brains_keep_order_within_a_session_and_overlap_across(bus: Bu
     assert await bus.redis.get(bus.keys.session_done("a")) == b"3"
     assert not await bus.redis.exists(bus.keys.session_lease("a"))
 
+    await bus.redis.expire(bus.keys.session_done("b"), 600)  # a session that lapses (an unnamed one)
+    await turn(0, "b", 2)
+    await bus.batcher.run(lambda pipe: pipe.ping())
+    assert await bus.redis.get(bus.keys.session_done("b")) == b"2"
+    assert 0 < await bus.redis.ttl(bus.keys.session_done("b")) <= 600  # its count still lapses with it
+
 
 async def test_the_release_goes_with_the_next_write_and_is_sent_again_while_redis_is_away(bus: Bus) -> None:
     order = SessionOrder(bus, "b", lease_s=30, wait_s=30)
