@@ -25,6 +25,12 @@ class Keys:
     def hands_worker(self, worker_id: str) -> str:
         return f"{self.prefix}hands:worker:{worker_id}"
 
+    @property
+    def hands_workers_gone(self) -> str:
+        """Set of the workers whose stream a retention pass found with no one reading it: the next pass
+        deletes those it finds so again (memory/retention.py)."""
+        return f"{self.prefix}hands:workers-gone"
+
     def hands_lane(self, lane: str) -> str:
         """A lane of the pool's backlog (``category:code``, ``tool:<name>``): its stream of calls ready to
         start. Its queues per session and counters share its hash tag (``hands/backlog.py``)."""

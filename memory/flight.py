@@ -46,6 +46,16 @@ return 1
 """)
 
 
+# KEYS: the session's record. ARGV: the step's JSON, how long a step is kept (ms). Trimmed by the new
+# entry's own id (Redis's clock): a writer whose clock runs ahead could otherwise trim its own step.
+ADD_STEP = lua("memory.flight.add_step", """
+local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[1])
+local ms = tonumber(string.match(id, '^(%d+)-'))
+redis.call('XTRIM', KEYS[1], 'MINID', string.format('%.0f', ms - tonumber(ARGV[2])))
+return id
+""")
+
+
 class RecordError(PincerError):
     """A record that cannot be read or imported: says which line and what is wrong with it."""
 
@@ -118,7 +128,7 @@ class FlightRecorder:
             for name, text in (parts or {}).items():
                 pipe.hsetnx(stored, name, text)
             if entry is not None:  # a step older than keep_s leaves, however busy the session stays
-                pipe.xadd(record, {"e": entry}, minid=f"{max(0, now_ms() - self.keep_s * 1000)}-0", approximate=False)
+                ScriptCall(ADD_STEP, (record,), (entry, self.keep_s * 1000)).add(pipe)
                 pipe.expire(record, self.keep_s)
             pipe.expire(stored, self.keep_s)
         return build

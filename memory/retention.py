@@ -33,6 +33,7 @@ from redis import exceptions as redis_errors
 from bus.lease import Lease
 from bus.log import kv
 from bus.loops import every, finish
+from bus.redis_client import RedisAway
 from bus.scripts import lua
 from bus.settings import RetentionSettings
 from bus.streams import Bus
@@ -94,7 +95,7 @@ class Archiver:
         """Archive the session then remove it from Redis; whether it was archived now."""
         gathered = await self.gather(session_id)
         if gathered is None:  # lapsed, or its keys removed by a pass that died before the rest: finish
-            await self.sessions.delete(session_id)
+            await self.sessions.drop_lapsed([session_id])
             return False
         self.archive.write(gathered)  # fsynced: from here the session is safe on disk
         if after_write is not None:
@@ -102,7 +103,9 @@ class Archiver:
         keys = [self.bus.keys.transcript(session_id), *session_keys(self.bus.keys, session_id)]
         if not await self._remove_if_unchanged(keys=keys, args=[len(gathered.entries)]):
             return False  # a message came meanwhile: not idle any more; the file merges it next time
-        await self.sessions.delete(session_id)  # the rest: off the list, and its words out of the memory log
+        # Off the lists, and its words out of the memory log; unless someone spoke in it since the removal
+        # (its owner is back): then it is theirs, and nothing of it may go.
+        await self.sessions.drop_lapsed([session_id])
         log.info("session archived %s", kv(session=session_id, entries=len(gathered.entries)))
         return True
 
@@ -126,22 +129,38 @@ class Archiver:
         return True
 
 
-async def drop_gone_workers(bus: Bus, *, now: float) -> int:
+async def drop_gone_workers(bus: Bus, *, now: float, interval_s: float) -> int:
     """Delete the stream of each Hands worker that is gone (every start has a new id, so each restart
-    left one) once nothing was sent to it for GONE_WORKER_S: a call in it would never be read, and its
-    caller gave up long ago. How many were deleted."""
+    left one): found so by two passes in a row, with nothing sent to it for GONE_WORKER_S. A worker whose
+    heartbeat is late once (a Redis blip, a skewed clock) is not taken for gone; a call in a gone one's
+    stream would never be read, and its caller gave up long ago. How many were deleted."""
     from bus.presence import alive  # here: only a retention pass asks
 
-    prefix, live, dropped = bus.keys.hands_worker(""), set(await alive(bus, "hands")), 0
+    prefix, live = bus.keys.hands_worker(""), set(await alive(bus, "hands"))
+    suspects = {m.decode() if isinstance(m, bytes) else str(m)
+                for m in await bus.redis.smembers(bus.keys.hands_workers_gone)}
+    gone: list[str] = []
     async for raw in bus.redis.scan_iter(match=f"{prefix}*", count=500, _type="stream"):
-        key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if key[len(prefix):] in live:
+        worker_id = (raw.decode() if isinstance(raw, bytes) else str(raw))[len(prefix):]
+        if worker_id in live:
             continue
-        last = (await bus.redis.xinfo_stream(key))["last-generated-id"]
-        last_ms = int((last.decode() if isinstance(last, bytes) else str(last)).partition("-")[0])
-        if now * 1000 - last_ms > GONE_WORKER_S * 1000:  # a live worker missing a beat, say, keeps its stream
-            dropped += await bus.redis.delete(key)
-    return dropped
+        try:
+            last = (await bus.redis.xinfo_stream(prefix + worker_id))["last-generated-id"]
+        except redis_errors.ResponseError:  # deleted meanwhile
+            continue
+        if now * 1000 - int((last.decode() if isinstance(last, bytes) else str(last)).partition("-")[0]) > \
+                GONE_WORKER_S * 1000:
+            gone.append(worker_id)
+    dropped = [w for w in gone if w in suspects]
+    async with bus.redis.pipeline(transaction=False) as pipe:
+        if dropped:
+            pipe.delete(*[prefix + w for w in dropped])
+        pipe.delete(bus.keys.hands_workers_gone)
+        if suspected := [w for w in gone if w not in suspects]:
+            pipe.sadd(bus.keys.hands_workers_gone, *suspected)
+            pipe.expire(bus.keys.hands_workers_gone, int(interval_s * 3))
+        await pipe.execute()
+    return len(dropped)
 
 
 async def trim_older(bus: Bus, stream: str, days: float, *, now: float) -> int:
@@ -154,13 +173,18 @@ async def sweep(archiver: Archiver, settings: RetentionSettings) -> Swept:
     """One retention pass over the pool."""
     swept, now = Swept(), archiver.clock()
     if settings.transcript_days is not None:
-        await _archive_idle(archiver, settings, swept)
+        try:
+            await _archive_idle(archiver, settings, swept)
+        except (redis_errors.RedisError, RedisAway):
+            raise  # the rest of the pass needs Redis too
+        except Exception:  # a full disk, say: the trims and the rest below must still run
+            log.exception("archiving idle sessions failed; the rest of the retention pass goes on")
     keys = archiver.bus.keys
     if settings.dead_letter_days is not None:
         swept.dead_letters = await trim_older(archiver.bus, keys.dead, settings.dead_letter_days, now=now)
     if settings.alert_days is not None:
         swept.alerts = await trim_older(archiver.bus, keys.alerts, settings.alert_days, now=now)
-    swept.worker_streams = await drop_gone_workers(archiver.bus, now=time.time())
+    swept.worker_streams = await drop_gone_workers(archiver.bus, now=time.time(), interval_s=settings.interval_s)
     # Last, so a failure here leaves the trims done: what an older release's writer missed, and what lapsed
     caught = await archiver.sessions.catch_up()
     swept.indexed, swept.lapsed = caught.put, caught.dropped

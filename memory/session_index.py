@@ -45,7 +45,7 @@ def owner_in(session_id: str) -> str:
 @dataclass
 class Caught:
     put: int = 0  # sessions put in their owner's list
-    dropped: int = 0  # sessions whose transcript was gone, taken off both lists
+    dropped: int = 0  # sessions that had lapsed, deleted
 
 
 class SessionIndex:
@@ -76,12 +76,11 @@ class SessionIndex:
                  self.redis.zscan_iter(self.keys.sessions, match=f"{_glob(owner)}{SEPARATOR}*", count=CHUNK)]
         return [session_id for session_id, _ in sorted(found, key=lambda pair: -pair[1])]
 
-    async def catch_up(self, *, drop: Callable[[Any, str], None] | None = None, now: float | None = None) -> Caught:
+    async def catch_up(self, *, drop: Callable[[list[str]], Awaitable[int]], now: float | None = None) -> Caught:
         """Put in its owner's list each session active since the last catch-up (every one, the first
-        time), and take off both lists each one whose transcript is gone (lapsed, or deleted by a
-        release that knew only the pool's list); ``drop``: the commands that remove the rest of such a
-        session (the session store's). A scan, not a range by score: it sees every session
-        there was when it began, however the scores move meanwhile."""
+        time), and hand ``drop`` (the session store's) each one whose transcript is gone: lapsed, or
+        deleted by a release that knew only the pool's list. A scan, not a range by score: it sees every
+        session there was when it began, however the scores move meanwhile."""
         started = time.time() if now is None else now
         mark = await self.redis.get(self.keys.sessions_indexed)
         low = float(mark) - SLACK_S if mark is not None else float("-inf")
@@ -96,7 +95,7 @@ class SessionIndex:
         return caught
 
     async def _settle(self, batch: list[tuple[str, float]], low: float, caught: Caught,
-                      drop: Callable[[Any, str], None] | None) -> None:
+                      drop: Callable[[list[str]], Awaitable[int]]) -> None:
         if not batch:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -104,18 +103,13 @@ class SessionIndex:
                 pipe.exists(self.keys.transcript(session_id))
             there = await pipe.execute()
         async with self.redis.pipeline(transaction=False) as pipe:
-            gone = [session_id for (session_id, _), found in zip(batch, there, strict=True) if not found]
-            if gone:
-                self.forget(pipe, *gone)
-            if drop is not None:
-                for session_id in gone:
-                    drop(pipe, session_id)
             for (session_id, score), found in zip(batch, there, strict=True):
                 if found and score >= low and (owner := owner_in(session_id)):  # GT: a writer's newer time stands
                     pipe.zadd(self.keys.sessions_of(owner), {session_id: score}, gt=True)
                     caught.put += 1
             await pipe.execute()
-        caught.dropped += len(gone)
+        caught.dropped += await drop([session_id for (session_id, _), found in zip(batch, there, strict=True)
+                                      if not found])
         batch.clear()
 
 

@@ -136,6 +136,15 @@ if left > 0 then redis.call('PEXPIRE', KEYS[1], left) elseif left == -1 then red
 return 1
 """)
 TITLE_CHARS = 80
+# KEYS: the transcript, the owner, the session's other keys. A session found without its transcript: 0, it
+# has one after all (a message came); 1, it has an owner still (it is being made: the owner comes before
+# the first message); 2, it lapsed, and what was left of it is deleted now.
+LAPSED = lua("memory.sessions.lapsed", """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
+redis.call('DEL', unpack(KEYS, 3))
+return 2
+""")
 
 
 def title_of(text: str, *, most: int = TITLE_CHARS) -> str:
@@ -315,11 +324,7 @@ class SessionStore:
                 pipe.get(self.keys.session_owner(session_id))
             found = await pipe.execute()
         gone = [i for n, i in enumerate(ids) if not found[2 * n]]
-        if gone:  # lapsed: what is left of them goes too (their words in the memory log, say)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for session_id in gone:
-                    self.deleting(pipe, session_id)
-                await pipe.execute()
+        await self.drop_lapsed(gone)
         return [i for n, i in enumerate(ids) if found[2 * n]
                 and (owner is None or (found[2 * n + 1] or b"").decode() == owner)]
 
@@ -376,15 +381,31 @@ class SessionStore:
     async def delete(self, session_id: str) -> None:
         """The session's transcript, events, flight record and state, and its words in the memory log."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            self.deleting(pipe, session_id)
+            pipe.delete(self.keys.transcript(session_id), *session_keys(self.keys, session_id))
+            self.index.forget(pipe, session_id)
+            self.log.forgotten(pipe, session_id)  # its words leave the memory log and every worker's index
             await pipe.execute()
 
-    def deleting(self, pipe: Any, session_id: str) -> None:
-        """``delete`` as pipeline commands."""
-        pipe.delete(self.keys.transcript(session_id), *session_keys(self.keys, session_id))
-        self.index.forget(pipe, session_id)
-        self.log.forgotten(pipe, session_id)  # its words leave the memory log and every worker's index
+    async def drop_lapsed(self, session_ids: list[str]) -> int:
+        """Sessions found without a transcript taken off the lists; those that lapsed (no owner either)
+        also lose what was left of them: their state, events, record and words in the memory log. One that
+        is being made again meanwhile keeps all it has. How many were deleted."""
+        if not session_ids:
+            return 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in session_ids:
+                owner = self.keys.session_owner(session_id)
+                rest = [k for k in session_keys(self.keys, session_id) if k != owner]
+                ScriptCall(LAPSED, (self.keys.transcript(session_id), owner, *rest), ()).add(pipe)
+            found = await pipe.execute()
+        lapsed = [s for s, state in zip(session_ids, found, strict=True) if int(state) == 2]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            self.index.forget(pipe, *[s for s, state in zip(session_ids, found, strict=True) if int(state)])
+            for session_id in lapsed:
+                self.log.forgotten(pipe, session_id)  # its words leave the memory log and every worker's index
+            await pipe.execute()
+        return len(lapsed)
 
     async def catch_up(self) -> Caught:
         """The owners' lists brought up to the pool's, and what lapsed deleted (``SessionIndex.catch_up``)."""
-        return await self.index.catch_up(drop=self.deleting)
+        return await self.index.catch_up(drop=self.drop_lapsed)

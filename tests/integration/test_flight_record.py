@@ -10,7 +10,7 @@ from brain.llm import Completion
 from bus.protocol import ChatError, ChatReply, ErrorCode
 from bus.streams import Bus
 from memory.flight import FlightRecorder, RecordError, read_lines
-from memory.record_parts import canonical, digest
+from memory.record_parts import STORE_PARTS, canonical, digest
 from memory.sessions import SessionStore
 from tests.integration.brain_fakes import FakeLLM, call
 
@@ -109,7 +109,7 @@ def _sent_texts(bus: Bus, builds: list) -> list[str]:
         for args, _options in pipe.command_stack:
             if args[0] == "HSETNX":
                 texts.append(args[3])
-            elif args[0] == "EVAL":
+            elif args[0] == "EVAL" and args[1] == STORE_PARTS:  # not the step's own script
                 keys = int(args[2])
                 script_args = args[3 + keys:]
                 texts += [script_args[i] for i in range(2, 2 * int(script_args[0]) + 1, 2)]
