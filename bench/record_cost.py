@@ -28,11 +28,13 @@ class Pipe:
     def hsetnx(self, *_args: Any) -> None: ...
     def xadd(self, *_args: Any) -> None: ...
     def expire(self, *_args: Any) -> None: ...
+    def eval(self, *_args: Any) -> None: ...
 
 
 async def one_turn() -> list[float]:
     queued: list[Any] = []
-    recorder = FlightRecorder(None, Keys("bench:"), keep_s=600, send=queued.append)  # type: ignore[arg-type]
+    recorder = FlightRecorder(None, Keys("bench:"), keep_s=600,  # type: ignore[arg-type]
+                              send=lambda build, done=None: queued.append(build))
     tools = [{"type": "function", "function": {"name": f"tool{i}", "description": "d" * 200,
                                                 "parameters": {"type": "object"}}} for i in range(17)]
     messages: list[dict[str, Any]] = [{"role": "system", "content": "s" * 2000}]

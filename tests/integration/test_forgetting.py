@@ -96,14 +96,14 @@ async def test_copies_an_older_release_left_in_the_log_leave_it_by_age(bus: Bus)
 
 async def test_a_session_spoken_in_for_months_keeps_only_the_ids_the_log_still_holds(bus: Bus) -> None:
     sessions = SessionStore(bus.redis, bus.keys)
-    for n in range(5):
+    for n in range(40):
         await sessions.append("ana/daily", TranscriptEntry(role="user", content=f"day {n}: water the plants"))
     ids = [i.decode() for i in await bus.redis.lrange(bus.keys.memory_log_session("ana/daily"), 0, -1)]
-    assert len(ids) == 5
-    await bus.redis.xtrim(bus.keys.memory_log, minid=ids[3], approximate=False)  # a day on: the log trimmed
-    for n in range(5, 7):
+    assert len(ids) == 40
+    await bus.redis.xtrim(bus.keys.memory_log, minid=ids[30], approximate=False)  # days on: the log trimmed
+    for n in range(40, 64):  # the 64th entry looks for ids the log no longer holds (every 32nd does)
         await sessions.append("ana/daily", TranscriptEntry(role="user", content=f"day {n}: water the plants"))
     kept = [i.decode() for i in await bus.redis.lrange(bus.keys.memory_log_session("ana/daily"), 0, -1)]
-    assert kept[:2] == ids[3:] and len(kept) == 4  # each write let go of (at most two) trimmed ones
+    assert kept[:10] == ids[30:] and len(kept) == 64 - 30
     await sessions.delete("ana/daily")  # and deleting it still takes every word it has left
     assert "water the plants" not in await log_text(bus)
