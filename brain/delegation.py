@@ -42,6 +42,7 @@ from bus.protocol import (
 )
 from bus.scripts import lua
 from bus.streams import Bus
+from bus.text import text
 from memory.sessions import SessionStore
 
 log = logging.getLogger("brain.delegation")
@@ -306,4 +307,4 @@ async def cancelled_before_start(bus: Bus, message: ChatMessage) -> str | None:
     if message.delegation is None:
         return None
     why = await bus.redis.get(bus.keys.delegation_cancelled(message.message_id))
-    return None if why is None else (why.decode() if isinstance(why, bytes) else str(why))
+    return None if why is None else text(why)

@@ -17,6 +17,7 @@ from bus.keys import BRAIN_GROUP, HANDS_GROUP
 from bus.presence import ROLES, instances
 from bus.records import DeadLetter
 from bus.streams import Bus
+from bus.text import text
 
 
 async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
@@ -42,7 +43,7 @@ async def status(bus: Bus, *, with_metrics: bool = False) -> dict[str, Any]:
         name = key.decode()
         queues.append(await _stream(bus, name[len(bus.keys.prefix):], name, HANDS_GROUP))
     for lane in sorted(await bus.redis.smembers(bus.keys.hands_lanes)):
-        key = bus.keys.hands_lane(lane.decode() if isinstance(lane, bytes) else lane)
+        key = bus.keys.hands_lane(text(lane))
         queues.append(await _stream(bus, key[len(bus.keys.prefix):], key, HANDS_GROUP))
     return {"time": now, "prefix": bus.keys.prefix, "instances": roles, "streams": queues, "backlog": backlog,
             "channels": channel_states(roles["channel"], now=now), "dead": await bus.redis.xlen(bus.keys.dead),
@@ -57,7 +58,7 @@ async def redis_memory(bus: Bus) -> dict[str, Any]:
     info = await bus.redis.info("memory")
     used, maxmemory = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
     policy = info.get("maxmemory_policy", "noeviction")
-    policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+    policy = text(policy)
     configured = bus.settings.memory_bound_mb
     bound = int(configured * 2**20) if configured else maxmemory or None
     warnings = []
@@ -145,7 +146,7 @@ async def _stream(bus: Bus, label: str, key: str, group: str) -> dict[str, Any]:
     if not await bus.redis.exists(key):
         return found
     found["length"] = await bus.redis.xlen(key)
-    groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
+    groups = {text(g["name"]): g
               for g in await bus.redis.xinfo_groups(key)}
     info = groups.get(group)
     if info is None:
@@ -164,8 +165,7 @@ async def undelivered(bus: Bus, key: str, group: dict[str, Any], *, cap: int = 1
     """Entries of ``key`` that ``group`` has not read yet: its lag on Redis 7, counted (up to ``cap``) on 6.2."""
     if group.get("lag") is not None:
         return int(group["lag"])
-    last = group["last-delivered-id"]
-    last = last.decode() if isinstance(last, bytes) else last
+    last = text(group["last-delivered-id"])
     return len(await bus.redis.xrange(key, min=f"({last}", count=cap) or [])
 
 

@@ -46,6 +46,7 @@ from bus.protocol import Message
 from bus.scripts import lua
 from bus.settings import RedisSettings
 from bus.streams import CONNECTION_ERRORS, Bus
+from bus.text import text
 
 log = logging.getLogger("bus.reaper")
 
@@ -125,7 +126,7 @@ class Reaper:
         idle_ms = int(self.settings.claim_idle_s * 1000)
         living = set(await alive(self.bus, self.consumer.group))
         for info in await self.bus.redis.xinfo_consumers(stream, self.consumer.group):
-            name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
+            name = text(info["name"])
             if name == self.consumer.consumer or name in living or info["idle"] < idle_ms:
                 continue
             if await self._forget(keys=[stream], args=[self.consumer.group, name]) != -1:
@@ -137,7 +138,7 @@ class Reaper:
             return
         taken = await self._renew_own(keys=[stream], args=[self.consumer.group, self.consumer.consumer, *sorted(held)])
         for raw in taken:  # we were too slow to renew it: the taker runs it; our handler's run is not stopped
-            entry_id = raw.decode() if isinstance(raw, bytes) else raw
+            entry_id = text(raw)
             held.discard(entry_id)  # nor handed back on a drain
             log.warning("taken over while still running here %s", kv(stream=stream, entry=entry_id))
 
@@ -149,7 +150,7 @@ class Reaper:
                 stream, self.consumer.group, self.consumer.consumer, min_idle_time=idle_ms, start_id=cursor,
                 count=50))[:2]
             await self._take_over(stream, claimed)
-            cursor = cursor.decode() if isinstance(cursor, bytes) else cursor
+            cursor = text(cursor)
             if cursor == "0-0":
                 return
 
@@ -195,6 +196,5 @@ async def trim_delivered(redis: Any, stream: str, *, approximate: bool = True) -
 
 
 def _entry_id(raw: bytes | str) -> tuple[int, int]:
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    ms, _, seq = text.partition("-")
+    ms, _, seq = text(raw).partition("-")
     return int(ms), int(seq or 0)

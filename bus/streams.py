@@ -28,6 +28,7 @@ from bus.protocol import Message
 from bus.redis_client import CONNECTION_ERRORS as CONNECTION_ERRORS  # re-exported: the bus names what "Redis away" is
 from bus.redis_client import HeldConnection, connect, connect_sentinel
 from bus.settings import RedisSettings
+from bus.text import text
 
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
@@ -129,7 +130,7 @@ class Bus:
         if not rows:
             return None
         name, times = rows[0]["consumer"], int(rows[0]["times_delivered"])
-        return name.decode() if isinstance(name, bytes) else str(name), times
+        return text(name), times
 
     async def close(self) -> None:
         await self.batcher.close()

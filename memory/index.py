@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from memory.embedding import DenseIndex, Embedder
+from memory.session_ids import owner_in
 
 Fields = dict[str, str]
 CHUNK_CHARS = 1_000  # a long message is indexed in pieces of about this size
@@ -74,7 +75,7 @@ def wanted(entry: Fields, units: dict[str, None]) -> bool:
     if op == "drop":
         return True
     if op == "forget":
-        return unit_of("conversation", "", entry.get("place", "").partition("/")[0]) in units
+        return unit_of("conversation", "", owner_in(entry.get("place", ""))) in units
     return op == "put" and unit_of(entry.get("kind", ""), entry.get("agent", ""), entry.get("owner", "")) in units
 
 
@@ -120,7 +121,7 @@ class Index:
                 elif op == "forget":
                     place = entry.get("place", "")
                     gone = [r for (r,) in db.execute("SELECT row FROM refs WHERE place = ? AND unit = ?",
-                                                     (place, unit_of("conversation", "", place.partition("/")[0])))]
+                                                     (place, unit_of("conversation", "", owner_in(place))))]
                     stale += self._entries(gone)
                     db.executemany("DELETE FROM refs WHERE row = ?", [(r,) for r in gone])
                     db.executemany("DELETE FROM chunks WHERE rowid = ?", [(r,) for r in gone])

@@ -21,6 +21,7 @@ from redis.asyncio.client import Pipeline
 from bus.keys import Keys
 from bus.scripts import ScriptCall, lua
 from bus.store import RedisStore
+from memory.session_ids import owner_in
 
 Fields = dict[str, str]
 
@@ -84,8 +85,8 @@ def note_deleted(agent_id: str, owner: str, key: str) -> Fields:
 def said(session_id: str, role: str, content: str | None, at: int, index: str, turn: str = "") -> Fields | None:
     """The log entry of words said in a session, in turn ``turn`` (a message id). None for what is not
     findable: no text, or a session without an owner, which only raw bus clients make."""
-    owner, separator, _ = session_id.partition("/")
-    if not separator or not content or not content.strip() or role not in ("user", "assistant"):
+    owner = owner_in(session_id)
+    if not owner or not content or not content.strip() or role not in ("user", "assistant"):
         return None
     return {"op": "put", "kind": "conversation", "ref": f"turn:{session_id}:{index}", "owner": owner, "agent": "",
             "place": session_id, "role": role, "at": str(at), "turn": turn, "text": content}

@@ -40,6 +40,7 @@ from bus.keys import Keys
 from bus.log import kv
 from bus.progress import Lines, Progress, Throttle
 from bus.store import RedisStore
+from bus.text import text
 from memory.embedding import load as load_embedder
 from memory.index import Fields, Index, int_of, unit_of, units_of, wanted
 from memory.log import MemoryLog, session_forgotten
@@ -79,8 +80,7 @@ def _ms(entry_id: str) -> int:
 
 def _id(entry_id: str | bytes | None) -> tuple[int, int]:
     """A stream entry id, comparable."""
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id or "0-0"
-    ms, _, seq = text.partition("-")
+    ms, _, seq = (text(entry_id) if entry_id else "0-0").partition("-")
     return int_of(ms), int_of(seq)
 
 

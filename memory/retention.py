@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from pydantic import ValidationError
 from redis import exceptions as redis_errors
@@ -37,6 +37,7 @@ from bus.redis_client import RedisAway
 from bus.scripts import lua
 from bus.settings import RetentionSettings
 from bus.streams import Bus
+from bus.text import text
 from memory.archive import Archived, SessionArchive
 from memory.flight import KEEP_DAYS, FlightRecorder
 from memory.sessions import SessionStore, session_keys
@@ -78,7 +79,7 @@ class Archiver:
         """Sessions with no message for ``keep_days``, the longest idle first (past the first ``skip``)."""
         before = self.clock() - keep_days * DAY_S
         found = await self.bus.redis.zrangebyscore(self.bus.keys.sessions, "-inf", before, start=skip, num=most)
-        return [s.decode() if isinstance(s, bytes) else str(s) for s in found]
+        return [text(s) for s in found]
 
     async def gather(self, session_id: str) -> Archived | None:
         """The session as it stands in Redis, or None when its transcript is gone."""
@@ -137,18 +138,18 @@ async def drop_gone_workers(bus: Bus, *, now: float, interval_s: float) -> int:
     from bus.presence import alive  # here: only a retention pass asks
 
     prefix, live = bus.keys.hands_worker(""), set(await alive(bus, "hands"))
-    suspects = {m.decode() if isinstance(m, bytes) else str(m)
+    suspects = {text(m)
                 for m in await bus.redis.smembers(bus.keys.hands_workers_gone)}
     gone: list[str] = []
     async for raw in bus.redis.scan_iter(match=f"{prefix}*", count=500, _type="stream"):
-        worker_id = (raw.decode() if isinstance(raw, bytes) else str(raw))[len(prefix):]
+        worker_id = text(raw)[len(prefix):]
         if worker_id in live:
             continue
         try:
             last = (await bus.redis.xinfo_stream(prefix + worker_id))["last-generated-id"]
         except redis_errors.ResponseError:  # deleted meanwhile
             continue
-        if now * 1000 - int((last.decode() if isinstance(last, bytes) else str(last)).partition("-")[0]) > \
+        if now * 1000 - int(text(last).partition("-")[0]) > \
                 GONE_WORKER_S * 1000:
             gone.append(worker_id)
     dropped = [w for w in gone if w in suspects]
@@ -230,11 +231,9 @@ class RetentionLoop:
         async for _ in every(self.settings.interval_s, self._stop):
             try:
                 if await self.lease.take():
-                    swept = await sweep(self.archiver, self.settings)
-                    if swept.archived or swept.dead_letters or swept.alerts or swept.lapsed or swept.worker_streams:
-                        log.info("retention pass %s", kv(archived=swept.archived, dead_letters=swept.dead_letters,
-                                                         alerts=swept.alerts, lapsed=swept.lapsed,
-                                                         worker_streams=swept.worker_streams))
+                    counts = asdict(await sweep(self.archiver, self.settings))
+                    if any(counts.values()):
+                        log.info("retention pass %s", kv(**counts))
             except (redis_errors.RedisError, OSError) as exc:
                 log.warning("retention pass failed: %s", exc)
             except Exception:  # a loop that ended would let Redis grow again, silently

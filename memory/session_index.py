@@ -17,7 +17,6 @@ one has finished, an owner's sessions are read from the pool's list.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,18 +27,13 @@ from redis import exceptions as redis_errors
 from bus.keys import Keys
 from bus.log import kv
 from bus.store import RedisStore
+from bus.text import literal, text
+from memory.session_ids import SEPARATOR, owner_in
 
 log = logging.getLogger("memory.session_index")
 
-SEPARATOR = "/"
 SLACK_S = 600.0  # writers' clocks differ: a catch-up reads this far back past the last one
 CHUNK = 1_000
-
-
-def owner_in(session_id: str) -> str:
-    """The owner named by the id (``alice`` of ``alice/main``); "" for an id from before owners."""
-    owner, separator, _ = session_id.partition(SEPARATOR)
-    return owner if separator else ""
 
 
 @dataclass
@@ -72,8 +66,8 @@ class SessionIndex:
         if await self.redis.exists(self.keys.sessions_indexed):
             return _decoded(await self.redis.zrevrange(self.keys.sessions_of(owner), 0, -1))
         # No catch-up has finished yet: the pool's list, filtered by Redis itself
-        found = [(_text(m), score) async for m, score in
-                 self.redis.zscan_iter(self.keys.sessions, match=f"{_glob(owner)}{SEPARATOR}*", count=CHUNK)]
+        found = [(text(m), score) async for m, score in
+                 self.redis.zscan_iter(self.keys.sessions, match=f"{literal(owner)}{SEPARATOR}*", count=CHUNK)]
         return [session_id for session_id, _ in sorted(found, key=lambda pair: -pair[1])]
 
     async def catch_up(self, *, drop: Callable[[list[str]], Awaitable[int]], now: float | None = None) -> Caught:
@@ -87,7 +81,7 @@ class SessionIndex:
         caught = Caught()
         batch: list[tuple[str, float]] = []
         async for member, score in self.redis.zscan_iter(self.keys.sessions, count=CHUNK):
-            batch.append((_text(member), score))
+            batch.append((text(member), score))
             if len(batch) >= CHUNK:
                 await self._settle(batch, low, caught, drop)
         await self._settle(batch, low, caught, drop)
@@ -129,14 +123,5 @@ async def catch_up_logged(catch_up: Callable[[], Awaitable[Caught]]) -> None:
                                                       took_s=round(time.monotonic() - started, 3)))
 
 
-def _glob(text: str) -> str:
-    """``text`` matched literally by a Redis MATCH pattern."""
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
-
-
-def _text(member: bytes | str) -> str:
-    return member.decode() if isinstance(member, bytes) else member
-
-
 def _decoded(members: list[Any]) -> list[str]:
-    return [_text(m) for m in members]
+    return [text(m) for m in members]

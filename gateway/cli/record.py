@@ -17,9 +17,9 @@ from brain.config import BrainSettings
 from bus.config import Config
 from bus.redis_client import RedisAway
 from gateway.cli.connect import connected_bus, qualified
-from gateway.turns.session_names import SEPARATOR, owner_of
 from memory.archive import SessionArchive
 from memory.flight import FlightRecorder, RecordError, Step
+from memory.session_ids import SEPARATOR, owner_in
 
 
 def command(args: argparse.Namespace, config: Config) -> int:
@@ -76,7 +76,7 @@ async def _run(args: argparse.Namespace, config: Config, keep_s: int, lines: lis
 def _archived_record(config: Config, session: str) -> list[str]:
     """The flight record of an archived session (the CLI runs beside the data dir, as an operator)."""
     archive = SessionArchive(config.runtime.archive_path)
-    found = archive.read(owner_of(session), session) or archive.read("", session)
+    found = archive.read(owner_in(session), session) or archive.read("", session)
     return found.record if found else []
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from bus.loops import Background
 from bus.redis_client import RedisAway
 from bus.streams import Bus
+from bus.text import text
 from gateway.turns.events import Event, Resync, SessionEvents, entry_event, event_order
 
 log = logging.getLogger("gateway.fanout")
@@ -133,7 +134,7 @@ class Fanout:
                 await asyncio.sleep(1)
                 continue
             for key, entries in found or []:
-                name = key.decode() if isinstance(key, bytes) else key
+                name = text(key)
                 if name == self.wake_key:
                     wake_cursor = entries[-1][0].decode()
                     continue

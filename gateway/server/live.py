@@ -29,7 +29,8 @@ from gateway.server.errors import REDIS_AWAY
 from gateway.tokens import Identity, digest
 from gateway.turns.events import Resync, parse_after
 from gateway.turns.refusal import Refused, redis_away
-from gateway.turns.session_names import owner_of, qualify
+from gateway.turns.session_names import qualify
+from memory.session_ids import owner_in
 
 if TYPE_CHECKING:
     from gateway.server.connections import Connections
@@ -157,8 +158,8 @@ class LiveSocket:
                 raise Refused(ErrorCode.BAD_REQUEST, "session: a session id (letters, digits, _ . : -); "
                               "owner (operators): an identity's name")
             session = qualify(identity, name, owner)
-            if owner_of(session) != identity.name:  # frames of another's session say whose it is
-                where["owner"] = owner_of(session)
+            if owner_in(session) != identity.name:  # frames of another's session say whose it is
+                where["owner"] = owner_in(session)
         match kind:
             case "subscribe":
                 await self.turns.own_session(identity, session)

@@ -19,10 +19,11 @@ from gateway.server.handling import caller, listed_owner, read_json, session_id_
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused, not_found
 from gateway.turns.runner import TurnRunner
-from gateway.turns.session_names import SEPARATOR, check_session_name, owner_of, shown_to
+from gateway.turns.session_names import check_session_name, shown_to
 from memory.archive import Archived
 from memory.flight import KEEP_DAYS, FlightRecorder
 from memory.retention import Archiver
+from memory.session_ids import SEPARATOR, owner_in
 from memory.sessions import TITLE_CHARS, ForkRefused, SessionStore
 
 log = logging.getLogger("gateway.http")
@@ -83,7 +84,7 @@ class SessionRoutes:
         the session's owner as its id says (checked in the file too): another's is never found."""
         if self.archiver is None or await self.sessions.exists(session_id):
             return None
-        owner = owner_of(session_id)
+        owner = owner_in(session_id)
         if not identity.may_see(owner):
             return None
         found = self.archiver.read(owner, session_id)
@@ -123,7 +124,7 @@ class SessionRoutes:
         identity = caller(request)
         body = await read_json(request, Fork, example='{"at": 3, "name": "main-retry"}')
         await self.turns.own_session(identity, session_id, existing=True)
-        target = f"{owner_of(session_id)}{SEPARATOR}{body.name}"
+        target = f"{owner_in(session_id)}{SEPARATOR}{body.name}"
         check_session_name(body.name)
         if await self.sessions.exists(target):  # before it is charged: the page tries the next name on a 409
             raise Refused(ErrorCode.CONFLICT, "a session of that name exists already: choose another name")

@@ -33,6 +33,7 @@ from bus.protocol import (
 )
 from bus.scripts import ScriptCall, lua
 from bus.streams import Bus
+from bus.text import text
 
 # The event types a client sees, in order within a turn: message, then deltas, tool events and
 # approvals and questions as they happen, then exactly one of reply, error or cancelled.
@@ -128,7 +129,7 @@ class SessionEvents:
         if build is None:
             return None
         added = (await self.bus.batcher.run(build))[0]
-        return added.decode() if isinstance(added, bytes) else str(added)
+        return text(added)
 
     def send(self, session_id: str, message: Message) -> None:
         """The event queued for the log with the bus's next write, not waited for: it keeps its place
@@ -199,5 +200,5 @@ def event_order(value: str) -> tuple[int, int]:
 
 def entry_event(entry_id: Any, fields: Mapping[bytes, bytes]) -> Event:
     data = json.loads(fields[b"d"])
-    return Event(id=entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id), kind=fields[b"k"].decode(),
+    return Event(id=text(entry_id), kind=fields[b"k"].decode(),
                  data=data)

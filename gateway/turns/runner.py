@@ -47,7 +47,8 @@ from gateway.turns.events import SessionEvents
 from gateway.turns.limits import CallerLimits, Hold
 from gateway.turns.questions import PendingQuestions, checked_answers, gone
 from gateway.turns.refusal import Refused, not_found
-from gateway.turns.session_names import owner_of, shown_to
+from gateway.turns.session_names import shown_to
+from memory.session_ids import owner_in
 from memory.sessions import SessionStore
 
 log = logging.getLogger("gateway.turns")
@@ -175,7 +176,7 @@ class TurnRunner:
         # One step: a message refused for its rate takes no number (a number never sent would hold the
         # session's later messages back).
         seq = await self.limits.take_message(identity.name, then=self.sessions.claim_call(
-            session_id, identity.name, owner=owner_of(session_id), operator=identity.operator, ttl_s=ttl_s))
+            session_id, identity.name, owner=owner_in(session_id), operator=identity.operator, ttl_s=ttl_s))
         if seq is None:  # someone else's: as if it did not exist
             raise not_found(f"no session {shown_to(identity, session_id)!r}")
         message = ChatMessage(session_id=session_id, agent_id=agent_id, sender=identity.name, text=text,

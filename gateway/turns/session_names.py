@@ -5,8 +5,8 @@ the wire is its owner's identity, ``/``, that name (``alice/main``). A
 ``chat`` token's names are always its own, so no one can take another
 identity's ``main`` by sending to it first. An operator reaches another
 identity's session only on purpose, by naming that owner (``?owner=bob`` on
-HTTP, ``"owner": "bob"`` in a WebSocket frame); ``/`` never appears in an
-identity's name nor in a session's name, so the split is unambiguous.
+HTTP, ``"owner": "bob"`` in a WebSocket frame). memory/session_ids.py reads
+an id's two parts.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import re
 from bus.protocol import ErrorCode
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
+from memory.session_ids import SEPARATOR, name_in, owner_in
 
 SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 # A token's name, or a channel's identity (``telegram:12345``).
 OWNER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@+:-]{0,127}$"
-SEPARATOR = "/"
 ALL_OWNERS = "*"
 
 
@@ -48,23 +48,13 @@ def qualify(identity: Identity, name: str, owner: str | None = None) -> str:
     return owner_meant(identity, owner, "act on another identity's session") + SEPARATOR + name
 
 
-def owner_of(session_id: str) -> str:
-    return session_id.partition(SEPARATOR)[0]
-
-
-def name_of(session_id: str) -> str:
-    """The name a session's owner gave it (what clients see of their own sessions)."""
-    owner, separator, name = session_id.partition(SEPARATOR)
-    return name if separator else owner
-
-
 def shown_to(identity: Identity, session_id: str) -> str:
     """A session id as ``identity`` names it: its own by name, another owner's in full."""
-    return name_of(session_id) if owner_of(session_id) == identity.name else session_id
+    return name_in(session_id) if owner_in(session_id) == identity.name else session_id
 
 
 def path_of(identity: Identity, session_id: str, suffix: str = "") -> str:
     """The HTTP path by which ``identity`` reaches the session (with ``?owner=`` when it is another's)."""
-    owner = owner_of(session_id)
+    owner = owner_in(session_id)
     query = "" if owner == identity.name else f"?owner={owner}"
-    return f"/v1/sessions/{name_of(session_id)}{suffix}{query}"
+    return f"/v1/sessions/{name_in(session_id)}{suffix}{query}"

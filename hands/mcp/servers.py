@@ -21,6 +21,7 @@ from bus.protocol import ErrorCode
 from bus.redis_client import RedisAway
 from bus.scripts import lua
 from bus.streams import Bus
+from bus.text import text
 from hands.config import McpServerSettings, McpSettings, RetryPolicy
 from hands.errors import ToolFailure
 from hands.registry import Category, Handler, ToolContext, ToolDefinition, ToolRegistry
@@ -147,7 +148,7 @@ class McpServers:
                 continue
             holder = await self._claim(keys=[self.bus.keys.mcp_owner(name)],
                                        args=[self.worker_id, int(self.settings.lease_s * 1000)])
-            owner = holder.decode() if isinstance(holder, bytes) else str(holder)
+            owner = text(holder)
             self.owners[name] = owner
             if owner == self.worker_id:
                 self._run(connection)

@@ -12,7 +12,8 @@ from gateway.server.errors import refusal_response
 from gateway.server.handling import listed_owner
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
-from gateway.turns.session_names import name_of, owner_meant, owner_of, path_of, qualify, shown_to
+from gateway.turns.session_names import owner_meant, path_of, qualify, shown_to
+from memory.session_ids import name_in, owner_in
 
 ALICE = Identity(name="alice")
 OPS = Identity(name="ops", scope="operator")
@@ -71,7 +72,7 @@ def test_a_bad_name_is_refused_for_everyone(name: str) -> None:
 
 
 def test_what_a_client_is_shown() -> None:
-    assert (owner_of("alice/main"), name_of("alice/main")) == ("alice", "main")
+    assert (owner_in("alice/main"), name_in("alice/main")) == ("alice", "main")
     assert shown_to(ALICE, "alice/main") == "main"
     assert shown_to(OPS, "alice/main") == "alice/main"
     assert path_of(ALICE, "alice/main", "/events") == "/v1/sessions/main/events"
