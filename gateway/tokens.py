@@ -27,7 +27,8 @@ from bus.errors import PincerError
 from bus.keys import Keys
 from bus.protocol import ANY_AGENT
 from bus.scripts import lua
-from memory.jobs import JobStore
+from bus.text import text
+from memory.standing import withdraw
 
 if TYPE_CHECKING:  # only named: `pincer up` makes the owner's token and supervises no Redis client
     from bus.streams import Bus
@@ -152,7 +153,7 @@ class TokenStore:
         found = await self.redis.hget(self.keys.token_names, name)
         if found is None:
             return False
-        token_digest = found.decode() if isinstance(found, bytes) else str(found)
+        token_digest = text(found)
         signed_in = await self.redis.zrange(self.keys.sign_ins_of(token_digest), 0, -1)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self.keys.token_names, name)
@@ -201,11 +202,11 @@ class TokenStore:
 
 
 async def revoke_and_forget(bus: Bus, store: TokenStore, name: str) -> list[str] | None:
-    """Revoke the token named ``name`` and remove its identity's jobs (a job runs as its identity: the
-    scheduler refuses any left over); the jobs removed, or None when no token has that name."""
+    """Revoke the token named ``name`` and withdraw its identity's jobs and allow-always rules
+    (memory/standing.py); the jobs removed, or None when no token has that name."""
     if not await store.revoke(name):
         return None
-    return await JobStore(bus).remove_owner(name)
+    return await withdraw(bus, name)
 
 
 class WebSessions:

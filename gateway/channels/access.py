@@ -13,7 +13,7 @@ import time
 
 from bus.streams import Bus
 from gateway.tokens import Identity
-from memory.jobs import JobStore
+from memory.standing import withdraw
 
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read out loud or typed on a phone
 CODE_LENGTH = 8
@@ -106,11 +106,11 @@ async def unpair(bus: Bus, channel: str, user: str) -> bool:
 
 
 async def unpair_and_forget(bus: Bus, channel: str, user: str) -> list[str] | None:
-    """Let the user out and remove their jobs (they run as them; the scheduler refuses a paired owner's left
-    over); the jobs removed, or None when the user was not let in."""
+    """Let the user out and withdraw their jobs and allow-always rules (memory/standing.py); the jobs removed,
+    or None when the user was not let in."""
     if not await unpair(bus, channel, user):
         return None
-    return await JobStore(bus).remove_owner(identity_name(channel, user))
+    return await withdraw(bus, identity_name(channel, user))
 
 
 async def pending(bus: Bus, channel: str) -> list[dict[str, str | int]]:

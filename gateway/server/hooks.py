@@ -35,7 +35,7 @@ from bus.streams import Bus
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
 from gateway.turns.runner import AGENT_ID, Turn, TurnRunner
-from memory.jobs import JobStore
+from memory.standing import withdraw
 
 log = logging.getLogger("gateway.hooks")
 
@@ -122,10 +122,11 @@ class HookStore:
 
 
 async def remove_and_forget(bus: Bus, store: HookStore, name: str) -> list[str] | None:
-    """Remove the hook and its identity's jobs; the jobs removed, or None when there is no such hook."""
+    """Remove the hook and withdraw its identity's jobs and allow-always rules (memory/standing.py); the jobs
+    removed, or None when there is no such hook."""
     if not await store.remove(name):
         return None
-    return await JobStore(bus).remove_owner(f"hook:{name}")
+    return await withdraw(bus, f"hook:{name}")
 
 
 def _secret() -> str:

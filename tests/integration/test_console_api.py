@@ -32,6 +32,7 @@ from gateway.server.hooks import HookStore, signed_headers
 from gateway.server.memory_api import PoolRecall
 from gateway.tokens import TokenStore
 from gateway.turns.refusal import Refused
+from hands.approvals import remembered
 from memory.jobs import Job, JobStore
 from memory.longterm import SHARED, LongTermMemory
 from memory.schedule import Schedule
@@ -260,8 +261,14 @@ async def test_a_token_made_over_http_is_shown_once_works_and_is_revoked_with_it
     carol = await api(secret)
     assert (await carol.get("/v1/me")).json()["name"] == "carol"
     await _job_of(bus, "carol")
+    rule = {'{"path": "/usr/bin/date"}': '{"by": "carol", "at": 1}'}
+    for agent, who in (("main", "carol"), ("ops", "carol"), ("main", "hook:carol"), ("main", "carol2")):
+        await bus.redis.hset(bus.keys.exec_allowlist(agent, who), mapping=rule)
     gone = await client.delete("/v1/tokens/carol")
     assert gone.status_code == 200 and gone.json()["jobs_removed"] == ["daily"], gone.text
+    # Its standing approvals went with it, on every agent; other identities' stayed
+    assert await remembered(bus, "main", "carol") == [] and await remembered(bus, "ops", "carol") == []
+    assert [len(await remembered(bus, "main", who)) for who in ("hook:carol", "carol2")] == [1, 1]
     await async_wait_until(lambda: _status(carol, "/v1/me", 401), timeout=10)  # each Gateway within seconds
     _refused(await client.delete("/v1/tokens/carol"), 404, "no token named 'carol'")
 
