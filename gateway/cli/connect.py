@@ -10,7 +10,7 @@ from bus.config import Config
 from bus.service import redis_url
 from bus.streams import Bus
 from gateway.tokens import OWNER
-from gateway.turns.session_names import SEPARATOR
+from memory.session_ids import SEPARATOR
 
 
 @asynccontextmanager
