@@ -241,10 +241,15 @@ class Scheduler:
             _refuse(job, decided, decided.fire, f"{backlog} messages were waiting for a Brain (gateway.limits."
                     "max_inbox_backlog): a job's run is not queued behind them")
             return
-        refused = [t for t in decided.fire if await self.admission.take_message(job.owner) > 0]
-        if refused:
+        size = len(job.message.encode())
+        said = [(t, await self.admission.take_message(job.owner, size=size)) for t in decided.fire]
+        if refused := [t for t, short in said if short is not None and short.short == "messages"]:
             _refuse(job, decided, refused, f"its owner {job.owner} sent more than {limits.messages_per_minute} "
                     "messages a minute (gateway.limits.messages_per_minute): a job's runs count in its owner's rate")
+        if refused := [t for t, short in said if short is not None and short.short == "text"]:
+            _refuse(job, decided, refused, f"its owner {job.owner} stored more than "
+                    f"{limits.text_bytes_per_day / 2**20:g} MB of text today (gateway.limits.text_mb_per_day): "
+                    "a job's runs count in its owner's text")
 
     async def _idle_owner(self, job: Job, now: float) -> str:
         """Why a heartbeat does not run now: its owner has not talked to the agent for idle_after_s ("": it runs)."""

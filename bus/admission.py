@@ -1,10 +1,11 @@
-"""The pool-wide limits every turn an identity starts passes, whoever starts it: its message rate and the
-Brains' backlog.
+"""The pool-wide limits every turn an identity starts passes, whoever starts it: its message rate, the text
+it may store a day, and the Brains' backlog.
 
-The Gateway's doors (gateway/server/limits.py) and the jobs' scheduler (brain/scheduler.py) charge the same
-bucket per identity (``Keys.message_rate``), refilled from Redis' own clock so processes whose clocks
-disagree share it, and read the same backlog. Each caller turns a refusal into its own kind: a 429 or 503
-at the Gateway, a run recorded skipped at the scheduler.
+The Gateway's doors (gateway/turns/limits.py) and the jobs' scheduler (brain/scheduler.py) charge the same
+buckets per identity (``Keys.message_rate``), refilled from Redis' own clock so processes whose clocks
+disagree share them, and read the same backlog. The text bucket bounds what one identity can make Redis
+hold: messages a minute times the largest request would otherwise fill it within the hour. Each caller
+turns a refusal into its own kind: a 429 or 503 at the Gateway, a run recorded skipped at the scheduler.
 """
 
 from __future__ import annotations
@@ -18,49 +19,84 @@ from bus.scripts import ScriptCall, lua
 if TYPE_CHECKING:  # only named: the Gateway's settings hold RateLimits, and `pincer up` reads those
     from bus.streams import Bus
 
-# KEYS: the identity's bucket. ARGV: capacity, tokens per ms, how many to take (at most the capacity).
-# 0: taken; else how many ms until that many are there.
+# KEYS: the identity's buckets (one hash). ARGV: for messages and for bytes of text, each: the capacity, what
+# comes back a ms, how much to take (at most the capacity). Both are taken or neither. 0: taken; N > 0: ms
+# until that many messages are there; -N: ms until that many bytes are. Each keeps its own time, so an
+# older process that updates only the messages' leaves the bytes' refill as it was.
 TAKE = lua("bus.admission.take", """
-local capacity, per_ms, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local state = redis.call('hmget', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1]) or capacity
-local at = tonumber(state[2]) or now
-tokens = math.min(capacity, tokens + math.max(0, now - at) * per_ms)
+local state = redis.call('hmget', KEYS[1], 'tokens', 'at', 'bytes', 'bytes_at')
+local function refilled(held, at, capacity, per_ms)
+  return math.min(capacity, (tonumber(held) or capacity) + math.max(0, now - (tonumber(at) or now)) * per_ms)
+end
+local capacity, per_ms, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local byte_capacity, byte_per_ms, byte_cost = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local tokens = refilled(state[1], state[2], capacity, per_ms)
+local bytes = refilled(state[3], state[4], byte_capacity, byte_per_ms)
 local wait_ms = 0
-if tokens >= cost then tokens = tokens - cost else wait_ms = math.ceil((cost - tokens) / per_ms) end
-redis.call('hset', KEYS[1], 'tokens', tostring(tokens), 'at', now)
-redis.call('pexpire', KEYS[1], math.ceil(capacity / per_ms) + 1000)
+if tokens < cost then
+  wait_ms = math.ceil((cost - tokens) / per_ms)
+elseif bytes < byte_cost then
+  wait_ms = -math.ceil((byte_cost - bytes) / byte_per_ms)
+else
+  tokens, bytes = tokens - cost, bytes - byte_cost
+end
+redis.call('hset', KEYS[1], 'tokens', tostring(tokens), 'at', now, 'bytes', tostring(bytes), 'bytes_at', now)
+redis.call('pexpire', KEYS[1], math.ceil(math.max(capacity / per_ms, byte_capacity / byte_per_ms)) + 1000)
 return wait_ms
 """)
+
+DAY_MS = 86_400_000
 
 
 @dataclass(frozen=True)
 class RateLimits:
-    """An identity's messages per minute (a burst of ``burst`` at once) and the backlog past which none start."""
+    """An identity's messages per minute (a burst of ``burst`` at once), the bytes of text it may store a day
+    (all at once, or spread), and the backlog past which no message starts."""
 
     messages_per_minute: int = 120
     burst: int = 30
+    text_bytes_per_day: int = 256 << 20
     max_inbox_backlog: int = 1000
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a take was refused: which limit was short, and how long until it would not be."""
+
+    wait_ms: int
+    short: str  # "messages" or "text"
+
+
+def refusal(said: int) -> Refusal | None:
+    """What a take's result says: None when taken."""
+    if said == 0:
+        return None
+    return Refusal(said, "messages") if said > 0 else Refusal(-said, "text")
 
 
 class Admission:
     def __init__(self, bus: Bus, limits: RateLimits) -> None:
         self.bus, self.limits = bus, limits
 
-    async def take_message(self, identity: str) -> int:
-        """Count one message against the identity's rate: 0 when taken, else the ms until one would be."""
-        take = self.take_call(identity)
+    async def take_message(self, identity: str, *, size: int = 0) -> Refusal | None:
+        """Count one message, of ``size`` bytes of text stored, against the identity's limits: None when
+        taken, else which limit was short and for how long."""
+        take = self.take_call(identity, size=size)
         # With the bus's writes, so messages arriving together share a round trip (EVAL: see bus/scripts.py).
-        return int(take.read((await self.bus.batcher.run(take.add))[0]))
+        return refusal(take.read((await self.bus.batcher.run(take.add))[0]))
 
-    def take_call(self, identity: str, messages: int = 1) -> ScriptCall:
-        """``take_message`` as a script to run (alone, or as the gate of what the message does next); what
-        costs as much as several messages takes that many, at most a whole burst."""
+    def take_call(self, identity: str, messages: int = 1, *, size: int = 0) -> ScriptCall:
+        """``take_message`` as a script to run (alone, or as the gate of what the message does next), reading
+        as the script's signed result (``refusal`` reads it); what costs as much as several messages takes
+        that many, at most a whole burst (none: ``messages=0``, for text alone), and more text than a day's
+        takes a whole day's."""
         per_ms = self.limits.messages_per_minute / 60_000
+        day = self.limits.text_bytes_per_day
         return ScriptCall(TAKE, (self.bus.keys.message_rate(identity),),
-                          (self.limits.burst, per_ms, self.cost_of(messages)), int)
+                          (self.limits.burst, per_ms, self.cost_of(messages) if messages else 0, day, day / DAY_MS,
+                           min(max(0, size), day)), int)
 
     def cost_of(self, messages: int) -> int:
         """What taking ``messages`` costs: at most a whole burst, so a long fork waits for a full bucket

@@ -234,7 +234,8 @@ class Keys:
         return f"{self.prefix}{{tokens}}:sign-ins:{token_digest}"
 
     def message_rate(self, token_name: str) -> str:
-        """A token's message bucket (tokens left, last refill), shared by every Gateway of the pool."""
+        """A token's buckets (messages left and bytes of text left, each with its last refill), shared by every
+        Gateway of the pool and the scheduler."""
         return f"{self.prefix}rate:{token_name}"
 
     @property

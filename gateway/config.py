@@ -31,6 +31,9 @@ class LimitSettings(Section):
     # a burst of up to `burst` messages may come at once).
     messages_per_minute: int = Field(default=120, ge=1)
     burst: int = Field(default=30, ge=1)
+    # Text a token may have the pool store a day (its messages, the history an OpenAI client sends to start
+    # a session, a fork's copy), all at once or spread over the day; shared by every Gateway.
+    text_mb_per_day: float = Field(default=256.0, gt=0)
     # Messages waiting for a Brain past which new ones are refused (503) rather than queued for ever.
     max_inbox_backlog: int = Field(default=1000, ge=1)
     # A WebSocket or SSE stream is closed after this long (a revoked token ends it at once, whatever this is).
@@ -41,6 +44,7 @@ class LimitSettings(Section):
     def rate(self) -> RateLimits:
         """The part every door charges an identity, the scheduler's fires of its jobs included."""
         return RateLimits(messages_per_minute=self.messages_per_minute, burst=self.burst,
+                          text_bytes_per_day=max(1, int(self.text_mb_per_day * 2**20)),
                           max_inbox_backlog=self.max_inbox_backlog)
 
 

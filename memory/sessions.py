@@ -355,9 +355,11 @@ class SessionStore:
         key = self.keys.session_about(session_id)
         return lambda pipe: pipe.hincrby(key, "spend_micro", micro)
 
-    async def fork(self, source: str, target: str, *, at: int) -> list[TranscriptEntry]:
+    async def fork(self, source: str, target: str, *, at: int,
+                   charge: Callable[[int], Awaitable[object]] | None = None) -> list[TranscriptEntry]:
         """A new session holding ``source``'s first ``at`` messages and everything that answered them, owned
-        as ``source`` is; the entries copied. ``ForkRefused`` when ``at`` is out of range or ``target`` exists."""
+        as ``source`` is; the entries copied. ``ForkRefused`` when ``at`` is out of range or ``target`` exists.
+        ``charge`` is told the bytes about to be copied, before anything is written (it may refuse)."""
         entries = await self.load(source)
         starts = [n for n, entry in enumerate(entries) if entry.role == "user"]
         if not 1 <= at <= len(starts):
@@ -366,6 +368,8 @@ class SessionStore:
         if await self.exists(target):
             raise ForkRefused("a session of that name exists already: choose another name", taken=True)
         kept = entries[:starts[at] if at < len(starts) else len(entries)]
+        if charge is not None:
+            await charge(sum(len(entry.model_dump_json()) for entry in kept))
         owner = await self.redis.get(self.keys.session_owner(source))
         if owner is not None:
             async with self.redis.pipeline(transaction=False) as pipe:

@@ -159,8 +159,10 @@ class OpenAIRoutes:
                 if ephemeral:
                     await sessions.expire(session_id, ttl)
 
+        written = sum(len(entry.model_dump_json()) for entry in context) if new else 0
         options: dict[str, Any] = {"agent_id": agent_id, "text": text, "instructions": system or None, "ttl_s": ttl,
-                                   "traceparent": request.headers.get("traceparent"), "prepare": history}
+                                   "traceparent": request.headers.get("traceparent"), "prepare": history,
+                                   "history_bytes": written}
         shown = shown_to(identity, session_id)
         headers = {"X-Pincer-Session": shown}
         if body.stream:  # the turn is closed after the stream, even one the client left before it began

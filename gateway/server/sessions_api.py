@@ -128,10 +128,15 @@ class SessionRoutes:
         check_session_name(body.name)
         if await self.sessions.exists(target):  # before it is charged: the page tries the next name on a 409
             raise Refused(ErrorCode.CONFLICT, "a session of that name exists already: choose another name")
-        # Copying messages costs what sending them did (at most a burst): a fork is no cheaper way to fill Redis.
+        # Copying messages costs what sending them did (at most a burst), and their text counts in the day's:
+        # a fork is no cheaper way to fill Redis.
         await self.turns.limits.take_message(identity.name, messages=body.at)
+
+        async def charge(size: int) -> None:
+            await self.turns.limits.take_message(identity.name, messages=0, size=size)
+
         try:
-            kept = await self.sessions.fork(session_id, target, at=body.at)
+            kept = await self.sessions.fork(session_id, target, at=body.at, charge=charge)
         except ForkRefused as exc:
             raise Refused(ErrorCode.CONFLICT if exc.taken else ErrorCode.INVALID_ARGUMENTS, str(exc)) from None
         ids = {str(entry.metadata.get("message_id")) for entry in kept if entry.metadata.get("message_id")}

@@ -1,8 +1,10 @@
-"""What one caller may ask of the pool: open turns and streams, messages per minute, the Brain backlog.
+"""What one caller may ask of the pool: open turns and streams, messages per minute, text stored a day, the
+Brain backlog.
 
 Open turns are counted per Gateway (they end with the request that holds
-them); the message rate is a token bucket in Redis, so it holds across every
-Gateway of the pool; the backlog is how many messages no Brain has read yet.
+them); the message rate and the text a day are token buckets in Redis
+(bus/admission.py), so they hold across every Gateway of the pool; the
+backlog is how many messages no Brain has read yet.
 Each refusal says when to come back (``Retry-After``).
 """
 
@@ -12,7 +14,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from bus.admission import Admission
+from bus.admission import Admission, refusal
 from bus.protocol import ErrorCode
 from bus.scripts import ScriptCall, gated
 from bus.streams import Bus
@@ -51,21 +53,27 @@ class CallerLimits:
         self._streams[name] += 1
         return Hold(name, [self._streams])
 
-    async def take_message(self, name: str, *, then: ScriptCall | None = None, messages: int = 1) -> Any:
-        """Count one message (or ``messages``, at most a burst) against the token's rate; refuse it when the
-        bucket is short. ``then``: a script run in the same step only when the message is taken (its number,
-        say); its result is returned."""
-        take = self.admission.take_call(name, messages)
+    async def take_message(self, name: str, *, then: ScriptCall | None = None, messages: int = 1,
+                           size: int = 0) -> Any:
+        """Count one message (or ``messages``, at most a burst) of ``size`` bytes of text to store against
+        the token's limits; refuse it when either bucket is short. ``then``: a script run in the same step
+        only when the message is taken (its number, say); its result is returned."""
+        take = self.admission.take_call(name, messages, size=size)
         call = take if then is None else gated(take, then)
         said = call.read((await self.bus.batcher.run(call.add))[0])
-        wait_ms, result = (said, None) if then is None else said
-        if wait_ms > 0:
-            costs = "" if messages <= 1 else \
-                f" (this counts as {self.admission.cost_of(messages)}: one for each message it copies)"
-            raise Refused(ErrorCode.RATE_LIMITED, f"this token sent more than "
-                          f"{self.settings.messages_per_minute} messages a minute{costs} "
-                          "(gateway.limits.messages_per_minute); slow down", retry_after=-(-wait_ms // 1000))
-        return result
+        taken, result = (said, None) if then is None else said
+        if (short := refusal(taken)) is None:
+            return result
+        retry_after = -(-short.wait_ms // 1000)
+        if short.short == "text":
+            raise Refused(ErrorCode.RATE_LIMITED, f"this token stored more than {self.settings.text_mb_per_day:g} "
+                          f"MB of text today (gateway.limits.text_mb_per_day); this message ({size:,} bytes) "
+                          f"fits in about {_span(retry_after)}", retry_after=retry_after)
+        costs = "" if messages <= 1 else \
+            f" (this counts as {self.admission.cost_of(messages)}: one for each message it copies)"
+        raise Refused(ErrorCode.RATE_LIMITED, f"this token sent more than "
+                      f"{self.settings.messages_per_minute} messages a minute{costs} "
+                      "(gateway.limits.messages_per_minute); slow down", retry_after=retry_after)
 
     async def check_backlog(self) -> None:
         """Refuse new messages while Brains are this far behind, rather than let them wait for ever."""
@@ -95,3 +103,7 @@ class Hold:
             if counter[self.name] <= 0:
                 del counter[self.name]
         self._counters = []
+
+
+def _span(seconds: int) -> str:
+    return f"{seconds} s" if seconds < 120 else f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"

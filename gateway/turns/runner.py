@@ -158,8 +158,9 @@ class TurnRunner:
 
     async def admit(self, identity: Identity, session_id: str, *, agent_id: str, text: str,
                     instructions: str | None = None, ttl_s: int = 0, traceparent: str | None = None,
-                    job: str | None = None) -> ChatMessage:
-        """The message to publish, or ``Refused`` saying why it will not run.
+                    job: str | None = None, history_bytes: int = 0) -> ChatMessage:
+        """The message to publish, or ``Refused`` saying why it will not run. Its text, instructions and
+        ``history_bytes`` (what the caller writes as a new session's history) count in the day's text.
 
         The request's trace starts here (a child of the client's ``traceparent`` header, if valid)."""
         trace.current.set(trace.start(traceparent))
@@ -175,7 +176,8 @@ class TurnRunner:
         await self.limits.check_backlog()
         # One step: a message refused for its rate takes no number (a number never sent would hold the
         # session's later messages back).
-        seq = await self.limits.take_message(identity.name, then=self.sessions.claim_call(
+        size = len(text.encode()) + len((instructions or "").encode()) + history_bytes
+        seq = await self.limits.take_message(identity.name, size=size, then=self.sessions.claim_call(
             session_id, identity.name, owner=owner_in(session_id), operator=identity.operator, ttl_s=ttl_s))
         if seq is None:  # someone else's: as if it did not exist
             raise not_found(f"no session {shown_to(identity, session_id)!r}")
@@ -188,18 +190,19 @@ class TurnRunner:
     async def start(self, identity: Identity, session_id: str, *, agent_id: str, text: str, stream: bool = False,
                     instructions: str | None = None, ttl_s: int = 0, traceparent: str | None = None,
                     cancel_if_abandoned: bool = True, job: str | None = None,
-                    prepare: Callable[[ChatMessage], Awaitable[None]] | None = None,
+                    prepare: Callable[[ChatMessage], Awaitable[None]] | None = None, history_bytes: int = 0,
                     add_to_text: Callable[[], Awaitable[str]] | None = None) -> Turn:
         """A turn admitted and sent (``Refused`` if it may not run): the caller must ``close()`` it.
 
         ``prepare`` runs after admission and before the message is sent (a client's earlier messages
-        written as the new session's history); ``add_to_text`` too, and what it returns is added to the
-        message (a chat user's files: fetched only for a sender who was admitted). ``job``: the scheduled
-        job this turn is a run of (`cron run`)."""
+        written as the new session's history, of ``history_bytes``); ``add_to_text`` too, and what it
+        returns is added to the message (a chat user's files: fetched only for a sender who was admitted).
+        ``job``: the scheduled job this turn is a run of (`cron run`)."""
         hold = self.limits.hold_turn(identity.name, stream=stream)
         try:
             message = await self.admit(identity, session_id, agent_id=agent_id, text=text,
-                                       instructions=instructions, ttl_s=ttl_s, traceparent=traceparent, job=job)
+                                       instructions=instructions, ttl_s=ttl_s, traceparent=traceparent, job=job,
+                                       history_bytes=history_bytes)
             if add_to_text is not None:
                 message = message.model_copy(update={"text": (text + "\n\n" + await add_to_text()).strip()})
             if prepare is not None:

@@ -418,6 +418,34 @@ async def test_a_fork_costs_one_message_for_each_it_copies_up_to_a_burst(bus: Bu
         assert int(refused.headers["retry-after"]) <= 5 * 60
 
 
+async def test_a_tokens_text_a_day_bounds_its_forks_and_an_openai_clients_history(bus: Bus) -> None:
+    from memory.sessions import SessionStore, TranscriptEntry
+
+    sessions = SessionStore(bus.redis, bus.keys)
+    assert await sessions.claim_and_number("alice/long", "alice") == 1
+    for n in range(8):  # ~25 KB in all, each entry ~1.55 KB
+        await sessions.append("alice/long", TranscriptEntry(role="user", content=f"question {n} " + "q" * 1500),
+                              TranscriptEntry(role="assistant", content=f"answer {n} " + "a" * 1500))
+    brain = Presence(bus, "brain", "brain-silent", interval_s=0.5, details=lambda: {"agents": "main"})
+    await brain.start()
+    try:
+        async with gateway_clients(bus, limits={"text_mb_per_day": 0.02}) as client:  # ~20 KB a day
+            alice = await client(await _chat_token(bus, "alice"))
+            made = await alice.post("/v1/sessions/long/fork", json={"at": 2, "name": "two"})
+            assert made.status_code == 201 and made.json()["entries"] == 4, made.text  # ~6 KB of the day's
+            refused = await alice.post("/v1/sessions/long/fork", json={"at": 6, "name": "six"})  # ~19 KB
+            _refused(refused, 429, "text_mb_per_day")
+            assert int(refused.headers["retry-after"]) > 60 and not await sessions.exists("alice/six")
+            history = [{"role": "user" if n % 2 == 0 else "assistant", "content": "h" * 2000} for n in range(8)]
+            asked = await alice.post("/v1/chat/completions", json={
+                "model": "pincer", "messages": [*history, {"role": "user", "content": "and now?"}]})
+            _refused(asked, 429, "text_mb_per_day")
+            assert int(asked.headers["retry-after"]) > 60
+            assert sorted(await sessions.list_sessions(owner="alice")) == ["alice/long", "alice/two"]
+    finally:
+        await brain.stop()
+
+
 async def test_the_sign_in_cookie_counts_only_from_the_gateways_own_pages(bus: Bus, api) -> None:
     signed = await (await api("")).post("/login", json={"token": await _chat_token(bus, "alice")})
     assert signed.status_code == 200, signed.text

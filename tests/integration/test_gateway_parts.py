@@ -90,6 +90,22 @@ async def test_the_message_rate_is_one_bucket_for_every_gateway(bus: Bus) -> Non
     await one.take_message("bob")  # every token has its own
 
 
+async def test_a_days_text_is_a_bucket_of_its_own_and_a_refusal_takes_from_neither(bus: Bus) -> None:
+    settings = LimitSettings(messages_per_minute=60, burst=2, text_mb_per_day=1 / 1024)  # 1 KiB a day
+    one, two = CallerLimits(bus, settings), CallerLimits(bus, settings)
+    await one.take_message("alice", size=600)
+    with pytest.raises(Refused) as refused:
+        await two.take_message("alice", size=600)  # every Gateway reads the same day's text
+    assert refused.value.code == ErrorCode.RATE_LIMITED and "gateway.limits.text_mb_per_day" in refused.value.message
+    assert refused.value.retry_after > 3600  # 176 bytes short: a day's 1,024 come back over 24 hours
+    await one.take_message("alice", size=400)  # the refusal took no message either: the burst's second is here
+    with pytest.raises(Refused, match="messages_per_minute"):
+        await one.take_message("alice")
+    await one.take_message("bob", size=1024)  # every token has its own; a message larger than a day's waits
+    with pytest.raises(Refused, match="text_mb_per_day"):  # for a whole day's (it is not refused for ever)
+        await one.take_message("bob", size=10 << 20)
+
+
 async def test_a_message_refused_for_its_rate_takes_no_number_in_its_session(bus: Bus) -> None:
     limits = CallerLimits(bus, LimitSettings(messages_per_minute=60, burst=2))
     sessions = SessionStore(bus.redis, bus.keys, batcher=bus.batcher)

@@ -170,6 +170,16 @@ async def test_a_fire_past_its_owners_message_rate_is_recorded_skipped(bus: Bus)
     assert await _inbox(bus) == [] and await store.next_due(job.id)  # still scheduled: the next instant runs
 
 
+async def test_a_fire_past_its_owners_text_a_day_is_recorded_skipped(bus: Bus) -> None:
+    store, rate = JobStore(bus), RateLimits(text_bytes_per_day=1_000)
+    await store.add(job := _due_now("busy", "alice"), now=time.time() - 1)
+    await Admission(bus, rate).take_message("alice", size=1_000)  # alice's day of text, spent by her chat
+    await _tick(bus, rate=rate)
+    run = await _only_run(store, job.id)
+    assert run.status == "skipped" and "text_mb_per_day" in run.reason and "alice" in run.reason
+    assert await _inbox(bus) == []
+
+
 async def test_a_fire_past_the_brains_backlog_is_recorded_skipped(bus: Bus) -> None:
     store = JobStore(bus)
     await store.add(job := _due_now("queued", "alice"), now=time.time() - 1)
@@ -186,7 +196,8 @@ async def test_a_fire_within_the_owners_limits_is_charged_to_the_owner(bus: Bus)
     await store.add(job := _due_now("fine", "alice"), now=time.time() - 1)
     await _tick(bus, rate=rate)
     assert (await _only_run(store, job.id)).status == "fired" and len(await _inbox(bus)) == 1
-    assert await Admission(bus, rate).take_message("alice") > 0  # the fire took alice's one message
+    short = await Admission(bus, rate).take_message("alice")
+    assert short is not None and short.short == "messages"  # the fire took alice's one message
 
 
 @pytest.mark.parametrize(("owner", "kind", "why"), [
