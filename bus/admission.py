@@ -2,10 +2,11 @@
 it may store a day, and the Brains' backlog.
 
 The Gateway's doors (gateway/turns/limits.py) and the jobs' scheduler (brain/scheduler.py) charge the same
-buckets per identity (``Keys.message_rate``), refilled from Redis' own clock so processes whose clocks
-disagree share them, and read the same backlog. The text bucket bounds what one identity can make Redis
-hold: messages a minute times the largest request would otherwise fill it within the hour. Each caller
-turns a refusal into its own kind: a 429 or 503 at the Gateway, a run recorded skipped at the scheduler.
+buckets per identity (``Keys.message_rate``, ``Keys.text_rate``), refilled from Redis' own clock so
+processes whose clocks disagree share them, and read the same backlog. The text bucket bounds what one
+identity can make Redis hold: messages a minute times the largest request would otherwise fill it within
+the hour. Each caller turns a refusal into its own kind: a 429 or 503 at the Gateway, a run recorded
+skipped at the scheduler.
 """
 
 from __future__ import annotations
@@ -19,21 +20,27 @@ from bus.scripts import ScriptCall, lua
 if TYPE_CHECKING:  # only named: the Gateway's settings hold RateLimits, and `pincer up` reads those
     from bus.streams import Bus
 
-# KEYS: the identity's buckets (one hash). ARGV: for messages and for bytes of text, each: the capacity, what
-# comes back a ms, how much to take (at most the capacity). Both are taken or neither. 0: taken; N > 0: ms
-# until that many messages are there; -N: ms until that many bytes are. Each keeps its own time, so an
-# older process that updates only the messages' leaves the bytes' refill as it was.
+# KEYS: the identity's message bucket, its text bucket. ARGV: for messages and for bytes of text, each: the
+# capacity, what comes back a ms, how much to take (at most the capacity). Both are taken or neither. 0: taken;
+# N > 0: ms until that many messages are there; -N: ms until that many bytes are. Two keys, not one hash: a
+# process of an older release runs its own script on the message bucket, and its short expiry would end a
+# day's text with it.
 TAKE = lua("bus.admission.take", """
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local state = redis.call('hmget', KEYS[1], 'tokens', 'at', 'bytes', 'bytes_at')
-local function refilled(held, at, capacity, per_ms)
-  return math.min(capacity, (tonumber(held) or capacity) + math.max(0, now - (tonumber(at) or now)) * per_ms)
+local function held(key, capacity, per_ms)
+  local state = redis.call('hmget', key, 'tokens', 'at')
+  local since = math.max(0, now - (tonumber(state[2]) or now))
+  return math.min(capacity, (tonumber(state[1]) or capacity) + since * per_ms)
+end
+local function keep(key, tokens, capacity, per_ms)
+  redis.call('hset', key, 'tokens', tostring(tokens), 'at', now)
+  redis.call('pexpire', key, math.ceil(capacity / per_ms) + 1000)
 end
 local capacity, per_ms, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local byte_capacity, byte_per_ms, byte_cost = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local tokens = refilled(state[1], state[2], capacity, per_ms)
-local bytes = refilled(state[3], state[4], byte_capacity, byte_per_ms)
+local tokens = held(KEYS[1], capacity, per_ms)
+local bytes = held(KEYS[2], byte_capacity, byte_per_ms)
 local wait_ms = 0
 if tokens < cost then
   wait_ms = math.ceil((cost - tokens) / per_ms)
@@ -42,8 +49,8 @@ elseif bytes < byte_cost then
 else
   tokens, bytes = tokens - cost, bytes - byte_cost
 end
-redis.call('hset', KEYS[1], 'tokens', tostring(tokens), 'at', now, 'bytes', tostring(bytes), 'bytes_at', now)
-redis.call('pexpire', KEYS[1], math.ceil(math.max(capacity / per_ms, byte_capacity / byte_per_ms)) + 1000)
+keep(KEYS[1], tokens, capacity, per_ms)
+keep(KEYS[2], bytes, byte_capacity, byte_per_ms)
 return wait_ms
 """)
 
@@ -94,7 +101,7 @@ class Admission:
         takes a whole day's."""
         per_ms = self.limits.messages_per_minute / 60_000
         day = self.limits.text_bytes_per_day
-        return ScriptCall(TAKE, (self.bus.keys.message_rate(identity),),
+        return ScriptCall(TAKE, (self.bus.keys.message_rate(identity), self.bus.keys.text_rate(identity)),
                           (self.limits.burst, per_ms, self.cost_of(messages) if messages else 0, day, day / DAY_MS,
                            min(max(0, size), day)), int)
 

@@ -234,9 +234,13 @@ class Keys:
         return f"{self.prefix}{{tokens}}:sign-ins:{token_digest}"
 
     def message_rate(self, token_name: str) -> str:
-        """A token's buckets (messages left and bytes of text left, each with its last refill), shared by every
-        Gateway of the pool and the scheduler."""
+        """A token's message bucket (messages left, last refill), shared by every Gateway of the pool and the
+        scheduler."""
         return f"{self.prefix}rate:{token_name}"
+
+    def text_rate(self, token_name: str) -> str:
+        """A token's bucket of bytes of text it may have the pool keep (bytes left, last refill): its day's."""
+        return f"{self.prefix}text-rate:{token_name}"
 
     @property
     def hooks(self) -> str:

@@ -204,9 +204,14 @@ class TokenStore:
 async def revoke_and_forget(bus: Bus, store: TokenStore, name: str) -> list[str] | None:
     """Revoke the token named ``name`` and withdraw its identity's jobs and allow-always rules
     (memory/standing.py); the jobs removed, or None when no token has that name."""
+    if await store.redis.hget(store.keys.token_names, name) is None:
+        return None
+    # Before the revocation, so that a revocation Redis cut short can be asked again (the token still
+    # exists); and after it, for what the token made in between.
+    removed = await withdraw(bus, name)
     if not await store.revoke(name):
         return None
-    return await withdraw(bus, name)
+    return sorted({*removed, *await withdraw(bus, name)})
 
 
 class WebSessions:

@@ -113,12 +113,17 @@ class Archiver:
     def read(self, owner: str, session_id: str) -> Archived | None:
         return self.archive.read(owner, session_id)
 
-    async def restore(self, owner: str, session_id: str) -> bool:
+    async def restore(self, owner: str, session_id: str, *,
+                      charge: Callable[[int], Awaitable[object]] | None = None) -> bool:
         """Put an archived session back in Redis (its transcript, owner and title) and drop its file;
-        False when there is none or the name is in use again."""
+        False when there is none or the name is in use again. ``charge`` is told the bytes about to be
+        written, before anything is (it may refuse)."""
         archived = self.archive.read(owner, session_id)
         if archived is None or await self.sessions.exists(session_id):
             return False
+        if charge is not None:
+            await charge(sum(len(e.model_dump_json().encode()) for e in archived.entries)
+                         + sum(len(line.encode()) for line in archived.record))
         await self.bus.redis.set(self.bus.keys.session_owner(session_id), owner, nx=True)
         await self.sessions.append(session_id, *archived.entries)
         if archived.about.get("named") and archived.about.get("title"):

@@ -369,7 +369,7 @@ class SessionStore:
             raise ForkRefused("a session of that name exists already: choose another name", taken=True)
         kept = entries[:starts[at] if at < len(starts) else len(entries)]
         if charge is not None:
-            await charge(sum(len(entry.model_dump_json()) for entry in kept))
+            await charge(sum(len(entry.model_dump_json().encode()) for entry in kept))
         owner = await self.redis.get(self.keys.session_owner(source))
         if owner is not None:
             async with self.redis.pipeline(transaction=False) as pipe:

@@ -124,9 +124,12 @@ class HookStore:
 async def remove_and_forget(bus: Bus, store: HookStore, name: str) -> list[str] | None:
     """Remove the hook and withdraw its identity's jobs and allow-always rules (memory/standing.py); the jobs
     removed, or None when there is no such hook."""
+    if await store.get(name) is None:
+        return None
+    removed = await withdraw(bus, f"hook:{name}")  # first, so that a removal cut short can be asked again
     if not await store.remove(name):
         return None
-    return await withdraw(bus, f"hook:{name}")
+    return sorted({*removed, *await withdraw(bus, f"hook:{name}")})  # and what it made in between
 
 
 def _secret() -> str:

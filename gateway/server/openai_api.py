@@ -159,7 +159,7 @@ class OpenAIRoutes:
                 if ephemeral:
                     await sessions.expire(session_id, ttl)
 
-        written = sum(len(entry.model_dump_json()) for entry in context) if new else 0
+        written = sum(len(entry.model_dump_json().encode()) for entry in context) if new else 0
         options: dict[str, Any] = {"agent_id": agent_id, "text": text, "instructions": system or None, "ttl_s": ttl,
                                    "traceparent": request.headers.get("traceparent"), "prepare": history,
                                    "history_bytes": written}

@@ -99,7 +99,10 @@ class SessionRoutes:
         archived = await self._archived(identity, session_id)
         if archived is None or self.archiver is None:
             raise not_found(f"no archived session {shown_to(identity, session_id)!r}")
-        if not await self.archiver.restore(archived.owner, session_id):
+        async def charge(size: int) -> None:  # what it puts back in Redis counts as a message and its text
+            await self.turns.limits.take_message(identity.name, size=size)
+
+        if not await self.archiver.restore(archived.owner, session_id, charge=charge):
             raise Refused(ErrorCode.CONFLICT, "a session of that name exists again: it was not restored")
         log.info("session restored %s", kv(session=session_id, by=identity.name))
         return JSONResponse({"session_id": shown_to(identity, session_id), "restored": True})
@@ -128,12 +131,10 @@ class SessionRoutes:
         check_session_name(body.name)
         if await self.sessions.exists(target):  # before it is charged: the page tries the next name on a 409
             raise Refused(ErrorCode.CONFLICT, "a session of that name exists already: choose another name")
-        # Copying messages costs what sending them did (at most a burst), and their text counts in the day's:
-        # a fork is no cheaper way to fill Redis.
-        await self.turns.limits.take_message(identity.name, messages=body.at)
-
+        # Copying messages costs what sending them did (at most a burst), and their text counts in the day's
+        # (one take: both or neither): a fork is no cheaper way to fill Redis.
         async def charge(size: int) -> None:
-            await self.turns.limits.take_message(identity.name, messages=0, size=size)
+            await self.turns.limits.take_message(identity.name, messages=body.at, size=size)
 
         try:
             kept = await self.sessions.fork(session_id, target, at=body.at, charge=charge)

@@ -436,6 +436,8 @@ async def test_a_tokens_text_a_day_bounds_its_forks_and_an_openai_clients_histor
             refused = await alice.post("/v1/sessions/long/fork", json={"at": 6, "name": "six"})  # ~19 KB
             _refused(refused, 429, "text_mb_per_day")
             assert int(refused.headers["retry-after"]) > 60 and not await sessions.exists("alice/six")
+            left = float(await bus.redis.hget(bus.keys.message_rate("alice"), "tokens"))
+            assert 28 <= left < 29  # the refused fork took none of its 6 messages: both or neither
             history = [{"role": "user" if n % 2 == 0 else "assistant", "content": "h" * 2000} for n in range(8)]
             asked = await alice.post("/v1/chat/completions", json={
                 "model": "pincer", "messages": [*history, {"role": "user", "content": "and now?"}]})

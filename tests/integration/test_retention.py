@@ -288,3 +288,24 @@ async def test_an_archived_session_is_listed_read_and_restored_by_its_owner_only
     assert archiver.read("alice", "alice/today") is None
     assert "today" not in (await alice.get("/v1/sessions")).json()["sessions"]
     assert (await alice.get("/v1/sessions/today")).status_code == 404
+
+
+async def test_restoring_an_archived_session_counts_its_text_in_the_owners_day(bus: Bus, tmp_path: Path) -> None:
+    token = await TokenStore(bus.redis, bus.keys).create("alice", scope="chat")
+    await talk(bus, "alice/big", "alice", "x" * 30_000)  # ~30 KB, and as much again in its flight record
+    archiver = later(bus, tmp_path)
+    assert await archiver.archive_one("alice/big")
+    settings = GatewaySettings.model_validate({"token": OWNER_TOKEN, "limits": {"text_mb_per_day": 0.1}})  # ~100 KB
+    gateway = Gateway(bus, settings, instance_id="gw-ret", heartbeat_s=0.5,
+                      archive=SessionArchive(tmp_path / "archive"))
+    app = gateway.app()
+    async with gateway.lifespan(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8780",
+            headers={"Authorization": f"Bearer {token}"}) as alice:
+        assert (await alice.post("/v1/sessions/big/restore")).status_code == 200  # ~60 KB of the day's
+        assert await archiver.archive_one("alice/big")
+        refused = await alice.post("/v1/sessions/big/restore")
+        assert refused.status_code == 429 and "text_mb_per_day" in refused.json()["error"]["message"], refused.text
+        assert int(refused.headers["retry-after"]) > 60
+        assert archiver.read("alice", "alice/big") is not None  # nothing written back, its file kept
+        assert not await bus.redis.exists(bus.keys.transcript("alice/big"), bus.keys.session_owner("alice/big"))
