@@ -28,7 +28,7 @@ from bus.keys import Keys
 from bus.protocol import ANY_AGENT
 from bus.scripts import lua
 from bus.text import text
-from memory.standing import withdraw
+from memory.standing import remove_and_withdraw
 
 if TYPE_CHECKING:  # only named: `pincer up` makes the owner's token and supervises no Redis client
     from bus.streams import Bus
@@ -148,6 +148,10 @@ class TokenStore:
         raw = await self.redis.hvals(self.keys.tokens)
         return sorted((Identity.model_validate_json(r) for r in raw), key=lambda i: i.name)
 
+    async def exists(self, name: str) -> bool:
+        """Whether a stored token has this name (the configured one is not stored)."""
+        return bool(await self.redis.hexists(self.keys.token_names, name))
+
     async def revoke(self, name: str) -> bool:
         """Revoke the token named ``name`` and end its sign-in codes and browser sessions."""
         found = await self.redis.hget(self.keys.token_names, name)
@@ -204,14 +208,7 @@ class TokenStore:
 async def revoke_and_forget(bus: Bus, store: TokenStore, name: str) -> list[str] | None:
     """Revoke the token named ``name`` and withdraw its identity's jobs and allow-always rules
     (memory/standing.py); the jobs removed, or None when no token has that name."""
-    if await store.redis.hget(store.keys.token_names, name) is None:
-        return None
-    # Before the revocation, so that a revocation Redis cut short can be asked again (the token still
-    # exists); and after it, for what the token made in between.
-    removed = await withdraw(bus, name)
-    if not await store.revoke(name):
-        return None
-    return sorted({*removed, *await withdraw(bus, name)})
+    return await remove_and_withdraw(bus, name, exists=lambda: store.exists(name), remove=lambda: store.revoke(name))
 
 
 class WebSessions:

@@ -40,7 +40,7 @@ from bus.streams import Bus
 from bus.text import text
 from memory.archive import Archived, SessionArchive
 from memory.flight import KEEP_DAYS, FlightRecorder
-from memory.sessions import SessionStore, session_keys
+from memory.sessions import SessionStore, session_keys, stored_bytes
 
 log = logging.getLogger("memory.retention")
 GONE_WORKER_S = 3600.0  # a gone worker's stream is deleted once nothing came to it for this long
@@ -122,7 +122,7 @@ class Archiver:
         if archived is None or await self.sessions.exists(session_id):
             return False
         if charge is not None:
-            await charge(sum(len(e.model_dump_json().encode()) for e in archived.entries)
+            await charge(stored_bytes(archived.entries)
                          + sum(len(line.encode()) for line in archived.record))
         await self.bus.redis.set(self.bus.keys.session_owner(session_id), owner, nx=True)
         await self.sessions.append(session_id, *archived.entries)

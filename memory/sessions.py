@@ -147,6 +147,11 @@ return 2
 """)
 
 
+def stored_bytes(entries: list[TranscriptEntry]) -> int:
+    """What the entries take as stored (UTF-8 JSON): what they count in an identity's text a day."""
+    return sum(len(entry.model_dump_json().encode()) for entry in entries)
+
+
 def title_of(text: str, *, most: int = TITLE_CHARS) -> str:
     """A title from a message: its first words on one line, at most ``most`` characters."""
     line = " ".join(text.split())
@@ -369,7 +374,7 @@ class SessionStore:
             raise ForkRefused("a session of that name exists already: choose another name", taken=True)
         kept = entries[:starts[at] if at < len(starts) else len(entries)]
         if charge is not None:
-            await charge(sum(len(entry.model_dump_json().encode()) for entry in kept))
+            await charge(stored_bytes(kept))
         owner = await self.redis.get(self.keys.session_owner(source))
         if owner is not None:
             async with self.redis.pipeline(transaction=False) as pipe:

@@ -11,6 +11,7 @@ been allowed.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from bus.text import literal, text
@@ -25,6 +26,19 @@ async def withdraw(bus: Bus, owner: str) -> list[str]:
     removed = await JobStore(bus).remove_owner(owner)
     await forget_always_rules(bus, owner)
     return removed
+
+
+async def remove_and_withdraw(bus: Bus, owner: str, *, exists: Callable[[], Awaitable[bool]],
+                              remove: Callable[[], Awaitable[bool]]) -> list[str] | None:
+    """``remove`` the identity (its token, its hook), withdrawing before and after: before, so that a removal
+    Redis cut short can be asked again (it still exists); after, for what it made in between. The jobs
+    removed, or None when ``exists`` says there is no such identity."""
+    if not await exists():
+        return None
+    removed = await withdraw(bus, owner)
+    if not await remove():
+        return None
+    return sorted({*removed, *await withdraw(bus, owner)})
 
 
 async def forget_always_rules(bus: Bus, owner: str) -> int:

@@ -35,7 +35,7 @@ from bus.streams import Bus
 from gateway.tokens import Identity
 from gateway.turns.refusal import Refused
 from gateway.turns.runner import AGENT_ID, Turn, TurnRunner
-from memory.standing import withdraw
+from memory.standing import remove_and_withdraw
 
 log = logging.getLogger("gateway.hooks")
 
@@ -124,12 +124,10 @@ class HookStore:
 async def remove_and_forget(bus: Bus, store: HookStore, name: str) -> list[str] | None:
     """Remove the hook and withdraw its identity's jobs and allow-always rules (memory/standing.py); the jobs
     removed, or None when there is no such hook."""
-    if await store.get(name) is None:
-        return None
-    removed = await withdraw(bus, f"hook:{name}")  # first, so that a removal cut short can be asked again
-    if not await store.remove(name):
-        return None
-    return sorted({*removed, *await withdraw(bus, f"hook:{name}")})  # and what it made in between
+    async def exists() -> bool:
+        return await store.get(name) is not None
+
+    return await remove_and_withdraw(bus, f"hook:{name}", exists=exists, remove=lambda: store.remove(name))
 
 
 def _secret() -> str:

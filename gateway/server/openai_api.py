@@ -40,7 +40,7 @@ from gateway.server.errors import TURN_STATUS, error_body, error_response
 from gateway.server.handling import caller, collect_or_cancel, credential, read_json
 from gateway.turns.refusal import Refused, not_found
 from gateway.turns.session_names import qualify, shown_to
-from memory.sessions import TranscriptEntry
+from memory.sessions import TranscriptEntry, stored_bytes
 
 if TYPE_CHECKING:
     from gateway.config import OpenAISettings
@@ -159,7 +159,7 @@ class OpenAIRoutes:
                 if ephemeral:
                     await sessions.expire(session_id, ttl)
 
-        written = sum(len(entry.model_dump_json().encode()) for entry in context) if new else 0
+        written = stored_bytes(context) if new else 0
         options: dict[str, Any] = {"agent_id": agent_id, "text": text, "instructions": system or None, "ttl_s": ttl,
                                    "traceparent": request.headers.get("traceparent"), "prepare": history,
                                    "history_bytes": written}
